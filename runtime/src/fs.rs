@@ -1,0 +1,207 @@
+//! File IO through the runtime: open, stat, read, write, fsync.
+//!
+//! Every function here must be awaited on an executor thread; the same code runs on io_uring or
+//! on the blocking pool depending on the runtime's backend.
+
+use std::ffi::CString;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::buf::{IoBuf, IoBufMut};
+use crate::op::fsync::Fsync;
+use crate::op::open::OpenAt;
+use crate::op::read::ReadAt;
+use crate::op::statx::Statx;
+pub use crate::op::statx::FileStat;
+use crate::op::write::WriteAt;
+use crate::op::Op;
+
+/// How to open a file.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenOptions {
+    write: bool,
+    create: bool,
+    truncate: bool,
+    direct: bool,
+}
+
+impl OpenOptions {
+    /// Read-only.
+    pub fn read() -> Self {
+        Self::default()
+    }
+
+    /// Read-write, created if missing (mode 0644), not truncated.
+    pub fn write_create() -> Self {
+        Self { write: true, create: true, ..Self::default() }
+    }
+
+    /// Truncate on open (with write).
+    pub fn truncate(mut self, yes: bool) -> Self {
+        self.truncate = yes;
+        self
+    }
+
+    /// Bypass the page cache (O_DIRECT). Buffers, lengths and offsets must then be aligned to
+    /// the device's logical block size: use [`crate::AlignedBuf`]. A file system that refuses
+    /// O_DIRECT (tmpfs) makes `open` fail with `EINVAL`; callers fall back to buffered IO.
+    pub fn direct(mut self, yes: bool) -> Self {
+        self.direct = yes;
+        self
+    }
+
+    fn flags(&self) -> i32 {
+        let mut f = if self.write { libc::O_RDWR } else { libc::O_RDONLY };
+        if self.create {
+            f |= libc::O_CREAT;
+        }
+        if self.truncate {
+            f |= libc::O_TRUNC;
+        }
+        if self.direct {
+            f |= libc::O_DIRECT;
+        }
+        f
+    }
+}
+
+/// An open file. Cloning shares the descriptor; operations in flight keep it open.
+#[derive(Clone, Debug)]
+pub struct File {
+    fd: Arc<OwnedFd>,
+    path: Arc<Path>,
+}
+
+fn path_cstring(path: &Path) -> std::io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("path {} contains a NUL byte", path.display()),
+        )
+    })
+}
+
+impl File {
+    /// Opens `path`.
+    pub async fn open(path: impl AsRef<Path>, options: OpenOptions) -> std::io::Result<File> {
+        let path = path.as_ref();
+        let fd = Op::new(OpenAt { path: path_cstring(path)?, flags: options.flags(), mode: 0o644 }).await?;
+        Ok(File { fd: Arc::new(fd), path: Arc::from(path) })
+    }
+
+    /// The path this file was opened with.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Size and type.
+    pub async fn stat(&self) -> std::io::Result<FileStat> {
+        // SAFETY: statx is plain data; all-zero is a valid value.
+        let buf: Box<libc::statx> = Box::new(unsafe { std::mem::zeroed() });
+        Op::new(Statx { fd: Arc::clone(&self.fd), buf }).await
+    }
+
+    /// One read of up to `buf`'s spare capacity at `offset`, appended after its initialised
+    /// bytes. Returns the number of bytes read (0 at end of file) and the buffer.
+    pub async fn read_at<B: IoBufMut>(&self, buf: B, offset: u64) -> (std::io::Result<usize>, B) {
+        let start = buf.bytes_init();
+        if start > buf.bytes_total() {
+            return (Err(std::io::Error::other("buffer initialised length exceeds capacity")), buf);
+        }
+        Op::new(ReadAt { fd: Arc::clone(&self.fd), buf, offset, start }).await
+    }
+
+    /// Reads `len` bytes at `offset` (fewer only at end of file) into a new buffer.
+    pub async fn read_exact_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        let mut buf = Vec::with_capacity(len);
+        loop {
+            let have = buf.len();
+            if have >= len {
+                buf.truncate(len);
+                return Ok(buf);
+            }
+            // Keep the capacity exactly `len` so one read never overshoots the range.
+            let (r, b) = self.read_at(buf, offset + have as u64).await;
+            buf = b;
+            match r {
+                Ok(0) => return Ok(buf),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One write of `buf`'s initialised bytes at `offset`. Returns bytes written and the buffer.
+    pub async fn write_at<B: IoBuf>(&self, buf: B, offset: u64) -> (std::io::Result<usize>, B) {
+        Op::new(WriteAt { fd: Arc::clone(&self.fd), buf, offset, start: 0 }).await
+    }
+
+    /// Writes all of `buf` at `offset`, retrying short writes.
+    pub async fn write_all_at<B: IoBuf>(&self, buf: B, offset: u64) -> (std::io::Result<()>, B) {
+        let total = buf.bytes_init();
+        let mut done = 0usize;
+        let mut buf = buf;
+        while done < total {
+            let (r, b) =
+                Op::new(WriteAt { fd: Arc::clone(&self.fd), buf, offset: offset + done as u64, start: done }).await;
+            buf = b;
+            match r {
+                Ok(0) => {
+                    return (Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "write returned 0")), buf);
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        (Ok(()), buf)
+    }
+
+    /// `fsync` (or `fdatasync` when `datasync`).
+    pub async fn sync(&self, datasync: bool) -> std::io::Result<()> {
+        Op::new(Fsync { fd: Arc::clone(&self.fd), datasync }).await
+    }
+}
+
+/// Reads a whole file: open, stat, read until the size is reached or end of file.
+///
+/// A directory is an `EISDIR` error naming the path (opening one read-only succeeds on Linux).
+pub async fn read(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
+    let path = path.as_ref();
+    let file = File::open(path, OpenOptions::read()).await?;
+    let stat = file.stat().await?;
+    if stat.is_dir {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            format!("{} is a directory, not a file", path.display()),
+        ));
+    }
+    // Stored chunks are immutable once written, so the size from stat is the size to read; a
+    // trailing probe read for growth would double the operations on small files.
+    file.read_exact_at(0, stat.len as usize).await
+}
+
+/// Reads `len` bytes at `offset` of the file at `path` (fewer at end of file).
+pub async fn read_range(path: impl AsRef<Path>, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    let file = File::open(path, OpenOptions::read()).await?;
+    file.read_exact_at(offset, len).await
+}
+
+/// Writes `data` to `path` through a temporary name and renames it into place, so a reader
+/// never sees a partial file.
+pub async fn write_atomic(path: impl AsRef<Path>, data: Vec<u8>) -> std::io::Result<()> {
+    let path = path.as_ref();
+    let tmp: PathBuf = {
+        let mut name = path.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".tmp{}", std::process::id()));
+        path.with_file_name(name)
+    };
+    let file = File::open(&tmp, OpenOptions::write_create().truncate(true)).await?;
+    let (r, _) = file.write_all_at(data, 0).await;
+    r?;
+    drop(file);
+    std::fs::rename(&tmp, path)
+}

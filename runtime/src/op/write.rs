@@ -1,0 +1,61 @@
+//! `write_at`: write a buffer's initialised bytes at a file offset.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+use io_uring::{opcode, squeue, types};
+
+use super::{OpKind, neg_errno, res_to_io};
+use crate::buf::IoBuf;
+
+pub(crate) struct WriteAt<B: IoBuf> {
+    pub(crate) fd: Arc<OwnedFd>,
+    pub(crate) buf: B,
+    pub(crate) offset: u64,
+    /// Bytes of `buf` already written (writes continue after them).
+    pub(crate) start: usize,
+}
+
+impl<B: IoBuf> WriteAt<B> {
+    fn src(&self) -> (*const u8, usize) {
+        let len = self.buf.bytes_init();
+        // SAFETY: start <= bytes_init (kept by the public API).
+        let ptr = unsafe { self.buf.stable_ptr().add(self.start) };
+        (ptr, (len - self.start).min(u32::MAX as usize))
+    }
+}
+
+impl<B: IoBuf> OpKind for WriteAt<B> {
+    type Output = (std::io::Result<usize>, B);
+
+    fn uring_sqe(&mut self) -> squeue::Entry {
+        let fd = types::Fd(self.fd.as_raw_fd());
+        let (ptr, len) = self.src();
+        opcode::Write::new(fd, ptr, len as u32).offset(self.offset).build()
+    }
+
+    fn blocking_call(&mut self) -> i32 {
+        let (ptr, len) = self.src();
+        loop {
+            // SAFETY: `ptr` points to `len` initialised bytes owned by `self.buf`.
+            let n = unsafe {
+                libc::pwrite(self.fd.as_raw_fd(), ptr.cast(), len, self.offset as libc::off_t)
+            };
+            if n >= 0 {
+                return n as i32;
+            }
+            let e = neg_errno();
+            if e != -libc::EINTR {
+                return e;
+            }
+        }
+    }
+
+    fn complete(self, res: i32) -> Self::Output {
+        (res_to_io(res).map(|n| n as usize), self.buf)
+    }
+
+    fn fail(self, err: std::io::Error) -> Self::Output {
+        (Err(err), self.buf)
+    }
+}

@@ -1,0 +1,327 @@
+//! Runtime behaviour on both IO backends: concurrency, cancellation, shutdown, actors, fallback.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use insitubatch_runtime::{
+    AlignedBuf, FallbackReason, IoBackend, IoBackendChoice, Runtime, RuntimeBuilder, SendError,
+    TaskError, fs, probe,
+};
+
+/// Every backend this machine can run (io_uring only when the probe succeeds).
+fn backends() -> Vec<IoBackendChoice> {
+    let mut v = vec![IoBackendChoice::Threads];
+    if probe().unavailable.is_none() {
+        v.push(IoBackendChoice::Uring);
+    }
+    v
+}
+
+fn runtime(choice: IoBackendChoice, name: &str) -> Runtime {
+    RuntimeBuilder::new().executor_threads(2).io_backend(choice).name(name).build().unwrap()
+}
+
+/// Threads of this process whose name starts with `prefix`.
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.starts_with(prefix))
+        .count()
+}
+
+#[test]
+fn ten_thousand_small_files_read_concurrently() {
+    let dir = tempfile::tempdir().unwrap();
+    const N: usize = 10_000;
+    for i in 0..N {
+        std::fs::write(dir.path().join(format!("{i}")), format!("chunk-{i}-").repeat(i % 7 + 1)).unwrap();
+    }
+    for choice in backends() {
+        let rt = runtime(choice, "tenk");
+        let mut handles = Vec::new();
+        // 64 tasks each reading a strided share, so hundreds of reads are in flight at once.
+        for t in 0..64usize {
+            let root = dir.path().to_path_buf();
+            handles.push(rt.spawn("reader", move || async move {
+                let mut ok = 0usize;
+                for i in (t..N).step_by(64) {
+                    let data = fs::read(root.join(format!("{i}"))).await.unwrap();
+                    assert_eq!(data, format!("chunk-{i}-").repeat(i % 7 + 1).into_bytes(), "file {i}");
+                    ok += 1;
+                }
+                ok
+            }));
+        }
+        let total: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(total, N, "backend {choice:?}");
+    }
+}
+
+#[test]
+fn read_range_write_and_fsync_roundtrip() {
+    let dir = tempfile::tempdir().unwrap();
+    for choice in backends() {
+        let rt = runtime(choice, "rw");
+        let path = dir.path().join(format!("f-{choice:?}"));
+        let p = path.clone();
+        rt.block_on(move || async move {
+            let f = fs::File::open(&p, fs::OpenOptions::write_create()).await.unwrap();
+            let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+            let (r, back) = f.write_all_at(data, 10).await;
+            r.unwrap();
+            assert_eq!(back.len(), 100_000, "the buffer comes back");
+            f.sync(false).await.unwrap();
+            assert_eq!(f.stat().await.unwrap().len, 100_010);
+            let got = fs::read_range(&p, 1010, 500).await.unwrap();
+            let want: Vec<u8> = (1000..1500u32).map(|i| (i % 251) as u8).collect();
+            assert_eq!(got, want);
+            // Past the end: a short read, not an error.
+            assert_eq!(fs::read_range(&p, 100_000, 100).await.unwrap().len(), 10);
+        })
+        .unwrap();
+        let on_disk = std::fs::read(&path).unwrap();
+        assert_eq!(&on_disk[..10], &[0u8; 10]);
+        assert_eq!(on_disk[10 + 300], (300 % 251) as u8);
+    }
+}
+
+#[test]
+fn direct_io_reads_where_the_file_system_allows() {
+    // /var/tmp is usually a disk file system (tmpfs refuses O_DIRECT with EINVAL, which the
+    // caller must be able to see and handle).
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap_or_else(|_| tempfile::tempdir().unwrap());
+    let path = dir.path().join("direct.bin");
+    let data: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 13) as u8).collect();
+    std::fs::write(&path, &data).unwrap();
+    for choice in backends() {
+        let rt = runtime(choice, "direct");
+        let p = path.clone();
+        let want = data.clone();
+        rt.block_on(move || async move {
+            match fs::File::open(&p, fs::OpenOptions::read().direct(true)).await {
+                Ok(f) => {
+                    let (r, buf) = f.read_at(AlignedBuf::with_capacity(2 * 4096), 4096).await;
+                    assert_eq!(r.unwrap(), 2 * 4096);
+                    assert_eq!(buf.as_slice(), &want[4096..3 * 4096]);
+                }
+                Err(e) => assert_eq!(e.raw_os_error(), Some(libc_einval()), "{e}"),
+            }
+        })
+        .unwrap();
+    }
+}
+
+fn libc_einval() -> i32 {
+    22
+}
+
+#[test]
+fn errors_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    for choice in backends() {
+        let rt = runtime(choice, "err");
+        let root = dir.path().to_path_buf();
+        rt.block_on(move || async move {
+            let e = fs::read(root.join("missing")).await.unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+            let e = fs::read(root.join("sub")).await.unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::IsADirectory);
+            assert!(e.to_string().contains("sub"), "{e}");
+        })
+        .unwrap();
+    }
+    // Off the runtime, IO is an error rather than a hang or a panic.
+    let rt = runtime(IoBackendChoice::Threads, "off");
+    drop(rt);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let mut fut = Box::pin(fs::read("/etc/hostname"));
+        let r = fut.as_mut().poll(&mut cx);
+        tx.send(matches!(r, std::task::Poll::Ready(Err(_)))).unwrap();
+    });
+    assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
+}
+
+use std::future::Future;
+
+#[test]
+fn aborting_a_task_with_a_read_in_flight_keeps_the_buffer_until_completion() {
+    if probe().unavailable.is_some() {
+        return; // covered on the threads backend by the shutdown test
+    }
+    // A pipe read blocks until data arrives: the only way it ends is cancellation.
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe writes two descriptors into the array.
+    assert_eq!(unsafe { libc_pipe(fds.as_mut_ptr()) }, 0);
+    let read_end = format!("/proc/self/fd/{}", fds[0]);
+    let rt = runtime(IoBackendChoice::Uring, "cancel");
+    let started = Arc::new(AtomicUsize::new(0));
+    let s = Arc::clone(&started);
+    let task = rt.spawn_on(0, "pipe-reader", move || async move {
+        let f = fs::File::open(&read_end, fs::OpenOptions::read()).await.unwrap();
+        s.fetch_add(1, Ordering::SeqCst);
+        let (_r, _buf) = f.read_at(Vec::with_capacity(4096), 0).await;
+        unreachable!("nothing is ever written to the pipe");
+    });
+    while started.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    // The read is in flight on executor 0.
+    let n = rt.spawn_on(0, "probe", || async { insitubatch_runtime::in_flight_ops().unwrap() }).join().unwrap();
+    assert_eq!(n, 1, "the pipe read is in flight");
+    task.abort();
+    assert!(matches!(task.join(), Err(TaskError::Cancelled { .. })));
+    // Abandoned, not leaked: the driver asked the kernel to cancel, and the completion freed it.
+    let mut left = 1;
+    for _ in 0..1000 {
+        left = rt.spawn_on(0, "probe", || async { insitubatch_runtime::in_flight_ops().unwrap() }).join().unwrap();
+        if left == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(left, 0, "the cancelled read completed and released its buffer");
+    // SAFETY: closing descriptors we created.
+    unsafe {
+        libc_close(fds[0]);
+        libc_close(fds[1]);
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "pipe"]
+    fn libc_pipe(fds: *mut i32) -> i32;
+    #[link_name = "close"]
+    fn libc_close(fd: i32) -> i32;
+}
+
+#[test]
+fn shutdown_with_work_queued_resolves_every_task_and_joins_every_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..64 {
+        std::fs::write(dir.path().join(format!("{i}")), vec![i as u8; 64 * 1024]).unwrap();
+    }
+    for choice in backends() {
+        let prefix = format!("sd{}", if choice == IoBackendChoice::Uring { "u" } else { "t" });
+        let mut rt = runtime(choice, &prefix);
+        assert!(threads_named(&prefix) >= 2);
+        let mut handles = Vec::new();
+        for t in 0..2000usize {
+            let root = dir.path().to_path_buf();
+            handles.push(rt.spawn("busy", move || async move {
+                let mut n = 0;
+                for k in 0..8 {
+                    n += fs::read(root.join(format!("{}", (t + k) % 64))).await?.len();
+                }
+                Ok::<usize, std::io::Error>(n)
+            }));
+        }
+        rt.shutdown();
+        for h in handles {
+            match h.join() {
+                Ok(Ok(n)) => {
+                    assert_eq!(n, 8 * 64 * 1024);
+                }
+                Ok(Err(e)) => assert!(e.to_string().contains("shutting down"), "{e}"),
+                Err(TaskError::Cancelled { .. }) | Err(TaskError::RuntimeShutDown { .. }) => {}
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        assert_eq!(threads_named(&prefix), 0, "no runtime thread outlives shutdown ({choice:?})");
+        // Spawning after shutdown is an error, not a hang.
+        let late = rt.spawn("late", || async { 1 });
+        assert!(matches!(late.join(), Err(TaskError::RuntimeShutDown { .. })));
+    }
+}
+
+#[test]
+fn a_panicking_actor_reports_its_panic_and_closes_its_mailbox() {
+    for choice in backends() {
+        let rt = runtime(choice, "actor");
+        let actor = rt.spawn_actor("decoder", 4, |mut inbox| async move {
+            while let Some(x) = inbox.recv().await {
+                if x == 3u32 {
+                    panic!("bad chunk {x}");
+                }
+            }
+            0u32
+        });
+        let sender = actor.sender();
+        for x in 0..4u32 {
+            sender.send_blocking(x).unwrap();
+        }
+        // After the panic the mailbox is gone: a send fails instead of blocking forever.
+        let mut gone = false;
+        for _ in 0..1000 {
+            match sender.send_blocking(9) {
+                Err(SendError::Gone(name)) => {
+                    assert_eq!(name, "decoder");
+                    gone = true;
+                    break;
+                }
+                Ok(()) => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(gone);
+        match actor.join() {
+            Err(TaskError::Panicked { name, message }) => {
+                assert_eq!(name, "decoder");
+                assert!(message.contains("bad chunk 3"), "{message}");
+            }
+            other => panic!("expected a panic report, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn actor_stop_and_blocking_join_on_executor_is_refused() {
+    let rt = runtime(IoBackendChoice::Threads, "stop");
+    let actor = rt.spawn_actor("counter", 2, |mut inbox| async move {
+        let mut n = 0u32;
+        while inbox.recv().await.is_some() {
+            n += 1;
+        }
+        n
+    });
+    actor.send_blocking(()).unwrap();
+    actor.send_blocking(()).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    actor.stop();
+    assert_eq!(actor.join().unwrap(), 2);
+    // join() from an executor thread would deadlock; it says so instead.
+    let inner = rt.spawn("slow", || async { 5 });
+    let r = rt.block_on(move || async move { inner.join() }).unwrap();
+    assert!(matches!(r, Err(TaskError::WouldBlockExecutor { .. })));
+}
+
+#[test]
+fn forced_fallback_is_reported() {
+    let rt = runtime(IoBackendChoice::Threads, "forced");
+    assert_eq!(rt.io_backend(), IoBackend::Threads);
+    assert_eq!(rt.fallback_reason(), Some(&FallbackReason::Forced));
+    // The environment variable, when the suite runs with it, is obeyed by the default builder.
+    let auto = RuntimeBuilder::new().executor_threads(1).build().unwrap();
+    match std::env::var("INSITUBATCH_IO").as_deref() {
+        Ok("threads") => {
+            assert_eq!(auto.io_backend(), IoBackend::Threads);
+            assert_eq!(auto.fallback_reason(), Some(&FallbackReason::Forced));
+        }
+        Ok("uring") => assert_eq!(auto.io_backend(), IoBackend::Uring),
+        _ => assert_eq!(auto.io_backend() == IoBackend::Uring, probe().unavailable.is_none()),
+    }
+}
+
+#[test]
+fn invalid_builder_arguments_are_errors() {
+    let e = RuntimeBuilder::new().executor_threads(0).build().err().unwrap();
+    assert!(e.to_string().contains("executor_threads"), "{e}");
+    let e = RuntimeBuilder::new().ring_entries(1).build().err().unwrap();
+    assert!(e.to_string().contains("ring_entries"), "{e}");
+}
