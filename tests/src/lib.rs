@@ -1,1 +1,122 @@
-//! Cross-crate tests live in `tests/tests/`.
+//! Shared helpers for the cross-crate tests in `tests/tests/`: zarr-python fixtures written at
+//! test time, and reference arrays to compare against.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Directory holding the conformance fixtures, written once per fixture-script version by
+/// zarr-python (`tests/fixtures/make_fixtures.py`). Concurrent test processes share it: the
+/// first takes an exclusive lock and writes into a temporary directory that is renamed into
+/// place; the others wait on the lock.
+pub fn fixtures_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = root.join("fixtures/make_fixtures.py");
+    let text = std::fs::read(&script).expect("read make_fixtures.py");
+    let hash = text.iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100000001b3));
+    let base = root.join("../target/zarr-fixtures");
+    std::fs::create_dir_all(&base).expect("create target/zarr-fixtures");
+    let dir = base.join(format!("{hash:016x}"));
+    if dir.join("manifest.json").exists() {
+        return dir;
+    }
+    let lock = std::fs::File::create(base.join(".lock")).expect("create fixture lock");
+    lock_exclusive(&lock);
+    if !dir.join("manifest.json").exists() {
+        let tmp = base.join(format!("tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        let out = Command::new(&python).arg(&script).arg(&tmp).output().unwrap_or_else(|e| {
+            panic!("cannot run {python} to write Zarr fixtures ({e}); install Python 3 and `pip install -r requirements-test.txt`")
+        });
+        assert!(
+            out.status.success(),
+            "writing Zarr fixtures with zarr-python failed; run `pip install -r requirements-test.txt`.\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::rename(&tmp, &dir).expect("move fixtures into place");
+    }
+    dir
+}
+
+fn lock_exclusive(file: &std::fs::File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own; released when the file is closed.
+    let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(r, 0, "flock fixture lock");
+}
+
+/// One array of the fixture manifest.
+#[derive(Clone, Debug)]
+pub struct FixtureArray {
+    /// Case name.
+    pub case: String,
+    /// Store directory.
+    pub store: PathBuf,
+    /// Array path inside the store (`""` for a root array).
+    pub array: String,
+    /// zarr-python's read of the whole array.
+    pub reference: Vec<u8>,
+    /// Its shape.
+    pub shape: Vec<u64>,
+    /// numpy dtype name.
+    pub dtype: String,
+    /// The raw manifest entry.
+    pub entry: Value,
+}
+
+/// Every fixture array.
+pub fn fixture_arrays() -> Vec<FixtureArray> {
+    let dir = fixtures_dir();
+    let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    manifest["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| FixtureArray {
+            case: c["case"].as_str().unwrap().to_string(),
+            store: dir.join(c["store"].as_str().unwrap()),
+            array: c["array"].as_str().unwrap().to_string(),
+            reference: std::fs::read(dir.join(c["ref"].as_str().unwrap())).unwrap(),
+            shape: c["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect(),
+            dtype: c["dtype"].as_str().unwrap().to_string(),
+            entry: c.clone(),
+        })
+        .collect()
+}
+
+/// Copies the part of a decoded chunk (`chunk_shape`, at grid `index`) that lies inside the
+/// array out of the reference, and the same part out of the chunk; returns both as byte vectors.
+pub fn chunk_region_pair(
+    reference: &[u8],
+    shape: &[u64],
+    chunk: &[u8],
+    chunk_shape: &[u64],
+    index: &[u64],
+    item: usize,
+) -> (Vec<u8>, Vec<u8>) {
+    let nd = shape.len();
+    let start: Vec<u64> = index.iter().zip(chunk_shape).map(|(i, c)| i * c).collect();
+    let extent: Vec<u64> = (0..nd).map(|d| chunk_shape[d].min(shape[d] - start[d])).collect();
+    let mut want = Vec::new();
+    let mut got = Vec::new();
+    let total: u64 = extent.iter().product();
+    for flat in 0..total {
+        let mut rem = flat;
+        let mut local = vec![0u64; nd];
+        for d in (0..nd).rev() {
+            local[d] = rem % extent[d];
+            rem /= extent[d];
+        }
+        let (mut a_off, mut c_off) = (0u64, 0u64);
+        for d in 0..nd {
+            a_off = a_off * shape[d] + start[d] + local[d];
+            c_off = c_off * chunk_shape[d] + local[d];
+        }
+        let (a, c) = (a_off as usize * item, c_off as usize * item);
+        want.extend_from_slice(&reference[a..a + item]);
+        got.extend_from_slice(&chunk[c..c + item]);
+    }
+    (want, got)
+}

@@ -1,0 +1,103 @@
+//! Errors of the store layer. Every variant names the thing a user has to look at.
+
+use std::path::PathBuf;
+
+/// What went wrong opening or reading a Zarr hierarchy.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The path does not exist.
+    #[error("{path} does not exist; check the path (it must be a local Zarr group or array directory)")]
+    NotFound {
+        /// The missing path.
+        path: PathBuf,
+    },
+    /// A directory without Zarr metadata.
+    #[error(
+        "{path} is not a Zarr group or array: none of zarr.json, .zgroup, .zarray found; point at the store root or an array inside it"
+    )]
+    NotZarr {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// Metadata that does not parse or is not what Zarr allows.
+    #[error("malformed Zarr metadata in {path}: {message}")]
+    BadMetadata {
+        /// The metadata file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A codec, data type, chunk grid or layout we cannot read.
+    #[error("array `{array}` uses an unsupported {what}: {message}")]
+    Unsupported {
+        /// Array path.
+        array: String,
+        /// `codec`, `data type`, `chunk grid`, ...
+        what: &'static str,
+        /// Details from the metadata or the codec library.
+        message: String,
+    },
+    /// `sample_axis` is not an axis of the array.
+    #[error("sample_axis {axis} is out of range for array `{array}` with {ndim} dimensions (valid: 0..{ndim})")]
+    SampleAxis {
+        /// Array path.
+        array: String,
+        /// The requested axis.
+        axis: usize,
+        /// The array's number of dimensions.
+        ndim: usize,
+    },
+    /// A requested variable is not in the group.
+    #[error("variable `{name}` is not in {group}; available arrays: {available}")]
+    UnknownVariable {
+        /// The requested name.
+        name: String,
+        /// The group path.
+        group: PathBuf,
+        /// Comma-separated names that exist.
+        available: String,
+    },
+    /// The group has no data variable (only coordinates or 0-D arrays).
+    #[error(
+        "{group} has no data variables (arrays other than coordinates and 0-D arrays); name arrays explicitly with `variables`"
+    )]
+    NoDataVariables {
+        /// The group path.
+        group: PathBuf,
+    },
+    /// An IO error reading a file.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A stored chunk that does not decode.
+    #[error(
+        "array `{array}` chunk `{key}` ({path}) is corrupt or truncated: {message}; rewrite the chunk or use on_bad_chunk=\"nan\""
+    )]
+    CorruptChunk {
+        /// Array path.
+        array: String,
+        /// Chunk key within the store.
+        key: String,
+        /// File path.
+        path: PathBuf,
+        /// The decoder's error.
+        message: String,
+    },
+    /// A chunk index outside the array's chunk grid.
+    #[error("chunk index {index:?} is outside array `{array}`'s chunk grid {grid:?}")]
+    ChunkIndex {
+        /// Array path.
+        array: String,
+        /// The index given.
+        index: Vec<u64>,
+        /// Chunks per dimension.
+        grid: Vec<u64>,
+    },
+    /// The runtime failed to run the operation (shut down, or a panicking task).
+    #[error("runtime: {0}")]
+    Runtime(#[from] insitubatch_runtime::TaskError),
+}

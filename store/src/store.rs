@@ -1,0 +1,120 @@
+//! Where bytes come from: the [`Store`] trait and the local file system backend.
+//!
+//! Keys are `/`-separated paths relative to the store root, as Zarr defines them. The local
+//! backend reads through the insitubatch runtime (io_uring or the blocking pool), so its futures
+//! must be awaited on an executor thread. An object-store backend implements the same trait by
+//! forwarding to its own client runtime.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+
+use insitubatch_runtime::fs;
+
+use crate::error::StoreError;
+
+/// A key-value view of a Zarr store.
+pub trait Store: Send + Sync + 'static {
+    /// Where `key` lives, for error messages (a file path or a URL).
+    fn locate(&self, key: &str) -> PathBuf;
+
+    /// The whole value, or `None` when the key does not exist.
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>>;
+
+    /// `len` bytes at `offset` (fewer at the end), or `None` when the key does not exist.
+    fn get_range(
+        &self,
+        key: &str,
+        offset: u64,
+        len: usize,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>>;
+
+    /// Whether the key exists.
+    fn exists(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>>;
+
+    /// Names of the direct children of the `prefix` directory (for metadata discovery when a
+    /// group has no consolidated metadata).
+    fn list_dir(&self, prefix: &str) -> Result<Vec<String>, StoreError>;
+
+    /// Size in bytes of a stored value without reading it, if the backend knows it cheaply.
+    fn size_of(&self, key: &str) -> Option<u64>;
+}
+
+/// A Zarr store in a local directory (local NVMe or a mounted parallel file system).
+#[derive(Clone, Debug)]
+pub struct LocalStore {
+    root: PathBuf,
+}
+
+impl LocalStore {
+    /// A store rooted at `root`, which must be an existing directory.
+    pub fn new(root: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let root = root.as_ref().to_path_buf();
+        match std::fs::metadata(&root) {
+            Ok(m) if m.is_dir() => Ok(Self { root }),
+            Ok(_) => Err(StoreError::NotZarr { path: root }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::NotFound { path: root }),
+            Err(source) => Err(StoreError::Io { path: root, source }),
+        }
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
+fn missing(e: &std::io::Error) -> bool {
+    // ENOTDIR: a path component is a file, so the key cannot exist either.
+    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(20)
+}
+
+impl Store for LocalStore {
+    fn locate(&self, key: &str) -> PathBuf {
+        if key.is_empty() { self.root.clone() } else { self.root.join(key) }
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let path = self.locate(key);
+        match fs::read(&path).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if missing(&e) => Ok(None),
+            Err(source) => Err(StoreError::Io { path, source }),
+        }
+    }
+
+    async fn get_range(&self, key: &str, offset: u64, len: usize) -> Result<Option<Vec<u8>>, StoreError> {
+        let path = self.locate(key);
+        match fs::read_range(&path, offset, len).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if missing(&e) => Ok(None),
+            Err(source) => Err(StoreError::Io { path, source }),
+        }
+    }
+
+    async fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        let path = self.locate(key);
+        match std::fs::metadata(&path) {
+            Ok(_) => Ok(true),
+            Err(e) if missing(&e) => Ok(false),
+            Err(source) => Err(StoreError::Io { path, source }),
+        }
+    }
+
+    fn list_dir(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let path = self.locate(prefix);
+        let rd = std::fs::read_dir(&path).map_err(|source| StoreError::Io { path: path.clone(), source })?;
+        let mut names = Vec::new();
+        for entry in rd {
+            let entry = entry.map_err(|source| StoreError::Io { path: path.clone(), source })?;
+            if let Some(name) = entry.file_name().to_str() {
+                names.push(name.to_string());
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn size_of(&self, key: &str) -> Option<u64> {
+        std::fs::metadata(self.locate(key)).ok().filter(|m| m.is_file()).map(|m| m.len())
+    }
+}
