@@ -1,0 +1,171 @@
+//! `insitubatch inspect`: what is in a store and how the loader will see it.
+
+use serde::Serialize;
+
+use insitubatch_runtime::Handle;
+use insitubatch_store::{ArrayGeometry, LocalStore, StoreError, open_geometries, open_hierarchy};
+
+/// One variable's report.
+#[derive(Clone, Debug, Serialize)]
+pub struct VariableReport {
+    /// Array path.
+    pub path: String,
+    /// Physical shape.
+    pub shape: Vec<u64>,
+    /// Stored-chunk shape (shard when sharded).
+    pub chunks: Vec<u64>,
+    /// Inner chunk shape inside a shard.
+    pub inner_chunks: Option<Vec<u64>>,
+    /// Element type.
+    pub dtype: String,
+    /// Codec pipeline.
+    pub codecs: Vec<String>,
+    /// Zarr format.
+    pub zarr_format: u8,
+    /// Stored chunks.
+    pub stored_chunks: u64,
+    /// Stored chunks present on disk.
+    pub stored_chunks_present: u64,
+    /// Bytes on disk of all present stored chunks.
+    pub stored_bytes_on_disk: u64,
+    /// Mean bytes on disk per present stored chunk.
+    pub stored_chunk_bytes_mean: u64,
+    /// Decoded bytes per stored chunk.
+    pub stored_chunk_bytes_decoded: u64,
+    /// Samples per stored chunk along the sample axis.
+    pub samples_per_chunk: u64,
+    /// Stored chunks (tiles) per sample-axis chunk.
+    pub tiles_per_sample_chunk: u64,
+    /// The regime the spec's trade-offs name, with a one-line hint.
+    pub regime: String,
+    /// What it means for reading.
+    pub hint: String,
+}
+
+/// Whole report.
+#[derive(Clone, Debug, Serialize)]
+pub struct InspectReport {
+    /// Store path.
+    pub path: String,
+    /// Sample axis used.
+    pub sample_axis: usize,
+    /// IO backend in use.
+    pub io_backend: String,
+    /// Why io_uring is not used, if it is not.
+    pub io_fallback_reason: Option<String>,
+    /// How arrays were discovered.
+    pub discovery: String,
+    /// The data variables.
+    pub variables: Vec<VariableReport>,
+}
+
+/// Names the regime of the spec's trade-offs for a geometry.
+pub fn regime(g: &ArrayGeometry) -> (&'static str, &'static str) {
+    let spc = g.samples_per_chunk();
+    let tiles = g.tiles_per_sample_chunk();
+    if spc == 1 {
+        ("GRIB", "one sample per stored chunk: nothing to amortise, every sample is its own read")
+    } else if spc >= 8 && tiles > 1 {
+        ("fat spatial", "many samples per chunk, split into inner tiles: the sweet spot (cheap concurrency, high reuse)")
+    } else if spc >= 8 {
+        ("fat single inner", "many samples per chunk in one tile: high reuse, but each in-flight read costs a whole chunk of memory")
+    } else {
+        ("moderate", "a few samples per chunk: some amortisation; larger sample chunks read faster")
+    }
+}
+
+/// Builds the report (runs metadata reads on the runtime).
+pub fn inspect(
+    handle: &Handle,
+    path: &std::path::Path,
+    variables: Option<Vec<String>>,
+    sample_axis: usize,
+) -> Result<InspectReport, StoreError> {
+    let store = LocalStore::new(path)?;
+    let st = store.clone();
+    let hierarchy = handle.block_on(move || async move { open_hierarchy(&st).await })??;
+    let geoms = open_geometries(&hierarchy, variables.as_deref(), sample_axis)?;
+    let mut out = Vec::new();
+    for (name, g) in &geoms {
+        let a = &hierarchy.arrays[name];
+        let (mut present, mut bytes) = (0u64, 0u64);
+        for idx in a.chunk_indices() {
+            if let Some(n) = a.stored_size(&store, &idx).filter(|n| *n > 0) {
+                present += 1;
+                bytes += n;
+            }
+        }
+        let (reg, hint) = regime(g);
+        out.push(VariableReport {
+            path: name.clone(),
+            shape: a.shape().to_vec(),
+            chunks: a.chunk_shape().to_vec(),
+            inner_chunks: a.inner_chunk_shape().map(<[u64]>::to_vec),
+            dtype: a.dtype().to_string(),
+            codecs: a.codecs().to_vec(),
+            zarr_format: a.zarr_format(),
+            stored_chunks: a.num_chunks(),
+            stored_chunks_present: present,
+            stored_bytes_on_disk: bytes,
+            stored_chunk_bytes_mean: bytes.checked_div(present).unwrap_or(0),
+            stored_chunk_bytes_decoded: a.chunk_bytes_decoded(),
+            samples_per_chunk: g.samples_per_chunk(),
+            tiles_per_sample_chunk: g.tiles_per_sample_chunk(),
+            regime: reg.to_string(),
+            hint: hint.to_string(),
+        });
+    }
+    Ok(InspectReport {
+        path: path.display().to_string(),
+        sample_axis,
+        io_backend: handle.io_backend().to_string(),
+        io_fallback_reason: handle.fallback_reason().map(|r| r.to_string()),
+        discovery: hierarchy.discovery.to_string(),
+        variables: out,
+    })
+}
+
+/// Human-readable bytes.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[u]) }
+}
+
+impl InspectReport {
+    /// The text the CLI prints.
+    pub fn render(&self) -> String {
+        let mut s = format!("{} (sample axis {}, metadata by {})\n", self.path, self.sample_axis, self.discovery);
+        match &self.io_fallback_reason {
+            None => s += &format!("IO backend: {}\n", self.io_backend),
+            Some(r) => s += &format!("IO backend: {} (io_uring not used: {r})\n", self.io_backend),
+        }
+        for v in &self.variables {
+            s += &format!("\n{}  {} zarr v{}\n", v.path, v.dtype, v.zarr_format);
+            s += &format!("  shape {:?}  stored chunk {:?}", v.shape, v.chunks);
+            if let Some(inner) = &v.inner_chunks {
+                s += &format!("  (sharded, inner {inner:?})");
+            }
+            s += &format!("\n  codecs: {}\n", v.codecs.join(" -> "));
+            s += &format!(
+                "  stored chunks: {} ({} on disk), {} on disk, {} mean per chunk, {} decoded per chunk ({:.2}x)\n",
+                v.stored_chunks,
+                v.stored_chunks_present,
+                human_bytes(v.stored_bytes_on_disk),
+                human_bytes(v.stored_chunk_bytes_mean),
+                human_bytes(v.stored_chunk_bytes_decoded),
+                v.stored_chunk_bytes_decoded as f64 / v.stored_chunk_bytes_mean.max(1) as f64,
+            );
+            s += &format!(
+                "  samples per chunk: {}, tiles per sample chunk: {}\n  regime: {} — {}\n",
+                v.samples_per_chunk, v.tiles_per_sample_chunk, v.regime, v.hint
+            );
+        }
+        s
+    }
+}
