@@ -64,13 +64,25 @@ pub fn regime(g: &ArrayGeometry) -> (&'static str, &'static str) {
     let spc = g.samples_per_chunk();
     let tiles = g.tiles_per_sample_chunk();
     if spc == 1 {
-        ("GRIB", "one sample per stored chunk: nothing to amortise, every sample is its own read")
+        (
+            "GRIB",
+            "one sample per stored chunk: nothing to amortise, every sample is its own read",
+        )
     } else if spc >= 8 && tiles > 1 {
-        ("fat spatial", "many samples per chunk, split into inner tiles: the sweet spot (cheap concurrency, high reuse)")
+        (
+            "fat spatial",
+            "many samples per chunk, split into inner tiles: the sweet spot (cheap concurrency, high reuse)",
+        )
     } else if spc >= 8 {
-        ("fat single inner", "many samples per chunk in one tile: high reuse, but each in-flight read costs a whole chunk of memory")
+        (
+            "fat single inner",
+            "many samples per chunk in one tile: high reuse, but each in-flight read costs a whole chunk of memory",
+        )
     } else {
-        ("moderate", "a few samples per chunk: some amortisation; larger sample chunks read faster")
+        (
+            "moderate",
+            "a few samples per chunk: some amortisation; larger sample chunks read faster",
+        )
     }
 }
 
@@ -134,13 +146,20 @@ pub fn human_bytes(n: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[u]) }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }
 
 impl InspectReport {
     /// The text the CLI prints.
     pub fn render(&self) -> String {
-        let mut s = format!("{} (sample axis {}, metadata by {})\n", self.path, self.sample_axis, self.discovery);
+        let mut s = format!(
+            "{} (sample axis {}, metadata by {})\n",
+            self.path, self.sample_axis, self.discovery
+        );
         match &self.io_fallback_reason {
             None => s += &format!("IO backend: {}\n", self.io_backend),
             Some(r) => s += &format!("IO backend: {} (io_uring not used: {r})\n", self.io_backend),

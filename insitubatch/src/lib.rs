@@ -10,4 +10,6 @@ pub mod synth;
 
 pub use insitubatch_runtime as runtime;
 pub use insitubatch_store as store;
-pub use insitubatch_store::{ArrayGeometry, DType, LocalStore, StoreError, open_geometries, open_hierarchy};
+pub use insitubatch_store::{
+    ArrayGeometry, DType, LocalStore, StoreError, open_geometries, open_hierarchy,
+};

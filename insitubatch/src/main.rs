@@ -14,7 +14,11 @@ use insitubatch::store::{LocalStore, Store, open_geometries, open_hierarchy};
 use insitubatch::synth::{Codec, SynthSpec, make_dataset};
 
 #[derive(Parser)]
-#[command(name = "insitubatch", version, about = "Read-once, sample-once batches from Zarr arrays read in place")]
+#[command(
+    name = "insitubatch",
+    version,
+    about = "Read-once, sample-once batches from Zarr arrays read in place"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -102,8 +106,14 @@ enum Command {
 }
 
 fn parse_pair(s: &str) -> Result<(u64, u64), String> {
-    let (a, b) = s.split_once(['x', 'X']).ok_or_else(|| format!("`{s}` is not of the form AxB (e.g. 181x360)"))?;
-    let p = |v: &str| v.trim().parse::<u64>().map_err(|_| format!("`{v}` in `{s}` is not a whole number"));
+    let (a, b) = s
+        .split_once(['x', 'X'])
+        .ok_or_else(|| format!("`{s}` is not of the form AxB (e.g. 181x360)"))?;
+    let p = |v: &str| {
+        v.trim()
+            .parse::<u64>()
+            .map_err(|_| format!("`{v}` in `{s}` is not a whole number"))
+    };
     Ok((p(a)?, p(b)?))
 }
 
@@ -210,12 +220,21 @@ fn run(cli: Cli) -> CliResult {
             let path = match dir {
                 Some(d) => d,
                 None => {
-                    tmp = tempfile::Builder::new().prefix("insitubatch-demo").tempdir()?;
+                    tmp = tempfile::Builder::new()
+                        .prefix("insitubatch-demo")
+                        .tempdir()?;
                     tmp.path().join("era5.zarr")
                 }
             };
-            let spec = SynthSpec { samples, ..SynthSpec::default() };
-            println!("building a synthetic ERA5-like store at {} ({} decoded)", path.display(), human_bytes(spec.decoded_bytes()));
+            let spec = SynthSpec {
+                samples,
+                ..SynthSpec::default()
+            };
+            println!(
+                "building a synthetic ERA5-like store at {} ({} decoded)",
+                path.display(),
+                human_bytes(spec.decoded_bytes())
+            );
             let t = Instant::now();
             build_store(&path, &spec, true)?;
             println!("built in {:.2} s\n", t.elapsed().as_secs_f64());
@@ -225,7 +244,12 @@ fn run(cli: Cli) -> CliResult {
             read_everything(&rt, &path)?;
             Ok(())
         }
-        Command::Inspect { path, sample_axis, variables, json } => {
+        Command::Inspect {
+            path,
+            sample_axis,
+            variables,
+            json,
+        } => {
             let rt = runtime()?;
             let report = inspect(&rt.handle(), &path, variables, sample_axis)?;
             if json {
@@ -269,13 +293,23 @@ fn run(cli: Cli) -> CliResult {
             );
             Ok(())
         }
-        Command::BenchRead { path, repeat, threads, inflight, json } => {
-            let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        Command::BenchRead {
+            path,
+            repeat,
+            threads,
+            inflight,
+            json,
+        } => {
+            let threads = threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
             if threads == 0 || inflight == 0 {
                 return Err("--threads and --inflight must be at least 1".into());
             }
             let results = bench_read(&path, repeat, threads, inflight)?;
-            let baseline = results.iter().find(|r| r.engine.starts_with("std::fs")).map_or(1.0, |r| r.decoded_mb_s);
+            let baseline = results
+                .iter()
+                .find(|r| r.engine.starts_with("std::fs"))
+                .map_or(1.0, |r| r.decoded_mb_s);
             if json {
                 for r in &results {
                     println!("{}", serde_json::to_string(r)?);
@@ -287,7 +321,10 @@ fn run(cli: Cli) -> CliResult {
                     human_bytes(results[0].bytes_read),
                     human_bytes(results[0].bytes_decoded)
                 );
-                println!("{:<60} {:>9} {:>12} {:>10} {:>9}", "path", "seconds", "decoded MB/s", "read MB/s", "vs plain");
+                println!(
+                    "{:<60} {:>9} {:>12} {:>10} {:>9}",
+                    "path", "seconds", "decoded MB/s", "read MB/s", "vs plain"
+                );
                 for r in &results {
                     println!(
                         "{:<60} {:>9.3} {:>12.0} {:>10.0} {:>8.1}%",

@@ -10,7 +10,9 @@ use std::time::Instant;
 use serde::Serialize;
 
 use insitubatch_runtime::{IoBackendChoice, RuntimeBuilder, probe};
-use insitubatch_store::{LocalStore, Store, StoreError, ZarrArray, open_geometries, open_hierarchy};
+use insitubatch_store::{
+    LocalStore, Store, StoreError, ZarrArray, open_geometries, open_hierarchy,
+};
 
 /// One measured path.
 #[derive(Clone, Debug, Serialize)]
@@ -36,7 +38,10 @@ type Work = Vec<(Arc<ZarrArray>, Vec<u64>)>;
 
 fn work_list(path: &Path) -> Result<(LocalStore, Work), StoreError> {
     let store = LocalStore::new(path)?;
-    let rt = RuntimeBuilder::new().executor_threads(1).build().expect("runtime");
+    let rt = RuntimeBuilder::new()
+        .executor_threads(1)
+        .build()
+        .expect("runtime");
     let st = store.clone();
     let h = rt.block_on(move || async move { open_hierarchy(&st).await })??;
     let geoms = open_geometries(&h, None, 0)?;
@@ -50,7 +55,14 @@ fn work_list(path: &Path) -> Result<(LocalStore, Work), StoreError> {
     Ok((store, work))
 }
 
-fn result(engine: &str, seconds: f64, work: &Work, read: u64, decoded_equiv: u64, decoded: u64) -> ReadResult {
+fn result(
+    engine: &str,
+    seconds: f64,
+    work: &Work,
+    read: u64,
+    decoded_equiv: u64,
+    decoded: u64,
+) -> ReadResult {
     ReadResult {
         engine: engine.to_string(),
         seconds,
@@ -62,8 +74,18 @@ fn result(engine: &str, seconds: f64, work: &Work, read: u64, decoded_equiv: u64
     }
 }
 
-fn runtime_pass(store: &LocalStore, work: &Arc<Work>, choice: IoBackendChoice, threads: usize, inflight: usize) -> (f64, u64, u64) {
-    let rt = RuntimeBuilder::new().executor_threads(threads).io_backend(choice).build().expect("runtime");
+fn runtime_pass(
+    store: &LocalStore,
+    work: &Arc<Work>,
+    choice: IoBackendChoice,
+    threads: usize,
+    inflight: usize,
+) -> (f64, u64, u64) {
+    let rt = RuntimeBuilder::new()
+        .executor_threads(threads)
+        .io_backend(choice)
+        .build()
+        .expect("runtime");
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     // `inflight` tasks per executor pull chunks from a shared counter: reads overlap decodes.
@@ -79,7 +101,9 @@ fn runtime_pass(store: &LocalStore, work: &Arc<Work>, choice: IoBackendChoice, t
                     let key = a.chunk_key(idx).expect("key");
                     let enc = store.get(&key).await.expect("read");
                     read += enc.as_ref().map_or(0, |b| b.len() as u64);
-                    let c = a.decode_chunk(idx, enc, || store.locate(&key)).expect("decode");
+                    let c = a
+                        .decode_chunk(idx, enc, || store.locate(&key))
+                        .expect("decode");
                     decoded += c.bytes.len() as u64;
                 }
                 (read, decoded)
@@ -111,7 +135,11 @@ fn plain_pass(store: &LocalStore, work: &Work, threads: usize, decode: bool) -> 
                         let enc = std::fs::read(&path).ok();
                         read += enc.as_ref().map_or(0, |b| b.len() as u64);
                         if decode {
-                            decoded += a.decode_chunk(idx, enc, || path.clone()).expect("decode").bytes.len() as u64;
+                            decoded += a
+                                .decode_chunk(idx, enc, || path.clone())
+                                .expect("decode")
+                                .bytes
+                                .len() as u64;
                         }
                     }
                     (read, decoded)
@@ -120,21 +148,37 @@ fn plain_pass(store: &LocalStore, work: &Work, threads: usize, decode: bool) -> 
             .collect();
         hs.into_iter().map(|h| h.join().expect("thread")).collect()
     });
-    let (read, decoded) = totals.into_iter().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let (read, decoded) = totals
+        .into_iter()
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     (start.elapsed().as_secs_f64(), read, decoded)
 }
 
 /// Runs every path `repeat` times (after one warm-up pass that fills the page cache) and
 /// keeps each path's best time. `threads` is the executor / plain-thread count.
-pub fn bench_read(path: &Path, repeat: usize, threads: usize, inflight: usize) -> Result<Vec<ReadResult>, StoreError> {
+pub fn bench_read(
+    path: &Path,
+    repeat: usize,
+    threads: usize,
+    inflight: usize,
+) -> Result<Vec<ReadResult>, StoreError> {
     let (store, work) = work_list(path)?;
     let work = Arc::new(work);
     let decoded_total: u64 = work.iter().map(|(a, _)| a.chunk_bytes_decoded()).sum();
     // Warm the page cache.
     let _ = plain_pass(&store, &work, threads, false);
-    let mut backends = vec![("insitubatch runtime, threads backend", IoBackendChoice::Threads)];
+    let mut backends = vec![(
+        "insitubatch runtime, threads backend",
+        IoBackendChoice::Threads,
+    )];
     if probe().unavailable.is_none() {
-        backends.insert(0, ("insitubatch runtime, io_uring backend", IoBackendChoice::Uring));
+        backends.insert(
+            0,
+            (
+                "insitubatch runtime, io_uring backend",
+                IoBackendChoice::Uring,
+            ),
+        );
     }
     let mut best: Vec<Option<(f64, u64, u64)>> = vec![None; backends.len() + 2];
     for _ in 0..repeat.max(1) {

@@ -103,10 +103,19 @@ impl SynthSpec {
         }
         if let Some(s) = self.shard_samples {
             if self.zarr_format != 3 {
-                return inv("shard_samples", "sharding needs Zarr v3 (--format 3)".into());
+                return inv(
+                    "shard_samples",
+                    "sharding needs Zarr v3 (--format 3)".into(),
+                );
             }
             if s == 0 || s % self.sample_chunk != 0 {
-                return inv("shard_samples", format!("{s} is not a positive multiple of sample_chunk {}", self.sample_chunk));
+                return inv(
+                    "shard_samples",
+                    format!(
+                        "{s} is not a positive multiple of sample_chunk {}",
+                        self.sample_chunk
+                    ),
+                );
             }
         }
         if self.variables.is_empty() {
@@ -132,7 +141,9 @@ impl SynthSpec {
 
 fn compressor_v3(codec: Codec) -> Vec<Value> {
     match codec {
-        Codec::Zstd(level) => vec![json!({"name": "zstd", "configuration": {"level": level, "checksum": false}})],
+        Codec::Zstd(level) => {
+            vec![json!({"name": "zstd", "configuration": {"level": level, "checksum": false}})]
+        }
         Codec::BloscLz4(level) => vec![json!({"name": "blosc", "configuration":
             {"cname": "lz4", "clevel": level, "shuffle": "shuffle", "typesize": 4, "blocksize": 0}})],
         Codec::None => vec![],
@@ -142,12 +153,20 @@ fn compressor_v3(codec: Codec) -> Vec<Value> {
 fn compressor_v2(codec: Codec) -> Value {
     match codec {
         Codec::Zstd(level) => json!({"id": "zstd", "level": level}),
-        Codec::BloscLz4(level) => json!({"id": "blosc", "cname": "lz4", "clevel": level, "shuffle": 1, "blocksize": 0}),
+        Codec::BloscLz4(level) => {
+            json!({"id": "blosc", "cname": "lz4", "clevel": level, "shuffle": 1, "blocksize": 0})
+        }
         Codec::None => Value::Null,
     }
 }
 
-fn array_meta(spec: &SynthSpec, shape: &[u64], chunks: &[u64], dims: &[&str], dtype: &str) -> Value {
+fn array_meta(
+    spec: &SynthSpec,
+    shape: &[u64],
+    chunks: &[u64],
+    dims: &[&str],
+    dtype: &str,
+) -> Value {
     if spec.zarr_format == 2 {
         let dt = match dtype {
             "float32" => "<f4",
@@ -185,11 +204,14 @@ pub fn field_value(var: usize, t: u64, i: u64, j: u64, grid: (u64, u64)) -> f32 
     let lat = std::f64::consts::PI * (i as f64 / grid.0.max(1) as f64 - 0.5);
     let lon = 2.0 * std::f64::consts::PI * j as f64 / grid.1.max(1) as f64;
     let phase = t as f64 * 0.07 + var as f64 * 1.3;
-    let smooth = 280.0 - 30.0 * lat.sin().powi(2) + 8.0 * (3.0 * lon + phase).sin() * lat.cos()
+    let smooth = 280.0 - 30.0 * lat.sin().powi(2)
+        + 8.0 * (3.0 * lon + phase).sin() * lat.cos()
         + 3.0 * (5.0 * lon - 2.0 * phase).cos() * (2.0 * lat).cos();
     // Deterministic noise of about 0.05 K: realistic low-order mantissa entropy.
-    let mut h = (var as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ t.wrapping_mul(0xBF58_476D_1CE4_E5B9)
-        ^ i.wrapping_mul(0x94D0_49BB_1331_11EB) ^ j;
+    let mut h = (var as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ t.wrapping_mul(0xBF58_476D_1CE4_E5B9)
+        ^ i.wrapping_mul(0x94D0_49BB_1331_11EB)
+        ^ j;
     h ^= h >> 31;
     h = h.wrapping_mul(0xD6E8_FEB8_6659_FD93);
     h ^= h >> 32;
@@ -203,8 +225,12 @@ enum CoordValues {
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<(), SynthError> {
-    std::fs::write(path, serde_json::to_vec_pretty(value).expect("json"))
-        .map_err(|e| SynthError::Write { path: path.to_path_buf(), message: e.to_string() })
+    std::fs::write(path, serde_json::to_vec_pretty(value).expect("json")).map_err(|e| {
+        SynthError::Write {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
+    })
 }
 
 /// Writes the store at `dir` (created; must not hold a Zarr store already unless `overwrite`).
@@ -216,13 +242,21 @@ pub fn make_dataset(
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<(), SynthError> {
     spec.validate()?;
-    let werr = |message: String| SynthError::Write { path: dir.to_path_buf(), message };
+    let werr = |message: String| SynthError::Write {
+        path: dir.to_path_buf(),
+        message,
+    };
     if dir.exists() {
-        let has_zarr = ["zarr.json", ".zgroup", ".zarray"].iter().any(|f| dir.join(f).exists());
+        let has_zarr = ["zarr.json", ".zgroup", ".zarray"]
+            .iter()
+            .any(|f| dir.join(f).exists());
         if has_zarr && !overwrite {
             return Err(SynthError::Invalid {
                 argument: "DIR",
-                message: format!("{} already holds a Zarr store; pass --force to overwrite", dir.display()),
+                message: format!(
+                    "{} already holds a Zarr store; pass --force to overwrite",
+                    dir.display()
+                ),
             });
         }
         if has_zarr {
@@ -235,7 +269,10 @@ pub fn make_dataset(
 
     // Group and coordinates.
     if spec.zarr_format == 3 {
-        write_json(&dir.join("zarr.json"), &json!({"zarr_format": 3, "node_type": "group", "attributes": {}}))?;
+        write_json(
+            &dir.join("zarr.json"),
+            &json!({"zarr_format": 3, "node_type": "group", "attributes": {}}),
+        )?;
     } else {
         write_json(&dir.join(".zgroup"), &json!({"zarr_format": 2}))?;
     }
@@ -246,7 +283,8 @@ pub fn make_dataset(
         };
         let meta = array_meta(spec, &[len], &[len], &[name], dtype);
         let md: ArrayMetadata = serde_json::from_value(meta).map_err(|e| werr(e.to_string()))?;
-        let a = Array::new_with_metadata(Arc::clone(&store), &format!("/{name}"), md).map_err(|e| werr(e.to_string()))?;
+        let a = Array::new_with_metadata(Arc::clone(&store), &format!("/{name}"), md)
+            .map_err(|e| werr(e.to_string()))?;
         a.store_metadata().map_err(|e| werr(e.to_string()))?;
         match values {
             CoordValues::I64(v) => a.store_chunk(&[0], v),
@@ -254,13 +292,32 @@ pub fn make_dataset(
         }
         .map_err(|e| werr(e.to_string()))?;
         if spec.zarr_format == 2 {
-            write_json(&dir.join(name).join(".zattrs"), &json!({"_ARRAY_DIMENSIONS": [name]}))?;
+            write_json(
+                &dir.join(name).join(".zattrs"),
+                &json!({"_ARRAY_DIMENSIONS": [name]}),
+            )?;
         }
         Ok(())
     };
-    coord("time", spec.samples, CoordValues::I64((0..spec.samples as i64).map(|t| t * 6).collect()))?;
-    coord("latitude", nlat, CoordValues::F32((0..nlat).map(|i| 90.0 - 180.0 * i as f32 / (nlat.max(2) - 1) as f32).collect()))?;
-    coord("longitude", nlon, CoordValues::F32((0..nlon).map(|j| 360.0 * j as f32 / nlon as f32).collect()))?;
+    coord(
+        "time",
+        spec.samples,
+        CoordValues::I64((0..spec.samples as i64).map(|t| t * 6).collect()),
+    )?;
+    coord(
+        "latitude",
+        nlat,
+        CoordValues::F32(
+            (0..nlat)
+                .map(|i| 90.0 - 180.0 * i as f32 / (nlat.max(2) - 1) as f32)
+                .collect(),
+        ),
+    )?;
+    coord(
+        "longitude",
+        nlon,
+        CoordValues::F32((0..nlon).map(|j| 360.0 * j as f32 / nlon as f32).collect()),
+    )?;
 
     let shape = [spec.samples, nlat, nlon];
     let stored = spec.stored_chunk();
@@ -271,19 +328,33 @@ pub fn make_dataset(
                 let (ilat, ilon) = spec.inner_chunks.unwrap_or(spec.grid);
                 sharded_meta(spec, &shape, &stored, &[spec.sample_chunk, ilat, ilon])
             }
-            None => array_meta(spec, &shape, &stored, &["time", "latitude", "longitude"], "float32"),
+            None => array_meta(
+                spec,
+                &shape,
+                &stored,
+                &["time", "latitude", "longitude"],
+                "float32",
+            ),
         };
         let md: ArrayMetadata = serde_json::from_value(meta).map_err(|e| werr(e.to_string()))?;
-        let a = Array::new_with_metadata(Arc::clone(&store), &format!("/{name}"), md).map_err(|e| werr(e.to_string()))?;
+        let a = Array::new_with_metadata(Arc::clone(&store), &format!("/{name}"), md)
+            .map_err(|e| werr(e.to_string()))?;
         a.store_metadata().map_err(|e| werr(e.to_string()))?;
         if spec.zarr_format == 2 {
-            write_json(&dir.join(name).join(".zattrs"), &json!({"_ARRAY_DIMENSIONS": ["time", "latitude", "longitude"]}))?;
+            write_json(
+                &dir.join(name).join(".zattrs"),
+                &json!({"_ARRAY_DIMENSIONS": ["time", "latitude", "longitude"]}),
+            )?;
         }
         arrays.push(a);
     }
 
     // Chunks, encoded on every core.
-    let grid: Vec<u64> = shape.iter().zip(&stored).map(|(s, c)| s.div_ceil(*c)).collect();
+    let grid: Vec<u64> = shape
+        .iter()
+        .zip(&stored)
+        .map(|(s, c)| s.div_ceil(*c))
+        .collect();
     let per_var: u64 = grid.iter().product();
     let total = per_var * arrays.len() as u64;
     let next = AtomicU64::new(0);
@@ -299,12 +370,21 @@ pub fn make_dataset(
                         break;
                     }
                     let (var, flat) = ((k / per_var) as usize, k % per_var);
-                    let idx = [flat / (grid[1] * grid[2]), (flat / grid[2]) % grid[1], flat % grid[2]];
-                    let mut values = Vec::with_capacity((stored[0] * stored[1] * stored[2]) as usize);
+                    let idx = [
+                        flat / (grid[1] * grid[2]),
+                        (flat / grid[2]) % grid[1],
+                        flat % grid[2],
+                    ];
+                    let mut values =
+                        Vec::with_capacity((stored[0] * stored[1] * stored[2]) as usize);
                     for dt in 0..stored[0] {
                         for di in 0..stored[1] {
                             for dj in 0..stored[2] {
-                                let (t, i, j) = (idx[0] * stored[0] + dt, idx[1] * stored[1] + di, idx[2] * stored[2] + dj);
+                                let (t, i, j) = (
+                                    idx[0] * stored[0] + dt,
+                                    idx[1] * stored[1] + di,
+                                    idx[2] * stored[2] + dj,
+                                );
                                 let v = if t < shape[0] && i < shape[1] && j < shape[2] {
                                     field_value(var, t, i, j, spec.grid)
                                 } else {

@@ -14,8 +14,8 @@
 //! for x in 1..=10u64 {
 //!     actor.send_blocking(x).unwrap();
 //! }
-//! actor.stop();
-//! assert_eq!(actor.join().unwrap(), 55);
+//! // Close our sender: the actor drains what is queued, sees the end, and returns.
+//! assert_eq!(actor.finish().unwrap(), 55);
 //! ```
 
 use std::future::Future;
@@ -31,13 +31,17 @@ use crate::task::{JoinHandle, TaskError, lock};
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SendError {
     /// The actor has stopped, finished or panicked; its mailbox is gone.
-    #[error("actor `{0}` is no longer running (stopped, finished or panicked); join it for the reason")]
+    #[error(
+        "actor `{0}` is no longer running (stopped, finished or panicked); join it for the reason"
+    )]
     Gone(String),
     /// The mailbox is full (only from `try_send`).
     #[error("actor `{0}`'s mailbox is full")]
     Full(String),
     /// `send_blocking` was called on an executor thread, which would stall it.
-    #[error("send_blocking to actor `{0}` from an executor thread would deadlock; use `send(..).await`")]
+    #[error(
+        "send_blocking to actor `{0}` from an executor thread would deadlock; use `send(..).await`"
+    )]
     WouldBlockExecutor(String),
 }
 
@@ -66,7 +70,11 @@ pub struct Mailbox<M> {
 impl<M> Mailbox<M> {
     /// Next message, or `None` when stopped or when no sender remains.
     pub async fn recv(&mut self) -> Option<M> {
-        Recv { fut: self.rx.recv_async(), stop: &self.stop }.await
+        Recv {
+            fut: self.rx.recv_async(),
+            stop: &self.stop,
+        }
+        .await
     }
 
     /// True once `stop` was requested.
@@ -76,7 +84,11 @@ impl<M> Mailbox<M> {
 
     /// A message if one is queued, without waiting.
     pub fn try_recv(&mut self) -> Option<M> {
-        if self.is_stopped() { None } else { self.rx.try_recv().ok() }
+        if self.is_stopped() {
+            None
+        } else {
+            self.rx.try_recv().ok()
+        }
     }
 }
 
@@ -120,14 +132,20 @@ pub struct ActorSender<M> {
 
 impl<M> Clone for ActorSender<M> {
     fn clone(&self) -> Self {
-        Self { name: Arc::clone(&self.name), tx: self.tx.clone() }
+        Self {
+            name: Arc::clone(&self.name),
+            tx: self.tx.clone(),
+        }
     }
 }
 
 impl<M> ActorSender<M> {
     /// Waits for room in the mailbox, then enqueues. Fails if the actor is gone.
     pub async fn send(&self, msg: M) -> Result<(), SendError> {
-        self.tx.send_async(msg).await.map_err(|_| SendError::Gone(self.name.to_string()))
+        self.tx
+            .send_async(msg)
+            .await
+            .map_err(|_| SendError::Gone(self.name.to_string()))
     }
 
     /// Enqueues if there is room now.
@@ -143,7 +161,9 @@ impl<M> ActorSender<M> {
         if on_executor_thread() {
             return Err(SendError::WouldBlockExecutor(self.name.to_string()));
         }
-        self.tx.send(msg).map_err(|_| SendError::Gone(self.name.to_string()))
+        self.tx
+            .send(msg)
+            .map_err(|_| SendError::Gone(self.name.to_string()))
     }
 }
 
@@ -155,7 +175,10 @@ impl<M, R> ActorHandle<M, R> {
 
     /// A sender that can be cloned and moved to other tasks or threads.
     pub fn sender(&self) -> ActorSender<M> {
-        ActorSender { name: Arc::clone(&self.name), tx: self.tx.clone() }
+        ActorSender {
+            name: Arc::clone(&self.name),
+            tx: self.tx.clone(),
+        }
     }
 
     /// See [`ActorSender::send`].
@@ -182,6 +205,14 @@ impl<M, R> ActorHandle<M, R> {
     pub fn abort(&self) {
         self.stop.stop();
         self.join.abort();
+    }
+
+    /// Closes this handle's sender and waits for the actor's result: the actor drains what is
+    /// queued and its `recv` returns `None` once every other [`ActorSender`] is dropped too.
+    pub fn finish(self) -> Result<R, TaskError> {
+        let ActorHandle { tx, join, .. } = self;
+        drop(tx);
+        join.join()
     }
 
     /// Waits (blocking, off the executor) for the actor's result, or the panic that ended it.
@@ -214,8 +245,16 @@ impl Handle {
     {
         let (tx, rx) = flume::bounded(capacity.max(1));
         let stop = Arc::new(StopSignal::default());
-        let mailbox = Mailbox { rx, stop: Arc::clone(&stop) };
+        let mailbox = Mailbox {
+            rx,
+            stop: Arc::clone(&stop),
+        };
         let join = self.spawn(name, move || body(mailbox));
-        ActorHandle { name: Arc::from(name), tx, stop, join }
+        ActorHandle {
+            name: Arc::from(name),
+            tx,
+            stop,
+            join,
+        }
     }
 }

@@ -72,7 +72,9 @@ pub enum FallbackReason {
 impl fmt::Display for FallbackReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FallbackReason::Forced => write!(f, "forced by {IO_ENV}=threads or the runtime builder"),
+            FallbackReason::Forced => {
+                write!(f, "forced by {IO_ENV}=threads or the runtime builder")
+            }
             FallbackReason::NotSupported => {
                 write!(f, "io_uring is not supported by this kernel (ENOSYS)")
             }
@@ -81,7 +83,10 @@ impl fmt::Display for FallbackReason {
                 "io_uring_setup was refused (EPERM): a seccomp profile or security module blocks it"
             ),
             FallbackReason::Sysctl(v) => {
-                write!(f, "io_uring is disabled by sysctl kernel.io_uring_disabled={v}")
+                write!(
+                    f,
+                    "io_uring is disabled by sysctl kernel.io_uring_disabled={v}"
+                )
             }
             FallbackReason::Memlock => write!(
                 f,
@@ -116,7 +121,9 @@ const REQUIRED_OPCODES: [(u8, &str); 7] = [
 /// Probes io_uring once per process and returns the cached report.
 pub fn probe() -> &'static ProbeReport {
     static REPORT: OnceLock<ProbeReport> = OnceLock::new();
-    REPORT.get_or_init(|| ProbeReport { unavailable: probe_uncached().err() })
+    REPORT.get_or_init(|| ProbeReport {
+        unavailable: probe_uncached().err(),
+    })
 }
 
 fn sysctl_disabled() -> Option<u32> {
@@ -186,6 +193,10 @@ mod tests {
         ] {
             assert!(!r.to_string().is_empty());
         }
-        assert!(FallbackReason::Sysctl(2).to_string().contains("io_uring_disabled=2"));
+        assert!(
+            FallbackReason::Sysctl(2)
+                .to_string()
+                .contains("io_uring_disabled=2")
+        );
     }
 }

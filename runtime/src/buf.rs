@@ -90,7 +90,11 @@ impl AlignedBuf {
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Self { ptr, capacity, len: 0 }
+        Self {
+            ptr,
+            capacity,
+            len: 0,
+        }
     }
 
     /// Copies `data` into a new aligned buffer whose length is `data.len()`.
@@ -119,7 +123,11 @@ impl AlignedBuf {
 
     /// Sets the initialised length; `len` must not exceed the capacity.
     pub fn set_len(&mut self, len: usize) {
-        assert!(len <= self.capacity, "AlignedBuf length {len} exceeds capacity {}", self.capacity);
+        assert!(
+            len <= self.capacity,
+            "AlignedBuf length {len} exceeds capacity {}",
+            self.capacity
+        );
         self.len = len;
     }
 

@@ -11,6 +11,8 @@ pub(crate) use uring::UringDriver;
 use crate::backend::IoBackend;
 use crate::executor::ExecShared;
 
+// One driver per executor thread, created once: the size difference between variants is irrelevant.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Driver {
     Uring(std::cell::RefCell<UringDriver>),
     Threads(threads::ThreadsDriver),
@@ -24,9 +26,10 @@ impl Driver {
         exec: &Arc<ExecShared>,
     ) -> std::io::Result<Self> {
         Ok(match backend {
-            IoBackend::Uring => {
-                Driver::Uring(std::cell::RefCell::new(UringDriver::new(ring_entries, exec)?))
-            }
+            IoBackend::Uring => Driver::Uring(std::cell::RefCell::new(UringDriver::new(
+                ring_entries,
+                exec,
+            )?)),
             IoBackend::Threads => Driver::Threads(threads::ThreadsDriver::new(
                 pool.expect("threads backend has an IO pool"),
                 exec,

@@ -30,7 +30,9 @@ type Spawn = Box<dyn FnOnce() -> LocalFuture + Send>;
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     /// io_uring was required (`INSITUBATCH_IO=uring` or the builder) but is unavailable.
-    #[error("io_uring was requested but is unavailable: {0}; unset INSITUBATCH_IO or use `threads`")]
+    #[error(
+        "io_uring was requested but is unavailable: {0}; unset INSITUBATCH_IO or use `threads`"
+    )]
     UringUnavailable(FallbackReason),
     /// `INSITUBATCH_IO` holds a value we do not understand.
     #[error("{0}")]
@@ -141,9 +143,9 @@ impl RuntimeBuilder {
             });
         }
         let choice = match self.io {
-            IoBackendChoice::Auto => {
-                backend::env_choice().map_err(RuntimeError::BadEnv)?.unwrap_or_default()
-            }
+            IoBackendChoice::Auto => backend::env_choice()
+                .map_err(RuntimeError::BadEnv)?
+                .unwrap_or_default(),
             explicit => explicit,
         };
         let probe = backend::probe();
@@ -165,10 +167,12 @@ impl RuntimeBuilder {
                         message: "must be at least 1".into(),
                     });
                 }
-                Some(IoPool::start(&self.name, threads).map_err(|source| RuntimeError::Os {
-                    what: "IO pool thread",
-                    source,
-                })?)
+                Some(
+                    IoPool::start(&self.name, threads).map_err(|source| RuntimeError::Os {
+                        what: "IO pool thread",
+                        source,
+                    })?,
+                )
             }
             IoBackend::Uring => None,
         };
@@ -200,25 +204,36 @@ impl RuntimeBuilder {
                     if let Some(cpu) = pin {
                         pin_to_cpu(cpu);
                     }
-                    let driver = match Driver::new(io_backend, ring_entries, pool_tx, &rt.execs[index]) {
-                        Ok(d) => {
-                            let _ = ready_tx.send(Ok(()));
-                            d
-                        }
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            rt.execs[index].close_and_drop_pending();
-                            return;
-                        }
-                    };
+                    let driver =
+                        match Driver::new(io_backend, ring_entries, pool_tx, &rt.execs[index]) {
+                            Ok(d) => {
+                                let _ = ready_tx.send(Ok(()));
+                                d
+                            }
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(e));
+                                rt.execs[index].close_and_drop_pending();
+                                return;
+                            }
+                        };
                     run_executor(rt, index, driver);
                 });
             match spawned {
                 Ok(h) => threads.push(h),
                 Err(source) => {
-                    let rt = Runtime { handle: Handle { shared: Arc::clone(&shared) }, shared, threads, io_pool };
+                    let rt = Runtime {
+                        handle: Handle {
+                            shared: Arc::clone(&shared),
+                        },
+                        shared,
+                        threads,
+                        io_pool,
+                    };
                     drop(rt);
-                    return Err(RuntimeError::Os { what: "executor thread", source });
+                    return Err(RuntimeError::Os {
+                        what: "executor thread",
+                        source,
+                    });
                 }
             }
         }
@@ -229,10 +244,20 @@ impl RuntimeBuilder {
                 first_err.get_or_insert(e);
             }
         }
-        let rt = Runtime { handle: Handle { shared: Arc::clone(&shared) }, shared, threads, io_pool };
+        let rt = Runtime {
+            handle: Handle {
+                shared: Arc::clone(&shared),
+            },
+            shared,
+            threads,
+            io_pool,
+        };
         if let Some(source) = first_err {
             drop(rt);
-            return Err(RuntimeError::Os { what: "io_uring ring", source });
+            return Err(RuntimeError::Os {
+                what: "io_uring ring",
+                source,
+            });
         }
         Ok(rt)
     }
@@ -277,11 +302,18 @@ impl ExecShared {
         // SAFETY: plain syscall; we check the result before wrapping it.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
-            return Err(RuntimeError::Os { what: "eventfd", source: std::io::Error::last_os_error() });
+            return Err(RuntimeError::Os {
+                what: "eventfd",
+                source: std::io::Error::last_os_error(),
+            });
         }
         // SAFETY: `fd` is a fresh descriptor we own.
         let eventfd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Self { remote: Mutex::new(Remote::default()), parked: AtomicBool::new(false), eventfd })
+        Ok(Self {
+            remote: Mutex::new(Remote::default()),
+            parked: AtomicBool::new(false),
+            eventfd,
+        })
     }
 
     fn notify(&self) {
@@ -340,7 +372,9 @@ impl Wake for TaskWake {
         if self.scheduled.swap(true, Ordering::AcqRel) {
             return;
         }
-        let Some(exec) = self.exec.upgrade() else { return };
+        let Some(exec) = self.exec.upgrade() else {
+            return;
+        };
         // A wake from the task's own executor thread (the common case: an IO completion reaped
         // there) goes straight to the local ready queue, without a lock or a syscall.
         let queued_locally = CURRENT.with(|c| match c.borrow().as_ref() {
@@ -401,19 +435,28 @@ impl LocalExec {
         let index = match self.free.borrow_mut().pop() {
             Some(i) => i,
             None => {
-                tasks.push(TaskSlot { generation: 0, entry: None });
+                tasks.push(TaskSlot {
+                    generation: 0,
+                    entry: None,
+                });
                 u32::try_from(tasks.len() - 1).expect("fewer than 2^32 live tasks per executor")
             }
         };
         let slot = &mut tasks[index as usize];
         slot.generation = slot.generation.wrapping_add(1);
-        let key = TaskKey { index, generation: slot.generation };
+        let key = TaskKey {
+            index,
+            generation: slot.generation,
+        };
         let wake = Arc::new(TaskWake {
             exec: Arc::downgrade(&self.shared),
             key,
             scheduled: AtomicBool::new(true),
         });
-        slot.entry = Some(TaskEntry { future: Some(future), wake: Arc::clone(&wake) });
+        slot.entry = Some(TaskEntry {
+            future: Some(future),
+            wake: Arc::clone(&wake),
+        });
         self.ready.borrow_mut().push_back(key);
         wake
     }
@@ -421,12 +464,18 @@ impl LocalExec {
     fn poll_task(&self, key: TaskKey) {
         let (mut future, wake) = {
             let mut tasks = self.tasks.borrow_mut();
-            let Some(slot) = tasks.get_mut(key.index as usize) else { return };
+            let Some(slot) = tasks.get_mut(key.index as usize) else {
+                return;
+            };
             if slot.generation != key.generation {
                 return;
             }
-            let Some(entry) = slot.entry.as_mut() else { return };
-            let Some(future) = entry.future.take() else { return };
+            let Some(entry) = slot.entry.as_mut() else {
+                return;
+            };
+            let Some(future) = entry.future.take() else {
+                return;
+            };
             (future, Arc::clone(&entry.wake))
         };
         wake.scheduled.store(false, Ordering::Release);
@@ -630,12 +679,17 @@ impl Handle {
             guard.0 = None;
             let state = task_state;
             let fut = TaskFuture::new(factory(), Arc::clone(&state));
-            Box::pin(RegisterWaker { state: Some(state), inner: fut })
+            Box::pin(RegisterWaker {
+                state: Some(state),
+                inner: fut,
+            })
         });
         let accepted = !self.is_shut_down() && exec.push_remote(|r| r.spawns.push_back(spawn));
         if !accepted {
             // `spawn` was dropped (or never queued); make the outcome explicit.
-            state.complete(Err(TaskError::RuntimeShutDown { name: name.to_string() }));
+            state.complete(Err(TaskError::RuntimeShutDown {
+                name: name.to_string(),
+            }));
         }
         JoinHandle::new(state)
     }

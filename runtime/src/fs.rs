@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::buf::{IoBuf, IoBufMut};
+use crate::op::Op;
 use crate::op::fsync::Fsync;
 use crate::op::open::OpenAt;
 use crate::op::read::ReadAt;
-use crate::op::statx::Statx;
 pub use crate::op::statx::FileStat;
+use crate::op::statx::Statx;
 use crate::op::write::WriteAt;
-use crate::op::Op;
 
 /// How to open a file.
 #[derive(Clone, Copy, Debug, Default)]
@@ -35,7 +35,11 @@ impl OpenOptions {
 
     /// Read-write, created if missing (mode 0644), not truncated.
     pub fn write_create() -> Self {
-        Self { write: true, create: true, ..Self::default() }
+        Self {
+            write: true,
+            create: true,
+            ..Self::default()
+        }
     }
 
     /// Truncate on open (with write).
@@ -53,7 +57,11 @@ impl OpenOptions {
     }
 
     fn flags(&self) -> i32 {
-        let mut f = if self.write { libc::O_RDWR } else { libc::O_RDONLY };
+        let mut f = if self.write {
+            libc::O_RDWR
+        } else {
+            libc::O_RDONLY
+        };
         if self.create {
             f |= libc::O_CREAT;
         }
@@ -87,8 +95,16 @@ impl File {
     /// Opens `path`.
     pub async fn open(path: impl AsRef<Path>, options: OpenOptions) -> std::io::Result<File> {
         let path = path.as_ref();
-        let fd = Op::new(OpenAt { path: path_cstring(path)?, flags: options.flags(), mode: 0o644 }).await?;
-        Ok(File { fd: Arc::new(fd), path: Arc::from(path) })
+        let fd = Op::new(OpenAt {
+            path: path_cstring(path)?,
+            flags: options.flags(),
+            mode: 0o644,
+        })
+        .await?;
+        Ok(File {
+            fd: Arc::new(fd),
+            path: Arc::from(path),
+        })
     }
 
     /// The path this file was opened with.
@@ -100,7 +116,11 @@ impl File {
     pub async fn stat(&self) -> std::io::Result<FileStat> {
         // SAFETY: statx is plain data; all-zero is a valid value.
         let buf: Box<libc::statx> = Box::new(unsafe { std::mem::zeroed() });
-        Op::new(Statx { fd: Arc::clone(&self.fd), buf }).await
+        Op::new(Statx {
+            fd: Arc::clone(&self.fd),
+            buf,
+        })
+        .await
     }
 
     /// One read of up to `buf`'s spare capacity at `offset`, appended after its initialised
@@ -108,9 +128,20 @@ impl File {
     pub async fn read_at<B: IoBufMut>(&self, buf: B, offset: u64) -> (std::io::Result<usize>, B) {
         let start = buf.bytes_init();
         if start > buf.bytes_total() {
-            return (Err(std::io::Error::other("buffer initialised length exceeds capacity")), buf);
+            return (
+                Err(std::io::Error::other(
+                    "buffer initialised length exceeds capacity",
+                )),
+                buf,
+            );
         }
-        Op::new(ReadAt { fd: Arc::clone(&self.fd), buf, offset, start }).await
+        Op::new(ReadAt {
+            fd: Arc::clone(&self.fd),
+            buf,
+            offset,
+            start,
+        })
+        .await
     }
 
     /// Reads `len` bytes at `offset` (fewer only at end of file) into a new buffer.
@@ -136,7 +167,13 @@ impl File {
 
     /// One write of `buf`'s initialised bytes at `offset`. Returns bytes written and the buffer.
     pub async fn write_at<B: IoBuf>(&self, buf: B, offset: u64) -> (std::io::Result<usize>, B) {
-        Op::new(WriteAt { fd: Arc::clone(&self.fd), buf, offset, start: 0 }).await
+        Op::new(WriteAt {
+            fd: Arc::clone(&self.fd),
+            buf,
+            offset,
+            start: 0,
+        })
+        .await
     }
 
     /// Writes all of `buf` at `offset`, retrying short writes.
@@ -145,12 +182,23 @@ impl File {
         let mut done = 0usize;
         let mut buf = buf;
         while done < total {
-            let (r, b) =
-                Op::new(WriteAt { fd: Arc::clone(&self.fd), buf, offset: offset + done as u64, start: done }).await;
+            let (r, b) = Op::new(WriteAt {
+                fd: Arc::clone(&self.fd),
+                buf,
+                offset: offset + done as u64,
+                start: done,
+            })
+            .await;
             buf = b;
             match r {
                 Ok(0) => {
-                    return (Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "write returned 0")), buf);
+                    return (
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::WriteZero,
+                            "write returned 0",
+                        )),
+                        buf,
+                    );
                 }
                 Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -162,7 +210,11 @@ impl File {
 
     /// `fsync` (or `fdatasync` when `datasync`).
     pub async fn sync(&self, datasync: bool) -> std::io::Result<()> {
-        Op::new(Fsync { fd: Arc::clone(&self.fd), datasync }).await
+        Op::new(Fsync {
+            fd: Arc::clone(&self.fd),
+            datasync,
+        })
+        .await
     }
 }
 
@@ -185,7 +237,11 @@ pub async fn read(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
 }
 
 /// Reads `len` bytes at `offset` of the file at `path` (fewer at end of file).
-pub async fn read_range(path: impl AsRef<Path>, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+pub async fn read_range(
+    path: impl AsRef<Path>,
+    offset: u64,
+    len: usize,
+) -> std::io::Result<Vec<u8>> {
     let file = File::open(path, OpenOptions::read()).await?;
     file.read_exact_at(offset, len).await
 }

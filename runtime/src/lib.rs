@@ -43,7 +43,10 @@ pub async fn yield_now() {
     struct Yield(bool);
     impl std::future::Future for Yield {
         type Output = ();
-        fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        fn poll(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<()> {
             if self.0 {
                 return std::task::Poll::Ready(());
             }

@@ -19,8 +19,8 @@ use std::task::{Context, Poll, Waker};
 
 use io_uring::squeue;
 
-use crate::driver::{BlockingJob, Driver};
 use crate::driver::uring::OpState;
+use crate::driver::{BlockingJob, Driver};
 use crate::executor::{current, with_current};
 use crate::task::lock;
 
@@ -42,12 +42,18 @@ pub(crate) trait OpKind: Send + 'static {
 
 /// The errno of the last failed libc call, negated (kernel convention).
 pub(crate) fn neg_errno() -> i32 {
-    -std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    -std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 /// Converts a kernel result to `io::Result`.
 pub(crate) fn res_to_io(res: i32) -> std::io::Result<u32> {
-    if res < 0 { Err(std::io::Error::from_raw_os_error(-res)) } else { Ok(res as u32) }
+    if res < 0 {
+        Err(std::io::Error::from_raw_os_error(-res))
+    } else {
+        Ok(res as u32)
+    }
 }
 
 struct BlockingSlot<K: OpKind> {
@@ -58,7 +64,10 @@ struct BlockingSlot<K: OpKind> {
 enum State<K: OpKind> {
     Init(Box<K>),
     Uring(usize),
-    Sending(flume::r#async::SendFut<'static, BlockingJob>, Arc<Mutex<BlockingSlot<K>>>),
+    Sending(
+        flume::r#async::SendFut<'static, BlockingJob>,
+        Arc<Mutex<BlockingSlot<K>>>,
+    ),
     Blocking(Arc<Mutex<BlockingSlot<K>>>),
     Done,
 }
@@ -71,7 +80,10 @@ pub(crate) struct Op<K: OpKind> {
 
 impl<K: OpKind> Op<K> {
     pub(crate) fn new(kind: K) -> Self {
-        Self { state: State::Init(Box::new(kind)), _not_send: PhantomData }
+        Self {
+            state: State::Init(Box::new(kind)),
+            _not_send: PhantomData,
+        }
     }
 }
 
@@ -112,13 +124,20 @@ impl<K: OpKind> Future for Op<K> {
                             this.state = State::Uring(index);
                         }
                         Driver::Threads(t) => {
-                            let slot = Arc::new(Mutex::new(BlockingSlot::<K> { done: None, waker: None }));
+                            let slot = Arc::new(Mutex::new(BlockingSlot::<K> {
+                                done: None,
+                                waker: None,
+                            }));
                             let job_slot = Arc::clone(&slot);
                             let counter = Arc::clone(&t.in_flight);
                             counter.fetch_add(1, Ordering::Relaxed);
                             let job: BlockingJob = Box::new(move |cancelled| {
                                 let mut kind = kind;
-                                let res = if cancelled { -libc::ECANCELED } else { kind.blocking_call() };
+                                let res = if cancelled {
+                                    -libc::ECANCELED
+                                } else {
+                                    kind.blocking_call()
+                                };
                                 counter.fetch_sub(1, Ordering::Relaxed);
                                 let waker = {
                                     let mut s = lock(&job_slot);
@@ -135,7 +154,9 @@ impl<K: OpKind> Future for Op<K> {
                 }
                 State::Uring(index) => {
                     let done = with_current(|exec| {
-                        let Driver::Uring(d) = &exec?.driver else { return None };
+                        let Driver::Uring(d) = &exec?.driver else {
+                            return None;
+                        };
                         let mut d = d.borrow_mut();
                         let slot = d.slot_mut(index);
                         match &mut slot.state {

@@ -70,7 +70,10 @@ impl<T> JoinState<T> {
     pub(crate) fn new(name: Arc<str>) -> Arc<Self> {
         Arc::new(Self {
             name,
-            inner: Mutex::new(JoinInner { result: None, waiter: None }),
+            inner: Mutex::new(JoinInner {
+                result: None,
+                waiter: None,
+            }),
             done: Condvar::new(),
             abort: AtomicBool::new(false),
             task_waker: Mutex::new(None),
@@ -94,7 +97,9 @@ impl<T> JoinState<T> {
     }
 
     pub(crate) fn cancelled(&self) -> TaskError {
-        TaskError::Cancelled { name: self.name.to_string() }
+        TaskError::Cancelled {
+            name: self.name.to_string(),
+        }
     }
 
     pub(crate) fn set_task_waker(&self, waker: Waker) {
@@ -115,7 +120,9 @@ pub struct JoinHandle<T> {
 
 impl<T> fmt::Debug for JoinHandle<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("JoinHandle").field("name", &self.state.name).finish()
+        f.debug_struct("JoinHandle")
+            .field("name", &self.state.name)
+            .finish()
     }
 }
 
@@ -147,14 +154,20 @@ impl<T> JoinHandle<T> {
     /// [`TaskError::WouldBlockExecutor`] instead of deadlocking.
     pub fn join(self) -> Result<T, TaskError> {
         if crate::executor::on_executor_thread() {
-            return Err(TaskError::WouldBlockExecutor { name: self.state.name.to_string() });
+            return Err(TaskError::WouldBlockExecutor {
+                name: self.state.name.to_string(),
+            });
         }
         let mut inner = lock(&self.state.inner);
         loop {
             if let Some(r) = inner.result.take() {
                 return r;
             }
-            inner = self.state.done.wait(inner).unwrap_or_else(|e| e.into_inner());
+            inner = self
+                .state
+                .done
+                .wait(inner)
+                .unwrap_or_else(|e| e.into_inner());
         }
     }
 }
@@ -180,7 +193,10 @@ pub(crate) struct TaskFuture<F: Future> {
 
 impl<F: Future> TaskFuture<F> {
     pub(crate) fn new(fut: F, state: Arc<JoinState<F::Output>>) -> Self {
-        Self { fut: Some(Box::pin(fut)), state }
+        Self {
+            fut: Some(Box::pin(fut)),
+            state,
+        }
     }
 }
 
@@ -194,7 +210,9 @@ impl<F: Future> Future for TaskFuture<F> {
             self.state.complete(Err(e));
             return Poll::Ready(());
         }
-        let Some(fut) = self.fut.as_mut() else { return Poll::Ready(()) };
+        let Some(fut) = self.fut.as_mut() else {
+            return Poll::Ready(());
+        };
         match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
             Ok(Poll::Pending) => Poll::Pending,
             Ok(Poll::Ready(v)) => {

@@ -19,7 +19,12 @@ fn backends() -> Vec<IoBackendChoice> {
 }
 
 fn runtime(choice: IoBackendChoice, name: &str) -> Runtime {
-    RuntimeBuilder::new().executor_threads(2).io_backend(choice).name(name).build().unwrap()
+    RuntimeBuilder::new()
+        .executor_threads(2)
+        .io_backend(choice)
+        .name(name)
+        .build()
+        .unwrap()
 }
 
 /// Threads of this process whose name starts with `prefix`.
@@ -36,7 +41,11 @@ fn ten_thousand_small_files_read_concurrently() {
     let dir = tempfile::tempdir().unwrap();
     const N: usize = 10_000;
     for i in 0..N {
-        std::fs::write(dir.path().join(format!("{i}")), format!("chunk-{i}-").repeat(i % 7 + 1)).unwrap();
+        std::fs::write(
+            dir.path().join(format!("{i}")),
+            format!("chunk-{i}-").repeat(i % 7 + 1),
+        )
+        .unwrap();
     }
     for choice in backends() {
         let rt = runtime(choice, "tenk");
@@ -48,7 +57,11 @@ fn ten_thousand_small_files_read_concurrently() {
                 let mut ok = 0usize;
                 for i in (t..N).step_by(64) {
                     let data = fs::read(root.join(format!("{i}"))).await.unwrap();
-                    assert_eq!(data, format!("chunk-{i}-").repeat(i % 7 + 1).into_bytes(), "file {i}");
+                    assert_eq!(
+                        data,
+                        format!("chunk-{i}-").repeat(i % 7 + 1).into_bytes(),
+                        "file {i}"
+                    );
                     ok += 1;
                 }
                 ok
@@ -67,7 +80,9 @@ fn read_range_write_and_fsync_roundtrip() {
         let path = dir.path().join(format!("f-{choice:?}"));
         let p = path.clone();
         rt.block_on(move || async move {
-            let f = fs::File::open(&p, fs::OpenOptions::write_create()).await.unwrap();
+            let f = fs::File::open(&p, fs::OpenOptions::write_create())
+                .await
+                .unwrap();
             let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
             let (r, back) = f.write_all_at(data, 10).await;
             r.unwrap();
@@ -142,7 +157,8 @@ fn errors_name_the_problem() {
         let mut cx = std::task::Context::from_waker(waker);
         let mut fut = Box::pin(fs::read("/etc/hostname"));
         let r = fut.as_mut().poll(&mut cx);
-        tx.send(matches!(r, std::task::Poll::Ready(Err(_)))).unwrap();
+        tx.send(matches!(r, std::task::Poll::Ready(Err(_))))
+            .unwrap();
     });
     assert!(rx.recv_timeout(Duration::from_secs(10)).unwrap());
 }
@@ -163,7 +179,9 @@ fn aborting_a_task_with_a_read_in_flight_keeps_the_buffer_until_completion() {
     let started = Arc::new(AtomicUsize::new(0));
     let s = Arc::clone(&started);
     let task = rt.spawn_on(0, "pipe-reader", move || async move {
-        let f = fs::File::open(&read_end, fs::OpenOptions::read()).await.unwrap();
+        let f = fs::File::open(&read_end, fs::OpenOptions::read())
+            .await
+            .unwrap();
         s.fetch_add(1, Ordering::SeqCst);
         let (_r, _buf) = f.read_at(Vec::with_capacity(4096), 0).await;
         unreachable!("nothing is ever written to the pipe");
@@ -173,20 +191,33 @@ fn aborting_a_task_with_a_read_in_flight_keeps_the_buffer_until_completion() {
     }
     std::thread::sleep(Duration::from_millis(20));
     // The read is in flight on executor 0.
-    let n = rt.spawn_on(0, "probe", || async { insitubatch_runtime::in_flight_ops().unwrap() }).join().unwrap();
+    let n = rt
+        .spawn_on(0, "probe", || async {
+            insitubatch_runtime::in_flight_ops().unwrap()
+        })
+        .join()
+        .unwrap();
     assert_eq!(n, 1, "the pipe read is in flight");
     task.abort();
     assert!(matches!(task.join(), Err(TaskError::Cancelled { .. })));
     // Abandoned, not leaked: the driver asked the kernel to cancel, and the completion freed it.
     let mut left = 1;
     for _ in 0..1000 {
-        left = rt.spawn_on(0, "probe", || async { insitubatch_runtime::in_flight_ops().unwrap() }).join().unwrap();
+        left = rt
+            .spawn_on(0, "probe", || async {
+                insitubatch_runtime::in_flight_ops().unwrap()
+            })
+            .join()
+            .unwrap();
         if left == 0 {
             break;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!(left, 0, "the cancelled read completed and released its buffer");
+    assert_eq!(
+        left, 0,
+        "the cancelled read completed and released its buffer"
+    );
     // SAFETY: closing descriptors we created.
     unsafe {
         libc_close(fds[0]);
@@ -208,7 +239,14 @@ fn shutdown_with_work_queued_resolves_every_task_and_joins_every_thread() {
         std::fs::write(dir.path().join(format!("{i}")), vec![i as u8; 64 * 1024]).unwrap();
     }
     for choice in backends() {
-        let prefix = format!("sd{}", if choice == IoBackendChoice::Uring { "u" } else { "t" });
+        let prefix = format!(
+            "sd{}",
+            if choice == IoBackendChoice::Uring {
+                "u"
+            } else {
+                "t"
+            }
+        );
         let mut rt = runtime(choice, &prefix);
         assert!(threads_named(&prefix) >= 2);
         let mut handles = Vec::new();
@@ -217,7 +255,9 @@ fn shutdown_with_work_queued_resolves_every_task_and_joins_every_thread() {
             handles.push(rt.spawn("busy", move || async move {
                 let mut n = 0;
                 for k in 0..8 {
-                    n += fs::read(root.join(format!("{}", (t + k) % 64))).await?.len();
+                    n += fs::read(root.join(format!("{}", (t + k) % 64)))
+                        .await?
+                        .len();
                 }
                 Ok::<usize, std::io::Error>(n)
             }));
@@ -233,10 +273,17 @@ fn shutdown_with_work_queued_resolves_every_task_and_joins_every_thread() {
                 Err(e) => panic!("unexpected {e}"),
             }
         }
-        assert_eq!(threads_named(&prefix), 0, "no runtime thread outlives shutdown ({choice:?})");
+        assert_eq!(
+            threads_named(&prefix),
+            0,
+            "no runtime thread outlives shutdown ({choice:?})"
+        );
         // Spawning after shutdown is an error, not a hang.
         let late = rt.spawn("late", || async { 1 });
-        assert!(matches!(late.join(), Err(TaskError::RuntimeShutDown { .. })));
+        assert!(matches!(
+            late.join(),
+            Err(TaskError::RuntimeShutDown { .. })
+        ));
     }
 }
 
@@ -290,11 +337,26 @@ fn actor_stop_and_blocking_join_on_executor_is_refused() {
         }
         n
     });
-    actor.send_blocking(()).unwrap();
-    actor.send_blocking(()).unwrap();
-    std::thread::sleep(Duration::from_millis(20));
-    actor.stop();
-    assert_eq!(actor.join().unwrap(), 2);
+    for _ in 0..5 {
+        actor.send_blocking(()).unwrap();
+    }
+    // finish() drains: every queued message is handled before the actor sees the end.
+    assert_eq!(actor.finish().unwrap(), 5);
+    // stop() ends an idle actor parked in recv() promptly, without closing any sender.
+    let idle = rt.spawn_actor(
+        "idle",
+        2,
+        |mut inbox: insitubatch_runtime::Mailbox<()>| async move {
+            let mut n = 0u32;
+            while inbox.recv().await.is_some() {
+                n += 1;
+            }
+            n
+        },
+    );
+    std::thread::sleep(Duration::from_millis(10));
+    idle.stop();
+    assert_eq!(idle.join().unwrap(), 0);
     // join() from an executor thread would deadlock; it says so instead.
     let inner = rt.spawn("slow", || async { 5 });
     let r = rt.block_on(move || async move { inner.join() }).unwrap();
@@ -314,13 +376,20 @@ fn forced_fallback_is_reported() {
             assert_eq!(auto.fallback_reason(), Some(&FallbackReason::Forced));
         }
         Ok("uring") => assert_eq!(auto.io_backend(), IoBackend::Uring),
-        _ => assert_eq!(auto.io_backend() == IoBackend::Uring, probe().unavailable.is_none()),
+        _ => assert_eq!(
+            auto.io_backend() == IoBackend::Uring,
+            probe().unavailable.is_none()
+        ),
     }
 }
 
 #[test]
 fn invalid_builder_arguments_are_errors() {
-    let e = RuntimeBuilder::new().executor_threads(0).build().err().unwrap();
+    let e = RuntimeBuilder::new()
+        .executor_threads(0)
+        .build()
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("executor_threads"), "{e}");
     let e = RuntimeBuilder::new().ring_entries(1).build().err().unwrap();
     assert!(e.to_string().contains("ring_entries"), "{e}");

@@ -57,7 +57,11 @@ impl std::fmt::Debug for ZarrArray {
 }
 
 fn unsupported(array: &str, what: &'static str, message: impl Into<String>) -> StoreError {
-    StoreError::Unsupported { array: array.to_string(), what, message: message.into() }
+    StoreError::Unsupported {
+        array: array.to_string(),
+        what,
+        message: message.into(),
+    }
 }
 
 impl ZarrArray {
@@ -70,7 +74,10 @@ impl ZarrArray {
         attrs: Option<&Value>,
         meta_file: PathBuf,
     ) -> Result<Self, StoreError> {
-        let bad = |message: String| StoreError::BadMetadata { path: meta_file.clone(), message };
+        let bad = |message: String| StoreError::BadMetadata {
+            path: meta_file.clone(),
+            message,
+        };
         let label = if path.is_empty() { "/" } else { path };
         let zarr_format = meta.get("zarr_format").and_then(Value::as_u64).unwrap_or(0);
         let (metadata, dimension_names, inner_chunk_shape, codecs) = match zarr_format {
@@ -80,9 +87,14 @@ impl ZarrArray {
                 }
                 let v3: zarrs::metadata::v3::ArrayMetadataV3 =
                     serde_json::from_value(meta.clone()).map_err(|e| bad(e.to_string()))?;
-                let dims = meta.get("dimension_names").and_then(Value::as_array).map(|a| {
-                    a.iter().map(|v| v.as_str().unwrap_or("").to_string()).collect::<Vec<_>>()
-                });
+                let dims = meta
+                    .get("dimension_names")
+                    .and_then(Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .map(|v| v.as_str().unwrap_or("").to_string())
+                            .collect::<Vec<_>>()
+                    });
                 let (inner, codecs) = describe_v3_codecs(meta);
                 (ArrayMetadata::V3(v3), dims, inner, codecs)
             }
@@ -96,7 +108,11 @@ impl ZarrArray {
                 let dims = attrs
                     .and_then(|a| a.get("_ARRAY_DIMENSIONS"))
                     .and_then(Value::as_array)
-                    .map(|a| a.iter().map(|v| v.as_str().unwrap_or("").to_string()).collect::<Vec<_>>());
+                    .map(|a| {
+                        a.iter()
+                            .map(|v| v.as_str().unwrap_or("").to_string())
+                            .collect::<Vec<_>>()
+                    });
                 (ArrayMetadata::V2(v2), dims, None, describe_v2_codecs(meta))
             }
             other => return Err(bad(format!("zarr_format {other} is neither 2 nor 3"))),
@@ -121,7 +137,11 @@ impl ZarrArray {
             .map(|n| n.to_string())
             .unwrap_or_else(|| inner.data_type().to_string());
         let dtype = DType::from_zarr_name(&type_name).ok_or_else(|| {
-            unsupported(label, "data type", format!("`{type_name}` (insitubatch reads fixed-size numeric and bool arrays)"))
+            unsupported(
+                label,
+                "data type",
+                format!("`{type_name}` (insitubatch reads fixed-size numeric and bool arrays)"),
+            )
         })?;
         let zero = vec![0u64; inner.dimensionality()];
         let chunk_shape: Vec<u64> = if inner.dimensionality() == 0 {
@@ -136,7 +156,11 @@ impl ZarrArray {
         };
         if inner.dimensionality() > 0 {
             // Only regular grids: every chunk has the first chunk's shape.
-            let last: Vec<u64> = inner.chunk_grid_shape().iter().map(|g| g.saturating_sub(1)).collect();
+            let last: Vec<u64> = inner
+                .chunk_grid_shape()
+                .iter()
+                .map(|g| g.saturating_sub(1))
+                .collect();
             let last_shape: Vec<u64> = inner
                 .chunk_shape(&last)
                 .map_err(|e| unsupported(label, "chunk grid", e.to_string()))?
@@ -144,7 +168,11 @@ impl ZarrArray {
                 .map(|c| c.get())
                 .collect();
             if last_shape != chunk_shape {
-                return Err(unsupported(label, "chunk grid", "irregular chunk grids are not supported"));
+                return Err(unsupported(
+                    label,
+                    "chunk grid",
+                    "irregular chunk grids are not supported",
+                ));
             }
         }
         // Decode on the calling thread: we run on our own executors, one per core, and must not
@@ -241,7 +269,11 @@ impl ZarrArray {
     }
 
     fn label(&self) -> &str {
-        if self.path.is_empty() { "/" } else { &self.path }
+        if self.path.is_empty() {
+            "/"
+        } else {
+            &self.path
+        }
     }
 
     /// The store key of the stored chunk at `index` (v2 `.`/`/` separators, v3 default or v2
@@ -259,7 +291,12 @@ impl ZarrArray {
         for _ in 0..n {
             bytes.extend_from_slice(fill);
         }
-        DecodedChunk { shape: self.chunk_shape.clone(), dtype: self.dtype, bytes, is_fill: true }
+        DecodedChunk {
+            shape: self.chunk_shape.clone(),
+            dtype: self.dtype,
+            bytes,
+            is_fill: true,
+        }
     }
 
     /// Decodes the encoded bytes of the stored chunk at `index` (`None`: the key is missing,
@@ -272,14 +309,23 @@ impl ZarrArray {
         file: impl FnOnce() -> PathBuf,
     ) -> Result<DecodedChunk, StoreError> {
         self.check_index(index)?;
-        let Some(encoded) = encoded else { return Ok(self.fill_chunk()) };
-        let bytes = self.decode_bytes(encoded).map_err(|message| StoreError::CorruptChunk {
-            array: self.label().to_string(),
-            key: self.inner.chunk_key(index).as_str().to_string(),
-            path: file(),
-            message,
-        })?;
-        Ok(DecodedChunk { shape: self.chunk_shape.clone(), dtype: self.dtype, bytes, is_fill: false })
+        let Some(encoded) = encoded else {
+            return Ok(self.fill_chunk());
+        };
+        let bytes = self
+            .decode_bytes(encoded)
+            .map_err(|message| StoreError::CorruptChunk {
+                array: self.label().to_string(),
+                key: self.inner.chunk_key(index).as_str().to_string(),
+                path: file(),
+                message,
+            })?;
+        Ok(DecodedChunk {
+            shape: self.chunk_shape.clone(),
+            dtype: self.dtype,
+            bytes,
+            is_fill: false,
+        })
     }
 
     fn decode_bytes(&self, encoded: Vec<u8>) -> Result<Vec<u8>, String> {
@@ -291,9 +337,18 @@ impl ZarrArray {
         let decoded = self
             .inner
             .codecs()
-            .decode(Cow::Owned(encoded), &shape, self.inner.data_type(), self.inner.fill_value(), &self.options)
+            .decode(
+                Cow::Owned(encoded),
+                &shape,
+                self.inner.data_type(),
+                self.inner.fill_value(),
+                &self.options,
+            )
             .map_err(|e| e.to_string())?;
-        let bytes = decoded.into_fixed().map_err(|e| e.to_string())?.into_owned();
+        let bytes = decoded
+            .into_fixed()
+            .map_err(|e| e.to_string())?
+            .into_owned();
         let expect = self.chunk_bytes_decoded() as usize;
         if bytes.len() != expect {
             return Err(format!("decoded {} bytes, expected {expect}", bytes.len()));
@@ -302,7 +357,11 @@ impl ZarrArray {
     }
 
     /// Reads the stored chunk at `index` from `store` and decodes it.
-    pub async fn read_chunk<S: Store>(&self, store: &S, index: &[u64]) -> Result<DecodedChunk, StoreError> {
+    pub async fn read_chunk<S: Store>(
+        &self,
+        store: &S,
+        index: &[u64],
+    ) -> Result<DecodedChunk, StoreError> {
         let key = self.chunk_key(index)?;
         let encoded = store.get(&key).await?;
         self.decode_chunk(index, encoded, || store.locate(&key))
@@ -335,7 +394,10 @@ fn codec_label(name: &str, config: Option<&Value>) -> String {
         let keys = ["cname", "clevel", "level", "shuffle"];
         let parts: Vec<String> = keys
             .iter()
-            .filter_map(|k| cfg.get(*k).map(|v| format!("{k}={}", v.to_string().trim_matches('"'))))
+            .filter_map(|k| {
+                cfg.get(*k)
+                    .map(|v| format!("{k}={}", v.to_string().trim_matches('"')))
+            })
             .collect();
         if !parts.is_empty() {
             label = format!("{label}({})", parts.join(","));
@@ -347,7 +409,12 @@ fn codec_label(name: &str, config: Option<&Value>) -> String {
 fn describe_v3_codecs(meta: &Value) -> (Option<Vec<u64>>, Vec<String>) {
     let mut inner = None;
     let mut out = Vec::new();
-    for c in meta.get("codecs").and_then(Value::as_array).into_iter().flatten() {
+    for c in meta
+        .get("codecs")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let name = c.get("name").and_then(Value::as_str).unwrap_or("?");
         let cfg = c.get("configuration");
         if name == "sharding_indexed" {
@@ -360,7 +427,12 @@ fn describe_v3_codecs(meta: &Value) -> (Option<Vec<u64>>, Vec<String>) {
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
-                .map(|c| codec_label(c.get("name").and_then(Value::as_str).unwrap_or("?"), c.get("configuration")))
+                .map(|c| {
+                    codec_label(
+                        c.get("name").and_then(Value::as_str).unwrap_or("?"),
+                        c.get("configuration"),
+                    )
+                })
                 .collect();
             out.push(format!("sharding_indexed[{}]", nested.join(", ")));
         } else {
@@ -372,12 +444,23 @@ fn describe_v3_codecs(meta: &Value) -> (Option<Vec<u64>>, Vec<String>) {
 
 fn describe_v2_codecs(meta: &Value) -> Vec<String> {
     let mut out = Vec::new();
-    for f in meta.get("filters").and_then(Value::as_array).into_iter().flatten() {
-        out.push(codec_label(f.get("id").and_then(Value::as_str).unwrap_or("?"), Some(f)));
+    for f in meta
+        .get("filters")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        out.push(codec_label(
+            f.get("id").and_then(Value::as_str).unwrap_or("?"),
+            Some(f),
+        ));
     }
     match meta.get("compressor") {
         Some(Value::Null) | None => out.push("raw".into()),
-        Some(c) => out.push(codec_label(c.get("id").and_then(Value::as_str).unwrap_or("?"), Some(c))),
+        Some(c) => out.push(codec_label(
+            c.get("id").and_then(Value::as_str).unwrap_or("?"),
+            Some(c),
+        )),
     }
     out
 }

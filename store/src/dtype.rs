@@ -80,7 +80,10 @@ impl DType {
 
     /// True for floating-point (and complex) types, which have NaN.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::Float16 | DType::Float32 | DType::Float64 | DType::Complex64 | DType::Complex128)
+        matches!(
+            self,
+            DType::Float16 | DType::Float32 | DType::Float64 | DType::Complex64 | DType::Complex128
+        )
     }
 }
 
@@ -96,7 +99,14 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for d in [DType::Bool, DType::Uint8, DType::Int16, DType::Float32, DType::Float64, DType::Complex128] {
+        for d in [
+            DType::Bool,
+            DType::Uint8,
+            DType::Int16,
+            DType::Float32,
+            DType::Float64,
+            DType::Complex128,
+        ] {
             assert_eq!(DType::from_zarr_name(d.name()), Some(d));
         }
         assert_eq!(DType::from_zarr_name("string"), None);

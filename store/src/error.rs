@@ -6,7 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The path does not exist.
-    #[error("{path} does not exist; check the path (it must be a local Zarr group or array directory)")]
+    #[error(
+        "{path} does not exist; check the path (it must be a local Zarr group or array directory)"
+    )]
     NotFound {
         /// The missing path.
         path: PathBuf,
@@ -38,7 +40,9 @@ pub enum StoreError {
         message: String,
     },
     /// `sample_axis` is not an axis of the array.
-    #[error("sample_axis {axis} is out of range for array `{array}` with {ndim} dimensions (valid: 0..{ndim})")]
+    #[error(
+        "sample_axis {axis} is out of range for array `{array}` with {ndim} dimensions (valid: 0..{ndim})"
+    )]
     SampleAxis {
         /// Array path.
         array: String,

@@ -77,12 +77,18 @@ impl ArrayGeometry {
 
     /// Stored chunks per dimension (physical order).
     pub fn chunk_grid(&self) -> Vec<u64> {
-        self.shape.iter().zip(&self.chunks).map(|(s, c)| s.div_ceil(*c)).collect()
+        self.shape
+            .iter()
+            .zip(&self.chunks)
+            .map(|(s, c)| s.div_ceil(*c))
+            .collect()
     }
 
     /// Stored chunks (tiles) that make up one sample-axis chunk: 1 unless field axes are chunked.
     pub fn tiles_per_sample_chunk(&self) -> u64 {
-        self.field_axes().map(|a| self.shape[a].div_ceil(self.chunks[a])).product()
+        self.field_axes()
+            .map(|a| self.shape[a].div_ceil(self.chunks[a]))
+            .product()
     }
 
     /// Bytes of one sample.
@@ -93,7 +99,10 @@ impl ArrayGeometry {
     /// The same array read `k` samples further along the sample axis (`x`/`y = shift(h)`
     /// windows for forecasting). Views of one path decode once.
     pub fn shift(&self, k: i64) -> Self {
-        Self { offset: self.offset + k, ..self.clone() }
+        Self {
+            offset: self.offset + k,
+            ..self.clone()
+        }
     }
 
     fn field_axes(&self) -> impl Iterator<Item = usize> + '_ {
@@ -103,7 +112,10 @@ impl ArrayGeometry {
 
 /// True when `array` is a coordinate: a 1-D array whose one dimension is named after itself.
 pub fn is_coordinate(array: &ZarrArray) -> bool {
-    array.ndim() == 1 && array.dimension_names().is_some_and(|d| d.len() == 1 && d[0] == array.name())
+    array.ndim() == 1
+        && array
+            .dimension_names()
+            .is_some_and(|d| d.len() == 1 && d[0] == array.name())
 }
 
 /// Geometries of a group's data variables, keyed by array path.
@@ -120,10 +132,17 @@ pub fn open_geometries(
     match variables {
         Some(names) => {
             for name in names {
-                let array = hierarchy.arrays.get(name.as_str()).ok_or_else(|| StoreError::UnknownVariable {
-                    name: name.clone(),
-                    group: hierarchy.root.clone(),
-                    available: hierarchy.arrays.keys().cloned().collect::<Vec<_>>().join(", "),
+                let array = hierarchy.arrays.get(name.as_str()).ok_or_else(|| {
+                    StoreError::UnknownVariable {
+                        name: name.clone(),
+                        group: hierarchy.root.clone(),
+                        available: hierarchy
+                            .arrays
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    }
                 })?;
                 out.insert(name.clone(), ArrayGeometry::new(array, sample_axis)?);
             }
@@ -136,7 +155,9 @@ pub fn open_geometries(
                 out.insert(path.clone(), ArrayGeometry::new(array, sample_axis)?);
             }
             if out.is_empty() {
-                return Err(StoreError::NoDataVariables { group: hierarchy.root.clone() });
+                return Err(StoreError::NoDataVariables {
+                    group: hierarchy.root.clone(),
+                });
             }
         }
     }

@@ -27,19 +27,28 @@ pub struct Hierarchy {
 }
 
 async fn get_json<S: Store>(store: &S, key: &str) -> Result<Option<Value>, StoreError> {
-    let Some(bytes) = store.get(key).await? else { return Ok(None) };
+    let Some(bytes) = store.get(key).await? else {
+        return Ok(None);
+    };
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| StoreError::BadMetadata {
         path: store.locate(key),
         message: format!("not valid JSON ({e}); the file may be truncated"),
     })?;
     if !value.is_object() {
-        return Err(StoreError::BadMetadata { path: store.locate(key), message: "expected a JSON object".into() });
+        return Err(StoreError::BadMetadata {
+            path: store.locate(key),
+            message: "expected a JSON object".into(),
+        });
     }
     Ok(Some(value))
 }
 
 fn join(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() { name.to_string() } else { format!("{prefix}/{name}") }
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}/{name}")
+    }
 }
 
 /// Opens the hierarchy at the store root.
@@ -50,8 +59,16 @@ pub async fn open_hierarchy<S: Store>(store: &S) -> Result<Hierarchy, StoreError
     if let Some(meta) = get_json(store, "zarr.json").await? {
         match meta.get("node_type").and_then(Value::as_str) {
             Some("array") => {
-                arrays.insert(String::new(), ZarrArray::from_metadata("", &meta, None, store.locate("zarr.json"))?);
-                return Ok(Hierarchy { root, is_group: false, arrays, discovery: "array" });
+                arrays.insert(
+                    String::new(),
+                    ZarrArray::from_metadata("", &meta, None, store.locate("zarr.json"))?,
+                );
+                return Ok(Hierarchy {
+                    root,
+                    is_group: false,
+                    arrays,
+                    discovery: "array",
+                });
             }
             Some("group") => {
                 if let Some(cons) = meta
@@ -62,14 +79,29 @@ pub async fn open_hierarchy<S: Store>(store: &S) -> Result<Hierarchy, StoreError
                 {
                     for (path, node) in cons {
                         if node.get("node_type").and_then(Value::as_str) == Some("array") {
-                            let a = ZarrArray::from_metadata(path, node, None, store.locate("zarr.json"))?;
+                            let a = ZarrArray::from_metadata(
+                                path,
+                                node,
+                                None,
+                                store.locate("zarr.json"),
+                            )?;
                             arrays.insert(path.clone(), a);
                         }
                     }
-                    return Ok(Hierarchy { root, is_group: true, arrays, discovery: "consolidated" });
+                    return Ok(Hierarchy {
+                        root,
+                        is_group: true,
+                        arrays,
+                        discovery: "consolidated",
+                    });
                 }
                 list_v3(store, "", 0, &mut arrays).await?;
-                return Ok(Hierarchy { root, is_group: true, arrays, discovery: "listing" });
+                return Ok(Hierarchy {
+                    root,
+                    is_group: true,
+                    arrays,
+                    discovery: "listing",
+                });
             }
             _ => {
                 return Err(StoreError::BadMetadata {
@@ -81,10 +113,13 @@ pub async fn open_hierarchy<S: Store>(store: &S) -> Result<Hierarchy, StoreError
     }
 
     if let Some(cons) = get_json(store, ".zmetadata").await? {
-        let entries = cons.get("metadata").and_then(Value::as_object).ok_or_else(|| StoreError::BadMetadata {
-            path: store.locate(".zmetadata"),
-            message: "no \"metadata\" object".into(),
-        })?;
+        let entries = cons
+            .get("metadata")
+            .and_then(Value::as_object)
+            .ok_or_else(|| StoreError::BadMetadata {
+                path: store.locate(".zmetadata"),
+                message: "no \"metadata\" object".into(),
+            })?;
         for (key, meta) in entries {
             if let Some(path) = key.strip_suffix(".zarray") {
                 let path = path.trim_end_matches('/');
@@ -94,18 +129,36 @@ pub async fn open_hierarchy<S: Store>(store: &S) -> Result<Hierarchy, StoreError
             }
         }
         let is_group = !arrays.contains_key("");
-        return Ok(Hierarchy { root, is_group, arrays, discovery: "consolidated" });
+        return Ok(Hierarchy {
+            root,
+            is_group,
+            arrays,
+            discovery: "consolidated",
+        });
     }
 
     if get_json(store, ".zgroup").await?.is_some() {
         list_v2(store, "", 0, &mut arrays).await?;
-        return Ok(Hierarchy { root, is_group: true, arrays, discovery: "listing" });
+        return Ok(Hierarchy {
+            root,
+            is_group: true,
+            arrays,
+            discovery: "listing",
+        });
     }
 
     if let Some(meta) = get_json(store, ".zarray").await? {
         let attrs = get_json(store, ".zattrs").await?;
-        arrays.insert(String::new(), ZarrArray::from_metadata("", &meta, attrs.as_ref(), store.locate(".zarray"))?);
-        return Ok(Hierarchy { root, is_group: false, arrays, discovery: "array" });
+        arrays.insert(
+            String::new(),
+            ZarrArray::from_metadata("", &meta, attrs.as_ref(), store.locate(".zarray"))?,
+        );
+        return Ok(Hierarchy {
+            root,
+            is_group: false,
+            arrays,
+            discovery: "array",
+        });
     }
 
     Err(StoreError::NotZarr { path: root })
@@ -120,12 +173,19 @@ async fn list_v3<S: Store>(
     for name in store.list_dir(prefix)? {
         let path = join(prefix, &name);
         let key = join(&path, "zarr.json");
-        let Some(meta) = get_json(store, &key).await? else { continue };
+        let Some(meta) = get_json(store, &key).await? else {
+            continue;
+        };
         match meta.get("node_type").and_then(Value::as_str) {
             Some("array") => {
-                arrays.insert(path.clone(), ZarrArray::from_metadata(&path, &meta, None, store.locate(&key))?);
+                arrays.insert(
+                    path.clone(),
+                    ZarrArray::from_metadata(&path, &meta, None, store.locate(&key))?,
+                );
             }
-            Some("group") if depth < MAX_GROUP_DEPTH => Box::pin(list_v3(store, &path, depth + 1, arrays)).await?,
+            Some("group") if depth < MAX_GROUP_DEPTH => {
+                Box::pin(list_v3(store, &path, depth + 1, arrays)).await?
+            }
             _ => {}
         }
     }
@@ -146,8 +206,13 @@ async fn list_v2<S: Store>(
         let key = join(&path, ".zarray");
         if let Some(meta) = get_json(store, &key).await? {
             let attrs = get_json(store, &join(&path, ".zattrs")).await?;
-            arrays.insert(path.clone(), ZarrArray::from_metadata(&path, &meta, attrs.as_ref(), store.locate(&key))?);
-        } else if depth < MAX_GROUP_DEPTH && get_json(store, &join(&path, ".zgroup")).await?.is_some() {
+            arrays.insert(
+                path.clone(),
+                ZarrArray::from_metadata(&path, &meta, attrs.as_ref(), store.locate(&key))?,
+            );
+        } else if depth < MAX_GROUP_DEPTH
+            && get_json(store, &join(&path, ".zgroup")).await?.is_some()
+        {
             Box::pin(list_v2(store, &path, depth + 1, arrays)).await?;
         }
     }

@@ -52,7 +52,9 @@ impl LocalStore {
         match std::fs::metadata(&root) {
             Ok(m) if m.is_dir() => Ok(Self { root }),
             Ok(_) => Err(StoreError::NotZarr { path: root }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(StoreError::NotFound { path: root }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(StoreError::NotFound { path: root })
+            }
             Err(source) => Err(StoreError::Io { path: root, source }),
         }
     }
@@ -70,7 +72,11 @@ fn missing(e: &std::io::Error) -> bool {
 
 impl Store for LocalStore {
     fn locate(&self, key: &str) -> PathBuf {
-        if key.is_empty() { self.root.clone() } else { self.root.join(key) }
+        if key.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(key)
+        }
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -82,7 +88,12 @@ impl Store for LocalStore {
         }
     }
 
-    async fn get_range(&self, key: &str, offset: u64, len: usize) -> Result<Option<Vec<u8>>, StoreError> {
+    async fn get_range(
+        &self,
+        key: &str,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
         let path = self.locate(key);
         match fs::read_range(&path, offset, len).await {
             Ok(bytes) => Ok(Some(bytes)),
@@ -102,10 +113,16 @@ impl Store for LocalStore {
 
     fn list_dir(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         let path = self.locate(prefix);
-        let rd = std::fs::read_dir(&path).map_err(|source| StoreError::Io { path: path.clone(), source })?;
+        let rd = std::fs::read_dir(&path).map_err(|source| StoreError::Io {
+            path: path.clone(),
+            source,
+        })?;
         let mut names = Vec::new();
         for entry in rd {
-            let entry = entry.map_err(|source| StoreError::Io { path: path.clone(), source })?;
+            let entry = entry.map_err(|source| StoreError::Io {
+                path: path.clone(),
+                source,
+            })?;
             if let Some(name) = entry.file_name().to_str() {
                 names.push(name.to_string());
             }
@@ -115,6 +132,9 @@ impl Store for LocalStore {
     }
 
     fn size_of(&self, key: &str) -> Option<u64> {
-        std::fs::metadata(self.locate(key)).ok().filter(|m| m.is_file()).map(|m| m.len())
+        std::fs::metadata(self.locate(key))
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
     }
 }

@@ -14,7 +14,9 @@ pub fn fixtures_dir() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let script = root.join("fixtures/make_fixtures.py");
     let text = std::fs::read(&script).expect("read make_fixtures.py");
-    let hash = text.iter().fold(0xcbf29ce484222325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100000001b3));
+    let hash = text.iter().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
+    });
     let base = root.join("../target/zarr-fixtures");
     std::fs::create_dir_all(&base).expect("create target/zarr-fixtures");
     let dir = base.join(format!("{hash:016x}"));
@@ -69,7 +71,8 @@ pub struct FixtureArray {
 /// Every fixture array.
 pub fn fixture_arrays() -> Vec<FixtureArray> {
     let dir = fixtures_dir();
-    let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
     manifest["cases"]
         .as_array()
         .unwrap()
@@ -79,7 +82,12 @@ pub fn fixture_arrays() -> Vec<FixtureArray> {
             store: dir.join(c["store"].as_str().unwrap()),
             array: c["array"].as_str().unwrap().to_string(),
             reference: std::fs::read(dir.join(c["ref"].as_str().unwrap())).unwrap(),
-            shape: c["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect(),
+            shape: c["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect(),
             dtype: c["dtype"].as_str().unwrap().to_string(),
             entry: c.clone(),
         })
@@ -98,7 +106,9 @@ pub fn chunk_region_pair(
 ) -> (Vec<u8>, Vec<u8>) {
     let nd = shape.len();
     let start: Vec<u64> = index.iter().zip(chunk_shape).map(|(i, c)| i * c).collect();
-    let extent: Vec<u64> = (0..nd).map(|d| chunk_shape[d].min(shape[d] - start[d])).collect();
+    let extent: Vec<u64> = (0..nd)
+        .map(|d| chunk_shape[d].min(shape[d] - start[d]))
+        .collect();
     let mut want = Vec::new();
     let mut got = Vec::new();
     let total: u64 = extent.iter().product();

@@ -19,7 +19,11 @@ fn every_stored_chunk_matches_zarr_python_on_both_backends() {
     let fixtures = fixture_arrays();
     assert!(fixtures.len() >= 15, "fixture manifest lists every case");
     for choice in backends() {
-        let rt = RuntimeBuilder::new().executor_threads(2).io_backend(choice).build().unwrap();
+        let rt = RuntimeBuilder::new()
+            .executor_threads(2)
+            .io_backend(choice)
+            .build()
+            .unwrap();
         for fx in fixtures.clone() {
             let label = format!("{} / {:?} ({choice:?})", fx.case, fx.array);
             let fx2 = fx.clone();
@@ -28,28 +32,60 @@ fn every_stored_chunk_matches_zarr_python_on_both_backends() {
                     let fx = fx2;
                     let store = LocalStore::new(&fx.store).unwrap();
                     let h = open_hierarchy(&store).await.unwrap();
-                    let a = h.arrays.get(&fx.array).unwrap_or_else(|| panic!("array {:?} found", fx.array));
+                    let a = h
+                        .arrays
+                        .get(&fx.array)
+                        .unwrap_or_else(|| panic!("array {:?} found", fx.array));
                     assert_eq!(a.shape(), fx.shape.as_slice());
                     assert_eq!(a.dtype().name(), fx.dtype);
                     if let Some(shards) = fx.entry.get("shards") {
-                        let shards: Vec<u64> = shards.as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-                        assert_eq!(a.chunk_shape(), shards.as_slice(), "the stored chunk is the shard");
+                        let shards: Vec<u64> = shards
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|v| v.as_u64().unwrap())
+                            .collect();
+                        assert_eq!(
+                            a.chunk_shape(),
+                            shards.as_slice(),
+                            "the stored chunk is the shard"
+                        );
                         assert!(a.inner_chunk_shape().is_some());
                     }
                     let unwritten: Vec<Vec<u64>> = fx
                         .entry
                         .get("unwritten")
                         .and_then(|u| u.as_array())
-                        .map(|u| u.iter().map(|i| i.as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()).collect())
+                        .map(|u| {
+                            u.iter()
+                                .map(|i| {
+                                    i.as_array()
+                                        .unwrap()
+                                        .iter()
+                                        .map(|v| v.as_u64().unwrap())
+                                        .collect()
+                                })
+                                .collect()
+                        })
                         .unwrap_or_default();
                     let item = a.dtype().size_bytes();
                     let mut n = 0;
                     for index in a.chunk_indices() {
                         let chunk = a.read_chunk(&store, &index).await.unwrap();
                         assert_eq!(chunk.shape, a.chunk_shape());
-                        assert_eq!(chunk.is_fill, unwritten.contains(&index), "chunk {index:?} fill state");
-                        let (want, got) =
-                            chunk_region_pair(&fx.reference, &fx.shape, &chunk.bytes, &chunk.shape, &index, item);
+                        assert_eq!(
+                            chunk.is_fill,
+                            unwritten.contains(&index),
+                            "chunk {index:?} fill state"
+                        );
+                        let (want, got) = chunk_region_pair(
+                            &fx.reference,
+                            &fx.shape,
+                            &chunk.bytes,
+                            &chunk.shape,
+                            &index,
+                            item,
+                        );
                         assert!(want == got, "chunk {index:?} differs from zarr-python");
                         n += 1;
                     }
@@ -68,7 +104,10 @@ fn chunk_keys_follow_each_encoding() {
     let keys = rt
         .block_on(move || async move {
             let mut keys = Vec::new();
-            for fx in fixtures.iter().filter(|f| ["v2_blosc_lz4", "v2_zstd_slash", "v3_zstd"].contains(&f.case.as_str())) {
+            for fx in fixtures
+                .iter()
+                .filter(|f| ["v2_blosc_lz4", "v2_zstd_slash", "v3_zstd"].contains(&f.case.as_str()))
+            {
                 let store = LocalStore::new(&fx.store).unwrap();
                 let h = open_hierarchy(&store).await.unwrap();
                 let a = &h.arrays[&fx.array];
@@ -79,7 +118,12 @@ fn chunk_keys_follow_each_encoding() {
             keys
         })
         .unwrap();
-    let find = |c: &str| keys.iter().find(|(k, _)| k == c).map(|(_, v)| v.clone()).unwrap();
+    let find = |c: &str| {
+        keys.iter()
+            .find(|(k, _)| k == c)
+            .map(|(_, v)| v.clone())
+            .unwrap()
+    };
     assert_eq!(find("v2_blosc_lz4"), "1.0.0");
     assert_eq!(find("v2_zstd_slash"), "1/0/0");
     assert_eq!(find("v3_zstd"), "c/1/0/0");

@@ -25,7 +25,14 @@ fn data_variables_skip_coordinates_and_0d_arrays() {
     let rt = rt();
     for store in ["era5_v3.zarr", "era5_v2.zarr"] {
         let h = open(&rt, &fixtures_dir().join(store)).unwrap();
-        assert_eq!(h.discovery, if store.contains("v3") { "consolidated" } else { "listing" });
+        assert_eq!(
+            h.discovery,
+            if store.contains("v3") {
+                "consolidated"
+            } else {
+                "listing"
+            }
+        );
         let g = open_geometries(&h, None, 0).unwrap();
         let names: Vec<&str> = g.keys().map(String::as_str).collect();
         // time/latitude/longitude are coordinates, spatial_ref is 0-D; a station series over
@@ -81,15 +88,26 @@ fn bad_inputs_name_the_thing() {
 
     let bad_json = tmp.path().join("bad.zarr");
     std::fs::create_dir(&bad_json).unwrap();
-    std::fs::write(bad_json.join("zarr.json"), br#"{"zarr_format": 3, "node_type": "gro"#).unwrap();
+    std::fs::write(
+        bad_json.join("zarr.json"),
+        br#"{"zarr_format": 3, "node_type": "gro"#,
+    )
+    .unwrap();
     let e = open(&rt, &bad_json).unwrap_err();
     assert!(matches!(e, StoreError::BadMetadata { .. }), "{e}");
-    assert!(e.to_string().contains("zarr.json") && e.to_string().contains("truncated"), "{e}");
+    assert!(
+        e.to_string().contains("zarr.json") && e.to_string().contains("truncated"),
+        "{e}"
+    );
 
     // Metadata that is JSON but not a valid array document.
     let bad_meta = tmp.path().join("badmeta.zarr");
     std::fs::create_dir(&bad_meta).unwrap();
-    std::fs::write(bad_meta.join(".zarray"), br#"{"zarr_format": 2, "shape": [4]}"#).unwrap();
+    std::fs::write(
+        bad_meta.join(".zarray"),
+        br#"{"zarr_format": 2, "shape": [4]}"#,
+    )
+    .unwrap();
     let e = open(&rt, &bad_meta).unwrap_err();
     assert!(matches!(e, StoreError::BadMetadata { .. }), "{e}");
     assert!(e.to_string().contains(".zarray"), "{e}");
@@ -119,15 +137,30 @@ fn bad_inputs_name_the_thing() {
     )
     .unwrap();
     let e = open(&rt, &dtype).unwrap_err();
-    assert!(matches!(e, StoreError::Unsupported { what: "data type", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            StoreError::Unsupported {
+                what: "data type",
+                ..
+            }
+        ),
+        "{e}"
+    );
 
     // sample_axis out of range and an unknown variable.
     let h = open(&rt, &fixtures_dir().join("era5_v3.zarr")).unwrap();
     let e = open_geometries(&h, None, 3).unwrap_err();
     assert!(matches!(e, StoreError::SampleAxis { axis: 3, .. }), "{e}");
-    assert!(e.to_string().contains("station") || e.to_string().contains("t2m"), "{e}");
+    assert!(
+        e.to_string().contains("station") || e.to_string().contains("t2m"),
+        "{e}"
+    );
     let e = open_geometries(&h, Some(&["t3m".to_string()]), 0).unwrap_err();
-    assert!(e.to_string().contains("t3m") && e.to_string().contains("t2m"), "{e}");
+    assert!(
+        e.to_string().contains("t3m") && e.to_string().contains("t2m"),
+        "{e}"
+    );
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -176,11 +209,21 @@ fn corrupt_truncated_directory_and_unreadable_chunks() {
     for (i, e) in errors.iter().take(2).enumerate() {
         let msg = e.to_string();
         assert!(matches!(e, StoreError::CorruptChunk { .. }), "{msg}");
-        assert!(msg.contains(&format!("c/{i}/0/0")) && msg.contains("v3_zstd.zarr"), "{msg}");
+        assert!(
+            msg.contains(&format!("c/{i}/0/0")) && msg.contains("v3_zstd.zarr"),
+            "{msg}"
+        );
     }
     let msg = errors[2].to_string();
-    assert!(msg.contains("c/2/0/0") && msg.contains("directory"), "{msg}");
-    assert!(matches!(errors[3], StoreError::ChunkIndex { .. }), "{}", errors[3]);
+    assert!(
+        msg.contains("c/2/0/0") && msg.contains("directory"),
+        "{msg}"
+    );
+    assert!(
+        matches!(errors[3], StoreError::ChunkIndex { .. }),
+        "{}",
+        errors[3]
+    );
 
     // Unreadable chunk file (permission denied). Root bypasses permissions, so only check when
     // the mode actually blocks us.
@@ -193,7 +236,10 @@ fn corrupt_truncated_directory_and_unreadable_chunks() {
             .block_on(move || async move {
                 let store = LocalStore::new(&dir).unwrap();
                 let h = open_hierarchy(&store).await.unwrap();
-                h.arrays[""].read_chunk(&store, &[1, 0, 0]).await.unwrap_err()
+                h.arrays[""]
+                    .read_chunk(&store, &[1, 0, 0])
+                    .await
+                    .unwrap_err()
             })
             .unwrap();
         assert!(e.to_string().contains("c/1/0/0"), "{e}");

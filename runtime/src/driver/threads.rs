@@ -27,21 +27,31 @@ impl IoPool {
         for i in 0..threads {
             let rx = rx.clone();
             let flag = Arc::clone(&shutdown);
-            let h = std::thread::Builder::new().name(format!("{name}-io-{i}")).spawn(move || {
-                while let Ok(job) = rx.recv() {
-                    job(flag.load(Ordering::SeqCst));
-                }
-            });
+            let h = std::thread::Builder::new()
+                .name(format!("{name}-io-{i}"))
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        job(flag.load(Ordering::SeqCst));
+                    }
+                });
             match h {
                 Ok(h) => handles.push(h),
                 Err(e) => {
-                    let pool = IoPool { tx: Some(tx), shutdown, threads: handles };
+                    let pool = IoPool {
+                        tx: Some(tx),
+                        shutdown,
+                        threads: handles,
+                    };
                     pool.shutdown();
                     return Err(e);
                 }
             }
         }
-        Ok(Self { tx: Some(tx), shutdown, threads: handles })
+        Ok(Self {
+            tx: Some(tx),
+            shutdown,
+            threads: handles,
+        })
     }
 
     pub(crate) fn sender(&self) -> flume::Sender<BlockingJob> {
@@ -66,7 +76,11 @@ pub(crate) struct ThreadsDriver {
 
 impl ThreadsDriver {
     pub(crate) fn new(pool: flume::Sender<BlockingJob>, exec: &Arc<ExecShared>) -> Self {
-        Self { pool, exec: Arc::clone(exec), in_flight: Arc::new(AtomicUsize::new(0)) }
+        Self {
+            pool,
+            exec: Arc::clone(exec),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        }
     }
 
     /// Parks on the executor's eventfd until a remote wake (a completion wakes its task through
@@ -76,7 +90,11 @@ impl ThreadsDriver {
         loop {
             // SAFETY: reads 8 bytes into a live u64 from our own eventfd.
             let n = unsafe {
-                libc::read(self.exec.eventfd.as_raw_fd(), (&mut value as *mut u64).cast(), 8)
+                libc::read(
+                    self.exec.eventfd.as_raw_fd(),
+                    (&mut value as *mut u64).cast(),
+                    8,
+                )
             };
             if n >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
                 return;

@@ -82,7 +82,11 @@ impl UringDriver {
     }
 
     /// Queues `sqe` for the operation whose data is `data`; returns the slot index.
-    pub(crate) fn submit(&mut self, build: impl FnOnce(u64) -> squeue::Entry, data: Box<dyn Any>) -> usize {
+    pub(crate) fn submit(
+        &mut self,
+        build: impl FnOnce(u64) -> squeue::Entry,
+        data: Box<dyn Any>,
+    ) -> usize {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -90,7 +94,10 @@ impl UringDriver {
                 self.ops.len() - 1
             }
         };
-        self.ops[index] = Some(OpSlot { state: OpState::Waiting(None), data: Some(data) });
+        self.ops[index] = Some(OpSlot {
+            state: OpState::Waiting(None),
+            data: Some(data),
+        });
         self.in_flight += 1;
         // Build the SQE only once the data sits in its slot (it was boxed before, so pointers
         // into it are already stable; building late keeps that obvious).
@@ -116,14 +123,18 @@ impl UringDriver {
     pub(crate) fn take_completed(&mut self, index: usize) -> (i32, Box<dyn Any>) {
         let slot = self.ops[index].take().expect("live op slot");
         self.free.push(index);
-        let OpState::Completed(res) = slot.state else { panic!("op slot {index} not completed") };
+        let OpState::Completed(res) = slot.state else {
+            panic!("op slot {index} not completed")
+        };
         (res, slot.data.expect("op data present until taken"))
     }
 
     /// The future was dropped before completion: keep the data until the CQE, and ask the
     /// kernel to cancel.
     pub(crate) fn abandon(&mut self, index: usize) {
-        let Some(slot) = self.ops[index].as_mut() else { return };
+        let Some(slot) = self.ops[index].as_mut() else {
+            return;
+        };
         match slot.state {
             OpState::Completed(_) => {
                 self.ops[index] = None;
@@ -131,7 +142,9 @@ impl UringDriver {
             }
             _ => {
                 slot.state = OpState::Ignored;
-                let cancel = opcode::AsyncCancel::new(index as u64).build().user_data(CANCEL_TOKEN);
+                let cancel = opcode::AsyncCancel::new(index as u64)
+                    .build()
+                    .user_data(CANCEL_TOKEN);
                 self.push(cancel);
             }
         }
@@ -177,7 +190,9 @@ impl UringDriver {
                     index => {
                         let index = index as usize;
                         self.in_flight -= 1;
-                        let slot = self.ops[index].as_mut().expect("completion for a live slot");
+                        let slot = self.ops[index]
+                            .as_mut()
+                            .expect("completion for a live slot");
                         match std::mem::replace(&mut slot.state, OpState::Completed(res)) {
                             OpState::Waiting(w) => to_wake.extend(w),
                             OpState::Ignored => {
@@ -192,7 +207,9 @@ impl UringDriver {
             }
         }
         while self.in_flight < self.max_in_flight {
-            let Some(w) = self.waiters.pop_front() else { break };
+            let Some(w) = self.waiters.pop_front() else {
+                break;
+            };
             to_wake.push(w);
         }
         for w in to_wake {
@@ -212,7 +229,9 @@ impl UringDriver {
         }
         let fd = types::Fd(self.exec.eventfd.as_raw_fd());
         let buf: *mut u64 = &mut *self.eventfd_buf;
-        let sqe = opcode::Read::new(fd, buf.cast(), 8).build().user_data(EVENTFD_TOKEN);
+        let sqe = opcode::Read::new(fd, buf.cast(), 8)
+            .build()
+            .user_data(EVENTFD_TOKEN);
         self.push(sqe);
         self.eventfd_armed = true;
     }
@@ -229,12 +248,16 @@ impl UringDriver {
                 && !matches!(slot.state, OpState::Completed(_))
             {
                 slot.state = OpState::Ignored;
-                let cancel = opcode::AsyncCancel::new(index as u64).build().user_data(CANCEL_TOKEN);
+                let cancel = opcode::AsyncCancel::new(index as u64)
+                    .build()
+                    .user_data(CANCEL_TOKEN);
                 self.push(cancel);
             }
         }
         if self.eventfd_armed {
-            let cancel = opcode::AsyncCancel::new(EVENTFD_TOKEN).build().user_data(CANCEL_TOKEN);
+            let cancel = opcode::AsyncCancel::new(EVENTFD_TOKEN)
+                .build()
+                .user_data(CANCEL_TOKEN);
             self.push(cancel);
         }
         // Wait for every operation's completion. Cancellation makes this quick for anything

@@ -26,7 +26,13 @@ impl OpKind for Fsync {
     fn blocking_call(&mut self) -> i32 {
         let fd = self.fd.as_raw_fd();
         // SAFETY: plain syscalls on an fd we keep open.
-        let r = unsafe { if self.datasync { libc::fdatasync(fd) } else { libc::fsync(fd) } };
+        let r = unsafe {
+            if self.datasync {
+                libc::fdatasync(fd)
+            } else {
+                libc::fsync(fd)
+            }
+        };
         if r < 0 { neg_errno() } else { 0 }
     }
 

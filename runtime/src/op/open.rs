@@ -26,7 +26,12 @@ impl OpKind for OpenAt {
     fn blocking_call(&mut self) -> i32 {
         // SAFETY: `path` is a NUL-terminated string owned by self.
         let fd = unsafe {
-            libc::openat(libc::AT_FDCWD, self.path.as_ptr(), self.flags | libc::O_CLOEXEC, self.mode)
+            libc::openat(
+                libc::AT_FDCWD,
+                self.path.as_ptr(),
+                self.flags | libc::O_CLOEXEC,
+                self.mode,
+            )
         };
         if fd < 0 { neg_errno() } else { fd }
     }

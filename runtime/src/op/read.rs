@@ -32,7 +32,9 @@ impl<B: IoBufMut> OpKind for ReadAt<B> {
     fn uring_sqe(&mut self) -> squeue::Entry {
         let fd = types::Fd(self.fd.as_raw_fd());
         let (ptr, len) = self.dst();
-        opcode::Read::new(fd, ptr, len as u32).offset(self.offset).build()
+        opcode::Read::new(fd, ptr, len as u32)
+            .offset(self.offset)
+            .build()
     }
 
     fn blocking_call(&mut self) -> i32 {

@@ -30,10 +30,14 @@ impl OpKind for Statx {
 
     fn uring_sqe(&mut self) -> squeue::Entry {
         let buf: *mut libc::statx = &mut *self.buf;
-        opcode::Statx::new(types::Fd(self.fd.as_raw_fd()), EMPTY_PATH.as_ptr(), buf.cast())
-            .flags(libc::AT_EMPTY_PATH)
-            .mask(libc::STATX_TYPE | libc::STATX_SIZE)
-            .build()
+        opcode::Statx::new(
+            types::Fd(self.fd.as_raw_fd()),
+            EMPTY_PATH.as_ptr(),
+            buf.cast(),
+        )
+        .flags(libc::AT_EMPTY_PATH)
+        .mask(libc::STATX_TYPE | libc::STATX_SIZE)
+        .build()
     }
 
     fn blocking_call(&mut self) -> i32 {

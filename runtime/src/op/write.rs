@@ -31,7 +31,9 @@ impl<B: IoBuf> OpKind for WriteAt<B> {
     fn uring_sqe(&mut self) -> squeue::Entry {
         let fd = types::Fd(self.fd.as_raw_fd());
         let (ptr, len) = self.src();
-        opcode::Write::new(fd, ptr, len as u32).offset(self.offset).build()
+        opcode::Write::new(fd, ptr, len as u32)
+            .offset(self.offset)
+            .build()
     }
 
     fn blocking_call(&mut self) -> i32 {
@@ -39,7 +41,12 @@ impl<B: IoBuf> OpKind for WriteAt<B> {
         loop {
             // SAFETY: `ptr` points to `len` initialised bytes owned by `self.buf`.
             let n = unsafe {
-                libc::pwrite(self.fd.as_raw_fd(), ptr.cast(), len, self.offset as libc::off_t)
+                libc::pwrite(
+                    self.fd.as_raw_fd(),
+                    ptr.cast(),
+                    len,
+                    self.offset as libc::off_t,
+                )
             };
             if n >= 0 {
                 return n as i32;

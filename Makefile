@@ -1,0 +1,39 @@
+# One entry point that mirrors CI. `make demo` is the main job; `make check` runs every test.
+SHELL := /bin/bash
+PYTHON ?= python3
+CARGO ?= cargo
+
+.PHONY: demo check deps build fmt clippy test-rust test-doc
+
+demo:
+	$(CARGO) build --release
+	./target/release/insitubatch demo
+
+deps:
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -r requirements-test.txt
+
+build:
+	$(CARGO) build --release
+
+fmt:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The Rust suites run twice: once forced onto io_uring (when this kernel allows it), once forced
+# onto the blocking-thread fallback.
+test-rust:
+	@if $(CARGO) nextest --version >/dev/null 2>&1; then runner="$(CARGO) nextest run --workspace --no-fail-fast"; \
+	 else runner="$(CARGO) test --workspace --no-fail-fast"; fi; \
+	 set -e; \
+	 if [ "$$(cat /proc/sys/kernel/io_uring_disabled 2>/dev/null || echo 0)" = "0" ]; then \
+	   echo "== Rust tests, INSITUBATCH_IO=uring"; INSITUBATCH_IO=uring $$runner; \
+	 else echo "== io_uring disabled by sysctl on this machine: skipping the forced-uring run"; fi; \
+	 echo "== Rust tests, INSITUBATCH_IO=threads"; INSITUBATCH_IO=threads $$runner
+
+test-doc:
+	$(CARGO) test --workspace --doc
+
+check: deps fmt build clippy test-rust test-doc
+	@echo "make check: all checks passed"
