@@ -144,8 +144,6 @@ fn codec_from(name: &str, level: i32) -> Result<Codec, String> {
 }
 
 fn build_store(dir: &Path, spec: &SynthSpec, force: bool) -> CliResult {
-    let total = spec.stored_chunk();
-    let _ = total;
     let pb = progress_bar(0, "writing");
     let pb2 = pb.clone();
     make_dataset(dir, spec, force, &move |done, total| {

@@ -221,14 +221,7 @@ impl RuntimeBuilder {
             match spawned {
                 Ok(h) => threads.push(h),
                 Err(source) => {
-                    let rt = Runtime {
-                        handle: Handle {
-                            shared: Arc::clone(&shared),
-                        },
-                        shared,
-                        threads,
-                        io_pool,
-                    };
+                    let rt = Runtime::assemble(shared, threads, io_pool);
                     drop(rt);
                     return Err(RuntimeError::Os {
                         what: "executor thread",
@@ -244,14 +237,7 @@ impl RuntimeBuilder {
                 first_err.get_or_insert(e);
             }
         }
-        let rt = Runtime {
-            handle: Handle {
-                shared: Arc::clone(&shared),
-            },
-            shared,
-            threads,
-            io_pool,
-        };
+        let rt = Runtime::assemble(shared, threads, io_pool);
         if let Some(source) = first_err {
             drop(rt);
             return Err(RuntimeError::Os {
@@ -584,6 +570,22 @@ pub struct Handle {
 }
 
 impl Runtime {
+    fn assemble(
+        shared: Arc<RuntimeShared>,
+        threads: Vec<std::thread::JoinHandle<()>>,
+        io_pool: Option<IoPool>,
+    ) -> Self {
+        let handle = Handle {
+            shared: Arc::clone(&shared),
+        };
+        Self {
+            handle,
+            shared,
+            threads,
+            io_pool,
+        }
+    }
+
     /// Starts a runtime with default settings.
     pub fn new() -> Result<Self, RuntimeError> {
         RuntimeBuilder::new().build()
