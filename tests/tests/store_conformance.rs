@@ -17,7 +17,7 @@ fn backends() -> Vec<IoBackendChoice> {
 #[test]
 fn every_stored_chunk_matches_zarr_python_on_both_backends() {
     let fixtures = fixture_arrays();
-    assert!(fixtures.len() >= 15, "fixture manifest lists every case");
+    assert!(fixtures.len() >= 16, "fixture manifest lists every case");
     for choice in backends() {
         let rt = RuntimeBuilder::new()
             .executor_threads(2)
@@ -104,14 +104,18 @@ fn chunk_keys_follow_each_encoding() {
     let keys = rt
         .block_on(move || async move {
             let mut keys = Vec::new();
-            for fx in fixtures
-                .iter()
-                .filter(|f| ["v2_blosc_lz4", "v2_zstd_slash", "v3_zstd"].contains(&f.case.as_str()))
-            {
+            for fx in fixtures.iter().filter(|f| {
+                ["v2_blosc_lz4", "v2_zstd_slash", "v3_zstd", "v3_v2keys"].contains(&f.case.as_str())
+            }) {
                 let store = LocalStore::new(&fx.store).unwrap();
                 let h = open_hierarchy(&store).await.unwrap();
                 let a = &h.arrays[&fx.array];
-                let key = a.chunk_key(&[1, 0, 0]).unwrap();
+                let index = vec![1u64; a.ndim()]
+                    .into_iter()
+                    .enumerate()
+                    .map(|(d, v)| if d == 0 { v } else { 0 })
+                    .collect::<Vec<_>>();
+                let key = a.chunk_key(&index).unwrap();
                 assert!(store.locate(&key).is_file(), "{key} exists on disk");
                 keys.push((fx.case.clone(), key));
             }
@@ -127,6 +131,7 @@ fn chunk_keys_follow_each_encoding() {
     assert_eq!(find("v2_blosc_lz4"), "1.0.0");
     assert_eq!(find("v2_zstd_slash"), "1/0/0");
     assert_eq!(find("v3_zstd"), "c/1/0/0");
+    assert_eq!(find("v3_v2keys"), "1.0");
 }
 
 use insitubatch_store::Store;
