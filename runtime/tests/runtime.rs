@@ -121,15 +121,11 @@ fn direct_io_reads_where_the_file_system_allows() {
                     assert_eq!(r.unwrap(), 2 * 4096);
                     assert_eq!(buf.as_slice(), &want[4096..3 * 4096]);
                 }
-                Err(e) => assert_eq!(e.raw_os_error(), Some(libc_einval()), "{e}"),
+                Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}"),
             }
         })
         .unwrap();
     }
-}
-
-fn libc_einval() -> i32 {
-    22
 }
 
 #[test]
@@ -173,7 +169,7 @@ fn aborting_a_task_with_a_read_in_flight_keeps_the_buffer_until_completion() {
     // A pipe read blocks until data arrives: the only way it ends is cancellation.
     let mut fds = [0i32; 2];
     // SAFETY: pipe writes two descriptors into the array.
-    assert_eq!(unsafe { libc_pipe(fds.as_mut_ptr()) }, 0);
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     let read_end = format!("/proc/self/fd/{}", fds[0]);
     let rt = runtime(IoBackendChoice::Uring, "cancel");
     let started = Arc::new(AtomicUsize::new(0));
@@ -220,16 +216,9 @@ fn aborting_a_task_with_a_read_in_flight_keeps_the_buffer_until_completion() {
     );
     // SAFETY: closing descriptors we created.
     unsafe {
-        libc_close(fds[0]);
-        libc_close(fds[1]);
+        libc::close(fds[0]);
+        libc::close(fds[1]);
     }
-}
-
-unsafe extern "C" {
-    #[link_name = "pipe"]
-    fn libc_pipe(fds: *mut i32) -> i32;
-    #[link_name = "close"]
-    fn libc_close(fd: i32) -> i32;
 }
 
 #[test]
