@@ -215,6 +215,14 @@ impl<M, R> ActorHandle<M, R> {
         join.join()
     }
 
+    /// Gives up this handle's own sender and returns the join handle: the actor then ends
+    /// once every [`ActorSender`] is gone, and no handle keeps its mailbox open.
+    pub fn into_join_handle(self) -> JoinHandle<R> {
+        let ActorHandle { tx, join, .. } = self;
+        drop(tx);
+        join
+    }
+
     /// Waits (blocking, off the executor) for the actor's result, or the panic that ended it.
     pub fn join(self) -> Result<R, TaskError> {
         self.join.join()
@@ -243,13 +251,50 @@ impl Handle {
         G: FnOnce(Mailbox<M>) -> F + Send + 'static,
         F: Future<Output = R> + 'static,
     {
+        self.spawn_actor_at(None, name, capacity, body)
+    }
+
+    /// [`Handle::spawn_actor`] on executor `index mod executor_threads()`: the engine places one
+    /// decoder and one fetcher per core this way.
+    pub fn spawn_actor_on<M, R, G, F>(
+        &self,
+        index: usize,
+        name: &str,
+        capacity: usize,
+        body: G,
+    ) -> ActorHandle<M, R>
+    where
+        M: Send + 'static,
+        R: Send + 'static,
+        G: FnOnce(Mailbox<M>) -> F + Send + 'static,
+        F: Future<Output = R> + 'static,
+    {
+        self.spawn_actor_at(Some(index), name, capacity, body)
+    }
+
+    fn spawn_actor_at<M, R, G, F>(
+        &self,
+        index: Option<usize>,
+        name: &str,
+        capacity: usize,
+        body: G,
+    ) -> ActorHandle<M, R>
+    where
+        M: Send + 'static,
+        R: Send + 'static,
+        G: FnOnce(Mailbox<M>) -> F + Send + 'static,
+        F: Future<Output = R> + 'static,
+    {
         let (tx, rx) = flume::bounded(capacity.max(1));
         let stop = Arc::new(StopSignal::default());
         let mailbox = Mailbox {
             rx,
             stop: Arc::clone(&stop),
         };
-        let join = self.spawn(name, move || body(mailbox));
+        let join = match index {
+            Some(i) => self.spawn_on(i, name, move || body(mailbox)),
+            None => self.spawn(name, move || body(mailbox)),
+        };
         ActorHandle {
             name: Arc::from(name),
             tx,

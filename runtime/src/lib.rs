@@ -24,6 +24,7 @@ mod driver;
 mod executor;
 pub mod fs;
 mod op;
+pub mod sync;
 mod task;
 
 pub use actor::{ActorHandle, ActorSender, Mailbox, SendError};

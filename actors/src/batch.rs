@@ -1,0 +1,153 @@
+//! What a consumer receives: a [`Batch`] of arrays by label, each `(batch, *sample_inner)`.
+
+use std::sync::Arc;
+
+use insitubatch_pool::PooledBuf;
+use insitubatch_store::DType;
+
+/// Element types a batch array can be viewed as.
+pub trait Element: Copy + sealed::Sealed + 'static {
+    /// The dtype this Rust type reads.
+    const DTYPE: DType;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t { const DTYPE: DType = DType::$d; }
+    )*};
+}
+element!(f32 => Float32, f64 => Float64, i8 => Int8, i16 => Int16, i32 => Int32, i64 => Int64,
+         u8 => Uint8, u16 => Uint16, u32 => Uint32, u64 => Uint64);
+
+/// One label's array in a batch: C order, native endian, in a page-aligned pooled buffer that
+/// returns to the pool when the batch is dropped.
+pub struct BatchArray {
+    pub(crate) shape: Vec<usize>,
+    pub(crate) dtype: DType,
+    pub(crate) buf: PooledBuf,
+}
+
+impl std::fmt::Debug for BatchArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchArray")
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype)
+            .finish()
+    }
+}
+
+impl BatchArray {
+    /// `(batch, *sample_inner)`.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The raw bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+
+    /// The values as `T`, or `None` when `T` is not this array's dtype.
+    pub fn values<T: Element>(&self) -> Option<&[T]> {
+        if T::DTYPE != self.dtype {
+            return None;
+        }
+        let bytes = self.buf.as_slice();
+        let size = std::mem::size_of::<T>();
+        // Batch buffers are page aligned and hold whole elements; check rather than assume.
+        assert!(
+            (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+                && bytes.len().is_multiple_of(size),
+            "batch buffer is misaligned for {:?}",
+            self.dtype
+        );
+        // SAFETY: the pointer is aligned for T and valid for `len / size` elements (checked
+        // above); every bit pattern is a valid value of these plain numeric types; the slice
+        // borrows `self`, so the buffer outlives it and is not written while it exists.
+        Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
+    }
+
+    /// The pooled buffer's address (for DLPack export).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.buf.as_ptr()
+    }
+}
+
+/// One batch: every label at the same anchors.
+#[derive(Debug)]
+pub struct Batch {
+    pub(crate) index: usize,
+    pub(crate) labels: Arc<[String]>,
+    pub(crate) offsets: Arc<[i64]>,
+    pub(crate) arrays: Vec<BatchArray>,
+    pub(crate) sample_indices: Vec<u64>,
+}
+
+impl Batch {
+    /// Position of this batch in its epoch.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Rows (samples) in the batch; only the epoch's last batch is short.
+    pub fn len(&self) -> usize {
+        self.sample_indices.len()
+    }
+
+    /// True for a batch without rows (never produced).
+    pub fn is_empty(&self) -> bool {
+        self.sample_indices.is_empty()
+    }
+
+    /// Labels, in declaration order.
+    pub fn labels(&self) -> &[String] {
+        &self.labels
+    }
+
+    /// The array of `label`.
+    pub fn array(&self, label: &str) -> Option<&BatchArray> {
+        self.labels
+            .iter()
+            .position(|l| l == label)
+            .map(|i| &self.arrays[i])
+    }
+
+    /// (label, array) pairs in declaration order.
+    pub fn arrays(&self) -> impl Iterator<Item = (&str, &BatchArray)> {
+        self.labels.iter().map(String::as_str).zip(&self.arrays)
+    }
+
+    /// The anchor (reference sample index) of each row.
+    pub fn sample_indices(&self) -> &[u64] {
+        &self.sample_indices
+    }
+
+    /// The window offset of `label`.
+    pub fn offset(&self, label: &str) -> Option<i64> {
+        self.labels
+            .iter()
+            .position(|l| l == label)
+            .map(|i| self.offsets[i])
+    }
+
+    /// The sample index `label` read for each row: anchor + offset.
+    pub fn read_indices(&self, label: &str) -> Option<Vec<u64>> {
+        let off = self.offset(label)?;
+        Some(
+            self.sample_indices
+                .iter()
+                .map(|&a| (a as i64 + off) as u64)
+                .collect(),
+        )
+    }
+}

@@ -1,0 +1,121 @@
+//! The decoder: runs the array's codec chain on a stored chunk's bytes and delivers the result
+//! into its slot, adopting the buffer when the layout allows and copying the tile's rectangle
+//! when the field is inner-chunked or the sample axis is not first.
+//!
+//! One decoder actor runs per executor and decodes one chunk at a time: decode is the CPU-bound
+//! stage, and one per core is the thread-per-core answer to it.
+
+use std::sync::Arc;
+
+use insitubatch_pool::SlotFailure;
+use insitubatch_runtime::{ActorHandle, yield_now};
+use insitubatch_store::{DType, Store, StoreError, ZarrArray};
+
+use crate::fetcher::TileJob;
+use crate::pass::{EngineContext, OnBadChunk, PanicGuard, PassShared, lock};
+use crate::stats::{BadChunk, Counters};
+
+/// Mailbox capacity of a decoder; `max_inflight` bounds the total anyway.
+const DECODER_MAILBOX: usize = 64;
+
+/// Bytes of a stored chunk on their way to the decoder (`None`: the key does not exist, so the
+/// chunk is the fill value).
+pub struct DecodeJob {
+    pub(crate) job: TileJob,
+    pub(crate) bytes: Option<Vec<u8>>,
+}
+
+pub(crate) fn spawn<S: Store>(
+    ctx: &Arc<EngineContext<S>>,
+    shared: &Arc<PassShared>,
+    index: usize,
+) -> ActorHandle<DecodeJob, ()> {
+    let ctx = Arc::clone(ctx);
+    let shared = Arc::clone(shared);
+    let rt = ctx.runtime.clone();
+    rt.spawn_actor_on(
+        index,
+        "decoder",
+        DECODER_MAILBOX,
+        move |mut inbox: insitubatch_runtime::Mailbox<DecodeJob>| async move {
+            let _guard = PanicGuard {
+                shared: &shared,
+                actor: "decoder",
+            };
+            while let Some(DecodeJob { job, bytes }) = inbox.recv().await {
+                if shared.is_cancelled() {
+                    job.cancel();
+                    continue;
+                }
+                if shared.config.panic_on_tile == Some(job.ordinal) {
+                    panic!("injected decoder panic on tile {}", job.ordinal);
+                }
+                let array = &shared.arrays[job.path];
+                match array.decode_chunk(&job.index, bytes, || ctx.store.locate(&job.key)) {
+                    Ok(chunk) => {
+                        Counters::add(&shared.counters.bytes_decoded, chunk.bytes.len() as u64);
+                        deliver(job, chunk.bytes);
+                    }
+                    Err(e) => bad_chunk(job, e),
+                }
+                // A decode holds the core for a while; let IO completions and other tasks on
+                // this executor run before the next one.
+                yield_now().await;
+            }
+        },
+    )
+}
+
+/// Puts a decoded tile into its slot and completes the job.
+pub(crate) fn deliver(job: TileJob, bytes: Vec<u8>) {
+    let layout = &job.shared.layouts[job.path];
+    // An error means the slot is no longer loading (the pass failed); nothing to deliver to.
+    let _ = if layout.can_adopt() {
+        job.slot.adopt(bytes)
+    } else {
+        job.slot
+            .deliver_tile(|buf| layout.copy_into_slot(job.tile, &bytes, buf))
+            .map(|_| ())
+    };
+    job.finish();
+}
+
+/// A stored chunk that could not be read or decoded: fail the pass, or fill and record it.
+pub(crate) fn bad_chunk(job: TileJob, err: StoreError) {
+    let shared = Arc::clone(&job.shared);
+    match shared.config.on_bad_chunk {
+        OnBadChunk::Raise => {
+            job.slot.fail(SlotFailure {
+                cancelled: false,
+                message: err.to_string().into(),
+            });
+            shared.fail(err.into());
+            job.finish();
+        }
+        OnBadChunk::Nan => {
+            let array = &shared.arrays[job.path];
+            lock(&shared.bad_chunks).push(BadChunk {
+                array: array.path().to_string(),
+                chunk_index: job.index.clone(),
+                key: job.key.clone(),
+                message: err.to_string(),
+            });
+            deliver(job, nan_chunk(array));
+        }
+    }
+}
+
+/// A whole stored chunk of NaN (float and complex dtypes) or the array's fill value.
+pub(crate) fn nan_chunk(array: &ZarrArray) -> Vec<u8> {
+    let mut bytes = array.fill_chunk().bytes;
+    let pattern: Vec<u8> = match array.dtype() {
+        DType::Float16 => 0x7e00u16.to_ne_bytes().to_vec(),
+        DType::Float32 | DType::Complex64 => f32::NAN.to_ne_bytes().to_vec(),
+        DType::Float64 | DType::Complex128 => f64::NAN.to_ne_bytes().to_vec(),
+        _ => return bytes,
+    };
+    for c in bytes.chunks_exact_mut(pattern.len()) {
+        c.copy_from_slice(&pattern);
+    }
+    bytes
+}

@@ -1,0 +1,109 @@
+//! Engine errors: bad arguments, manifests that do not fit, and what a pass can die of.
+
+use std::sync::Arc;
+
+use insitubatch_store::StoreError;
+
+/// Everything the engine reports. Messages name the argument, array, chunk or split, and say
+/// what to do.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    /// A knob or argument is out of range.
+    #[error("invalid argument `{name}` = {value}: {hint}")]
+    InvalidArgument {
+        /// The argument's name, as users type it.
+        name: &'static str,
+        /// The value given.
+        value: String,
+        /// What is allowed.
+        hint: String,
+    },
+    /// The manifest was made for a different array (or array shape).
+    #[error(
+        "split manifest was made for array `{manifest_array}` (shape {manifest_shape:?}, chunks \
+         {manifest_chunks:?}, sample_axis {manifest_axis}) but is used with {found}; make a new \
+         manifest with split_by_chunk for this array"
+    )]
+    ManifestMismatch {
+        /// What the manifest says.
+        manifest_array: String,
+        /// Its shape.
+        manifest_shape: Vec<u64>,
+        /// Its chunks.
+        manifest_chunks: Vec<u64>,
+        /// Its sample axis.
+        manifest_axis: usize,
+        /// What it was used with.
+        found: String,
+    },
+    /// A manifest file could not be parsed.
+    #[error("split manifest {source_name} is not valid: {message}")]
+    BadManifest {
+        /// Path or "JSON".
+        source_name: String,
+        /// Why.
+        message: String,
+    },
+    /// Variables disagree on the sample-axis length.
+    #[error(
+        "variables must share the sample-axis length: `{a}` has {a_len} samples along its sample \
+         axis but `{b}` has {b_len}; pick variables over the same sample range"
+    )]
+    UnequalSampleAxis {
+        /// First variable label.
+        a: String,
+        /// Its length.
+        a_len: u64,
+        /// Second variable label.
+        b: String,
+        /// Its length.
+        b_len: u64,
+    },
+    /// A split name that is not train, val, test or all.
+    #[error("unknown split `{0}`: use train, val, test or all")]
+    UnknownSplit(String),
+    /// A split with no chunks (or no valid samples).
+    #[error("split `{split}` is empty: {why}")]
+    EmptySplit {
+        /// The split.
+        split: String,
+        /// Why it is empty and what to change.
+        why: String,
+    },
+    /// The read layer failed (missing store, bad metadata, IO, corrupt chunk under raise).
+    #[error(transparent)]
+    Store(Arc<StoreError>),
+    /// The pool could not hold this iteration.
+    #[error(transparent)]
+    Pool(#[from] insitubatch_pool::PoolError),
+    /// An actor of the pass panicked; the pass is poisoned.
+    #[error("the {actor} actor panicked: {message}; the pass was stopped")]
+    ActorPanicked {
+        /// Which actor.
+        actor: String,
+        /// The panic message.
+        message: String,
+    },
+    /// The runtime could not start or was shut down.
+    #[error("runtime: {0}")]
+    Runtime(String),
+    /// The pass was cancelled (the consumer stopped it).
+    #[error("the pass was cancelled")]
+    Cancelled,
+}
+
+impl EngineError {
+    pub(crate) fn arg(name: &'static str, value: impl ToString, hint: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            name,
+            value: value.to_string(),
+            hint: hint.into(),
+        }
+    }
+}
+
+impl From<StoreError> for EngineError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(Arc::new(e))
+    }
+}

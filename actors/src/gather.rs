@@ -1,0 +1,164 @@
+//! The gather: waits for the slots each batch reads, copies every row straight from its slot
+//! into a pooled batch buffer, releases a block once its last row is consumed, and pushes the
+//! batch into the prefetch channel (bounded: `prefetch_depth`).
+//!
+//! Batches are cut over the whole epoch order, so only the last one is short; a batch may span
+//! a block boundary, which the two monotone frontiers (wait, release) handle.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use insitubatch_pool::Slot;
+use insitubatch_runtime::{JoinHandle, yield_now};
+use insitubatch_store::Store;
+
+use crate::batch::{Batch, BatchArray};
+use crate::error::EngineError;
+use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
+
+type Tx = flume::Sender<Result<Batch, EngineError>>;
+
+pub(crate) fn spawn<S: Store>(
+    ctx: &Arc<EngineContext<S>>,
+    shared: &Arc<PassShared>,
+    tx: Tx,
+) -> JoinHandle<()> {
+    let ctx = Arc::clone(ctx);
+    let shared = Arc::clone(shared);
+    ctx.runtime.clone().spawn("gather", move || async move {
+        let _guard = PanicGuard {
+            shared: &shared,
+            actor: "gather",
+        };
+        if let Err(e) = run(&ctx, &shared, &tx).await {
+            shared.fail(e.clone());
+            let _ = tx.send_async(Err(e)).await;
+        }
+    })
+}
+
+async fn wait_slot(shared: &PassShared, s: u32) -> Result<Arc<Slot>, EngineError> {
+    loop {
+        let generation = shared.notify.generation();
+        if let Some(e) = shared.error() {
+            return Err(e);
+        }
+        let slot = match &lock(&shared.slots)[s as usize] {
+            SlotEntry::Admitted(slot, _) => Some(Arc::clone(slot)),
+            SlotEntry::Pending => None,
+            SlotEntry::Released => {
+                return Err(EngineError::Runtime(format!(
+                    "internal error: slot {s} released before its last read"
+                )));
+            }
+        };
+        if let Some(slot) = slot {
+            return match slot.wait().await {
+                Ok(()) => Ok(slot),
+                Err(f) => Err(shared.slot_error(&f)),
+            };
+        }
+        shared.notify.changed_since(generation).await;
+    }
+}
+
+fn release(shared: &PassShared, s: u32, held: &mut HashMap<u32, Arc<Slot>>) {
+    let entry = std::mem::replace(&mut lock(&shared.slots)[s as usize], SlotEntry::Released);
+    if let SlotEntry::Admitted(slot, permit) = entry {
+        shared.owner.unpin(&slot);
+        drop(permit);
+    }
+    held.remove(&s);
+}
+
+async fn run<S: Store>(
+    ctx: &EngineContext<S>,
+    shared: &PassShared,
+    tx: &Tx,
+) -> Result<(), EngineError> {
+    let plan = &shared.plan;
+    let order = &shared.order;
+    let bs = plan.batch_size;
+    let labels: Arc<[String]> = plan.labels.iter().map(|l| l.label.clone()).collect();
+    let offsets: Arc<[i64]> = plan.labels.iter().map(|l| l.offset).collect();
+    let inner: Vec<Vec<usize>> = plan
+        .labels
+        .iter()
+        .map(|l| {
+            plan.paths[l.path]
+                .geom
+                .inner_shape()
+                .iter()
+                .map(|&d| d as usize)
+                .collect()
+        })
+        .collect();
+    let n_rows = order.rows.len();
+    let mut held: HashMap<u32, Arc<Slot>> = HashMap::new();
+    let mut next_release = 0usize;
+    let mut locs: Vec<(u32, u64)> = Vec::new();
+    for j in 0..plan.n_batches {
+        let rows = j * bs..((j + 1) * bs).min(n_rows);
+        let n = rows.len();
+        locs.clear();
+        for l in 0..labels.len() {
+            for i in rows.clone() {
+                locs.push(plan.locate(l, order.anchor(i)));
+            }
+        }
+        for &(s, _) in &locs {
+            if !held.contains_key(&s) {
+                let slot = wait_slot(shared, s).await?;
+                held.insert(s, slot);
+            }
+        }
+        let mut arrays = Vec::with_capacity(labels.len());
+        for (l, info) in plan.labels.iter().enumerate() {
+            let sb = info.sample_bytes as usize;
+            // Full-size buffer, then a prefix: the short final batch costs no other buffer.
+            let mut buf = ctx.buffers.take(bs * sb);
+            buf.truncate(n * sb);
+            let dst = buf.as_mut_slice();
+            let ls = &locs[l * n..(l + 1) * n];
+            let mut r = 0;
+            while r < n {
+                // Coalesce consecutive rows of one slot into one copy (sequential passes).
+                let (s, w) = ls[r];
+                let mut run = 1;
+                while r + run < n && ls[r + run] == (s, w + run as u64) {
+                    run += 1;
+                }
+                let src = held[&s].data().expect("waited until ready");
+                let at = w as usize * sb;
+                dst[r * sb..(r + run) * sb].copy_from_slice(&src[at..at + run * sb]);
+                r += run;
+            }
+            let mut shape = Vec::with_capacity(1 + inner[l].len());
+            shape.push(n);
+            shape.extend_from_slice(&inner[l]);
+            arrays.push(BatchArray {
+                shape,
+                dtype: plan.paths[info.path].geom.dtype,
+                buf,
+            });
+        }
+        while next_release < order.blocks.len() && order.blocks[next_release].end <= rows.end {
+            for &s in &plan.releases[next_release] {
+                release(shared, s, &mut held);
+            }
+            next_release += 1;
+        }
+        let batch = Batch {
+            index: j,
+            labels: Arc::clone(&labels),
+            offsets: Arc::clone(&offsets),
+            arrays,
+            sample_indices: rows.clone().map(|i| order.anchor(i)).collect(),
+        };
+        if tx.send_async(Ok(batch)).await.is_err() {
+            return Ok(()); // the consumer is gone
+        }
+        yield_now().await;
+    }
+    Ok(())
+}

@@ -1,0 +1,34 @@
+//! # insitubatch-actors
+//!
+//! The engine: a [`Pass`] turns a split of a Zarr store into shuffled batches with four kinds
+//! of actor on the insitubatch runtime.
+//!
+//! - [`planner`]: splits ([`split_by_chunk`], [`SplitManifest`]), the per-epoch order keyed on
+//!   (seed, epoch), the deduplicated read plan, and the actor that admits slots under the
+//!   computed read-ahead bound;
+//! - [`fetcher`]: stored-chunk reads under one `max_inflight` budget;
+//! - [`decoder`]: codec decode and delivery into the pool's slots;
+//! - [`gather`]: rows into pooled batch buffers, block release, the prefetch channel.
+//!
+//! The public API users call is in the `insitubatch` crate; this crate is its machinery.
+
+pub mod batch;
+pub mod decoder;
+pub mod error;
+pub mod fetcher;
+pub mod gather;
+pub mod pass;
+pub mod planner;
+pub mod rng;
+pub mod stats;
+pub mod tile;
+pub mod variable;
+
+pub use batch::{Batch, BatchArray, Element};
+pub use error::EngineError;
+pub use pass::{EngineContext, OnBadChunk, Pass, PassConfig, plan_order};
+pub use planner::{
+    EpochOrder, ReadPlan, SplitManifest, epoch_order, read_plan, shuffle_quality, split_by_chunk,
+};
+pub use stats::{BadChunk, PassStats};
+pub use variable::Variable;

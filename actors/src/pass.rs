@@ -1,0 +1,441 @@
+//! One pass (an epoch over one split): the state its actors share, how it starts, how it ends.
+//!
+//! ```text
+//! planner ──TileJob──► fetcher[i] ──DecodeJob──► decoder[i] ──► slot (pool)
+//!    │ read-ahead permits (bytes)    max_inflight permit rides along, dropped after delivery
+//!    └── slot table ◄──────────────────────────────── gather ──Batch──► prefetch channel
+//! ```
+//!
+//! Failure is one path: whoever sees an error calls [`PassShared::fail`], which records the
+//! first error, closes the read-ahead semaphore, fails every slot still loading for this pass
+//! and wakes the gather, which reports the error to the consumer. Dropping the consumer's
+//! iterator fails the pass with `Cancelled` and joins every actor.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use insitubatch_pool::{BufferPool, ChunkPool, Owner, Slot, SlotFailure};
+use insitubatch_runtime::sync::{Notify, Permit, Semaphore};
+use insitubatch_runtime::{Handle, JoinHandle, TaskError};
+use insitubatch_store::{Store, ZarrArray};
+
+use crate::batch::Batch;
+use crate::error::EngineError;
+use crate::planner::{EpochOrder, OrderSpec, ReadPlan, epoch_order, read_plan};
+use crate::stats::{BadChunk, Counters, PassStats};
+use crate::tile::TileLayout;
+use crate::variable::Variable;
+use crate::{decoder, fetcher, gather, planner};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Pass state is plain data updated in single statements; a panicking actor is reported
+    // through `fail`, and the rest of the pass may still read what it left.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What to do with a stored chunk that cannot be read or decoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnBadChunk {
+    /// Fail the pass with an error naming the array, key and file (the default).
+    #[default]
+    Raise,
+    /// Fill the tile with NaN (float dtypes) or the array's fill value, record it in
+    /// `bad_chunks`, and go on.
+    Nan,
+}
+
+impl std::str::FromStr for OnBadChunk {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self, EngineError> {
+        match s {
+            "raise" => Ok(Self::Raise),
+            "nan" => Ok(Self::Nan),
+            other => Err(EngineError::arg("on_bad_chunk", other, "use \"raise\" or \"nan\"")),
+        }
+    }
+}
+
+/// What every pass of one dataset shares: the runtime, the store, the pool, the one
+/// `max_inflight` budget and the batch buffers.
+pub struct EngineContext<S: Store> {
+    /// Runtime handle (the dataset owns the runtime).
+    pub runtime: Handle,
+    /// The store.
+    pub store: Arc<S>,
+    /// Opened arrays by path.
+    pub arrays: HashMap<String, ZarrArray>,
+    /// The chunk pool.
+    pub pool: Arc<ChunkPool>,
+    /// In-flight stored-chunk reads, across every pass.
+    pub inflight: Semaphore,
+    /// Batch buffers.
+    pub buffers: BufferPool,
+}
+
+/// Settings of one pass.
+#[derive(Clone, Debug)]
+pub struct PassConfig {
+    /// Split name (for errors and stats).
+    pub split: String,
+    /// Epoch (keys the order with the seed).
+    pub epoch: u64,
+    /// Seed.
+    pub seed: u64,
+    /// Shuffle chunks and blocks.
+    pub shuffle: bool,
+    /// Chunks per shuffle block.
+    pub block_chunks: usize,
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Batches the gather may run ahead of the consumer.
+    pub prefetch_depth: usize,
+    /// Bad-chunk policy.
+    pub on_bad_chunk: OnBadChunk,
+    /// Test hook: the decoder panics on this tile ordinal (`None` in real use).
+    #[doc(hidden)]
+    pub panic_on_tile: Option<u64>,
+}
+
+pub(crate) enum SlotEntry {
+    Pending,
+    Admitted(Arc<Slot>, Permit),
+    Released,
+}
+
+/// State shared by the actors of one pass.
+pub(crate) struct PassShared {
+    pub config: PassConfig,
+    pub order: EpochOrder,
+    pub plan: ReadPlan,
+    pub layouts: Vec<TileLayout>,
+    pub arrays: Vec<ZarrArray>,
+    pub owner: Owner,
+    pub readahead: Semaphore,
+    pub slots: Mutex<Vec<SlotEntry>>,
+    pub notify: Notify,
+    cancelled: AtomicBool,
+    error: Mutex<Option<EngineError>>,
+    pub counters: Counters,
+    pub bad_chunks: Mutex<Vec<BadChunk>>,
+}
+
+impl PassShared {
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+
+    pub fn error(&self) -> Option<EngineError> {
+        lock(&self.error).clone()
+    }
+
+    /// Stops the pass with `err` (the first error wins) and wakes everyone who waits.
+    pub fn fail(&self, err: EngineError) {
+        {
+            let mut e = lock(&self.error);
+            if e.is_none() {
+                *e = Some(err);
+            }
+        }
+        self.cancelled.store(true, Ordering::SeqCst);
+        self.readahead.close();
+        let loading: Vec<Arc<Slot>> = lock(&self.slots)
+            .iter()
+            .filter_map(|e| match e {
+                SlotEntry::Admitted(s, _) if s.is_loading() => Some(Arc::clone(s)),
+                _ => None,
+            })
+            .collect();
+        for s in loading {
+            s.fail(self.cancel_failure());
+        }
+        self.notify.notify_all();
+    }
+
+    pub fn cancel_failure(&self) -> SlotFailure {
+        SlotFailure {
+            cancelled: true,
+            message: "the pass stopped before this chunk was loaded".into(),
+        }
+    }
+
+    /// Turns a slot failure seen by the gather into the error the consumer gets.
+    pub fn slot_error(&self, f: &SlotFailure) -> EngineError {
+        self.error().unwrap_or_else(|| {
+            if f.cancelled {
+                EngineError::Cancelled
+            } else {
+                EngineError::Runtime(f.message.to_string())
+            }
+        })
+    }
+}
+
+/// Marks the pass failed if the actor holding it unwinds.
+pub(crate) struct PanicGuard<'a> {
+    pub shared: &'a PassShared,
+    pub actor: &'static str,
+}
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.shared.fail(EngineError::ActorPanicked {
+                actor: self.actor.to_string(),
+                message: "see the task error for the panic message".into(),
+            });
+        }
+    }
+}
+
+type BatchResult = Result<Batch, EngineError>;
+
+/// A running pass: an iterator of batches. Dropping it stops the pass, joins its actors and
+/// unpins everything it held.
+pub struct Pass {
+    rx: Option<flume::Receiver<BatchResult>>,
+    shared: Arc<PassShared>,
+    tasks: Vec<JoinHandle<()>>,
+    started: Instant,
+    last: Instant,
+    done: bool,
+    stats: PassStats,
+    latency: hdrhistogram::Histogram<u64>,
+}
+
+impl std::fmt::Debug for Pass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pass")
+            .field("split", &self.shared.config.split)
+            .field("epoch", &self.shared.config.epoch)
+            .finish()
+    }
+}
+
+/// The order a pass would draw, without running it (for tests, `shuffle_quality` and tools).
+pub fn plan_order(
+    chunks: &[u64],
+    samples_per_chunk: u64,
+    n_samples: u64,
+    variables: &[Variable],
+    config: &PassConfig,
+) -> EpochOrder {
+    let offsets: Vec<i64> = variables.iter().map(|v| v.geom.offset).collect();
+    epoch_order(&OrderSpec {
+        chunks,
+        samples_per_chunk,
+        n_samples,
+        offsets: &offsets,
+        seed: config.seed,
+        epoch: config.epoch,
+        shuffle: config.shuffle,
+        block_chunks: config.block_chunks,
+    })
+}
+
+impl Pass {
+    /// Plans the pass over `chunks` of the reference grid (`samples_per_chunk`, `n_samples`)
+    /// and starts its actors.
+    pub fn start<S: Store>(
+        ctx: &Arc<EngineContext<S>>,
+        variables: &[Variable],
+        chunks: &[u64],
+        samples_per_chunk: u64,
+        n_samples: u64,
+        config: PassConfig,
+    ) -> Result<Self, EngineError> {
+        let started = Instant::now();
+        let order = plan_order(chunks, samples_per_chunk, n_samples, variables, &config);
+        if order.rows.is_empty() {
+            return Err(EngineError::EmptySplit {
+                split: config.split.clone(),
+                why: format!(
+                    "every one of its {} anchors reads off the array through a window offset; \
+                     use smaller shifts or a longer split",
+                    order.dropped_anchors
+                ),
+            });
+        }
+        let plan = read_plan(&order, variables, config.batch_size)?;
+        let owner = ctx
+            .pool
+            .register_owner(&format!("{}#{}", config.split, config.epoch), plan.read_ahead_bytes)?;
+        let mut arrays = Vec::new();
+        let mut layouts = Vec::new();
+        for p in &plan.paths {
+            let a = ctx.arrays.get(&*p.path).ok_or_else(|| {
+                EngineError::Runtime(format!("array `{}` was not opened", p.path))
+            })?;
+            arrays.push(a.clone());
+            layouts.push(TileLayout::new(&p.geom));
+        }
+        let n_slots = plan.slots.len();
+        let stats = PassStats {
+            split: config.split.clone(),
+            epoch: config.epoch,
+            batches_total: plan.n_batches as u64,
+            read_ahead_bytes: plan.read_ahead_bytes,
+            dropped_anchors: order.dropped_anchors,
+            ..PassStats::default()
+        };
+        let prefetch_depth = config.prefetch_depth;
+        let shared = Arc::new(PassShared {
+            readahead: Semaphore::new(
+                format!("read-ahead of {}", config.split),
+                plan.read_ahead_bytes,
+            ),
+            config,
+            order,
+            plan,
+            layouts,
+            arrays,
+            owner,
+            slots: Mutex::new((0..n_slots).map(|_| SlotEntry::Pending).collect()),
+            notify: Notify::new(),
+            cancelled: AtomicBool::new(false),
+            error: Mutex::new(None),
+            counters: Counters::default(),
+            bad_chunks: Mutex::new(Vec::new()),
+        });
+
+        let rt = &ctx.runtime;
+        let n_exec = rt.executor_threads();
+        let mut tasks = Vec::new();
+        // One decoder and one fetcher per executor; a fetcher hands its reads to the decoder
+        // on the same core, so encoded bytes are decoded where they landed.
+        let mut fetchers = Vec::new();
+        for i in 0..n_exec {
+            let dec = decoder::spawn(ctx, &shared, i);
+            let fet = fetcher::spawn(ctx, &shared, i, dec.sender());
+            fetchers.push(fet.sender());
+            tasks.push(dec.into_join_handle());
+            tasks.push(fet.into_join_handle());
+        }
+        tasks.push(planner::spawn(ctx, &shared, fetchers));
+        let (tx, rx) = flume::bounded(prefetch_depth);
+        tasks.push(gather::spawn(ctx, &shared, tx));
+        Ok(Self {
+            rx: Some(rx),
+            shared,
+            tasks,
+            started,
+            last: started,
+            done: false,
+            stats,
+            latency: hdrhistogram::Histogram::new(3).expect("3 significant figures is valid"),
+        })
+    }
+
+    /// The report so far (complete once the iterator returned `None`).
+    pub fn stats(&self) -> PassStats {
+        let mut s = self.stats.clone();
+        let c = &self.shared.counters;
+        let (hits, misses) = self.shared.owner.hits_misses();
+        s.cache_hits = hits;
+        s.cache_misses = misses;
+        s.tiles_read = Counters::get(&c.tiles_read);
+        s.bytes_read = Counters::get(&c.bytes_read);
+        s.bytes_decoded = Counters::get(&c.bytes_decoded);
+        s.resident_peak_bytes = self.shared.owner.peak_resident_bytes();
+        s.budget_bytes = self.shared.owner.pool().stats().budget_bytes;
+        s.bad_chunks = lock(&self.shared.bad_chunks).clone();
+        s.batch_latency_us_p50 = self.latency.value_at_quantile(0.5);
+        s.batch_latency_us_p99 = self.latency.value_at_quantile(0.99);
+        s
+    }
+
+    /// The draw order of this pass.
+    pub fn order(&self) -> &EpochOrder {
+        &self.shared.order
+    }
+
+    /// The read-ahead bound of this pass, in bytes.
+    pub fn read_ahead_bytes(&self) -> u64 {
+        self.shared.plan.read_ahead_bytes
+    }
+
+    /// Slots this pass has pinned right now.
+    pub fn pinned_slots(&self) -> usize {
+        self.shared.owner.pinned_slots()
+    }
+
+    /// Stops the pass and waits for every actor; returns the first panic seen, if any.
+    fn stop_and_join(&mut self) -> Option<EngineError> {
+        if !self.done {
+            self.shared.fail(EngineError::Cancelled);
+        }
+        self.done = true;
+        // Dropping the receiver unblocks a gather parked on a full channel.
+        self.rx.take();
+        let mut panic = None;
+        for t in self.tasks.drain(..) {
+            if let Err(TaskError::Panicked { name, message }) = t.join() {
+                panic.get_or_insert(EngineError::ActorPanicked {
+                    actor: name,
+                    message,
+                });
+            }
+        }
+        panic
+    }
+}
+
+impl Iterator for Pass {
+    type Item = BatchResult;
+
+    fn next(&mut self) -> Option<BatchResult> {
+        if self.done {
+            return None;
+        }
+        let rx = self.rx.as_ref()?;
+        let t0 = Instant::now();
+        let got = rx.recv();
+        let now = Instant::now();
+        self.stats.consumer_stall_us += (now - t0).as_micros() as u64;
+        self.stats.elapsed_us = (now - self.started).as_micros() as u64;
+        match got {
+            Ok(Ok(batch)) => {
+                if self.stats.batches == 0 {
+                    self.stats.ttfb_us = (now - self.started).as_micros() as u64;
+                }
+                let _ = self
+                    .latency
+                    .record((now - self.last).as_micros().max(1) as u64);
+                self.last = now;
+                self.stats.batches += 1;
+                self.stats.samples += batch.len() as u64;
+                self.stats.bytes_delivered +=
+                    batch.arrays.iter().map(|a| a.bytes().len() as u64).sum::<u64>();
+                Some(Ok(batch))
+            }
+            Ok(Err(e)) => {
+                let panic = self.stop_and_join();
+                Some(Err(match e {
+                    EngineError::ActorPanicked { .. } => panic.unwrap_or(e),
+                    other => other,
+                }))
+            }
+            Err(flume::RecvError::Disconnected) => {
+                let complete = self.stats.batches == self.stats.batches_total;
+                self.done = complete;
+                let panic = self.stop_and_join();
+                if complete && panic.is_none() {
+                    None
+                } else {
+                    Some(Err(panic
+                        .or_else(|| self.shared.error())
+                        .unwrap_or(EngineError::Runtime(
+                            "the gather actor ended before the epoch did".into(),
+                        ))))
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}

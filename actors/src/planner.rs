@@ -1,0 +1,114 @@
+//! The planner: splits, the per-epoch order, the read plan, and the actor that walks the plan.
+//!
+//! The pure half ([`split_by_chunk`], [`epoch_order`], [`read_plan`]) runs when a pass starts.
+//! The actor half admits the plan's slots in order: it takes read-ahead permits (bytes, the
+//! computed bound), asks the pool whether the slot is resident (a hit costs no fetch), and for a
+//! miss sends one [`TileJob`](crate::fetcher::TileJob) per stored chunk to the fetchers, each
+//! holding one `max_inflight` permit.
+
+mod order;
+mod read_plan;
+mod split;
+
+use std::sync::Arc;
+
+use insitubatch_pool::{Admission, SlotKey};
+use insitubatch_runtime::{ActorSender, JoinHandle};
+use insitubatch_store::Store;
+
+pub use order::{EpochOrder, OrderSpec, Row, epoch_order, shuffle_quality};
+pub use read_plan::{LabelInfo, PathInfo, PlanSlot, ReadPlan, read_ahead_bound, read_plan};
+pub use split::{MANIFEST_FORMAT, SPLIT_NAMES, SplitManifest, split_by_chunk};
+
+use crate::error::EngineError;
+use crate::fetcher::TileJob;
+use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
+
+pub(crate) fn spawn<S: Store>(
+    ctx: &Arc<EngineContext<S>>,
+    shared: &Arc<PassShared>,
+    fetchers: Vec<ActorSender<TileJob>>,
+) -> JoinHandle<()> {
+    let shared = Arc::clone(shared);
+    let ctx = Arc::clone(ctx);
+    ctx.runtime.clone().spawn("planner", move || async move {
+        let _guard = PanicGuard {
+            shared: &shared,
+            actor: "planner",
+        };
+        if let Err(e) = drive(&ctx, &shared, &fetchers).await {
+            shared.fail(e);
+        }
+    })
+}
+
+async fn drive<S: Store>(
+    ctx: &EngineContext<S>,
+    shared: &Arc<PassShared>,
+    fetchers: &[ActorSender<TileJob>],
+) -> Result<(), EngineError> {
+    let plan = &shared.plan;
+    let mut next_fetcher = 0usize;
+    let mut tile_ordinal = 0u64;
+    for (i, ps) in plan.slots.iter().enumerate() {
+        if shared.is_cancelled() {
+            return Ok(());
+        }
+        let path = &plan.paths[ps.path];
+        // The read-ahead permit: back when gather releases the slot's last block.
+        let Ok(permit) = shared.readahead.acquire(ps.nbytes).await else {
+            return Ok(()); // closed: the pass failed or was cancelled
+        };
+        let key = SlotKey {
+            path: Arc::clone(&path.path),
+            chunk: ps.chunk,
+        };
+        let (slot, miss) = match shared.owner.admit(&key, ps.nbytes, path.tiles)? {
+            Admission::Hit(s) => (s, false),
+            Admission::InFlight(s) => (s, false),
+            Admission::Miss(s) => (s, true),
+        };
+        lock(&shared.slots)[i] = SlotEntry::Admitted(Arc::clone(&slot), permit);
+        if shared.is_cancelled() {
+            // `fail` may have swept the table before this entry was in it.
+            slot.fail(shared.cancel_failure());
+        }
+        shared.notify.notify_all();
+        if !miss {
+            continue;
+        }
+        let layout = &shared.layouts[ps.path];
+        let array = &shared.arrays[ps.path];
+        for t in 0..path.tiles {
+            let Ok(inflight) = ctx.inflight.acquire(1).await else {
+                return Err(EngineError::Runtime("the max_inflight budget was closed".into()));
+            };
+            if shared.is_cancelled() {
+                slot.fail(shared.cancel_failure());
+                return Ok(());
+            }
+            let index = layout.chunk_index(ps.chunk, t);
+            let job = TileJob {
+                slot: Arc::clone(&slot),
+                path: ps.path,
+                key: array.chunk_key(&index)?,
+                index,
+                tile: t,
+                ordinal: tile_ordinal,
+                permit: inflight,
+                done: false,
+                shared: Arc::clone(shared),
+            };
+            tile_ordinal += 1;
+            let fetcher = &fetchers[next_fetcher % fetchers.len()];
+            next_fetcher += 1;
+            if let Err(e) = fetcher.send(job).await {
+                return Err(EngineError::ActorPanicked {
+                    actor: "fetcher".into(),
+                    message: e.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,82 @@
+//! Per-pass counters and the report a consumer reads.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+/// A stored chunk that could not be read or decoded under `on_bad_chunk = nan`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BadChunk {
+    /// Array path.
+    pub array: String,
+    /// Physical stored-chunk index.
+    pub chunk_index: Vec<u64>,
+    /// Store key.
+    pub key: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// Counters the actors bump while a pass runs.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub bytes_read: AtomicU64,
+    pub bytes_decoded: AtomicU64,
+    pub tiles_read: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+}
+
+/// One pass's report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PassStats {
+    /// Split name.
+    pub split: String,
+    /// Epoch.
+    pub epoch: u64,
+    /// Batches delivered so far.
+    pub batches: u64,
+    /// Batches in the epoch.
+    pub batches_total: u64,
+    /// Samples delivered so far.
+    pub samples: u64,
+    /// Slots found resident (no fetch, no decode).
+    pub cache_hits: u64,
+    /// Slots fetched and decoded.
+    pub cache_misses: u64,
+    /// Stored chunks read.
+    pub tiles_read: u64,
+    /// Encoded bytes read from the store.
+    pub bytes_read: u64,
+    /// Bytes produced by decoding.
+    pub bytes_decoded: u64,
+    /// Bytes delivered in batches.
+    pub bytes_delivered: u64,
+    /// Highest pool residency while this pass admitted chunks.
+    pub resident_peak_bytes: u64,
+    /// The pass's read-ahead bound (its working set).
+    pub read_ahead_bytes: u64,
+    /// The pool's budget.
+    pub budget_bytes: u64,
+    /// Time the consumer spent waiting in `next()`.
+    pub consumer_stall_us: u64,
+    /// From the start of the pass to the first batch.
+    pub ttfb_us: u64,
+    /// Median time between batches as the consumer receives them.
+    pub batch_latency_us_p50: u64,
+    /// 99th percentile of the same.
+    pub batch_latency_us_p99: u64,
+    /// Wall time so far.
+    pub elapsed_us: u64,
+    /// Anchors skipped because a window would read off the array.
+    pub dropped_anchors: u64,
+    /// Bad stored chunks replaced under `on_bad_chunk = nan`.
+    pub bad_chunks: Vec<BadChunk>,
+}

@@ -1,0 +1,530 @@
+//! The chunk pool: one byte budget over resident slots, pin/unpin, LRU eviction of the unpinned.
+//!
+//! A pass pins a slot from the first block that reads it until the last; an unpinned slot stays
+//! resident (a later hit) until a miss needs its bytes. Each concurrent iteration is an
+//! [`Owner`] that reserves its working set when it starts, so a second iteration the budget
+//! cannot hold fails at once instead of starving later.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::slot::{Slot, SlotKey};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section below keeps the maps and counters consistent at each statement
+    // that can panic (none allocate after a partial update), so poisoning carries no meaning.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How many bytes the pool may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Budget {
+    /// The working set of the first iteration (grown if a later lone iteration needs more):
+    /// read-once per epoch, no more memory than that.
+    Auto,
+    /// A fixed byte budget (`cache_budget_bytes`). Above the working set, drained chunks
+    /// linger and later epochs hit them.
+    Bytes(u64),
+}
+
+/// Pool errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    /// An iteration's working set does not fit next to the ones already running.
+    #[error(
+        "the chunk pool's budget of {budget_bytes} bytes cannot hold iteration `{owner}`: it needs \
+         {needed_bytes} bytes (its working set) and {reserved_bytes} bytes are already reserved by \
+         [{others}]; set cache_budget_bytes to at least {suggest_bytes}"
+    )]
+    BudgetTooSmall {
+        /// The iteration that could not start.
+        owner: String,
+        /// Its working set.
+        needed_bytes: u64,
+        /// The pool's budget.
+        budget_bytes: u64,
+        /// Reserved by running iterations.
+        reserved_bytes: u64,
+        /// Their names.
+        others: String,
+        /// A budget that would hold them all.
+        suggest_bytes: u64,
+    },
+    /// Admitting a chunk would exceed the budget with nothing left to evict. The read-ahead
+    /// permits make this unreachable; seeing it is a bug in insitubatch.
+    #[error(
+        "internal error: admitting {key} ({nbytes} bytes) would exceed the chunk pool's budget of \
+         {budget_bytes} bytes with {pinned_bytes} bytes pinned and nothing evictable"
+    )]
+    OverBudget {
+        /// The chunk.
+        key: String,
+        /// Its size.
+        nbytes: u64,
+        /// Budget.
+        budget_bytes: u64,
+        /// Pinned bytes at the time.
+        pinned_bytes: u64,
+    },
+}
+
+/// What [`Owner::admit`] found.
+#[derive(Debug)]
+pub enum Admission {
+    /// Resident and ready: no fetch, no decode. Now pinned for this owner.
+    Hit(Arc<Slot>),
+    /// This owner is already loading it; wait on it. Pinned once more.
+    InFlight(Arc<Slot>),
+    /// Not resident: a new loading slot, pinned; the caller must fill or fail it.
+    Miss(Arc<Slot>),
+}
+
+/// Cumulative pool counters (a pass's own hit/miss counts are on its [`Owner`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Budget in bytes (0 while an automatic budget has not been sized yet).
+    pub budget_bytes: u64,
+    /// Bytes held by slots now.
+    pub resident_bytes: u64,
+    /// Highest `resident_bytes` ever.
+    pub peak_resident_bytes: u64,
+    /// Bytes reserved by running iterations.
+    pub reserved_bytes: u64,
+    /// Slots resident now.
+    pub resident_slots: u64,
+    /// Slots pinned by some iteration now.
+    pub pinned_slots: u64,
+    /// Unpinned slots dropped to admit a miss.
+    pub evictions: u64,
+    /// Admissions served from residency.
+    pub hits: u64,
+    /// Admissions that had to load.
+    pub misses: u64,
+}
+
+struct Entry {
+    slot: Arc<Slot>,
+    pins: u32,
+    indexed: bool,
+    lru_tick: Option<u64>,
+    loader: u64,
+}
+
+struct OwnerInfo {
+    name: String,
+    reserved: u64,
+    pins: HashMap<u64, u32>,
+    hits: u64,
+    misses: u64,
+    peak_resident: u64,
+}
+
+struct Inner {
+    auto: bool,
+    budget: u64,
+    entries: HashMap<u64, Entry>,
+    index: HashMap<SlotKey, u64>,
+    lru: BTreeMap<u64, u64>,
+    tick: u64,
+    next_slot: u64,
+    next_owner: u64,
+    owners: HashMap<u64, OwnerInfo>,
+    stats: PoolStats,
+}
+
+/// Residency and cache in one byte budget. Share it with `Arc`.
+pub struct ChunkPool {
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for ChunkPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkPool")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl ChunkPool {
+    /// An empty pool.
+    pub fn new(budget: Budget) -> Arc<Self> {
+        let (auto, bytes) = match budget {
+            Budget::Auto => (true, 0),
+            Budget::Bytes(b) => (false, b),
+        };
+        Arc::new(Self {
+            inner: Mutex::new(Inner {
+                auto,
+                budget: bytes,
+                entries: HashMap::new(),
+                index: HashMap::new(),
+                lru: BTreeMap::new(),
+                tick: 0,
+                next_slot: 0,
+                next_owner: 0,
+                owners: HashMap::new(),
+                stats: PoolStats {
+                    budget_bytes: bytes,
+                    ..PoolStats::default()
+                },
+            }),
+        })
+    }
+
+    /// Starts an iteration that will pin at most `working_set_bytes` at a time.
+    pub fn register_owner(
+        self: &Arc<Self>,
+        name: &str,
+        working_set_bytes: u64,
+    ) -> Result<Owner, PoolError> {
+        let mut g = lock(&self.inner);
+        if g.auto && g.owners.is_empty() && working_set_bytes > g.budget {
+            g.budget = working_set_bytes;
+            g.stats.budget_bytes = working_set_bytes;
+        }
+        let reserved = g.stats.reserved_bytes;
+        if reserved + working_set_bytes > g.budget {
+            let others: Vec<String> = g
+                .owners
+                .values()
+                .map(|o| format!("{} ({} bytes)", o.name, o.reserved))
+                .collect();
+            return Err(PoolError::BudgetTooSmall {
+                owner: name.to_string(),
+                needed_bytes: working_set_bytes,
+                budget_bytes: g.budget,
+                reserved_bytes: reserved,
+                others: others.join(", "),
+                suggest_bytes: reserved + working_set_bytes,
+            });
+        }
+        let id = g.next_owner;
+        g.next_owner += 1;
+        g.stats.reserved_bytes += working_set_bytes;
+        let resident = g.stats.resident_bytes;
+        g.owners.insert(
+            id,
+            OwnerInfo {
+                name: name.to_string(),
+                reserved: working_set_bytes,
+                pins: HashMap::new(),
+                hits: 0,
+                misses: 0,
+                peak_resident: resident,
+            },
+        );
+        Ok(Owner {
+            pool: Arc::clone(self),
+            id,
+            name: name.to_string(),
+        })
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> PoolStats {
+        let g = lock(&self.inner);
+        let mut s = g.stats;
+        s.resident_slots = g.entries.len() as u64;
+        s.pinned_slots = g.entries.values().filter(|e| e.pins > 0).count() as u64;
+        s
+    }
+
+    /// Drops every unpinned slot (for tests and for a user who wants the memory back).
+    pub fn clear_unpinned(&self) {
+        let mut g = lock(&self.inner);
+        while let Some((_, id)) = g.lru.pop_first() {
+            g.remove_entry(id);
+        }
+    }
+}
+
+impl Inner {
+    fn remove_entry(&mut self, id: u64) {
+        if let Some(e) = self.entries.remove(&id) {
+            if e.indexed {
+                self.index.remove(e.slot.key());
+            }
+            if let Some(t) = e.lru_tick {
+                self.lru.remove(&t);
+            }
+            self.stats.resident_bytes -= e.slot.nbytes();
+        }
+    }
+
+    fn pin(&mut self, owner: u64, id: u64) -> Arc<Slot> {
+        let e = self.entries.get_mut(&id).expect("pinned slot exists");
+        e.pins += 1;
+        let slot = Arc::clone(&e.slot);
+        if let Some(t) = e.lru_tick.take() {
+            self.lru.remove(&t);
+        }
+        *self
+            .owners
+            .get_mut(&owner)
+            .expect("owner registered")
+            .pins
+            .entry(id)
+            .or_insert(0) += 1;
+        slot
+    }
+
+    fn unpin(&mut self, owner: u64, id: u64) {
+        if let Some(o) = self.owners.get_mut(&owner)
+            && let Some(n) = o.pins.get_mut(&id)
+        {
+            *n -= 1;
+            if *n == 0 {
+                o.pins.remove(&id);
+            }
+        } else {
+            debug_assert!(false, "unpin of a slot this owner does not hold");
+            return;
+        }
+        let Some(e) = self.entries.get_mut(&id) else {
+            return;
+        };
+        debug_assert!(e.pins > 0);
+        e.pins -= 1;
+        if e.pins > 0 {
+            return;
+        }
+        if e.indexed && e.slot.is_ready() {
+            self.tick += 1;
+            e.lru_tick = Some(self.tick);
+            self.lru.insert(self.tick, id);
+        } else {
+            // A failed, abandoned or private slot is not worth keeping.
+            self.remove_entry(id);
+        }
+    }
+}
+
+/// One iteration's handle on the pool. Dropping it unpins everything it still holds and
+/// returns its reservation.
+pub struct Owner {
+    pool: Arc<ChunkPool>,
+    id: u64,
+    name: String,
+}
+
+impl std::fmt::Debug for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Owner").field("name", &self.name).finish()
+    }
+}
+
+impl Owner {
+    /// The pool.
+    pub fn pool(&self) -> &Arc<ChunkPool> {
+        &self.pool
+    }
+
+    /// Pins the slot for `key` if resident, or admits a new loading slot of `nbytes` made of
+    /// `tiles` stored chunks, evicting unpinned slots (least recently used first) to make room.
+    pub fn admit(&self, key: &SlotKey, nbytes: u64, tiles: u64) -> Result<Admission, PoolError> {
+        let mut g = lock(&self.pool.inner);
+        let mut shadowed = false;
+        if let Some(&id) = g.index.get(key) {
+            let e = &g.entries[&id];
+            if e.slot.is_ready() {
+                let slot = g.pin(self.id, id);
+                g.stats.hits += 1;
+                g.owners.get_mut(&self.id).expect("registered").hits += 1;
+                return Ok(Admission::Hit(slot));
+            }
+            if e.slot.is_loading() {
+                if e.loader == self.id {
+                    return Ok(Admission::InFlight(g.pin(self.id, id)));
+                }
+                // Another iteration's in-flight load: its tasks may be cancelled with it, so we
+                // load our own private copy rather than wait on a delivery that may not come.
+                shadowed = true;
+            } else {
+                // Failed: forget it so this admission (and later ones) load afresh.
+                let e = g.entries.get_mut(&id).expect("indexed entry exists");
+                e.indexed = false;
+                let pins = e.pins;
+                g.index.remove(key);
+                if pins == 0 {
+                    g.remove_entry(id);
+                }
+            }
+        }
+        while g.stats.resident_bytes + nbytes > g.budget {
+            let Some((_, victim)) = g.lru.pop_first() else {
+                let pinned = g
+                    .entries
+                    .values()
+                    .filter(|e| e.pins > 0)
+                    .map(|e| e.slot.nbytes())
+                    .sum();
+                return Err(PoolError::OverBudget {
+                    key: key.to_string(),
+                    nbytes,
+                    budget_bytes: g.budget,
+                    pinned_bytes: pinned,
+                });
+            };
+            if let Some(e) = g.entries.get_mut(&victim) {
+                e.lru_tick = None;
+            }
+            g.remove_entry(victim);
+            g.stats.evictions += 1;
+        }
+        let id = g.next_slot;
+        g.next_slot += 1;
+        let slot = Arc::new(Slot::new(id, key.clone(), nbytes, tiles));
+        g.entries.insert(
+            id,
+            Entry {
+                slot: Arc::clone(&slot),
+                pins: 0,
+                indexed: !shadowed,
+                lru_tick: None,
+                loader: self.id,
+            },
+        );
+        if !shadowed {
+            g.index.insert(key.clone(), id);
+        }
+        g.stats.resident_bytes += nbytes;
+        g.stats.peak_resident_bytes = g.stats.peak_resident_bytes.max(g.stats.resident_bytes);
+        g.stats.misses += 1;
+        let resident = g.stats.resident_bytes;
+        let o = g.owners.get_mut(&self.id).expect("registered");
+        o.misses += 1;
+        o.peak_resident = o.peak_resident.max(resident);
+        g.pin(self.id, id);
+        Ok(Admission::Miss(slot))
+    }
+
+    /// Releases one pin on `slot`. At zero pins a ready slot becomes evictable; anything else
+    /// (failed, abandoned mid-load) is dropped.
+    pub fn unpin(&self, slot: &Slot) {
+        lock(&self.pool.inner).unpin(self.id, slot.id);
+    }
+
+    /// (hits, misses) this iteration has seen.
+    pub fn hits_misses(&self) -> (u64, u64) {
+        let g = lock(&self.pool.inner);
+        let o = &g.owners[&self.id];
+        (o.hits, o.misses)
+    }
+
+    /// Highest pool residency seen while this iteration admitted chunks.
+    pub fn peak_resident_bytes(&self) -> u64 {
+        lock(&self.pool.inner).owners[&self.id].peak_resident
+    }
+
+    /// Slots this iteration has pinned now.
+    pub fn pinned_slots(&self) -> usize {
+        lock(&self.pool.inner).owners[&self.id].pins.len()
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let mut g = lock(&self.pool.inner);
+        let pins: Vec<(u64, u32)> = g.owners[&self.id]
+            .pins
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        for (id, n) in pins {
+            for _ in 0..n {
+                g.unpin(self.id, id);
+            }
+        }
+        if let Some(o) = g.owners.remove(&self.id) {
+            g.stats.reserved_bytes -= o.reserved;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(c: u64) -> SlotKey {
+        SlotKey::new("v", c)
+    }
+
+    fn fill(a: Admission) -> Arc<Slot> {
+        match a {
+            Admission::Miss(s) => {
+                s.adopt(vec![0; s.nbytes() as usize]).unwrap();
+                s
+            }
+            other => panic!("expected a miss, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn lru_evicts_oldest_unpinned_and_never_a_pinned_slot() {
+        let pool = ChunkPool::new(Budget::Bytes(30));
+        let o = pool.register_owner("a", 30).unwrap();
+        let s0 = fill(o.admit(&key(0), 10, 1).unwrap());
+        let s1 = fill(o.admit(&key(1), 10, 1).unwrap());
+        let s2 = fill(o.admit(&key(2), 10, 1).unwrap());
+        o.unpin(&s1);
+        o.unpin(&s0);
+        // s1 was unpinned first, so it is the LRU victim.
+        let s3 = fill(o.admit(&key(3), 10, 1).unwrap());
+        assert!(matches!(o.admit(&key(0), 10, 1).unwrap(), Admission::Hit(_)));
+        let st = pool.stats();
+        assert_eq!((st.evictions, st.resident_bytes), (1, 30));
+        // Everything is pinned now (s0 re-pinned by the hit): no room, an internal error.
+        assert!(matches!(
+            o.admit(&key(9), 10, 1),
+            Err(PoolError::OverBudget { .. })
+        ));
+        drop((s2, s3));
+        drop(o);
+        assert_eq!(pool.stats().pinned_slots, 0);
+        assert_eq!(pool.stats().reserved_bytes, 0);
+        assert!(pool.stats().peak_resident_bytes <= 30);
+    }
+
+    #[test]
+    fn second_owner_that_does_not_fit_fails_at_start_with_the_budget_it_needs() {
+        let pool = ChunkPool::new(Budget::Auto);
+        let a = pool.register_owner("train", 100).unwrap();
+        assert_eq!(pool.stats().budget_bytes, 100);
+        let err = pool.register_owner("val", 40).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("`val`") && msg.contains("at least 140"), "{msg}");
+        drop(a);
+        // Alone, a bigger pass grows an automatic budget.
+        let _b = pool.register_owner("val", 120).unwrap();
+        assert_eq!(pool.stats().budget_bytes, 120);
+        let fixed = ChunkPool::new(Budget::Bytes(50));
+        assert!(fixed.register_owner("train", 60).is_err());
+    }
+
+    #[test]
+    fn another_owners_in_flight_slot_is_loaded_privately_and_failed_slots_reload() {
+        let pool = ChunkPool::new(Budget::Bytes(100));
+        let a = pool.register_owner("a", 50).unwrap();
+        let b = pool.register_owner("b", 50).unwrap();
+        let Admission::Miss(sa) = a.admit(&key(0), 10, 1).unwrap() else {
+            panic!()
+        };
+        assert!(matches!(a.admit(&key(0), 10, 1).unwrap(), Admission::InFlight(_)));
+        let Admission::Miss(sb) = b.admit(&key(0), 10, 1).unwrap() else {
+            panic!("b must not wait on a's load")
+        };
+        assert!(!Arc::ptr_eq(&sa, &sb));
+        sa.fail(crate::SlotFailure {
+            cancelled: true,
+            message: "gone".into(),
+        });
+        drop(a); // unpins both of a's pins; the failed slot is dropped
+        sb.adopt(vec![1; 10]).unwrap();
+        b.unpin(&sb);
+        // b's private copy is not indexed, so key 0 is a miss again, loaded afresh.
+        assert!(matches!(b.admit(&key(0), 10, 1).unwrap(), Admission::Miss(_)));
+        drop(b);
+        let st = pool.stats();
+        assert_eq!((st.pinned_slots, st.resident_slots, st.resident_bytes), (0, 0, 0));
+    }
+}

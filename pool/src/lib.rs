@@ -1,0 +1,32 @@
+//! # insitubatch-pool
+//!
+//! The [`ChunkPool`] is residency and cache in one object: a byte budget over decoded
+//! sample-axis chunks ([`Slot`]s), each pinned while a pass still needs it and LRU-evictable
+//! once unpinned, so a budget at the working set is the read-once buffer and a larger one is a
+//! cross-epoch cache. Every concurrent iteration is an [`Owner`] with its own reservation.
+//!
+//! [`BufferPool`] recycles batch buffers: a buffer comes back when the consumer drops the batch
+//! that holds it, so steady state allocates nothing.
+//!
+//! ```
+//! use insitubatch_pool::{Admission, Budget, ChunkPool, SlotKey};
+//! let pool = ChunkPool::new(Budget::Auto);
+//! let owner = pool.register_owner("train", 64).unwrap();
+//! let key = SlotKey::new("t2m", 0);
+//! let Admission::Miss(slot) = owner.admit(&key, 32, 1).unwrap() else { unreachable!() };
+//! slot.adopt(vec![1u8; 32]).unwrap();
+//! assert_eq!(slot.data().unwrap()[0], 1);
+//! owner.unpin(&slot);
+//! // Unpinned but resident: the next pass over the same chunk is a hit.
+//! assert!(matches!(owner.admit(&key, 32, 1).unwrap(), Admission::Hit(_)));
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod batch_buffer;
+mod chunk_pool;
+mod slot;
+
+pub use batch_buffer::{BufferPool, NO_BUFFER_REUSE_ENV, PooledBuf};
+pub use chunk_pool::{Admission, Budget, ChunkPool, Owner, PoolError, PoolStats};
+pub use slot::{Slot, SlotFailure, SlotKey};

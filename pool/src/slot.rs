@@ -1,0 +1,267 @@
+//! A slot: one variable's decoded sample-axis chunk, the unit of residency.
+//!
+//! A slot holds every stored chunk (tile) that shares one sample-axis chunk index, assembled
+//! sample-first: `[samples_per_chunk, *inner_shape]`, C order. It is filled exactly once, either
+//! by adopting one decoded tile whose layout already is the slot's (no copy) or by assembling
+//! tiles into a buffer, and then it is immutable until evicted.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use insitubatch_runtime::sync::Notify;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Critical sections below only move values in and out; a panic inside one (a tile copy
+    // closure) leaves the slot Loading, and the loader's drop guard fails it.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Which chunk a slot holds: the array path and the chunk index along the sample axis.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotKey {
+    /// Array path in the store.
+    pub path: Arc<str>,
+    /// Stored-chunk index along the sample axis (absolute, not relative to a split).
+    pub chunk: u64,
+}
+
+impl SlotKey {
+    /// The key of chunk `chunk` of array `path`.
+    pub fn new(path: impl Into<Arc<str>>, chunk: u64) -> Self {
+        Self {
+            path: path.into(),
+            chunk,
+        }
+    }
+}
+
+impl std::fmt::Display for SlotKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[chunk {}]", self.path, self.chunk)
+    }
+}
+
+/// Why a slot will never become ready.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotFailure {
+    /// The pass that was loading it stopped (consumer gone, another error); not a data problem.
+    pub cancelled: bool,
+    /// What went wrong, naming the array, chunk key and file.
+    pub message: Arc<str>,
+}
+
+impl std::fmt::Display for SlotFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+enum State {
+    Loading { tiles_left: u64, buf: Option<Vec<u8>> },
+    Ready,
+    Failed(SlotFailure),
+}
+
+/// One resident chunk. Shared (`Arc`) between the pool, the pass that loads it and the gather
+/// that reads it.
+pub struct Slot {
+    pub(crate) id: u64,
+    key: SlotKey,
+    nbytes: u64,
+    tiles: u64,
+    state: Mutex<State>,
+    data: OnceLock<Vec<u8>>,
+    notify: Notify,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("key", &self.key)
+            .field("nbytes", &self.nbytes)
+            .field("ready", &self.is_ready())
+            .finish()
+    }
+}
+
+impl Slot {
+    pub(crate) fn new(id: u64, key: SlotKey, nbytes: u64, tiles: u64) -> Self {
+        assert!(tiles > 0, "a slot holds at least one tile");
+        Self {
+            id,
+            key,
+            nbytes,
+            tiles,
+            state: Mutex::new(State::Loading {
+                tiles_left: tiles,
+                buf: None,
+            }),
+            data: OnceLock::new(),
+            notify: Notify::new(),
+        }
+    }
+
+    /// Which chunk this is.
+    pub fn key(&self) -> &SlotKey {
+        &self.key
+    }
+
+    /// Decoded size in bytes (what it costs the budget).
+    pub fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+
+    /// Stored chunks (tiles) that fill it.
+    pub fn tiles(&self) -> u64 {
+        self.tiles
+    }
+
+    /// The assembled chunk, once ready.
+    pub fn data(&self) -> Option<&[u8]> {
+        self.data.get().map(Vec::as_slice)
+    }
+
+    /// True once every tile arrived.
+    pub fn is_ready(&self) -> bool {
+        self.data.get().is_some()
+    }
+
+    /// Why it failed, if it did.
+    pub fn failure(&self) -> Option<SlotFailure> {
+        match &*lock(&self.state) {
+            State::Failed(f) => Some(f.clone()),
+            _ => None,
+        }
+    }
+
+    /// True while tiles are still expected.
+    pub fn is_loading(&self) -> bool {
+        matches!(*lock(&self.state), State::Loading { .. })
+    }
+
+    fn complete(&self, buf: Vec<u8>) {
+        assert_eq!(
+            buf.len() as u64,
+            self.nbytes,
+            "slot {} completed with the wrong size",
+            self.key
+        );
+        // Only the loader that moved the state out of Loading gets here, once.
+        assert!(self.data.set(buf).is_ok(), "slot {} filled twice", self.key);
+        self.notify.notify_all();
+    }
+
+    /// Takes a decoded single-tile chunk as the slot's buffer, without a copy. Errors when the
+    /// slot has more than one tile, the size is wrong, or the slot is no longer loading.
+    pub fn adopt(&self, bytes: Vec<u8>) -> Result<(), String> {
+        if self.tiles != 1 || bytes.len() as u64 != self.nbytes {
+            return Err(format!(
+                "slot {} ({} tiles, {} bytes) cannot adopt a {}-byte buffer",
+                self.key,
+                self.tiles,
+                self.nbytes,
+                bytes.len()
+            ));
+        }
+        {
+            let mut st = lock(&self.state);
+            if !matches!(*st, State::Loading { .. }) {
+                return Err(format!("slot {} is not loading", self.key));
+            }
+            *st = State::Ready;
+        }
+        self.complete(bytes);
+        Ok(())
+    }
+
+    /// Copies one tile into the slot with `fill` (given the whole slot buffer, zeroed on first
+    /// use). Returns true when this was the last tile and the slot is now ready; an error when
+    /// the slot is no longer loading (it failed or was cancelled).
+    pub fn deliver_tile(&self, fill: impl FnOnce(&mut [u8])) -> Result<bool, String> {
+        let done = {
+            let mut st = lock(&self.state);
+            let State::Loading { tiles_left, buf } = &mut *st else {
+                return Err(format!("slot {} is not loading", self.key));
+            };
+            let b = buf.get_or_insert_with(|| vec![0u8; self.nbytes as usize]);
+            fill(b);
+            *tiles_left -= 1;
+            if *tiles_left == 0 {
+                let b = buf.take().expect("buffer allocated above");
+                *st = State::Ready;
+                Some(b)
+            } else {
+                None
+            }
+        };
+        match done {
+            Some(b) => {
+                self.complete(b);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Marks a loading slot failed and wakes its waiters; false if it was not loading.
+    pub fn fail(&self, failure: SlotFailure) -> bool {
+        {
+            let mut st = lock(&self.state);
+            if !matches!(*st, State::Loading { .. }) {
+                return false;
+            }
+            *st = State::Failed(failure);
+        }
+        self.notify.notify_all();
+        true
+    }
+
+    /// Waits until the slot is ready (or failed).
+    pub async fn wait(&self) -> Result<(), SlotFailure> {
+        loop {
+            let generation = self.notify.generation();
+            match &*lock(&self.state) {
+                State::Ready => return Ok(()),
+                State::Failed(f) => return Err(f.clone()),
+                State::Loading { .. } => {}
+            }
+            // The generation was read before the check, so a completion in between is seen.
+            self.notify.changed_since(generation).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_assemble_once_and_refuse_late_delivery() {
+        let s = Slot::new(0, SlotKey::new("a", 3), 4, 2);
+        assert!(!s.deliver_tile(|b| b[..2].copy_from_slice(&[1, 2])).unwrap());
+        assert!(!s.is_ready());
+        assert!(s.deliver_tile(|b| b[2..].copy_from_slice(&[3, 4])).unwrap());
+        assert_eq!(s.data().unwrap(), &[1, 2, 3, 4]);
+        assert!(s.deliver_tile(|_| {}).is_err(), "a ready slot takes no tiles");
+        assert!(!s.fail(SlotFailure {
+            cancelled: true,
+            message: "x".into()
+        }));
+        assert!(s.adopt(vec![0; 4]).is_err());
+    }
+
+    #[test]
+    fn failed_slot_reports_the_failure_and_takes_nothing() {
+        let s = Slot::new(0, SlotKey::new("a", 3), 4, 1);
+        assert!(s.fail(SlotFailure {
+            cancelled: false,
+            message: "bad chunk a/3.0".into()
+        }));
+        assert_eq!(&*s.failure().unwrap().message, "bad chunk a/3.0");
+        assert!(s.adopt(vec![0; 4]).is_err());
+        assert!(s.data().is_none());
+        let wrong = Slot::new(1, SlotKey::new("a", 4), 4, 1);
+        assert!(wrong.adopt(vec![0; 3]).is_err(), "size is checked");
+        assert!(wrong.adopt(vec![9; 4]).is_ok());
+        assert_eq!(wrong.data().unwrap(), &[9; 4]);
+    }
+}
