@@ -93,7 +93,8 @@ pub enum EngineError {
 }
 
 impl EngineError {
-    pub(crate) fn arg(name: &'static str, value: impl ToString, hint: impl Into<String>) -> Self {
+    /// An [`EngineError::InvalidArgument`].
+    pub fn arg(name: &'static str, value: impl ToString, hint: impl Into<String>) -> Self {
         Self::InvalidArgument {
             name,
             value: value.to_string(),

@@ -30,7 +30,10 @@ pub struct TileJob {
     pub(crate) index: Vec<u64>,
     pub(crate) tile: u64,
     pub(crate) ordinal: u64,
-    #[allow(dead_code, reason = "held for its Drop: returns the max_inflight permit")]
+    #[allow(
+        dead_code,
+        reason = "held for its Drop: returns the max_inflight permit"
+    )]
     pub(crate) permit: Permit,
     pub(crate) done: bool,
     pub(crate) shared: Arc<PassShared>,

@@ -6,6 +6,7 @@
 //! a block boundary, which the two monotone frontiers (wait, release) handle.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use insitubatch_pool::Slot;
@@ -107,9 +108,8 @@ async fn run<S: Store>(
             }
         }
         for &(s, _) in &locs {
-            if !held.contains_key(&s) {
-                let slot = wait_slot(shared, s).await?;
-                held.insert(s, slot);
+            if let Entry::Vacant(v) = held.entry(s) {
+                v.insert(wait_slot(shared, s).await?);
             }
         }
         let mut arrays = Vec::with_capacity(labels.len());

@@ -52,7 +52,11 @@ impl std::str::FromStr for OnBadChunk {
         match s {
             "raise" => Ok(Self::Raise),
             "nan" => Ok(Self::Nan),
-            other => Err(EngineError::arg("on_bad_chunk", other, "use \"raise\" or \"nan\"")),
+            other => Err(EngineError::arg(
+                "on_bad_chunk",
+                other,
+                "use \"raise\" or \"nan\"",
+            )),
         }
     }
 }
@@ -202,6 +206,8 @@ pub struct Pass {
     done: bool,
     stats: PassStats,
     latency: hdrhistogram::Histogram<u64>,
+    // Dropped after the actors are joined: whatever must outlive them (the dataset's runtime).
+    keep_alive: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Pass {
@@ -258,9 +264,10 @@ impl Pass {
             });
         }
         let plan = read_plan(&order, variables, config.batch_size)?;
-        let owner = ctx
-            .pool
-            .register_owner(&format!("{}#{}", config.split, config.epoch), plan.read_ahead_bytes)?;
+        let owner = ctx.pool.register_owner(
+            &format!("{}#{}", config.split, config.epoch),
+            plan.read_ahead_bytes,
+        )?;
         let mut arrays = Vec::new();
         let mut layouts = Vec::new();
         for p in &plan.paths {
@@ -324,7 +331,15 @@ impl Pass {
             done: false,
             stats,
             latency: hdrhistogram::Histogram::new(3).expect("3 significant figures is valid"),
+            keep_alive: None,
         })
+    }
+
+    /// Keeps `value` alive until the pass has stopped and joined its actors (the dataset hands
+    /// its runtime here, so a pass may outlive the dataset value).
+    pub fn keep_alive(mut self, value: Arc<dyn std::any::Any + Send + Sync>) -> Self {
+        self.keep_alive = Some(value);
+        self
     }
 
     /// The report so far (complete once the iterator returned `None`).
@@ -338,6 +353,7 @@ impl Pass {
         s.bytes_read = Counters::get(&c.bytes_read);
         s.bytes_decoded = Counters::get(&c.bytes_decoded);
         s.resident_peak_bytes = self.shared.owner.peak_resident_bytes();
+        s.pinned_peak_bytes = self.shared.owner.peak_pinned_bytes();
         s.budget_bytes = self.shared.owner.pool().stats().budget_bytes;
         s.bad_chunks = lock(&self.shared.bad_chunks).clone();
         s.batch_latency_us_p50 = self.latency.value_at_quantile(0.5);
@@ -405,8 +421,11 @@ impl Iterator for Pass {
                 self.last = now;
                 self.stats.batches += 1;
                 self.stats.samples += batch.len() as u64;
-                self.stats.bytes_delivered +=
-                    batch.arrays.iter().map(|a| a.bytes().len() as u64).sum::<u64>();
+                self.stats.bytes_delivered += batch
+                    .arrays
+                    .iter()
+                    .map(|a| a.bytes().len() as u64)
+                    .sum::<u64>();
                 Some(Ok(batch))
             }
             Ok(Err(e)) => {
@@ -423,11 +442,9 @@ impl Iterator for Pass {
                 if complete && panic.is_none() {
                     None
                 } else {
-                    Some(Err(panic
-                        .or_else(|| self.shared.error())
-                        .unwrap_or(EngineError::Runtime(
-                            "the gather actor ended before the epoch did".into(),
-                        ))))
+                    Some(Err(panic.or_else(|| self.shared.error()).unwrap_or(
+                        EngineError::Runtime("the gather actor ended before the epoch did".into()),
+                    )))
                 }
             }
         }
@@ -437,5 +454,7 @@ impl Iterator for Pass {
 impl Drop for Pass {
     fn drop(&mut self) {
         self.stop_and_join();
+        // Joined above; only now may the runtime go.
+        self.keep_alive.take();
     }
 }

@@ -81,7 +81,9 @@ async fn drive<S: Store>(
         let array = &shared.arrays[ps.path];
         for t in 0..path.tiles {
             let Ok(inflight) = ctx.inflight.acquire(1).await else {
-                return Err(EngineError::Runtime("the max_inflight budget was closed".into()));
+                return Err(EngineError::Runtime(
+                    "the max_inflight budget was closed".into(),
+                ));
             };
             if shared.is_cancelled() {
                 slot.fail(shared.cancel_failure());

@@ -59,8 +59,11 @@ pub struct PassStats {
     pub bytes_decoded: u64,
     /// Bytes delivered in batches.
     pub bytes_delivered: u64,
-    /// Highest pool residency while this pass admitted chunks.
+    /// Highest pool residency while this pass admitted chunks (its own chunks plus cached
+    /// ones other passes left; never above `budget_bytes`).
     pub resident_peak_bytes: u64,
+    /// Most bytes this pass had pinned at once (never above `read_ahead_bytes`).
+    pub pinned_peak_bytes: u64,
     /// The pass's read-ahead bound (its working set).
     pub read_ahead_bytes: u64,
     /// The pool's budget.

@@ -95,13 +95,22 @@ impl TileLayout {
             src_stride[d] = acc;
             acc *= g.chunks[d] as usize;
         }
-        assert_eq!(src.len(), acc, "tile {tile} of `{}` has the wrong size", g.path);
+        assert_eq!(
+            src.len(),
+            acc,
+            "tile {tile} of `{}` has the wrong size",
+            g.path
+        );
         for d in 0..nd {
             if d == g.sample_axis {
                 extent[d] = g.chunks[d] as usize;
                 dst_stride[d] = self.slot_strides[0];
             } else {
-                let f = self.field_axes.iter().position(|&a| a == d).expect("field axis");
+                let f = self
+                    .field_axes
+                    .iter()
+                    .position(|&a| a == d)
+                    .expect("field axis");
                 let origin = coords[f] * g.chunks[d];
                 extent[d] = (g.chunks[d].min(g.shape[d] - origin)) as usize;
                 dst_stride[d] = self.slot_strides[f + 1];
@@ -165,7 +174,10 @@ mod tests {
             };
             let layout = TileLayout::new(&g);
             let spc = g.chunks[sample_axis];
-            let inner: Vec<u64> = (0..3).filter(|&a| a != sample_axis).map(|a| g.shape[a]).collect();
+            let inner: Vec<u64> = (0..3)
+                .filter(|&a| a != sample_axis)
+                .map(|a| g.shape[a])
+                .collect();
             let chunk = 1u64;
             let mut slot = vec![0u8; (spc * inner[0] * inner[1]) as usize];
             for t in 0..layout.tiles() {
@@ -174,7 +186,11 @@ mod tests {
                 for i in 0..g.chunks[0] {
                     for j in 0..g.chunks[1] {
                         for k in 0..g.chunks[2] {
-                            let c = [ci[0] * g.chunks[0] + i, ci[1] * g.chunks[1] + j, ci[2] * g.chunks[2] + k];
+                            let c = [
+                                ci[0] * g.chunks[0] + i,
+                                ci[1] * g.chunks[1] + j,
+                                ci[2] * g.chunks[2] + k,
+                            ];
                             src.push(value(&c));
                         }
                     }
@@ -187,14 +203,18 @@ mod tests {
                         let mut phys = [0u64; 3];
                         let mut fi = [p, q].into_iter();
                         for (a, slot_c) in phys.iter_mut().enumerate() {
-                            *slot_c = if a == sample_axis { chunk * spc + w } else { fi.next().unwrap() };
+                            *slot_c = if a == sample_axis {
+                                chunk * spc + w
+                            } else {
+                                fi.next().unwrap()
+                            };
                         }
                         let got = slot[((w * inner[0] + p) * inner[1] + q) as usize];
                         assert_eq!(got, value(&phys), "axis {sample_axis} at {phys:?}");
                     }
                 }
             }
-            assert_eq!(layout.can_adopt(), false);
+            assert!(!layout.can_adopt());
         }
     }
 }

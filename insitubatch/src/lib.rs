@@ -4,11 +4,23 @@
 //! public Rust API and the `insitubatch` command; the runtime lives in
 //! [`insitubatch_runtime`] and the Zarr read layer in [`insitubatch_store`], both re-exported.
 
+mod dataset;
 pub mod inspect;
 pub mod readbench;
 pub mod synth;
 
+pub use dataset::{
+    DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_MAX_INFLIGHT, DEFAULT_PREFETCH_DEPTH,
+    DatasetBuilder, InSituDataset,
+};
+pub use insitubatch_actors as actors;
+pub use insitubatch_actors::{
+    BadChunk, Batch, BatchArray, EngineError, EpochOrder, OnBadChunk, Pass, PassStats,
+    SplitManifest, Variable, shuffle_quality, split_by_chunk,
+};
+pub use insitubatch_pool::PoolStats;
 pub use insitubatch_runtime as runtime;
+pub use insitubatch_runtime::{IoBackend, IoBackendChoice};
 pub use insitubatch_store as store;
 pub use insitubatch_store::{
     ArrayGeometry, DType, LocalStore, StoreError, open_geometries, open_hierarchy,

@@ -117,6 +117,8 @@ struct OwnerInfo {
     hits: u64,
     misses: u64,
     peak_resident: u64,
+    pinned_bytes: u64,
+    peak_pinned: u64,
 }
 
 struct Inner {
@@ -211,6 +213,8 @@ impl ChunkPool {
                 hits: 0,
                 misses: 0,
                 peak_resident: resident,
+                pinned_bytes: 0,
+                peak_pinned: 0,
             },
         );
         Ok(Owner {
@@ -258,13 +262,13 @@ impl Inner {
         if let Some(t) = e.lru_tick.take() {
             self.lru.remove(&t);
         }
-        *self
-            .owners
-            .get_mut(&owner)
-            .expect("owner registered")
-            .pins
-            .entry(id)
-            .or_insert(0) += 1;
+        let o = self.owners.get_mut(&owner).expect("owner registered");
+        let n = o.pins.entry(id).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            o.pinned_bytes += slot.nbytes();
+            o.peak_pinned = o.peak_pinned.max(o.pinned_bytes);
+        }
         slot
     }
 
@@ -275,6 +279,9 @@ impl Inner {
             *n -= 1;
             if *n == 0 {
                 o.pins.remove(&id);
+                if let Some(e) = self.entries.get(&id) {
+                    o.pinned_bytes -= e.slot.nbytes();
+                }
             }
         } else {
             debug_assert!(false, "unpin of a slot this owner does not hold");
@@ -416,6 +423,11 @@ impl Owner {
         lock(&self.pool.inner).owners[&self.id].peak_resident
     }
 
+    /// Most bytes this iteration had pinned at once (bounded by its read-ahead permits).
+    pub fn peak_pinned_bytes(&self) -> u64 {
+        lock(&self.pool.inner).owners[&self.id].peak_pinned
+    }
+
     /// Slots this iteration has pinned now.
     pub fn pinned_slots(&self) -> usize {
         lock(&self.pool.inner).owners[&self.id].pins.len()
@@ -470,7 +482,10 @@ mod tests {
         o.unpin(&s0);
         // s1 was unpinned first, so it is the LRU victim.
         let s3 = fill(o.admit(&key(3), 10, 1).unwrap());
-        assert!(matches!(o.admit(&key(0), 10, 1).unwrap(), Admission::Hit(_)));
+        assert!(matches!(
+            o.admit(&key(0), 10, 1).unwrap(),
+            Admission::Hit(_)
+        ));
         let st = pool.stats();
         assert_eq!((st.evictions, st.resident_bytes), (1, 30));
         // Everything is pinned now (s0 re-pinned by the hit): no room, an internal error.
@@ -492,7 +507,10 @@ mod tests {
         assert_eq!(pool.stats().budget_bytes, 100);
         let err = pool.register_owner("val", 40).unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("`val`") && msg.contains("at least 140"), "{msg}");
+        assert!(
+            msg.contains("`val`") && msg.contains("at least 140"),
+            "{msg}"
+        );
         drop(a);
         // Alone, a bigger pass grows an automatic budget.
         let _b = pool.register_owner("val", 120).unwrap();
@@ -509,7 +527,10 @@ mod tests {
         let Admission::Miss(sa) = a.admit(&key(0), 10, 1).unwrap() else {
             panic!()
         };
-        assert!(matches!(a.admit(&key(0), 10, 1).unwrap(), Admission::InFlight(_)));
+        assert!(matches!(
+            a.admit(&key(0), 10, 1).unwrap(),
+            Admission::InFlight(_)
+        ));
         let Admission::Miss(sb) = b.admit(&key(0), 10, 1).unwrap() else {
             panic!("b must not wait on a's load")
         };
@@ -522,9 +543,15 @@ mod tests {
         sb.adopt(vec![1; 10]).unwrap();
         b.unpin(&sb);
         // b's private copy is not indexed, so key 0 is a miss again, loaded afresh.
-        assert!(matches!(b.admit(&key(0), 10, 1).unwrap(), Admission::Miss(_)));
+        assert!(matches!(
+            b.admit(&key(0), 10, 1).unwrap(),
+            Admission::Miss(_)
+        ));
         drop(b);
         let st = pool.stats();
-        assert_eq!((st.pinned_slots, st.resident_slots, st.resident_bytes), (0, 0, 0));
+        assert_eq!(
+            (st.pinned_slots, st.resident_slots, st.resident_bytes),
+            (0, 0, 0)
+        );
     }
 }

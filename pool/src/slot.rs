@@ -56,7 +56,10 @@ impl std::fmt::Display for SlotFailure {
 }
 
 enum State {
-    Loading { tiles_left: u64, buf: Option<Vec<u8>> },
+    Loading {
+        tiles_left: u64,
+        buf: Option<Vec<u8>>,
+    },
     Ready,
     Failed(SlotFailure),
 }
@@ -241,7 +244,10 @@ mod tests {
         assert!(!s.is_ready());
         assert!(s.deliver_tile(|b| b[2..].copy_from_slice(&[3, 4])).unwrap());
         assert_eq!(s.data().unwrap(), &[1, 2, 3, 4]);
-        assert!(s.deliver_tile(|_| {}).is_err(), "a ready slot takes no tiles");
+        assert!(
+            s.deliver_tile(|_| {}).is_err(),
+            "a ready slot takes no tiles"
+        );
         assert!(!s.fail(SlotFailure {
             cancelled: true,
             message: "x".into()

@@ -414,11 +414,7 @@ mod tests {
         n.notify_all();
         let mut f = Box::pin(n.changed_since(g));
         let waker = Waker::from(Arc::clone(&flag));
-        assert!(
-            f.as_mut()
-                .poll(&mut Context::from_waker(&waker))
-                .is_ready()
-        );
+        assert!(f.as_mut().poll(&mut Context::from_waker(&waker)).is_ready());
         let g = n.generation();
         let mut f = Box::pin(n.changed_since(g));
         assert!(

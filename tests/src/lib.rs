@@ -130,3 +130,36 @@ pub fn chunk_region_pair(
     }
     (want, got)
 }
+
+/// The bytes of sample `index` along physical axis `axis` of a C-order array of `shape`
+/// (the field axes in physical order): what the engine must deliver for that sample.
+pub fn sample_of(reference: &[u8], shape: &[u64], axis: usize, index: u64, item: usize) -> Vec<u8> {
+    let outer: u64 = shape[..axis].iter().product();
+    let inner: u64 = shape[axis + 1..].iter().product();
+    let run = inner as usize * item;
+    let mut out = Vec::with_capacity(outer as usize * run);
+    for o in 0..outer {
+        let start = ((o * shape[axis] + index) * inner) as usize * item;
+        out.extend_from_slice(&reference[start..start + run]);
+    }
+    out
+}
+
+/// Item size of a numpy dtype name used by the fixtures.
+pub fn item_size(dtype: &str) -> usize {
+    match dtype {
+        "uint8" | "int8" | "bool" => 1,
+        "int16" | "uint16" | "float16" => 2,
+        "int32" | "uint32" | "float32" => 4,
+        _ => 8,
+    }
+}
+
+/// Threads of this process whose name starts with `prefix`.
+pub fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("read /proc/self/task")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.starts_with(prefix))
+        .count()
+}

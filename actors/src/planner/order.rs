@@ -9,7 +9,7 @@ use std::ops::Range;
 use crate::rng::Rng;
 
 /// Stream tag for epoch orders.
-const ORDER_STREAM: u64 = 0x4f52_4445_52; // "ORDER"
+const ORDER_STREAM: u64 = 0x004f_5244_4552; // "ORDER"
 
 /// One drawn sample: reference chunk and position within it (`anchor = chunk * spc + within`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

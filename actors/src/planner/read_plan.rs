@@ -84,7 +84,11 @@ impl ReadPlan {
         let sample = (anchor as i128 + l.offset as i128) as u64;
         let chunk = sample / p.samples_per_chunk;
         let slot = self.slot_of[l.path][chunk as usize];
-        debug_assert_ne!(slot, u32::MAX, "the plan covers every row it was built from");
+        debug_assert_ne!(
+            slot,
+            u32::MAX,
+            "the plan covers every row it was built from"
+        );
         (slot, sample % p.samples_per_chunk)
     }
 }

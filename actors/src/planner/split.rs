@@ -16,7 +16,7 @@ pub const SPLIT_NAMES: [&str; 3] = ["train", "val", "test"];
 pub const MANIFEST_FORMAT: u32 = 1;
 
 /// Stream tag for the non-contiguous chunk shuffle, so it never correlates with epoch orders.
-const SPLIT_STREAM: u64 = 0x5350_4c49_54; // "SPLIT"
+const SPLIT_STREAM: u64 = 0x0053_504c_4954; // "SPLIT"
 
 /// Which sample-axis chunks belong to each split, for one reference array. Whole chunks only,
 /// so no sample straddles two splits. Round-trips through JSON.

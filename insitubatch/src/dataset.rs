@@ -1,0 +1,504 @@
+//! The public engine API: [`InSituDataset`] and its builder.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use insitubatch_actors::{
+    EngineContext, EngineError, EpochOrder, OnBadChunk, Pass, PassConfig, SplitManifest, Variable,
+    plan_order, split_by_chunk,
+};
+use insitubatch_pool::{Budget, BufferPool, ChunkPool, PoolStats};
+use insitubatch_runtime::sync::Semaphore;
+use insitubatch_runtime::{IoBackend, IoBackendChoice, Runtime, RuntimeBuilder};
+use insitubatch_store::{ArrayGeometry, LocalStore, open_geometries, open_hierarchy};
+
+/// Default rows per batch.
+pub const DEFAULT_BATCH_SIZE: usize = 32;
+/// Default chunks per shuffle block.
+pub const DEFAULT_BLOCK_CHUNKS: usize = 16;
+/// Default in-flight stored-chunk reads.
+pub const DEFAULT_MAX_INFLIGHT: usize = 32;
+/// Default batches assembled ahead of the consumer.
+pub const DEFAULT_PREFETCH_DEPTH: usize = 2;
+
+enum VarSpec {
+    Path {
+        label: String,
+        path: String,
+        offset: i64,
+    },
+    Geometry {
+        label: String,
+        geom: ArrayGeometry,
+    },
+}
+
+/// Builds an [`InSituDataset`]. Argument names and defaults are the spec's.
+pub struct DatasetBuilder {
+    root: PathBuf,
+    variables: Vec<VarSpec>,
+    sample_axis: usize,
+    manifest: Option<SplitManifest>,
+    batch_size: usize,
+    block_chunks: usize,
+    max_inflight: usize,
+    prefetch_depth: usize,
+    seed: u64,
+    shuffle: bool,
+    cache_budget_bytes: Option<u64>,
+    on_bad_chunk: OnBadChunk,
+    executor_threads: Option<usize>,
+    io_backend: IoBackendChoice,
+    panic_on_tile: Option<u64>,
+}
+
+impl DatasetBuilder {
+    /// Adds the variable `label` reading array `path` (offset 0).
+    pub fn variable(self, label: impl Into<String>, path: impl Into<String>) -> Self {
+        self.window(label, path, 0)
+    }
+
+    /// Adds the variable `label` reading array `path` shifted `offset` samples along the sample
+    /// axis (`array[anchor + offset]`): the forecasting `x`/`y = shift(h)` pattern. Labels of
+    /// one path decode once.
+    pub fn window(
+        mut self,
+        label: impl Into<String>,
+        path: impl Into<String>,
+        offset: i64,
+    ) -> Self {
+        self.variables.push(VarSpec::Path {
+            label: label.into(),
+            path: path.into(),
+            offset,
+        });
+        self
+    }
+
+    /// Adds a variable from a geometry (as `open_geometries` returns it, possibly shifted).
+    pub fn geometry(mut self, label: impl Into<String>, geom: ArrayGeometry) -> Self {
+        self.variables.push(VarSpec::Geometry {
+            label: label.into(),
+            geom,
+        });
+        self
+    }
+
+    /// The physical axis samples are drawn along (default 0).
+    pub fn sample_axis(mut self, axis: usize) -> Self {
+        self.sample_axis = axis;
+        self
+    }
+
+    /// The split manifest (default: every chunk in `train`).
+    pub fn manifest(mut self, manifest: SplitManifest) -> Self {
+        self.manifest = Some(manifest);
+        self
+    }
+
+    /// Rows per batch (default 32).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n;
+        self
+    }
+
+    /// Chunks per shuffle block (default 16): shuffle quality against resident memory.
+    pub fn block_chunks(mut self, n: usize) -> Self {
+        self.block_chunks = n;
+        self
+    }
+
+    /// Stored-chunk reads in flight across the dataset (default 32).
+    pub fn max_inflight(mut self, n: usize) -> Self {
+        self.max_inflight = n;
+        self
+    }
+
+    /// Batches assembled ahead of the consumer (default 2).
+    pub fn prefetch_depth(mut self, n: usize) -> Self {
+        self.prefetch_depth = n;
+        self
+    }
+
+    /// Seed of the epoch orders (default 0).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Shuffle the train split (default true; val, test and all are always sequential).
+    pub fn shuffle(mut self, shuffle: bool) -> Self {
+        self.shuffle = shuffle;
+        self
+    }
+
+    /// The chunk pool's byte budget (default: the working set of one iteration). Above the
+    /// working set, drained chunks stay resident and later epochs hit them.
+    pub fn cache_budget_bytes(mut self, bytes: u64) -> Self {
+        self.cache_budget_bytes = Some(bytes);
+        self
+    }
+
+    /// What to do with a chunk that cannot be read or decoded (default `Raise`).
+    pub fn on_bad_chunk(mut self, policy: OnBadChunk) -> Self {
+        self.on_bad_chunk = policy;
+        self
+    }
+
+    /// Executor threads (default: one per core).
+    pub fn executor_threads(mut self, n: usize) -> Self {
+        self.executor_threads = Some(n);
+        self
+    }
+
+    /// IO backend (default: io_uring when available, or `INSITUBATCH_IO`).
+    pub fn io_backend(mut self, choice: IoBackendChoice) -> Self {
+        self.io_backend = choice;
+        self
+    }
+
+    #[doc(hidden)]
+    /// Test hook: a decoder panics on this tile ordinal.
+    pub fn panic_on_tile(mut self, ordinal: u64) -> Self {
+        self.panic_on_tile = Some(ordinal);
+        self
+    }
+
+    fn check_knobs(&self) -> Result<(), EngineError> {
+        let knobs = [
+            ("batch_size", self.batch_size),
+            ("block_chunks", self.block_chunks),
+            ("max_inflight", self.max_inflight),
+            ("prefetch_depth", self.prefetch_depth),
+        ];
+        for (name, v) in knobs {
+            if v == 0 {
+                return Err(EngineError::InvalidArgument {
+                    name,
+                    value: "0".into(),
+                    hint: "must be at least 1".into(),
+                });
+            }
+        }
+        if self.cache_budget_bytes == Some(0) {
+            return Err(EngineError::InvalidArgument {
+                name: "cache_budget_bytes",
+                value: "0".into(),
+                hint: "leave it unset for the working set, or give a positive byte count".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Opens the store, resolves the variables and validates everything.
+    pub fn build(self) -> Result<InSituDataset, EngineError> {
+        self.check_knobs()?;
+        let store = LocalStore::new(&self.root)?;
+        let mut rb = RuntimeBuilder::new().io_backend(self.io_backend);
+        if let Some(n) = self.executor_threads {
+            rb = rb.executor_threads(n);
+        }
+        let runtime = rb
+            .build()
+            .map_err(|e| EngineError::Runtime(e.to_string()))?;
+        let probe_store = store.clone();
+        let hierarchy = runtime
+            .block_on(move || async move { open_hierarchy(&probe_store).await })
+            .map_err(|e| EngineError::Runtime(e.to_string()))??;
+        let axis = self.sample_axis;
+        let mut variables: Vec<Variable> = Vec::new();
+        if self.variables.is_empty() {
+            for (path, g) in open_geometries(&hierarchy, None, axis)? {
+                variables.push(Variable::new(path, g));
+            }
+        }
+        for spec in &self.variables {
+            match spec {
+                VarSpec::Path {
+                    label,
+                    path,
+                    offset,
+                } => {
+                    let g = open_geometries(&hierarchy, Some(std::slice::from_ref(path)), axis)?
+                        .remove(path)
+                        .expect("open_geometries returns what it was asked for");
+                    variables.push(Variable::new(label.clone(), g.shift(*offset)));
+                }
+                VarSpec::Geometry { label, geom } => {
+                    let g = open_geometries(
+                        &hierarchy,
+                        Some(std::slice::from_ref(&geom.path)),
+                        geom.sample_axis,
+                    )?
+                    .remove(&geom.path)
+                    .expect("open_geometries returns what it was asked for");
+                    if g.shape != geom.shape || g.chunks != geom.chunks || g.dtype != geom.dtype {
+                        return Err(EngineError::arg(
+                            "variables",
+                            format!("{label} = {}", geom.path),
+                            format!(
+                                "the geometry given (shape {:?}, chunks {:?}) is not the array's \
+                                 (shape {:?}, chunks {:?}); take it from open_geometries on this store",
+                                geom.shape, geom.chunks, g.shape, g.chunks
+                            ),
+                        ));
+                    }
+                    variables.push(Variable::new(label.clone(), geom.clone()));
+                }
+            }
+        }
+        for (i, v) in variables.iter().enumerate() {
+            if variables[..i].iter().any(|w| w.label == v.label) {
+                return Err(EngineError::arg(
+                    "variables",
+                    &v.label,
+                    "labels must be unique; give each view its own label",
+                ));
+            }
+        }
+        let first = &variables[0];
+        for v in &variables[1..] {
+            if v.geom.n_samples() != first.geom.n_samples() {
+                return Err(EngineError::UnequalSampleAxis {
+                    a: first.label.clone(),
+                    a_len: first.geom.n_samples(),
+                    b: v.label.clone(),
+                    b_len: v.geom.n_samples(),
+                });
+            }
+        }
+        let manifest = match self.manifest {
+            Some(m) => {
+                let reference = variables.iter().find(|v| v.geom.path == m.array);
+                match reference {
+                    Some(v) => m.validate(&v.geom)?,
+                    None => {
+                        return Err(EngineError::ManifestMismatch {
+                            manifest_array: m.array.clone(),
+                            manifest_shape: m.shape.clone(),
+                            manifest_chunks: m.chunks.clone(),
+                            manifest_axis: m.sample_axis,
+                            found: format!(
+                                "variables over [{}]",
+                                variables
+                                    .iter()
+                                    .map(|v| v.geom.path.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                        });
+                    }
+                }
+                m
+            }
+            None => split_by_chunk(&first.geom, &[1.0], self.seed, true, None)?,
+        };
+        let arrays: HashMap<String, _> = variables
+            .iter()
+            .map(|v| (v.geom.path.clone(), hierarchy.arrays[&v.geom.path].clone()))
+            .collect();
+        let budget = match self.cache_budget_bytes {
+            Some(b) => Budget::Bytes(b),
+            None => Budget::Auto,
+        };
+        let ctx = Arc::new(EngineContext {
+            runtime: runtime.handle(),
+            store: Arc::new(store),
+            arrays,
+            pool: ChunkPool::new(budget),
+            inflight: Semaphore::new("max_inflight", self.max_inflight as u64),
+            buffers: BufferPool::new(),
+        });
+        Ok(InSituDataset {
+            runtime: Arc::new(runtime),
+            ctx,
+            variables,
+            manifest,
+            batch_size: self.batch_size,
+            block_chunks: self.block_chunks,
+            prefetch_depth: self.prefetch_depth,
+            seed: self.seed,
+            shuffle: self.shuffle,
+            on_bad_chunk: self.on_bad_chunk,
+            panic_on_tile: self.panic_on_tile,
+            epoch: AtomicU64::new(0),
+        })
+    }
+}
+
+/// Shuffled, split-aware batches from a Zarr store read in place: each stored chunk read and
+/// decoded once per epoch, memory bounded by the pool budget, `prefetch_depth` batches and
+/// `max_inflight` reads.
+///
+/// ```no_run
+/// use insitubatch::{InSituDataset, split_by_chunk};
+/// # fn main() -> Result<(), insitubatch::EngineError> {
+/// // Every data variable of the group, all chunks in `train`:
+/// let ds = InSituDataset::builder("era5.zarr").batch_size(64).build()?;
+/// // Or a forecasting pair with an 80/10/10 split:
+/// let probe = InSituDataset::builder("era5.zarr").variable("t2m", "t2m").build()?;
+/// let manifest = split_by_chunk(&probe.variables()[0].geom, &[0.8, 0.1, 0.1], 0, true, None)?;
+/// let ds = InSituDataset::builder("era5.zarr")
+///     .variable("x", "t2m")
+///     .window("y", "t2m", 6)
+///     .manifest(manifest)
+///     .build()?;
+/// for epoch in 0..2 {
+///     ds.set_epoch(epoch);
+///     for batch in ds.train()? {
+///         let batch = batch?;
+///         let x: &[f32] = batch.array("x").unwrap().values().unwrap();
+///         assert_eq!(x.len(), batch.len() * 181 * 360);
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+pub struct InSituDataset {
+    runtime: Arc<Runtime>,
+    ctx: Arc<EngineContext<LocalStore>>,
+    variables: Vec<Variable>,
+    manifest: SplitManifest,
+    batch_size: usize,
+    block_chunks: usize,
+    prefetch_depth: usize,
+    seed: u64,
+    shuffle: bool,
+    on_bad_chunk: OnBadChunk,
+    panic_on_tile: Option<u64>,
+    epoch: AtomicU64,
+}
+
+impl std::fmt::Debug for InSituDataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InSituDataset")
+            .field("variables", &self.variables)
+            .field("batch_size", &self.batch_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InSituDataset {
+    /// A builder over the store at `root` (a local directory: NVMe or a parallel file system).
+    pub fn builder(root: impl AsRef<Path>) -> DatasetBuilder {
+        DatasetBuilder {
+            root: root.as_ref().to_path_buf(),
+            variables: Vec::new(),
+            sample_axis: 0,
+            manifest: None,
+            batch_size: DEFAULT_BATCH_SIZE,
+            block_chunks: DEFAULT_BLOCK_CHUNKS,
+            max_inflight: DEFAULT_MAX_INFLIGHT,
+            prefetch_depth: DEFAULT_PREFETCH_DEPTH,
+            seed: 0,
+            shuffle: true,
+            cache_budget_bytes: None,
+            on_bad_chunk: OnBadChunk::Raise,
+            executor_threads: None,
+            io_backend: IoBackendChoice::Auto,
+            panic_on_tile: None,
+        }
+    }
+
+    /// The variables (label and geometry with its offset), in declaration order.
+    pub fn variables(&self) -> &[Variable] {
+        &self.variables
+    }
+
+    /// The split manifest.
+    pub fn manifest(&self) -> &SplitManifest {
+        &self.manifest
+    }
+
+    /// Rows per batch.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// Sets the epoch the next iteration draws (the order is keyed on (seed, epoch) only).
+    pub fn set_epoch(&self, epoch: u64) {
+        self.epoch.store(epoch, Ordering::SeqCst);
+    }
+
+    /// The current epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// The IO backend in use.
+    pub fn io_backend(&self) -> IoBackend {
+        self.runtime.io_backend()
+    }
+
+    /// Pool counters (residency, evictions, hits across passes).
+    pub fn pool_stats(&self) -> PoolStats {
+        self.ctx.pool.stats()
+    }
+
+    /// Drops every unpinned chunk from the pool (the next epoch starts cold).
+    pub fn clear_cache(&self) {
+        self.ctx.pool.clear_unpinned();
+    }
+
+    fn pass_config(&self, split: &str) -> PassConfig {
+        PassConfig {
+            split: split.to_string(),
+            epoch: self.epoch(),
+            seed: self.seed,
+            shuffle: self.shuffle && split == "train",
+            block_chunks: self.block_chunks,
+            batch_size: self.batch_size,
+            prefetch_depth: self.prefetch_depth,
+            on_bad_chunk: self.on_bad_chunk,
+            panic_on_tile: self.panic_on_tile,
+        }
+    }
+
+    /// The order `split` would draw this epoch, without reading anything.
+    pub fn order(&self, split: &str) -> Result<EpochOrder, EngineError> {
+        let chunks = self.manifest.split_chunks(split)?;
+        Ok(plan_order(
+            &chunks,
+            self.manifest.samples_per_chunk(),
+            self.manifest.n_samples(),
+            &self.variables,
+            &self.pass_config(split),
+        ))
+    }
+
+    /// Starts an iteration over `split` (`train`, `val`, `test` or `all`) at the current
+    /// epoch. Several may run at once (train and val zipped), sharing the pool.
+    pub fn iter(&self, split: &str) -> Result<Pass, EngineError> {
+        let chunks = self.manifest.split_chunks(split)?;
+        let pass = Pass::start(
+            &self.ctx,
+            &self.variables,
+            &chunks,
+            self.manifest.samples_per_chunk(),
+            self.manifest.n_samples(),
+            self.pass_config(split),
+        )?;
+        Ok(pass.keep_alive(Arc::clone(&self.runtime) as Arc<dyn std::any::Any + Send + Sync>))
+    }
+
+    /// `iter("train")`: shuffled when `shuffle` is on.
+    pub fn train(&self) -> Result<Pass, EngineError> {
+        self.iter("train")
+    }
+
+    /// `iter("val")`: sequential.
+    pub fn val(&self) -> Result<Pass, EngineError> {
+        self.iter("val")
+    }
+
+    /// `iter("test")`: sequential.
+    pub fn test(&self) -> Result<Pass, EngineError> {
+        self.iter("test")
+    }
+
+    /// `iter("all")`: every chunk of the manifest's sample range, sequential.
+    pub fn all(&self) -> Result<Pass, EngineError> {
+        self.iter("all")
+    }
+}

@@ -1,0 +1,597 @@
+//! The engine against zarr-python fixtures: every emitted sample equals zarr-python's value at
+//! its read index, every valid anchor exactly once per epoch, splits, determinism, residency,
+//! cancellation, bad chunks, concurrent iterations and every bad input of the engine issue.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use insitubatch::{EngineError, InSituDataset, IoBackendChoice, OnBadChunk, split_by_chunk};
+use insitubatch_tests::{FixtureArray, fixture_arrays, item_size, sample_of, threads_named};
+
+fn fixture(case: &str, array: &str) -> FixtureArray {
+    fixture_arrays()
+        .into_iter()
+        .find(|f| f.case == case && f.array == array)
+        .unwrap_or_else(|| panic!("fixture {case}/{array}"))
+}
+
+fn sample_axis_of(f: &FixtureArray) -> usize {
+    if f.case == "v3_tczyx" { 2 } else { 0 }
+}
+
+/// Runs one epoch of `split`, checks every sample of every label against zarr-python, and
+/// returns the anchors in emission order.
+fn check_epoch(ds: &InSituDataset, split: &str, refs: &[(&str, &FixtureArray, usize)]) -> Vec<u64> {
+    let mut anchors = Vec::new();
+    let mut n_batches = 0;
+    let pass = ds.iter(split).unwrap();
+    let bound = pass.read_ahead_bytes();
+    let mut pass = pass;
+    for batch in pass.by_ref() {
+        let batch = batch.unwrap();
+        assert!(batch.len() <= ds.batch_size());
+        for (label, f, axis) in refs {
+            let arr = batch.array(label).unwrap();
+            let item = item_size(&f.dtype);
+            let inner: Vec<usize> = (0..f.shape.len())
+                .filter(|a| a != axis)
+                .map(|a| f.shape[a] as usize)
+                .collect();
+            let mut shape = vec![batch.len()];
+            shape.extend(&inner);
+            assert_eq!(arr.shape(), &shape[..], "{label}");
+            let sb: usize = inner.iter().product::<usize>() * item;
+            for (r, idx) in batch.read_indices(label).unwrap().into_iter().enumerate() {
+                let want = sample_of(&f.reference, &f.shape, *axis, idx, item);
+                assert!(
+                    arr.bytes()[r * sb..(r + 1) * sb] == want[..],
+                    "{}/{} label {label} sample {idx} differs from zarr-python",
+                    f.case,
+                    f.array
+                );
+            }
+        }
+        anchors.extend_from_slice(batch.sample_indices());
+        n_batches += 1;
+    }
+    let stats = pass.stats();
+    assert_eq!(stats.batches, n_batches);
+    assert_eq!(n_batches as usize, anchors.len().div_ceil(ds.batch_size()));
+    assert!(
+        stats.pinned_peak_bytes <= bound && stats.pinned_peak_bytes > 0,
+        "pinned peak {} over the computed bound {bound}",
+        stats.pinned_peak_bytes
+    );
+    assert!(stats.resident_peak_bytes <= stats.budget_bytes, "{stats:?}");
+    anchors
+}
+
+fn sorted(mut v: Vec<u64>) -> Vec<u64> {
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn every_sample_of_every_fixture_equals_zarr_python_shuffled_and_sequential() {
+    for f in fixture_arrays() {
+        let axis = sample_axis_of(&f);
+        let n = f.shape[axis];
+        for (shuffle, bs, bc) in [(true, 3, 2), (false, 4, 1), (true, 64, 16)] {
+            let ds = InSituDataset::builder(&f.store)
+                .variable("v", f.array.clone())
+                .sample_axis(axis)
+                .batch_size(bs)
+                .block_chunks(bc)
+                .shuffle(shuffle)
+                .max_inflight(3)
+                .build()
+                .unwrap_or_else(|e| panic!("{}/{}: {e}", f.case, f.array));
+            let anchors = check_epoch(&ds, "train", &[("v", &f, axis)]);
+            // The first pass of a dataset with the automatic budget: residency is the bound.
+            assert_eq!(
+                ds.pool_stats().budget_bytes,
+                ds.train().unwrap().read_ahead_bytes()
+            );
+            assert_eq!(
+                sorted(anchors.clone()),
+                (0..n).collect::<Vec<_>>(),
+                "{}",
+                f.case
+            );
+            if !shuffle {
+                assert_eq!(anchors, (0..n).collect::<Vec<_>>(), "sequential order");
+            }
+            // `all` is sequential whatever `shuffle` says.
+            assert_eq!(
+                check_epoch(&ds, "all", &[("v", &f, axis)]),
+                (0..n).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
+fn windows_drop_anchors_that_read_off_the_array_and_decode_once() {
+    let f = fixture("era5_v3", "t2m");
+    let u = fixture("era5_v3", "u10");
+    let ds = InSituDataset::builder(&f.store)
+        .variable("x", "t2m")
+        .window("y", "t2m", 5)
+        .window("prev", "t2m", -2)
+        .variable("u", "u10")
+        .batch_size(2)
+        .block_chunks(1)
+        .build()
+        .unwrap();
+    for epoch in 0..3 {
+        ds.set_epoch(epoch);
+        let anchors = check_epoch(
+            &ds,
+            "train",
+            &[("x", &f, 0), ("y", &f, 0), ("prev", &f, 0), ("u", &u, 0)],
+        );
+        // T = 12: anchors 2..=6 have both t-2 and t+5 inside the array.
+        assert_eq!(sorted(anchors), (2..7).collect::<Vec<_>>());
+    }
+    let mut pass = ds.train().unwrap();
+    for b in pass.by_ref() {
+        b.unwrap();
+    }
+    let s = pass.stats();
+    assert_eq!(s.dropped_anchors, 12 - 5);
+    // t2m read once per chunk however many labels view it: 3 chunks of t2m + 3 of u10 at most.
+    assert!(s.cache_misses + s.cache_hits <= 6, "{s:?}");
+    assert_eq!(s.tiles_read, s.cache_misses);
+}
+
+#[test]
+fn sample_axis_two_and_inner_chunked_and_sharded_fields() {
+    for (case, axis) in [
+        ("v3_tczyx", 2usize),
+        ("v3_inner", 0),
+        ("v3_sharded", 0),
+        ("v2_forder", 0),
+    ] {
+        let f = fixture_arrays()
+            .into_iter()
+            .find(|f| f.case == case)
+            .unwrap();
+        let ds = InSituDataset::builder(&f.store)
+            .variable("v", f.array.clone())
+            .sample_axis(axis)
+            .window("w", f.array.clone(), 1)
+            .batch_size(2)
+            .block_chunks(2)
+            .build()
+            .unwrap();
+        let anchors = check_epoch(&ds, "train", &[("v", &f, axis), ("w", &f, axis)]);
+        assert_eq!(
+            sorted(anchors),
+            (0..f.shape[axis] - 1).collect::<Vec<_>>(),
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn variables_chunked_1_and_30_pair_row_for_row_on_either_reference_grid() {
+    let raw = fixture("paired", "raw");
+    let mask = fixture("paired", "mask");
+    for (reference, f) in [("raw", &raw), ("mask", &mask)] {
+        let probe = InSituDataset::builder(&raw.store)
+            .variable("r", reference)
+            .build()
+            .unwrap();
+        let manifest =
+            split_by_chunk(&probe.variables()[0].geom, &[0.7, 0.3], 3, true, None).unwrap();
+        let _ = f;
+        let ds = InSituDataset::builder(&raw.store)
+            .variable("raw", "raw")
+            .variable("mask", "mask")
+            .manifest(manifest)
+            .batch_size(5)
+            .block_chunks(3)
+            .build()
+            .unwrap();
+        let mut all = Vec::new();
+        for split in ["train", "val"] {
+            all.extend(check_epoch(
+                &ds,
+                split,
+                &[("raw", &raw, 0), ("mask", &mask, 0)],
+            ));
+        }
+        assert_eq!(
+            sorted(all),
+            (0..61).collect::<Vec<_>>(),
+            "reference {reference}"
+        );
+    }
+}
+
+#[test]
+fn splits_cover_every_sample_once_contiguous_or_not() {
+    let f = fixture("paired", "raw");
+    for contiguous in [true, false] {
+        let probe = InSituDataset::builder(&f.store)
+            .variable("r", "raw")
+            .build()
+            .unwrap();
+        let m = split_by_chunk(
+            &probe.variables()[0].geom,
+            &[0.6, 0.2, 0.2],
+            9,
+            contiguous,
+            None,
+        )
+        .unwrap();
+        let back = insitubatch::SplitManifest::from_json(&m.to_json()).unwrap();
+        assert_eq!(back, m, "JSON round trip");
+        let ds = InSituDataset::builder(&f.store)
+            .variable("r", "raw")
+            .manifest(back)
+            .batch_size(4)
+            .build()
+            .unwrap();
+        let mut seen = BTreeSet::new();
+        for split in ["train", "val", "test"] {
+            for a in check_epoch(&ds, split, &[("r", &f, 0)]) {
+                assert!(seen.insert(a), "sample {a} in two splits");
+            }
+        }
+        assert_eq!(seen.len(), 61);
+        if contiguous {
+            let train = &m.splits["train"];
+            assert!(train.windows(2).all(|w| w[1] == w[0] + 1), "contiguous run");
+        }
+    }
+    // sample_range snaps out to whole chunks.
+    let g = fixture("era5_v3", "t2m");
+    let probe = InSituDataset::builder(&g.store)
+        .variable("t", "t2m")
+        .build()
+        .unwrap();
+    let m = split_by_chunk(&probe.variables()[0].geom, &[1.0], 0, true, Some((5, 7))).unwrap();
+    assert_eq!(m.sample_range, [4, 8]);
+    assert_eq!(m.splits["train"], vec![1]);
+}
+
+fn order_of(threads: usize, io: IoBackendChoice, epoch: u64) -> Vec<u64> {
+    let f = fixture("paired", "raw");
+    let ds = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .variable("m", "mask")
+        .executor_threads(threads)
+        .io_backend(io)
+        .seed(42)
+        .batch_size(7)
+        .block_chunks(4)
+        .build()
+        .unwrap();
+    ds.set_epoch(epoch);
+    let mut out = Vec::new();
+    for b in ds.train().unwrap() {
+        out.extend_from_slice(b.unwrap().sample_indices());
+    }
+    assert_eq!(
+        out,
+        ds.order("train").unwrap().anchors(),
+        "planned == emitted"
+    );
+    out
+}
+
+#[test]
+fn order_depends_on_seed_and_epoch_only() {
+    let a = order_of(1, IoBackendChoice::Threads, 0);
+    let b = order_of(2, IoBackendChoice::Auto, 0);
+    let c = order_of(3, IoBackendChoice::Threads, 0);
+    assert_eq!(a, b);
+    assert_eq!(a, c);
+    let d = order_of(2, IoBackendChoice::Auto, 1);
+    assert_ne!(a, d, "a new epoch draws a new order");
+    assert_eq!(sorted(a), sorted(d));
+}
+
+#[test]
+fn dropping_an_iterator_mid_epoch_unpins_everything_and_dataset_drop_leaves_no_threads() {
+    let f = fixture("paired", "raw");
+    // zarrs starts rayon's global pool on first use, from one of our executor threads, so its
+    // threads inherit our thread name; warm it up before taking the baseline.
+    let warm = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .build()
+        .unwrap();
+    assert_eq!(warm.train().unwrap().count(), 61usize.div_ceil(32));
+    drop(warm);
+    let before = threads_named("isb");
+    {
+        let ds = InSituDataset::builder(&f.store)
+            .variable("r", "raw")
+            .batch_size(2)
+            .block_chunks(4)
+            .prefetch_depth(1)
+            .build()
+            .unwrap();
+        assert!(threads_named("isb") > before);
+        let mut pass = ds.train().unwrap();
+        pass.next().unwrap().unwrap();
+        assert!(pass.pinned_slots() > 0);
+        drop(pass);
+        let st = ds.pool_stats();
+        assert_eq!(st.pinned_slots, 0, "{st:?}");
+        assert_eq!(st.reserved_bytes, 0);
+        // The dataset is reusable after an abandoned pass.
+        assert_eq!(ds.train().unwrap().count(), 61usize.div_ceil(2));
+    }
+    assert_eq!(threads_named("isb"), before, "runtime threads joined");
+}
+
+#[test]
+fn a_pass_may_outlive_its_dataset_value() {
+    let f = fixture("paired", "raw");
+    let ds = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .build()
+        .unwrap();
+    let pass = ds.train().unwrap();
+    drop(ds);
+    assert_eq!(pass.map(|b| b.unwrap().len()).sum::<usize>(), 61);
+}
+
+fn corrupt_copy(f: &FixtureArray, chunk_file: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&f.store, dir.path());
+    std::fs::write(dir.path().join(chunk_file), b"this is not zstd").unwrap();
+    dir
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
+
+#[test]
+fn corrupt_chunk_raises_naming_the_key_or_becomes_nan_and_is_listed() {
+    let f = fixture("v3_zstd", "");
+    let dir = corrupt_copy(&f, "c/1/0/0");
+    let ds = InSituDataset::builder(dir.path())
+        .variable("v", "")
+        .batch_size(3)
+        .build()
+        .unwrap();
+    let err = ds
+        .all()
+        .unwrap()
+        .find_map(|b| b.err())
+        .expect("the corrupt chunk must surface as an error");
+    let msg = err.to_string();
+    assert!(msg.contains("c/1/0/0"), "{msg}");
+    assert!(matches!(err, EngineError::Store(_)), "{err:?}");
+
+    let ds = InSituDataset::builder(dir.path())
+        .variable("v", "")
+        .batch_size(3)
+        .on_bad_chunk(OnBadChunk::Nan)
+        .build()
+        .unwrap();
+    let mut pass = ds.all().unwrap();
+    let item = 8;
+    let sb = 4 * 5 * item;
+    for b in pass.by_ref() {
+        let b = b.unwrap();
+        let v = b.array("v").unwrap();
+        for (r, idx) in b.sample_indices().iter().enumerate() {
+            let got = &v.bytes()[r * sb..(r + 1) * sb];
+            if (4..8).contains(idx) {
+                let vals: &[f64] = &v.values::<f64>().unwrap()[r * 20..(r + 1) * 20];
+                assert!(
+                    vals.iter().all(|x| x.is_nan()),
+                    "sample {idx} should be NaN"
+                );
+            } else {
+                assert_eq!(got, &sample_of(&f.reference, &f.shape, 0, *idx, item)[..]);
+            }
+        }
+    }
+    let s = pass.stats();
+    assert_eq!(s.bad_chunks.len(), 1);
+    assert_eq!(s.bad_chunks[0].key, "c/1/0/0");
+    assert_eq!(s.bad_chunks[0].chunk_index, vec![1, 0, 0]);
+}
+
+#[test]
+fn a_panicking_decoder_reaches_the_consumer_as_an_error() {
+    let f = fixture("paired", "raw");
+    let ds = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .panic_on_tile(5)
+        .build()
+        .unwrap();
+    let results: Vec<_> = ds.train().unwrap().collect();
+    let err = results
+        .iter()
+        .find_map(|r| r.as_ref().err())
+        .expect("the panic must reach the consumer");
+    assert!(err.to_string().contains("panicked"), "{err}");
+    // The dataset still works, and nothing is pinned.
+    assert_eq!(ds.pool_stats().pinned_slots, 0);
+}
+
+#[test]
+fn train_and_val_iterate_together_when_the_budget_holds_both() {
+    let f = fixture("paired", "raw");
+    let m = fixture("paired", "mask");
+    let probe = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .build()
+        .unwrap();
+    let manifest = split_by_chunk(&probe.variables()[0].geom, &[0.5, 0.5], 0, true, None).unwrap();
+    // Automatic budget: sized to one iteration, so a second concurrent one is refused.
+    let ds = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .manifest(manifest.clone())
+        .batch_size(4)
+        .block_chunks(2)
+        .build()
+        .unwrap();
+    let train = ds.train().unwrap();
+    let err = ds.val().unwrap_err().to_string();
+    assert!(err.contains("cache_budget_bytes to at least"), "{err}");
+    drop(train);
+    let ds = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .variable("m", "mask")
+        .manifest(manifest)
+        .batch_size(4)
+        .block_chunks(2)
+        .cache_budget_bytes(1 << 20)
+        .build()
+        .unwrap();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for (t, v) in ds.train().unwrap().zip(ds.val().unwrap()) {
+        let (t, v) = (t.unwrap(), v.unwrap());
+        for (batch, out) in [(&t, &mut a), (&v, &mut b)] {
+            for (r, idx) in batch.sample_indices().iter().enumerate() {
+                let sb = 5 * 6 * 4;
+                let want = sample_of(&f.reference, &f.shape, 0, *idx, 4);
+                assert_eq!(
+                    &batch.array("r").unwrap().bytes()[r * sb..(r + 1) * sb],
+                    &want[..]
+                );
+                let mb = 5 * 6;
+                let want = sample_of(&m.reference, &m.shape, 0, *idx, 1);
+                assert_eq!(
+                    &batch.array("m").unwrap().bytes()[r * mb..(r + 1) * mb],
+                    &want[..]
+                );
+                out.push(*idx);
+            }
+        }
+    }
+    assert!(a.len() >= 28 && b.len() >= 28);
+    assert!(a.iter().all(|x| !b.contains(x)));
+}
+
+#[test]
+fn a_budget_over_the_split_makes_later_epochs_all_hits() {
+    let f = fixture("paired", "raw");
+    let ds = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .block_chunks(4)
+        .cache_budget_bytes(1 << 20)
+        .build()
+        .unwrap();
+    let mut first = ds.train().unwrap();
+    first.by_ref().for_each(|b| drop(b.unwrap()));
+    let s0 = first.stats();
+    assert_eq!((s0.cache_misses, s0.cache_hits), (61, 0));
+    assert_eq!(s0.tiles_read, 61, "read-once: one read per stored chunk");
+    drop(first);
+    ds.set_epoch(1);
+    let mut second = ds.train().unwrap();
+    second.by_ref().for_each(|b| drop(b.unwrap()));
+    let s1 = second.stats();
+    assert_eq!((s1.cache_misses, s1.cache_hits, s1.tiles_read), (0, 61, 0));
+}
+
+#[test]
+fn bad_arguments_are_errors_that_name_the_argument() {
+    let f = fixture("paired", "raw");
+    for (name, b) in [
+        ("batch_size", InSituDataset::builder(&f.store).batch_size(0)),
+        (
+            "block_chunks",
+            InSituDataset::builder(&f.store).block_chunks(0),
+        ),
+        (
+            "max_inflight",
+            InSituDataset::builder(&f.store).max_inflight(0),
+        ),
+        (
+            "prefetch_depth",
+            InSituDataset::builder(&f.store).prefetch_depth(0),
+        ),
+    ] {
+        let e = b.variable("r", "raw").build().unwrap_err().to_string();
+        assert!(e.contains(&format!("`{name}`")), "{e}");
+    }
+    let raw = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .build()
+        .unwrap();
+    let geom = raw.variables()[0].geom.clone();
+    for (fr, needle) in [
+        (vec![-0.1, 0.5], "negative"),
+        (vec![0.8, 0.5], "over 1"),
+        (vec![], "1 to 3"),
+    ] {
+        let e = split_by_chunk(&geom, &fr, 0, true, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`fractions`") && e.contains(needle), "{e}");
+    }
+    let e = split_by_chunk(&geom, &[1.0], 0, true, Some((10, 99)))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`sample_range`"), "{e}");
+    let e = split_by_chunk(&geom, &[0.99, 0.001], 0, true, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("split `val` is empty"), "{e}");
+    // A manifest made for another array.
+    let short = InSituDataset::builder(&f.store)
+        .variable("s", "short")
+        .build()
+        .unwrap();
+    let other = split_by_chunk(&short.variables()[0].geom, &[1.0], 0, true, None).unwrap();
+    let e = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .manifest(other)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("made for array `short`"), "{e}");
+    // Unequal sample-axis lengths.
+    let e = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .variable("s", "short")
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("61") && e.contains("50") && e.contains("`s`"),
+        "{e}"
+    );
+    // Unknown and empty splits.
+    let m = split_by_chunk(&geom, &[1.0], 0, true, None).unwrap();
+    let ds = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .manifest(m)
+        .build()
+        .unwrap();
+    let e = ds.iter("validation").unwrap_err().to_string();
+    assert!(e.contains("unknown split `validation`"), "{e}");
+    let e = ds.val().unwrap_err().to_string();
+    assert!(e.contains("split `val` is empty"), "{e}");
+    // Unknown variable and missing store name the thing.
+    let e = InSituDataset::builder(&f.store)
+        .variable("x", "nope")
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nope"), "{e}");
+    let e = InSituDataset::builder("/definitely/not/here")
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/definitely/not/here"), "{e}");
+}
