@@ -2,13 +2,14 @@
 //! into its slot, adopting the buffer when the layout allows and copying the tile's rectangle
 //! when the field is inner-chunked or the sample axis is not first.
 //!
-//! One decoder actor runs per executor and decodes one chunk at a time: decode is the CPU-bound
-//! stage, and one per core is the thread-per-core answer to it.
+//! One decoder worker runs per executor, all draining one shared mailbox, and each decodes one
+//! chunk at a time: decode is the CPU-bound stage, one per core is the thread-per-core answer
+//! to it, and the shared mailbox keeps a core that also gathers from holding up a block.
 
 use std::sync::Arc;
 
 use insitubatch_pool::SlotFailure;
-use insitubatch_runtime::{ActorHandle, yield_now};
+use insitubatch_runtime::{ActorPool, Mailbox, yield_now};
 use insitubatch_store::{DType, Store, StoreError, ZarrArray};
 
 use crate::fetcher::TileJob;
@@ -28,39 +29,42 @@ pub struct DecodeJob {
 pub(crate) fn spawn<S: Store>(
     ctx: &Arc<EngineContext<S>>,
     shared: &Arc<PassShared>,
-    index: usize,
-) -> ActorHandle<DecodeJob, ()> {
+) -> ActorPool<DecodeJob> {
     let ctx = Arc::clone(ctx);
     let shared = Arc::clone(shared);
     let rt = ctx.runtime.clone();
-    rt.spawn_actor_on(
-        index,
+    let workers = rt.executor_threads();
+    rt.spawn_actor_pool(
         "decoder",
         DECODER_MAILBOX,
-        move |mut inbox: insitubatch_runtime::Mailbox<DecodeJob>| async move {
-            let _guard = PanicGuard {
-                shared: &shared,
-                actor: "decoder",
-            };
-            while let Some(DecodeJob { job, bytes }) = inbox.recv().await {
-                if shared.is_cancelled() {
-                    job.cancel();
-                    continue;
-                }
-                if shared.config.panic_on_tile == Some(job.ordinal) {
-                    panic!("injected decoder panic on tile {}", job.ordinal);
-                }
-                let array = &shared.arrays[job.path];
-                match array.decode_chunk(&job.index, bytes, || ctx.store.locate(&job.key)) {
-                    Ok(chunk) => {
-                        Counters::add(&shared.counters.bytes_decoded, chunk.bytes.len() as u64);
-                        deliver(job, chunk.bytes);
+        workers,
+        move |_, mut inbox: Mailbox<DecodeJob>| {
+            let (ctx, shared) = (Arc::clone(&ctx), Arc::clone(&shared));
+            async move {
+                let _guard = PanicGuard {
+                    shared: &shared,
+                    actor: "decoder",
+                };
+                while let Some(DecodeJob { job, bytes }) = inbox.recv().await {
+                    if shared.is_cancelled() {
+                        job.cancel();
+                        continue;
                     }
-                    Err(e) => bad_chunk(job, e),
+                    if shared.config.panic_on_tile == Some(job.ordinal) {
+                        panic!("injected decoder panic on tile {}", job.ordinal);
+                    }
+                    let array = &shared.arrays[job.path];
+                    match array.decode_chunk(&job.index, bytes, || ctx.store.locate(&job.key)) {
+                        Ok(chunk) => {
+                            Counters::add(&shared.counters.bytes_decoded, chunk.bytes.len() as u64);
+                            deliver(job, chunk.bytes);
+                        }
+                        Err(e) => bad_chunk(job, e),
+                    }
+                    // A decode holds the core for a while; let IO completions and other tasks
+                    // on this executor run before the next one.
+                    yield_now().await;
                 }
-                // A decode holds the core for a while; let IO completions and other tasks on
-                // this executor run before the next one.
-                yield_now().await;
             }
         },
     )

@@ -1,8 +1,9 @@
 //! The fetcher: reads stored chunks (tiles) from the store and hands the bytes to the decoder
 //! on the same core.
 //!
-//! One fetcher actor runs per executor. Each job it receives becomes a read task on that
-//! executor, so reads overlap (io_uring, or the blocking pool) while the mailbox is drained;
+//! One fetcher worker runs per executor, all draining one shared mailbox, so a core busy with
+//! decode or gather takes fewer jobs. Each job becomes a read task on the worker's executor, so
+//! reads overlap (io_uring, or the blocking pool) while the mailbox is drained;
 //! every job carries one `max_inflight` permit, so the number of reads in flight across the
 //! dataset is bounded by that one dial.
 
@@ -10,7 +11,7 @@ use std::sync::Arc;
 
 use insitubatch_pool::{Slot, SlotFailure};
 use insitubatch_runtime::sync::Permit;
-use insitubatch_runtime::{ActorHandle, ActorSender, JoinHandle};
+use insitubatch_runtime::{ActorPool, ActorSender, JoinHandle, Mailbox};
 use insitubatch_store::Store;
 
 use crate::decoder::{self, DecodeJob};
@@ -85,45 +86,49 @@ impl Drop for TileJob {
 pub(crate) fn spawn<S: Store>(
     ctx: &Arc<EngineContext<S>>,
     shared: &Arc<PassShared>,
-    index: usize,
     decoder: ActorSender<DecodeJob>,
-) -> ActorHandle<TileJob, ()> {
+) -> ActorPool<TileJob> {
     let ctx = Arc::clone(ctx);
     let shared = Arc::clone(shared);
     let rt = ctx.runtime.clone();
-    rt.spawn_actor_on(
-        index,
+    let workers = rt.executor_threads();
+    rt.spawn_actor_pool(
         "fetcher",
         FETCHER_MAILBOX,
-        move |mut inbox: insitubatch_runtime::Mailbox<TileJob>| async move {
-            let _guard = PanicGuard {
-                shared: &shared,
-                actor: "fetcher",
-            };
-            let mut reads: Vec<JoinHandle<()>> = Vec::new();
-            while let Some(job) = inbox.recv().await {
-                if shared.is_cancelled() {
-                    job.cancel();
-                    continue;
+        workers,
+        move |index, mut inbox: Mailbox<TileJob>| {
+            let (ctx, shared, decoder) = (Arc::clone(&ctx), Arc::clone(&shared), decoder.clone());
+            async move {
+                let _guard = PanicGuard {
+                    shared: &shared,
+                    actor: "fetcher",
+                };
+                let mut reads: Vec<JoinHandle<()>> = Vec::new();
+                while let Some(job) = inbox.recv().await {
+                    if shared.is_cancelled() {
+                        job.cancel();
+                        continue;
+                    }
+                    let store = Arc::clone(&ctx.store);
+                    let dec = decoder.clone();
+                    reads.retain(|h| !h.is_finished());
+                    reads.push(
+                        ctx.runtime
+                            .spawn_on(index, "fetch", move || read(store, job, dec)),
+                    );
                 }
-                let store = Arc::clone(&ctx.store);
-                let dec = decoder.clone();
-                reads.retain(|h| !h.is_finished());
-                reads.push(
-                    ctx.runtime
-                        .spawn_on(index, "fetch", move || read(store, job, dec)),
-                );
-            }
-            // Every read ends (its job is delivered or failed); wait so the pass can join us.
-            for h in reads {
-                let _ = h.await;
+                // Every read ends (its job is delivered or failed); wait so the pass can join us.
+                for h in reads {
+                    let _ = h.await;
+                }
             }
         },
     )
 }
 
 async fn read<S: Store>(store: Arc<S>, job: TileJob, decoder: ActorSender<DecodeJob>) {
-    match store.get(&job.key).await {
+    let r = store.get(&job.key).await;
+    match r {
         Ok(bytes) => {
             let shared = Arc::clone(&job.shared);
             Counters::add(&shared.counters.tiles_read, 1);

@@ -306,20 +306,13 @@ impl Pass {
             bad_chunks: Mutex::new(Vec::new()),
         });
 
-        let rt = &ctx.runtime;
-        let n_exec = rt.executor_threads();
+        // One fetcher and one decoder worker per executor, each kind sharing one mailbox.
+        let decoders = decoder::spawn(ctx, &shared);
+        let fetchers = fetcher::spawn(ctx, &shared, decoders.sender());
         let mut tasks = Vec::new();
-        // One decoder and one fetcher per executor; a fetcher hands its reads to the decoder
-        // on the same core, so encoded bytes are decoded where they landed.
-        let mut fetchers = Vec::new();
-        for i in 0..n_exec {
-            let dec = decoder::spawn(ctx, &shared, i);
-            let fet = fetcher::spawn(ctx, &shared, i, dec.sender());
-            fetchers.push(fet.sender());
-            tasks.push(dec.into_join_handle());
-            tasks.push(fet.into_join_handle());
-        }
-        tasks.push(planner::spawn(ctx, &shared, fetchers));
+        tasks.push(planner::spawn(ctx, &shared, fetchers.sender()));
+        tasks.extend(fetchers.into_join_handles());
+        tasks.extend(decoders.into_join_handles());
         let (tx, rx) = flume::bounded(prefetch_depth);
         tasks.push(gather::spawn(ctx, &shared, tx));
         Ok(Self {

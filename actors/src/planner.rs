@@ -27,7 +27,7 @@ use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
 pub(crate) fn spawn<S: Store>(
     ctx: &Arc<EngineContext<S>>,
     shared: &Arc<PassShared>,
-    fetchers: Vec<ActorSender<TileJob>>,
+    fetcher: ActorSender<TileJob>,
 ) -> JoinHandle<()> {
     let shared = Arc::clone(shared);
     let ctx = Arc::clone(ctx);
@@ -36,7 +36,7 @@ pub(crate) fn spawn<S: Store>(
             shared: &shared,
             actor: "planner",
         };
-        if let Err(e) = drive(&ctx, &shared, &fetchers).await {
+        if let Err(e) = drive(&ctx, &shared, &fetcher).await {
             shared.fail(e);
         }
     })
@@ -45,10 +45,9 @@ pub(crate) fn spawn<S: Store>(
 async fn drive<S: Store>(
     ctx: &EngineContext<S>,
     shared: &Arc<PassShared>,
-    fetchers: &[ActorSender<TileJob>],
+    fetcher: &ActorSender<TileJob>,
 ) -> Result<(), EngineError> {
     let plan = &shared.plan;
-    let mut next_fetcher = 0usize;
     let mut tile_ordinal = 0u64;
     for (i, ps) in plan.slots.iter().enumerate() {
         if shared.is_cancelled() {
@@ -102,8 +101,6 @@ async fn drive<S: Store>(
                 shared: Arc::clone(shared),
             };
             tile_ordinal += 1;
-            let fetcher = &fetchers[next_fetcher % fetchers.len()];
-            next_fetcher += 1;
             if let Err(e) = fetcher.send(job).await {
                 return Err(EngineError::ActorPanicked {
                     actor: "fetcher".into(),

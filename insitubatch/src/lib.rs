@@ -5,6 +5,7 @@
 //! [`insitubatch_runtime`] and the Zarr read layer in [`insitubatch_store`], both re-exported.
 
 mod dataset;
+pub mod enginebench;
 pub mod inspect;
 pub mod readbench;
 pub mod synth;

@@ -1,5 +1,10 @@
 //! The `insitubatch` command.
 
+// glibc's per-thread arenas hand freed chunk-sized buffers back to the kernel and fault them in
+// again on the next allocation; mimalloc keeps them. Measured in docs/benchmarks.md ("Allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -7,11 +12,12 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use insitubatch::enginebench::{EpochReport, gather_ceiling, peak_rss_bytes, run_epoch};
 use insitubatch::inspect::{human_bytes, inspect};
-use insitubatch::readbench::bench_read;
+use insitubatch::readbench::{bench_read, decode_ceiling};
 use insitubatch::runtime::{Runtime, RuntimeBuilder};
-use insitubatch::store::{LocalStore, Store, open_geometries, open_hierarchy};
 use insitubatch::synth::{Codec, SynthSpec, make_dataset};
+use insitubatch::{EngineError, InSituDataset, SplitManifest, split_by_chunk};
 
 #[derive(Parser)]
 #[command(
@@ -26,15 +32,98 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Build a small ERA5-like store (in a temporary directory unless --dir), inspect it, and
-    /// read + decode every stored chunk once.
+    /// Build a small ERA5-like store (in a temporary directory unless --dir), then run two
+    /// shuffled epochs over it and print throughput, latency, cache hits and memory.
     Demo {
         /// Where to build the store (kept); default: a temporary directory (removed).
         #[arg(long)]
         dir: Option<PathBuf>,
         /// Samples along time.
-        #[arg(long, default_value_t = 512)]
+        #[arg(long, default_value_t = 1024)]
         samples: u64,
+        /// Grid as LATxLON (default: the 1.5 degree WeatherBench2 grid).
+        #[arg(long, default_value = "121x240", value_parser = parse_pair)]
+        grid: (u64, u64),
+        /// Epochs to run.
+        #[arg(long, default_value_t = 2)]
+        epochs: u64,
+    },
+    /// Split a store's sample-axis chunks into train/val/test and write the manifest.
+    Split {
+        /// Store directory.
+        path: PathBuf,
+        /// The reference array (default: the first data variable).
+        #[arg(long)]
+        array: Option<String>,
+        /// The sample axis (physical axis index).
+        #[arg(long, default_value_t = 0)]
+        sample_axis: usize,
+        /// Fractions of chunks for train,val,test.
+        #[arg(long, value_delimiter = ',', default_value = "0.8,0.1,0.1")]
+        fractions: Vec<f64>,
+        /// Seed (used when --shuffled).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Shuffle chunks before splitting (exchangeable samples only; time series leak).
+        #[arg(long)]
+        shuffled: bool,
+        /// Restrict to the chunks overlapping START:STOP (sample indices, half open).
+        #[arg(long, value_parser = parse_range)]
+        sample_range: Option<(u64, u64)>,
+        /// Output file.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Run epochs through the engine and report; --ceilings adds the two baselines.
+    Bench {
+        /// Store directory.
+        path: PathBuf,
+        /// Split manifest (default: every chunk in train).
+        #[arg(long)]
+        manifest: Option<PathBuf>,
+        /// Split to iterate.
+        #[arg(long, default_value = "train")]
+        split: String,
+        /// Epochs.
+        #[arg(long, default_value_t = 2)]
+        epochs: u64,
+        /// Variables (comma-separated; default: every data variable).
+        #[arg(long, value_delimiter = ',')]
+        variables: Option<Vec<String>>,
+        /// The sample axis.
+        #[arg(long, default_value_t = 0)]
+        sample_axis: usize,
+        /// Rows per batch.
+        #[arg(long, default_value_t = insitubatch::DEFAULT_BATCH_SIZE)]
+        batch_size: usize,
+        /// Chunks per shuffle block.
+        #[arg(long, default_value_t = insitubatch::DEFAULT_BLOCK_CHUNKS)]
+        block_chunks: usize,
+        /// Stored-chunk reads in flight.
+        #[arg(long, default_value_t = insitubatch::DEFAULT_MAX_INFLIGHT)]
+        max_inflight: usize,
+        /// Batches assembled ahead of the consumer.
+        #[arg(long, default_value_t = insitubatch::DEFAULT_PREFETCH_DEPTH)]
+        prefetch_depth: usize,
+        /// Pool budget in bytes (default: the working set); `split` = the whole split, so
+        /// epochs after the first are all hits.
+        #[arg(long)]
+        cache_budget_bytes: Option<String>,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Sequential order.
+        #[arg(long)]
+        no_shuffle: bool,
+        /// Also measure the decode ceiling (a) and the in-memory gather ceiling (b).
+        #[arg(long)]
+        ceilings: bool,
+        /// Repeats of each ceiling (best kept).
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Describe a store: per variable shape, chunks, dtype, codecs, bytes, regime; IO backend.
     Inspect {
@@ -105,6 +194,18 @@ enum Command {
     },
 }
 
+fn parse_range(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s
+        .split_once(':')
+        .ok_or_else(|| format!("`{s}` is not of the form START:STOP"))?;
+    let p = |v: &str| {
+        v.trim()
+            .parse::<u64>()
+            .map_err(|_| format!("`{v}` in `{s}` is not a whole number"))
+    };
+    Ok((p(a)?, p(b)?))
+}
+
 fn parse_pair(s: &str) -> Result<(u64, u64), String> {
     let (a, b) = s
         .split_once(['x', 'X'])
@@ -156,64 +257,72 @@ fn build_store(dir: &Path, spec: &SynthSpec, force: bool) -> CliResult {
     Ok(())
 }
 
-fn read_everything(rt: &Runtime, path: &Path) -> CliResult {
-    let store = LocalStore::new(path)?;
-    let st = store.clone();
-    let h = rt.block_on(move || async move { open_hierarchy(&st).await })??;
-    let geoms = open_geometries(&h, None, 0)?;
-    let mut work = Vec::new();
-    for name in geoms.keys() {
-        let a = std::sync::Arc::new(h.arrays[name].clone());
-        for idx in a.chunk_indices() {
-            work.push((std::sync::Arc::clone(&a), idx));
-        }
-    }
-    let work = std::sync::Arc::new(work);
-    let pb = progress_bar(work.len() as u64, "decoding");
-    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let start = Instant::now();
-    let mut handles = Vec::new();
-    for e in 0..rt.executor_threads() {
-        for _ in 0..8 {
-            let (store, work, next, pb) = (store.clone(), work.clone(), next.clone(), pb.clone());
-            handles.push(rt.spawn_on(e, "demo-read", move || async move {
-                let (mut read, mut decoded) = (0u64, 0u64);
-                loop {
-                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some((a, idx)) = work.get(k) else { break };
-                    let key = a.chunk_key(idx)?;
-                    let enc = store.get(&key).await?;
-                    read += enc.as_ref().map_or(0, |b| b.len() as u64);
-                    decoded += a.decode_chunk(idx, enc, || store.locate(&key))?.bytes.len() as u64;
-                    pb.inc(1);
-                }
-                Ok::<_, insitubatch::StoreError>((read, decoded))
-            }));
-        }
-    }
-    let (mut read, mut decoded) = (0, 0);
-    for h in handles {
-        let (r, d) = h.join()??;
-        read += r;
-        decoded += d;
-    }
-    pb.finish_and_clear();
-    let secs = start.elapsed().as_secs_f64();
+fn print_epoch(r: &EpochReport) {
+    let s = &r.stats;
     println!(
-        "read + decoded {} stored chunks: {} read, {} decoded in {:.3} s = {:.0} MB/s decoded ({} backend)",
-        work.len(),
-        human_bytes(read),
-        human_bytes(decoded),
-        secs,
-        decoded as f64 / secs / 1e6,
-        rt.io_backend()
+        "epoch {}: {} samples in {} batches, {:.2} s = {:.0} samples/s, {:.0} MB/s; first batch {:.1} ms; \
+         batch latency p50 {:.2} ms p99 {:.2} ms; chunks: {} misses, {} hits; read {}, decoded {}",
+        s.epoch,
+        s.samples,
+        s.batches,
+        r.seconds,
+        r.samples_per_s,
+        r.mb_per_s,
+        s.ttfb_us as f64 / 1e3,
+        s.batch_latency_us_p50 as f64 / 1e3,
+        s.batch_latency_us_p99 as f64 / 1e3,
+        s.cache_misses,
+        s.cache_hits,
+        human_bytes(s.bytes_read),
+        human_bytes(s.bytes_decoded),
     );
-    Ok(())
+}
+
+fn run_epochs_with_bar(
+    ds: &InSituDataset,
+    split: &str,
+    epochs: u64,
+) -> Result<Vec<EpochReport>, EngineError> {
+    let mut out = Vec::new();
+    for epoch in 0..epochs {
+        let pb = progress_bar(0, &format!("epoch {epoch}"));
+        let pb2 = pb.clone();
+        let r = run_epoch(ds, split, epoch, &move |done, total| {
+            if pb2.length() != Some(total) {
+                pb2.set_length(total);
+            }
+            pb2.set_position(done);
+        });
+        pb.finish_and_clear();
+        let r = r?;
+        print_epoch(&r);
+        out.push(r);
+    }
+    Ok(out)
+}
+
+fn parse_budget(
+    s: &str,
+    ds: &InSituDataset,
+    split: &str,
+) -> Result<u64, Box<dyn std::error::Error>> {
+    if s == "split" {
+        let order = ds.order(split)?;
+        let plan = insitubatch::actors::read_plan(&order, ds.variables(), ds.batch_size())?;
+        return Ok(plan.slots.iter().map(|s| s.nbytes).sum());
+    }
+    Ok(s.parse::<u64>()
+        .map_err(|_| format!("--cache-budget-bytes {s:?} is not a byte count or `split`"))?)
 }
 
 fn run(cli: Cli) -> CliResult {
     match cli.command {
-        Command::Demo { dir, samples } => {
+        Command::Demo {
+            dir,
+            samples,
+            grid,
+            epochs,
+        } => {
             let tmp;
             let path = match dir {
                 Some(d) => d,
@@ -226,6 +335,7 @@ fn run(cli: Cli) -> CliResult {
             };
             let spec = SynthSpec {
                 samples,
+                grid,
                 ..SynthSpec::default()
             };
             println!(
@@ -238,8 +348,167 @@ fn run(cli: Cli) -> CliResult {
             println!("built in {:.2} s\n", t.elapsed().as_secs_f64());
             let rt = runtime()?;
             print!("{}", inspect(&rt.handle(), &path, None, 0)?.render());
-            println!();
-            read_everything(&rt, &path)?;
+            drop(rt);
+            let ds = InSituDataset::builder(&path).build()?;
+            println!(
+                "\n{} shuffled epochs: batch_size {}, block_chunks {}, max_inflight {}, prefetch_depth {}, {} IO",
+                epochs,
+                insitubatch::DEFAULT_BATCH_SIZE,
+                insitubatch::DEFAULT_BLOCK_CHUNKS,
+                insitubatch::DEFAULT_MAX_INFLIGHT,
+                insitubatch::DEFAULT_PREFETCH_DEPTH,
+                ds.io_backend()
+            );
+            run_epochs_with_bar(&ds, "train", epochs)?;
+            let pool = ds.pool_stats();
+            println!(
+                "pool budget {} (the working set), peak resident {}; peak RSS {}",
+                human_bytes(pool.budget_bytes),
+                human_bytes(pool.peak_resident_bytes),
+                human_bytes(peak_rss_bytes())
+            );
+            Ok(())
+        }
+        Command::Split {
+            path,
+            array,
+            sample_axis,
+            fractions,
+            seed,
+            shuffled,
+            sample_range,
+            output,
+        } => {
+            let mut b = InSituDataset::builder(&path).sample_axis(sample_axis);
+            if let Some(a) = &array {
+                b = b.variable(a.clone(), a.clone());
+            }
+            let ds = b.build()?;
+            let geom = &ds.variables()[0].geom;
+            let m = split_by_chunk(geom, &fractions, seed, !shuffled, sample_range)?;
+            m.save(&output)?;
+            let counts: Vec<String> = m
+                .splits
+                .iter()
+                .map(|(k, v)| format!("{k} {} chunks", v.len()))
+                .collect();
+            println!(
+                "wrote {} for `{}` ({} samples, {} per chunk): {}",
+                output.display(),
+                m.array,
+                m.n_samples(),
+                m.samples_per_chunk(),
+                counts.join(", ")
+            );
+            Ok(())
+        }
+        Command::Bench {
+            path,
+            manifest,
+            split,
+            epochs,
+            variables,
+            sample_axis,
+            batch_size,
+            block_chunks,
+            max_inflight,
+            prefetch_depth,
+            cache_budget_bytes,
+            seed,
+            no_shuffle,
+            ceilings,
+            repeat,
+            json,
+        } => {
+            let builder =
+                |budget: Option<u64>| -> Result<InSituDataset, Box<dyn std::error::Error>> {
+                    let mut b = InSituDataset::builder(&path)
+                        .sample_axis(sample_axis)
+                        .batch_size(batch_size)
+                        .block_chunks(block_chunks)
+                        .max_inflight(max_inflight)
+                        .prefetch_depth(prefetch_depth)
+                        .seed(seed)
+                        .shuffle(!no_shuffle);
+                    for v in variables.iter().flatten() {
+                        b = b.variable(v.clone(), v.clone());
+                    }
+                    if let Some(m) = &manifest {
+                        b = b.manifest(SplitManifest::load(m)?);
+                    }
+                    if let Some(bytes) = budget {
+                        b = b.cache_budget_bytes(bytes);
+                    }
+                    Ok(b.build()?)
+                };
+            let probe = builder(None)?;
+            let budget = match &cache_budget_bytes {
+                Some(s) => Some(parse_budget(s, &probe, &split)?),
+                None => None,
+            };
+            drop(probe);
+            let ds = builder(budget)?;
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let decode = if ceilings {
+                Some(decode_ceiling(&path, threads, repeat)?)
+            } else {
+                None
+            };
+            let reports = if json {
+                let mut v = Vec::new();
+                for e in 0..epochs {
+                    v.push(run_epoch(&ds, &split, e, &|_, _| {})?);
+                }
+                v
+            } else {
+                run_epochs_with_bar(&ds, &split, epochs)?
+            };
+            let gather = if ceilings {
+                Some(gather_ceiling(
+                    &ds,
+                    &path,
+                    &split,
+                    epochs.saturating_sub(1),
+                    repeat,
+                )?)
+            } else {
+                None
+            };
+            if json {
+                let out = serde_json::json!({
+                    "epochs": reports,
+                    "decode_ceiling": decode,
+                    "gather_ceiling": gather.map(|(s, b)| serde_json::json!({"seconds": s, "bytes": b, "mb_per_s": b as f64 / s / 1e6})),
+                    "peak_rss_bytes": peak_rss_bytes(),
+                });
+                println!("{}", serde_json::to_string_pretty(&out)?);
+                return Ok(());
+            }
+            if let Some(d) = &decode {
+                let cold = &reports[0];
+                let engine_decoded = cold.stats.bytes_decoded as f64 / cold.seconds / 1e6;
+                println!(
+                    "(a) decode ceiling: {:.0} MB/s decoded ({}); cold epoch 0 decoded {:.0} MB/s = {:.1}% of it",
+                    d.decoded_mb_s,
+                    d.engine,
+                    engine_decoded,
+                    100.0 * engine_decoded / d.decoded_mb_s
+                );
+            }
+            if let Some((secs, bytes)) = gather {
+                let last = reports.last().expect("at least one epoch");
+                let ceiling = bytes as f64 / secs / 1e6;
+                println!(
+                    "(b) in-memory gather ceiling: {:.0} MB/s; epoch {} ({} hits, {} misses) delivered {:.0} MB/s = {:.1}% of it",
+                    ceiling,
+                    last.stats.epoch,
+                    last.stats.cache_hits,
+                    last.stats.cache_misses,
+                    last.mb_per_s,
+                    100.0 * last.mb_per_s / ceiling
+                );
+            }
+            println!("peak RSS {}", human_bytes(peak_rss_bytes()));
             Ok(())
         }
         Command::Inspect {

@@ -211,3 +211,32 @@ pub fn bench_read(
         })
         .collect())
 }
+
+/// The read layer's all-core decode ceiling: `std::fs::read` + zarrs decode of every stored
+/// chunk of the store's data variables on `threads` plain threads, best of `repeat` after a
+/// warm-up pass. The engine benchmark's baseline (a).
+pub fn decode_ceiling(
+    path: &Path,
+    threads: usize,
+    repeat: usize,
+) -> Result<ReadResult, StoreError> {
+    let (store, work) = work_list(path)?;
+    let decoded_total: u64 = work.iter().map(|(a, _)| a.chunk_bytes_decoded()).sum();
+    let _ = plain_pass(&store, &work, threads, false);
+    let mut best: Option<(f64, u64, u64)> = None;
+    for _ in 0..repeat.max(1) {
+        let r = plain_pass(&store, &work, threads, true);
+        if best.is_none_or(|b| r.0 < b.0) {
+            best = Some(r);
+        }
+    }
+    let (secs, read, decoded) = best.expect("measured at least once");
+    Ok(result(
+        "std::fs::read + zarrs decode, one plain thread per core",
+        secs,
+        &work,
+        read,
+        decoded_total,
+        decoded,
+    ))
+}

@@ -303,3 +303,76 @@ impl Handle {
         }
     }
 }
+
+/// Several workers draining one shared bounded mailbox: whichever worker is free takes the
+/// next message, so a core that is busy with other work (the gather, say) simply takes fewer.
+/// Worker `i` runs on executor `i mod executor_threads()`.
+pub struct ActorPool<M> {
+    name: Arc<str>,
+    tx: flume::Sender<M>,
+    stops: Vec<Arc<StopSignal>>,
+    joins: Vec<JoinHandle<()>>,
+}
+
+impl<M> ActorPool<M> {
+    /// A sender to the shared mailbox.
+    pub fn sender(&self) -> ActorSender<M> {
+        ActorSender {
+            name: Arc::clone(&self.name),
+            tx: self.tx.clone(),
+        }
+    }
+
+    /// Asks every worker to stop at its next `recv`.
+    pub fn stop(&self) {
+        for s in &self.stops {
+            s.stop();
+        }
+    }
+
+    /// Gives up this pool's own sender and returns the workers' join handles: the workers end
+    /// once every [`ActorSender`] is gone and the mailbox is drained.
+    pub fn into_join_handles(self) -> Vec<JoinHandle<()>> {
+        let ActorPool { tx, joins, .. } = self;
+        drop(tx);
+        joins
+    }
+}
+
+impl Handle {
+    /// Spawns `workers` actors (at least 1) that share one mailbox of `capacity` messages.
+    /// `body(i, mailbox)` is worker `i`'s loop; a panic in one worker reaches its join handle,
+    /// and the others keep draining.
+    pub fn spawn_actor_pool<M, G, F>(
+        &self,
+        name: &str,
+        capacity: usize,
+        workers: usize,
+        body: G,
+    ) -> ActorPool<M>
+    where
+        M: Send + 'static,
+        G: Fn(usize, Mailbox<M>) -> F + Send + Clone + 'static,
+        F: Future<Output = ()> + 'static,
+    {
+        let (tx, rx) = flume::bounded(capacity.max(1));
+        let mut stops = Vec::new();
+        let mut joins = Vec::new();
+        for i in 0..workers.max(1) {
+            let stop = Arc::new(StopSignal::default());
+            let mailbox = Mailbox {
+                rx: rx.clone(),
+                stop: Arc::clone(&stop),
+            };
+            let body = body.clone();
+            joins.push(self.spawn_on(i, name, move || body(i, mailbox)));
+            stops.push(stop);
+        }
+        ActorPool {
+            name: Arc::from(name),
+            tx,
+            stops,
+            joins,
+        }
+    }
+}

@@ -27,7 +27,7 @@ mod op;
 pub mod sync;
 mod task;
 
-pub use actor::{ActorHandle, ActorSender, Mailbox, SendError};
+pub use actor::{ActorHandle, ActorPool, ActorSender, Mailbox, SendError};
 pub use backend::{FallbackReason, IO_ENV, IoBackend, IoBackendChoice, ProbeReport, probe};
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN, IoBuf, IoBufMut};
 pub use executor::{Handle, Runtime, RuntimeBuilder, RuntimeError, on_executor_thread};

@@ -1,0 +1,162 @@
+//! Running epochs and the engine benchmark (`insitubatch demo` and `insitubatch bench`).
+//!
+//! The benchmark prints ratios against two baselines measured in the same run:
+//! (a) the read layer's all-core decode ceiling (`std::fs::read` + zarrs decode on plain
+//! threads, [`crate::readbench::decode_ceiling`]), which a cold-pool epoch is compared with;
+//! (b) the in-memory gather ceiling ([`gather_ceiling`]): the same batches of the same epoch
+//! order copied out of chunks already decoded in RAM, on one thread, which a fully resident
+//! epoch is compared with.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use insitubatch_actors::planner::read_plan;
+use insitubatch_actors::tile::TileLayout;
+use insitubatch_actors::{EngineError, PassStats};
+use insitubatch_runtime::RuntimeBuilder;
+use insitubatch_store::{LocalStore, open_hierarchy};
+
+use crate::InSituDataset;
+
+/// One epoch's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochReport {
+    /// The pass's own report.
+    pub stats: PassStats,
+    /// Wall time of the epoch, seconds.
+    pub seconds: f64,
+    /// Samples per second.
+    pub samples_per_s: f64,
+    /// Delivered batch bytes per second, MB/s (10^6).
+    pub mb_per_s: f64,
+}
+
+/// Runs one epoch of `split` at `epoch`, calling `on_batch(done, total)` after each batch.
+pub fn run_epoch(
+    ds: &InSituDataset,
+    split: &str,
+    epoch: u64,
+    on_batch: &dyn Fn(u64, u64),
+) -> Result<EpochReport, EngineError> {
+    ds.set_epoch(epoch);
+    let start = Instant::now();
+    let mut pass = ds.iter(split)?;
+    let total = pass.stats().batches_total;
+    let mut done = 0;
+    for batch in pass.by_ref() {
+        drop(batch?);
+        done += 1;
+        on_batch(done, total);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let stats = pass.stats();
+    Ok(EpochReport {
+        samples_per_s: stats.samples as f64 / seconds,
+        mb_per_s: stats.bytes_delivered as f64 / seconds / 1e6,
+        seconds,
+        stats,
+    })
+}
+
+/// Baseline (b): every slot of `split` decoded into RAM first (not timed), then the batches
+/// of the epoch order copied out of RAM exactly as gather copies them (same rows, same
+/// coalescing, one reused buffer per label), on one thread. Returns (seconds, bytes copied),
+/// best of `repeat`.
+pub fn gather_ceiling(
+    ds: &InSituDataset,
+    root: &std::path::Path,
+    split: &str,
+    epoch: u64,
+    repeat: usize,
+) -> Result<(f64, u64), EngineError> {
+    ds.set_epoch(epoch);
+    let order = ds.order(split)?;
+    let plan = read_plan(&order, ds.variables(), ds.batch_size())?;
+    let store = LocalStore::new(root)?;
+    let rt = RuntimeBuilder::new()
+        .executor_threads(1)
+        .build()
+        .map_err(|e| EngineError::Runtime(e.to_string()))?;
+    let st = store.clone();
+    let h = rt
+        .block_on(move || async move { open_hierarchy(&st).await })
+        .map_err(|e| EngineError::Runtime(e.to_string()))??;
+    // Decode every slot the plan reads (untimed).
+    let mut slots: Vec<Vec<u8>> = Vec::with_capacity(plan.slots.len());
+    for s in &plan.slots {
+        let p = &plan.paths[s.path];
+        let array = h.arrays[&*p.path].clone();
+        let layout = TileLayout::new(&p.geom);
+        let mut buf = vec![0u8; s.nbytes as usize];
+        for t in 0..layout.tiles() {
+            let idx = layout.chunk_index(s.chunk, t);
+            let (a, st) = (array.clone(), store.clone());
+            let chunk = rt
+                .block_on(move || async move { a.read_chunk(&st, &idx).await })
+                .map_err(|e| EngineError::Runtime(e.to_string()))??;
+            layout.copy_into_slot(t, &chunk.bytes, &mut buf);
+        }
+        slots.push(buf);
+    }
+    let bs = plan.batch_size;
+    let n_rows = order.rows.len();
+    let mut out: HashMap<usize, Vec<u8>> = plan
+        .labels
+        .iter()
+        .enumerate()
+        .map(|(l, info)| (l, vec![0u8; bs * info.sample_bytes as usize]))
+        .collect();
+    let mut best = f64::INFINITY;
+    let mut copied = 0u64;
+    let mut locs = Vec::new();
+    for _ in 0..repeat.max(1) {
+        copied = 0;
+        let start = Instant::now();
+        for j in 0..plan.n_batches {
+            let rows = j * bs..((j + 1) * bs).min(n_rows);
+            let n = rows.len();
+            locs.clear();
+            for l in 0..plan.labels.len() {
+                for i in rows.clone() {
+                    locs.push(plan.locate(l, order.anchor(i)));
+                }
+            }
+            for (l, info) in plan.labels.iter().enumerate() {
+                let sb = info.sample_bytes as usize;
+                let dst = out.get_mut(&l).expect("one buffer per label");
+                let ls = &locs[l * n..(l + 1) * n];
+                let mut r = 0;
+                while r < n {
+                    let (s, w) = ls[r];
+                    let mut run = 1;
+                    while r + run < n && ls[r + run] == (s, w + run as u64) {
+                        run += 1;
+                    }
+                    let src = &slots[s as usize];
+                    let at = w as usize * sb;
+                    dst[r * sb..(r + run) * sb].copy_from_slice(&src[at..at + run * sb]);
+                    r += run;
+                }
+                copied += (n * sb) as u64;
+            }
+            std::hint::black_box(&out);
+        }
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok((best, copied))
+}
+
+/// Peak resident set size of this process (VmHWM), bytes; 0 where /proc is unavailable.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
