@@ -54,7 +54,13 @@ pub(crate) fn spawn<S: Store>(
                         panic!("injected decoder panic on tile {}", job.ordinal);
                     }
                     let array = &shared.arrays[job.path];
-                    match array.decode_chunk(&job.index, bytes, || ctx.store.locate(&job.key)) {
+                    let decoded = array.decode_chunk_from(&job.index, bytes.as_deref(), || {
+                        ctx.store.locate(&job.key)
+                    });
+                    if let Some(b) = bytes {
+                        ctx.read_buffers.give(b);
+                    }
+                    match decoded {
                         Ok(chunk) => {
                             Counters::add(&shared.counters.bytes_decoded, chunk.bytes.len() as u64);
                             deliver(job, chunk.bytes);

@@ -109,12 +109,12 @@ pub(crate) fn spawn<S: Store>(
                         job.cancel();
                         continue;
                     }
-                    let store = Arc::clone(&ctx.store);
+                    let ctx2 = Arc::clone(&ctx);
                     let dec = decoder.clone();
                     reads.retain(|h| !h.is_finished());
                     reads.push(
                         ctx.runtime
-                            .spawn_on(index, "fetch", move || read(store, job, dec)),
+                            .spawn_on(index, "fetch", move || read(ctx2, job, dec)),
                     );
                 }
                 // Every read ends (its job is delivered or failed); wait so the pass can join us.
@@ -126,8 +126,9 @@ pub(crate) fn spawn<S: Store>(
     )
 }
 
-async fn read<S: Store>(store: Arc<S>, job: TileJob, decoder: ActorSender<DecodeJob>) {
-    let r = store.get(&job.key).await;
+async fn read<S: Store>(ctx: Arc<EngineContext<S>>, job: TileJob, decoder: ActorSender<DecodeJob>) {
+    // A recycled buffer: its pages are already faulted in.
+    let r = ctx.store.get_into(&job.key, ctx.read_buffers.take()).await;
     match r {
         Ok(bytes) => {
             let shared = Arc::clone(&job.shared);

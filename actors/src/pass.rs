@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use insitubatch_pool::{BufferPool, ChunkPool, Owner, Slot, SlotFailure};
+use insitubatch_pool::{BufferPool, ChunkPool, Owner, Recycler, Slot, SlotFailure};
 use insitubatch_runtime::sync::{Notify, Permit, Semaphore};
 use insitubatch_runtime::{Handle, JoinHandle, TaskError};
 use insitubatch_store::{Store, ZarrArray};
@@ -76,6 +76,8 @@ pub struct EngineContext<S: Store> {
     pub inflight: Semaphore,
     /// Batch buffers.
     pub buffers: BufferPool,
+    /// Read buffers for encoded stored chunks (size it to `max_inflight`).
+    pub read_buffers: Recycler,
 }
 
 /// Settings of one pass.

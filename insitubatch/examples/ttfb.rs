@@ -7,7 +7,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
     let ds = insitubatch::InSituDataset::builder(&path).build()?;
     println!("build {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
-    for round in 0..4 {
+    let rounds: usize = std::env::args()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    for round in 0..rounds {
         ds.clear_cache();
         let t = Instant::now();
         let mut pass = ds.train()?;

@@ -9,7 +9,7 @@ use insitubatch_actors::{
     EngineContext, EngineError, EpochOrder, OnBadChunk, Pass, PassConfig, SplitManifest, Variable,
     plan_order, split_by_chunk,
 };
-use insitubatch_pool::{Budget, BufferPool, ChunkPool, PoolStats};
+use insitubatch_pool::{Budget, BufferPool, ChunkPool, PoolStats, Recycler};
 use insitubatch_runtime::sync::Semaphore;
 use insitubatch_runtime::{IoBackend, IoBackendChoice, Runtime, RuntimeBuilder};
 use insitubatch_store::{ArrayGeometry, LocalStore, open_geometries, open_hierarchy};
@@ -310,6 +310,8 @@ impl DatasetBuilder {
             pool: ChunkPool::new(budget),
             inflight: Semaphore::new("max_inflight", self.max_inflight as u64),
             buffers: BufferPool::new(),
+            // One per read in flight, plus one per executor for reads being decoded.
+            read_buffers: Recycler::new(self.max_inflight + runtime.executor_threads()),
         });
         Ok(InSituDataset {
             runtime: Arc::new(runtime),

@@ -12,9 +12,9 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use insitubatch::enginebench::{EpochReport, gather_ceiling, peak_rss_bytes, run_epoch};
+use insitubatch::enginebench::{EpochReport, compare_with_ceilings, peak_rss_bytes, run_epoch};
 use insitubatch::inspect::{human_bytes, inspect};
-use insitubatch::readbench::{bench_read, decode_ceiling};
+use insitubatch::readbench::bench_read;
 use insitubatch::runtime::{Runtime, RuntimeBuilder};
 use insitubatch::synth::{Codec, SynthSpec, make_dataset};
 use insitubatch::{EngineError, InSituDataset, SplitManifest, split_by_chunk};
@@ -44,6 +44,9 @@ enum Command {
         /// Grid as LATxLON (default: the 1.5 degree WeatherBench2 grid).
         #[arg(long, default_value = "121x240", value_parser = parse_pair)]
         grid: (u64, u64),
+        /// Samples per chunk (default: one day of 6-hourly fields).
+        #[arg(long, default_value_t = 4)]
+        sample_chunk: u64,
         /// Epochs to run.
         #[arg(long, default_value_t = 2)]
         epochs: u64,
@@ -321,6 +324,7 @@ fn run(cli: Cli) -> CliResult {
             dir,
             samples,
             grid,
+            sample_chunk,
             epochs,
         } => {
             let tmp;
@@ -336,6 +340,7 @@ fn run(cli: Cli) -> CliResult {
             let spec = SynthSpec {
                 samples,
                 grid,
+                sample_chunk,
                 ..SynthSpec::default()
             };
             println!(
@@ -448,12 +453,31 @@ fn run(cli: Cli) -> CliResult {
             };
             drop(probe);
             let ds = builder(budget)?;
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let decode = if ceilings {
-                Some(decode_ceiling(&path, threads, repeat)?)
-            } else {
-                None
-            };
+            if ceilings {
+                let make =
+                    |b: Option<u64>| builder(b).map_err(|e| EngineError::Runtime(e.to_string()));
+                let r = compare_with_ceilings(&path, &split, repeat, &make)?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                    return Ok(());
+                }
+                println!(
+                    "samples/chunk {}: (a) decode ceiling {:.0} MB/s, cold-pool epoch {:.0} MB/s decoded ({:.0} samples/s) = {:.1}%; \
+                     (b) gather ceiling {:.0} MB/s, resident epoch {:.0} MB/s ({:.0} samples/s) = {:.1}%; cold TTFB median {:.1} ms",
+                    r.samples_per_chunk,
+                    r.decode_ceiling_mb_s,
+                    r.cold_decoded_mb_s,
+                    r.cold_samples_per_s,
+                    100.0 * r.cold_ratio,
+                    r.gather_ceiling_mb_s,
+                    r.resident_mb_s,
+                    r.resident_samples_per_s,
+                    100.0 * r.resident_ratio,
+                    r.ttfb_ms_median
+                );
+                println!("peak RSS {}", human_bytes(peak_rss_bytes()));
+                return Ok(());
+            }
             let reports = if json {
                 let mut v = Vec::new();
                 for e in 0..epochs {
@@ -463,50 +487,13 @@ fn run(cli: Cli) -> CliResult {
             } else {
                 run_epochs_with_bar(&ds, &split, epochs)?
             };
-            let gather = if ceilings {
-                Some(gather_ceiling(
-                    &ds,
-                    &path,
-                    &split,
-                    epochs.saturating_sub(1),
-                    repeat,
-                )?)
-            } else {
-                None
-            };
             if json {
                 let out = serde_json::json!({
                     "epochs": reports,
-                    "decode_ceiling": decode,
-                    "gather_ceiling": gather.map(|(s, b)| serde_json::json!({"seconds": s, "bytes": b, "mb_per_s": b as f64 / s / 1e6})),
                     "peak_rss_bytes": peak_rss_bytes(),
                 });
                 println!("{}", serde_json::to_string_pretty(&out)?);
                 return Ok(());
-            }
-            if let Some(d) = &decode {
-                let cold = &reports[0];
-                let engine_decoded = cold.stats.bytes_decoded as f64 / cold.seconds / 1e6;
-                println!(
-                    "(a) decode ceiling: {:.0} MB/s decoded ({}); cold epoch 0 decoded {:.0} MB/s = {:.1}% of it",
-                    d.decoded_mb_s,
-                    d.engine,
-                    engine_decoded,
-                    100.0 * engine_decoded / d.decoded_mb_s
-                );
-            }
-            if let Some((secs, bytes)) = gather {
-                let last = reports.last().expect("at least one epoch");
-                let ceiling = bytes as f64 / secs / 1e6;
-                println!(
-                    "(b) in-memory gather ceiling: {:.0} MB/s; epoch {} ({} hits, {} misses) delivered {:.0} MB/s = {:.1}% of it",
-                    ceiling,
-                    last.stats.epoch,
-                    last.stats.cache_hits,
-                    last.stats.cache_misses,
-                    last.mb_per_s,
-                    100.0 * last.mb_per_s / ceiling
-                );
             }
             println!("peak RSS {}", human_bytes(peak_rss_bytes()));
             Ok(())

@@ -25,8 +25,10 @@
 
 mod batch_buffer;
 mod chunk_pool;
+mod recycler;
 mod slot;
 
 pub use batch_buffer::{BufferPool, NO_BUFFER_REUSE_ENV, PooledBuf};
 pub use chunk_pool::{Admission, Budget, ChunkPool, Owner, PoolError, PoolStats};
+pub use recycler::Recycler;
 pub use slot::{Slot, SlotFailure, SlotKey};

@@ -236,6 +236,40 @@ pub async fn read(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
     file.read_exact_at(0, stat.len as usize).await
 }
 
+/// Reads a whole file into `buf` (cleared first; its capacity is reused), so a caller that
+/// recycles buffers pays no allocation and no page faults per read.
+pub async fn read_into(path: impl AsRef<Path>, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
+    let path = path.as_ref();
+    let file = File::open(path, OpenOptions::read()).await?;
+    let stat = file.stat().await?;
+    if stat.is_dir {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            format!("{} is a directory, not a file", path.display()),
+        ));
+    }
+    let len = stat.len as usize;
+    buf.clear();
+    buf.reserve_exact(len);
+    loop {
+        let have = buf.len();
+        if have >= len {
+            return Ok(buf);
+        }
+        // `read_at` fills up to the spare capacity, which a recycled buffer may have more of;
+        // a file that grew since the stat is read as it was.
+        let (r, mut b) = file.read_at(buf, have as u64).await;
+        b.truncate(len);
+        buf = b;
+        match r {
+            Ok(0) => return Ok(buf),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Reads `len` bytes at `offset` of the file at `path` (fewer at end of file).
 pub async fn read_range(
     path: impl AsRef<Path>,

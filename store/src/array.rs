@@ -306,6 +306,26 @@ impl ZarrArray {
         encoded: Option<Vec<u8>>,
         file: impl FnOnce() -> PathBuf,
     ) -> Result<DecodedChunk, StoreError> {
+        self.decode_chunk_cow(index, encoded.map(Cow::Owned), file)
+    }
+
+    /// [`ZarrArray::decode_chunk`] from borrowed bytes, so the caller keeps (and can recycle)
+    /// the read buffer.
+    pub fn decode_chunk_from(
+        &self,
+        index: &[u64],
+        encoded: Option<&[u8]>,
+        file: impl FnOnce() -> PathBuf,
+    ) -> Result<DecodedChunk, StoreError> {
+        self.decode_chunk_cow(index, encoded.map(Cow::Borrowed), file)
+    }
+
+    fn decode_chunk_cow(
+        &self,
+        index: &[u64],
+        encoded: Option<Cow<'_, [u8]>>,
+        file: impl FnOnce() -> PathBuf,
+    ) -> Result<DecodedChunk, StoreError> {
         self.check_index(index)?;
         let Some(encoded) = encoded else {
             return Ok(self.fill_chunk());
@@ -326,7 +346,7 @@ impl ZarrArray {
         })
     }
 
-    fn decode_bytes(&self, encoded: Vec<u8>) -> Result<Vec<u8>, String> {
+    fn decode_bytes(&self, encoded: Cow<'_, [u8]>) -> Result<Vec<u8>, String> {
         let shape: Vec<NonZeroU64> = self
             .chunk_shape
             .iter()
@@ -336,7 +356,7 @@ impl ZarrArray {
             .inner
             .codecs()
             .decode(
-                Cow::Owned(encoded),
+                encoded,
                 &shape,
                 self.inner.data_type(),
                 self.inner.fill_value(),

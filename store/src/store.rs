@@ -20,6 +20,17 @@ pub trait Store: Send + Sync + 'static {
     /// The whole value, or `None` when the key does not exist.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>>;
 
+    /// [`Store::get`] into a recycled buffer (`buf`'s capacity is reused; it is returned with
+    /// the value, or dropped when the key does not exist).
+    fn get_into(
+        &self,
+        key: &str,
+        buf: Vec<u8>,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> {
+        drop(buf);
+        self.get(key)
+    }
+
     /// `len` bytes at `offset` (fewer at the end), or `None` when the key does not exist.
     fn get_range(
         &self,
@@ -82,6 +93,15 @@ impl Store for LocalStore {
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let path = self.locate(key);
         match fs::read(&path).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if missing(&e) => Ok(None),
+            Err(source) => Err(StoreError::Io { path, source }),
+        }
+    }
+
+    async fn get_into(&self, key: &str, buf: Vec<u8>) -> Result<Option<Vec<u8>>, StoreError> {
+        let path = self.locate(key);
+        match fs::read_into(&path, buf).await {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if missing(&e) => Ok(None),
             Err(source) => Err(StoreError::Io { path, source }),

@@ -18,6 +18,11 @@ use crate::executor::ExecShared;
 const EVENTFD_TOKEN: u64 = u64::MAX;
 /// `user_data` of cancellation requests (their completions carry nothing we need).
 const CANCEL_TOKEN: u64 = u64::MAX - 1;
+/// Operations handed to the kernel per loop tick. A buffered read of a file in the page cache
+/// is copied inside `io_uring_enter`, so one enter with 32 chunk reads holds the thread for
+/// milliseconds and no read completes before all of them have; small batches let the first
+/// completions reach their tasks (and the decoders on other cores) early.
+const SUBMIT_PER_TICK: usize = 8;
 
 pub(crate) enum OpState {
     /// Submitted; the waker is the future's, if it has been polled.
@@ -107,12 +112,9 @@ impl UringDriver {
     }
 
     fn push(&mut self, sqe: squeue::Entry) {
-        // SAFETY: every SQE we push points into data owned by an `OpSlot` (or by the driver for
-        // the eventfd read), which stays alive until its completion is reaped.
-        let pushed = unsafe { self.ring.submission().push(&sqe) };
-        if pushed.is_err() {
-            self.backlog.push_back(sqe);
-        }
+        // Every operation waits in the backlog; `flush_backlog` hands a bounded batch to the
+        // ring per tick.
+        self.backlog.push_back(sqe);
     }
 
     pub(crate) fn slot_mut(&mut self, index: usize) -> &mut OpSlot {
@@ -151,8 +153,12 @@ impl UringDriver {
     }
 
     fn flush_backlog(&mut self) {
-        while let Some(sqe) = self.backlog.pop_front() {
-            // SAFETY: as in `push`.
+        for _ in 0..SUBMIT_PER_TICK {
+            let Some(sqe) = self.backlog.pop_front() else {
+                break;
+            };
+            // SAFETY: every SQE points into data owned by an `OpSlot` (or by the driver for the
+            // eventfd read), which stays alive until its completion is reaped.
             if unsafe { self.ring.submission().push(&sqe) }.is_err() {
                 self.backlog.push_front(sqe);
                 break;
@@ -162,6 +168,8 @@ impl UringDriver {
 
     fn submit_pending(&mut self, wait: usize) {
         self.flush_backlog();
+        // Never sleep with work still queued: the next tick submits the next batch.
+        let wait = if self.backlog.is_empty() { wait } else { 0 };
         let r = if wait > 0 {
             self.ring.submit_and_wait(wait)
         } else {
@@ -232,13 +240,20 @@ impl UringDriver {
         let sqe = opcode::Read::new(fd, buf.cast(), 8)
             .build()
             .user_data(EVENTFD_TOKEN);
-        self.push(sqe);
-        self.eventfd_armed = true;
+        // Straight into the ring, ahead of the backlog: the executor must be wakeable before
+        // it sleeps, whatever else is queued. If the ring is full the next tick retries.
+        // SAFETY: `eventfd_buf` is owned by the driver and outlives the operation (the driver
+        // drains every operation, this one included, before it is dropped).
+        if unsafe { self.ring.submission().push(&sqe) }.is_ok() {
+            self.eventfd_armed = true;
+        }
     }
 
     pub(crate) fn park(&mut self) {
         self.arm_eventfd();
-        self.submit_pending(1);
+        // Unwakeable (the ring had no room for the eventfd read): poll instead of sleeping.
+        let wait = usize::from(self.eventfd_armed);
+        self.submit_pending(wait);
         self.reap();
     }
 
