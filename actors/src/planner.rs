@@ -42,6 +42,30 @@ pub(crate) fn spawn<S: Store>(
     })
 }
 
+/// Tells the gather about admitted slots. Waking it for every hit would cost a cross-core
+/// wake per slot (the gather waits per slot when it is ahead), so the planner announces a run
+/// of admissions at a block boundary, at the end, and before anything that may make it wait.
+struct Announcer<'a> {
+    shared: &'a PassShared,
+    pending: bool,
+}
+
+impl Announcer<'_> {
+    fn flush(&mut self) {
+        if self.pending {
+            self.shared.notify.notify_all();
+            self.pending = false;
+        }
+    }
+}
+
+impl Drop for Announcer<'_> {
+    fn drop(&mut self) {
+        // Every exit (end, error, cancellation) announces what was admitted.
+        self.flush();
+    }
+}
+
 async fn drive<S: Store>(
     ctx: &EngineContext<S>,
     shared: &Arc<PassShared>,
@@ -49,14 +73,25 @@ async fn drive<S: Store>(
 ) -> Result<(), EngineError> {
     let plan = &shared.plan;
     let mut tile_ordinal = 0u64;
+    let mut announce = Announcer {
+        shared,
+        pending: false,
+    };
     for (i, ps) in plan.slots.iter().enumerate() {
         if shared.is_cancelled() {
             return Ok(());
         }
         let path = &plan.paths[ps.path];
         // The read-ahead permit: back when gather releases the slot's last block.
-        let Ok(permit) = shared.readahead.acquire(ps.nbytes).await else {
-            return Ok(()); // closed: the pass failed or was cancelled
+        let permit = match shared.readahead.try_acquire(ps.nbytes) {
+            Some(p) => p,
+            None => {
+                announce.flush();
+                let Ok(p) = shared.readahead.acquire(ps.nbytes).await else {
+                    return Ok(()); // closed: the pass failed or was cancelled
+                };
+                p
+            }
         };
         let key = SlotKey {
             path: Arc::clone(&path.path),
@@ -72,17 +107,28 @@ async fn drive<S: Store>(
             // `fail` may have swept the table before this entry was in it.
             slot.fail(shared.cancel_failure());
         }
-        shared.notify.notify_all();
+        announce.pending = true;
+        if plan
+            .slots
+            .get(i + 1)
+            .is_none_or(|next| next.first_block != ps.first_block)
+        {
+            announce.flush();
+        }
         if !miss {
             continue;
         }
         let layout = &shared.layouts[ps.path];
         let array = &shared.arrays[ps.path];
         for t in 0..path.tiles {
-            let Ok(inflight) = ctx.inflight.acquire(1).await else {
-                return Err(EngineError::Runtime(
-                    "the max_inflight budget was closed".into(),
-                ));
+            let inflight = match ctx.inflight.try_acquire(1) {
+                Some(p) => p,
+                None => {
+                    announce.flush();
+                    ctx.inflight.acquire(1).await.map_err(|_| {
+                        EngineError::Runtime("the max_inflight budget was closed".into())
+                    })?
+                }
             };
             if shared.is_cancelled() {
                 slot.fail(shared.cancel_failure());
@@ -101,7 +147,11 @@ async fn drive<S: Store>(
                 shared: Arc::clone(shared),
             };
             tile_ordinal += 1;
-            if let Err(e) = fetcher.send(job).await {
+            // A miss costs a read and a decode; one wake of the gather per miss is noise, and
+            // the send may wait for room.
+            announce.flush();
+            let sent = fetcher.send(job).await;
+            if let Err(e) = sent {
                 return Err(EngineError::ActorPanicked {
                     actor: "fetcher".into(),
                     message: e.to_string(),
