@@ -96,3 +96,102 @@ fn make_dataset_then_inspect_json() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("sample_axis 3"));
 }
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_the_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("s.zarr");
+    run_ok(
+        cli()
+            .args(["make-dataset", "--samples", "40", "--grid", "6x8"])
+            .args(["--sample-chunk", "4", "--inner-chunks", "3x8"])
+            .arg(&store),
+    );
+    let manifest = tmp.path().join("m.json");
+    let out = run_ok(
+        cli()
+            .arg("split")
+            .arg(&store)
+            .args(["--fractions", "0.6,0.2,0.2", "-o"])
+            .arg(&manifest),
+    );
+    assert!(out.contains("train 6 chunks"), "{out}");
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    assert_eq!(m["splits"]["train"], serde_json::json!([0, 1, 2, 3, 4, 5]));
+    assert_eq!(m["splits"]["test"], serde_json::json!([8, 9]));
+    let out = run_ok(
+        cli()
+            .arg("bench")
+            .arg(&store)
+            .arg("--manifest")
+            .arg(&manifest)
+            .args([
+                "--epochs",
+                "2",
+                "--batch-size",
+                "5",
+                "--cache-budget-bytes",
+                "split",
+            ])
+            .arg("--json"),
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let e = v["epochs"].as_array().unwrap();
+    // 6 chunks x 4 samples, batches of 5: 5 batches, the last short.
+    assert_eq!(e[0]["stats"]["samples"], 24);
+    assert_eq!(e[0]["stats"]["batches"], 5);
+    // Two variables x 6 sample chunks, two tiles each: read once, then all hits.
+    assert_eq!(e[0]["stats"]["cache_misses"], 12);
+    assert_eq!(e[0]["stats"]["tiles_read"], 24);
+    assert_eq!(e[1]["stats"]["cache_hits"], 12);
+    assert_eq!(e[1]["stats"]["tiles_read"], 0);
+    let out = cli()
+        .arg("bench")
+        .arg(&store)
+        .arg("--manifest")
+        .arg(&manifest)
+        .args(["--split", "holdout"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown split `holdout`"));
+    let out = cli()
+        .arg("split")
+        .arg(&store)
+        .args(["--fractions", "0.9,0.3", "-o"])
+        .arg(&manifest)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`fractions`"));
+}
+
+#[test]
+fn demo_runs_two_epochs_and_reports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = run_ok(
+        cli()
+            .args(["demo", "--samples", "64", "--grid", "8x16", "--dir"])
+            .arg(tmp.path().join("demo.zarr")),
+    );
+    for needle in [
+        "epoch 0:",
+        "epoch 1:",
+        "first batch",
+        "p99",
+        "peak RSS",
+        "64 samples",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
+    }
+}
