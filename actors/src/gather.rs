@@ -13,6 +13,9 @@ use insitubatch_pool::Slot;
 use insitubatch_runtime::{JoinHandle, yield_now};
 use insitubatch_store::Store;
 
+mod copy;
+
+use self::copy::{CopyJob, CopyRun};
 use crate::batch::{Batch, BatchArray};
 use crate::error::EngineError;
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
@@ -26,16 +29,18 @@ pub(crate) fn spawn<S: Store>(
 ) -> JoinHandle<()> {
     let ctx = Arc::clone(ctx);
     let shared = Arc::clone(shared);
-    ctx.runtime.clone().spawn("gather", move || async move {
-        let _guard = PanicGuard {
-            shared: &shared,
-            actor: "gather",
-        };
-        if let Err(e) = run(&ctx, &shared, &tx).await {
-            shared.fail(e.clone());
-            let _ = tx.send_async(Err(e)).await;
-        }
-    })
+    ctx.runtime
+        .clone()
+        .spawn_on(0, "gather", move || async move {
+            let _guard = PanicGuard {
+                shared: &shared,
+                actor: "gather",
+            };
+            if let Err(e) = run(&ctx, &shared, &tx).await {
+                shared.fail(e.clone());
+                let _ = tx.send_async(Err(e)).await;
+            }
+        })
 }
 
 async fn wait_slot(shared: &PassShared, s: u32) -> Result<Arc<Slot>, EngineError> {
@@ -70,6 +75,50 @@ fn release(shared: &PassShared, s: u32, held: &mut HashMap<u32, Arc<Slot>>) {
         drop(permit);
     }
     held.remove(&s);
+}
+
+/// Below this many bytes a batch is copied by the gather alone: a helper task costs a
+/// cross-core wake, which is worth it only for a copy of a millisecond or more.
+const PARALLEL_COPY_MIN_BYTES: usize = 4 << 20;
+
+/// Copies a batch, on every executor when it is large, and hands back the filled buffers.
+async fn copy_batch<S: Store>(
+    ctx: &EngineContext<S>,
+    job: CopyJob,
+) -> Result<Vec<insitubatch_pool::PooledBuf>, EngineError> {
+    let n_exec = ctx.runtime.executor_threads();
+    let job = Arc::new(job);
+    if n_exec == 1 || job.bytes() < PARALLEL_COPY_MIN_BYTES {
+        job.copy_part(job.parts(1).remove(0));
+    } else {
+        let mut parts = job.parts(n_exec).into_iter();
+        let mine = parts.next().expect("at least one part");
+        // The gather runs on executor 0 (see `spawn`); the other parts go to the others. Each
+        // helper drops its handle on the job before it finishes, so once all are joined the
+        // job is ours alone again; if this future is dropped first, the helpers keep the
+        // buffers alive until they are done writing.
+        let helpers: Vec<_> = parts
+            .enumerate()
+            .map(|(k, part)| {
+                let job = Arc::clone(&job);
+                ctx.runtime
+                    .spawn_on(k + 1, "gather-copy", move || async move {
+                        job.copy_part(part);
+                        drop(job);
+                    })
+            })
+            .collect();
+        job.copy_part(mine);
+        for h in helpers {
+            h.await.map_err(|e| EngineError::ActorPanicked {
+                actor: "gather".into(),
+                message: e.to_string(),
+            })?;
+        }
+    }
+    job.into_buffers().map_err(|_| {
+        EngineError::Runtime("internal error: a batch copy is still shared after its join".into())
+    })
 }
 
 async fn run<S: Store>(
@@ -112,27 +161,46 @@ async fn run<S: Store>(
                 v.insert(wait_slot(shared, s).await?);
             }
         }
-        let mut arrays = Vec::with_capacity(labels.len());
+        // The copy plan: one run per stretch of consecutive rows of one slot (sequential passes
+        // coalesce whole slots), then the copy itself, split across cores when it is large.
+        let mut bufs = Vec::with_capacity(labels.len());
+        let mut slot_ids: Vec<u32> = Vec::new();
+        let mut runs = Vec::new();
         for (l, info) in plan.labels.iter().enumerate() {
             let sb = info.sample_bytes as usize;
             // Full-size buffer, then a prefix: the short final batch costs no other buffer.
             let mut buf = ctx.buffers.take(bs * sb);
             buf.truncate(n * sb);
-            let dst = buf.as_mut_slice();
+            bufs.push(buf);
             let ls = &locs[l * n..(l + 1) * n];
             let mut r = 0;
             while r < n {
-                // Coalesce consecutive rows of one slot into one copy (sequential passes).
                 let (s, w) = ls[r];
                 let mut run = 1;
                 while r + run < n && ls[r + run] == (s, w + run as u64) {
                     run += 1;
                 }
-                let src = held[&s].data().expect("waited until ready");
-                let at = w as usize * sb;
-                dst[r * sb..(r + run) * sb].copy_from_slice(&src[at..at + run * sb]);
+                let slot = match slot_ids.iter().position(|&x| x == s) {
+                    Some(i) => i,
+                    None => {
+                        slot_ids.push(s);
+                        slot_ids.len() - 1
+                    }
+                };
+                runs.push(CopyRun {
+                    label: l,
+                    dst: r * sb,
+                    slot,
+                    src: w as usize * sb,
+                    len: run * sb,
+                });
                 r += run;
             }
+        }
+        let slots: Vec<Arc<Slot>> = slot_ids.iter().map(|s| Arc::clone(&held[s])).collect();
+        let bufs = copy_batch(ctx, CopyJob::new(bufs, slots, runs)).await?;
+        let mut arrays = Vec::with_capacity(labels.len());
+        for ((l, info), buf) in plan.labels.iter().enumerate().zip(bufs) {
             let mut shape = Vec::with_capacity(1 + inner[l].len());
             shape.push(n);
             shape.extend_from_slice(&inner[l]);

@@ -596,6 +596,10 @@ fn run(cli: Cli) -> CliResult {
 }
 
 fn main() -> ExitCode {
+    // A CLI piped into `head` should stop quietly when the pipe closes, as other Unix tools do,
+    // rather than panic on the next print.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread is started.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -141,16 +141,17 @@ impl Slot {
         matches!(*lock(&self.state), State::Loading { .. })
     }
 
-    fn complete(&self, buf: Vec<u8>) {
+    /// Publishes the assembled buffer. Called with the state lock held, before the state
+    /// becomes `Ready`, so whoever sees `Ready` also sees the data.
+    fn publish(&self, buf: Vec<u8>) {
         assert_eq!(
             buf.len() as u64,
             self.nbytes,
             "slot {} completed with the wrong size",
             self.key
         );
-        // Only the loader that moved the state out of Loading gets here, once.
+        // Only the loader that moves the state out of Loading gets here, once.
         assert!(self.data.set(buf).is_ok(), "slot {} filled twice", self.key);
-        self.notify.notify_all();
     }
 
     /// Takes a decoded single-tile chunk as the slot's buffer, without a copy. Errors when the
@@ -170,9 +171,10 @@ impl Slot {
             if !matches!(*st, State::Loading { .. }) {
                 return Err(format!("slot {} is not loading", self.key));
             }
+            self.publish(bytes);
             *st = State::Ready;
         }
-        self.complete(bytes);
+        self.notify.notify_all();
         Ok(())
     }
 
@@ -190,19 +192,17 @@ impl Slot {
             *tiles_left -= 1;
             if *tiles_left == 0 {
                 let b = buf.take().expect("buffer allocated above");
+                self.publish(b);
                 *st = State::Ready;
-                Some(b)
+                true
             } else {
-                None
+                false
             }
         };
-        match done {
-            Some(b) => {
-                self.complete(b);
-                Ok(true)
-            }
-            None => Ok(false),
+        if done {
+            self.notify.notify_all();
         }
+        Ok(done)
     }
 
     /// Marks a loading slot failed and wakes its waiters; false if it was not loading.

@@ -1,0 +1,180 @@
+//! The batch copy, split across cores.
+//!
+//! A resident (all-hit) epoch is a memory copy and nothing else, and at the end of a cold epoch
+//! the last block's rows are copied while the decoders have run dry; one core cannot saturate
+//! memory bandwidth, so a large batch is cut into parts by bytes and the parts are copied on
+//! every executor at once. Each part writes a disjoint set of destination ranges.
+
+use std::sync::Arc;
+
+use insitubatch_pool::{PooledBuf, Slot};
+
+/// One contiguous copy: `len` bytes from `slots[slot]` at `src` to label `label`'s batch buffer
+/// at `dst`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CopyRun {
+    pub label: usize,
+    pub dst: usize,
+    pub slot: usize,
+    pub src: usize,
+    pub len: usize,
+}
+
+/// Batch buffers and the slots they are filled from, shared by the tasks copying one batch.
+pub(crate) struct CopyJob {
+    /// Owned until every part is done; only the pointers in `dst` are written through.
+    bufs: Vec<PooledBuf>,
+    dst: Vec<(*mut u8, usize)>,
+    slots: Vec<Arc<Slot>>,
+    runs: Vec<CopyRun>,
+}
+
+// SAFETY: the raw pointers point into `bufs`' heap allocations, which `CopyJob` owns and which
+// do not move when it does. Parts write disjoint destination ranges (checked in `new`), and
+// nothing reads the buffers until every part has finished (`into_buffers` needs the job to be
+// uniquely owned again).
+unsafe impl Send for CopyJob {}
+// SAFETY: as above: shared access only ever writes disjoint ranges through `copy_part`.
+unsafe impl Sync for CopyJob {}
+
+impl CopyJob {
+    /// A job writing `runs` into `bufs` from `slots`, which must all be ready.
+    pub fn new(mut bufs: Vec<PooledBuf>, slots: Vec<Arc<Slot>>, runs: Vec<CopyRun>) -> Self {
+        let dst: Vec<(*mut u8, usize)> = bufs
+            .iter_mut()
+            .map(|b| {
+                let s = b.as_mut_slice();
+                (s.as_mut_ptr(), s.len())
+            })
+            .collect();
+        // Every run in bounds on both sides, and the runs of one label disjoint: what makes the
+        // shared writes in `copy_part` sound.
+        let mut per_label: Vec<Vec<(usize, usize)>> = vec![Vec::new(); bufs.len()];
+        for r in &runs {
+            assert!(
+                r.dst + r.len <= dst[r.label].1,
+                "copy run past its batch buffer"
+            );
+            let src = slots[r.slot].data().expect("copy from a ready slot");
+            assert!(r.src + r.len <= src.len(), "copy run past its slot");
+            per_label[r.label].push((r.dst, r.dst + r.len));
+        }
+        for ranges in &mut per_label {
+            ranges.sort_unstable();
+            assert!(
+                ranges.windows(2).all(|w| w[0].1 <= w[1].0),
+                "overlapping copy runs"
+            );
+        }
+        Self {
+            bufs,
+            dst,
+            slots,
+            runs,
+        }
+    }
+
+    /// Total bytes to copy.
+    pub fn bytes(&self) -> usize {
+        self.runs.iter().map(|r| r.len).sum()
+    }
+
+    /// Cuts the runs into at most `parts` ranges of about equal bytes.
+    pub fn parts(&self, parts: usize) -> Vec<std::ops::Range<usize>> {
+        let per = self.bytes().max(1).div_ceil(parts.max(1));
+        let mut out = Vec::new();
+        let (mut start, mut acc) = (0, 0);
+        for (i, r) in self.runs.iter().enumerate() {
+            acc += r.len;
+            if acc >= per && out.len() + 1 < parts {
+                out.push(start..i + 1);
+                start = i + 1;
+                acc = 0;
+            }
+        }
+        out.push(start..self.runs.len());
+        out
+    }
+
+    /// Copies the runs in `range`.
+    pub fn copy_part(&self, range: std::ops::Range<usize>) {
+        for r in &self.runs[range] {
+            let src = &self.slots[r.slot].data().expect("checked in new")[r.src..r.src + r.len];
+            let (base, _) = self.dst[r.label];
+            // SAFETY: `new` checked that the destination range is inside the buffer and
+            // disjoint from every other run's; slot data is immutable once ready and is never
+            // a batch buffer; each run belongs to exactly one part.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(r.dst), r.len) };
+        }
+    }
+
+    /// The filled buffers, once every part is done (the job is uniquely owned again).
+    pub fn into_buffers(self: Arc<Self>) -> Result<Vec<PooledBuf>, Arc<Self>> {
+        Arc::try_unwrap(self).map(|job| job.bufs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use insitubatch_pool::{Admission, Budget, BufferPool, ChunkPool, SlotKey};
+
+    fn run(label: usize, dst: usize, slot: usize, src: usize, len: usize) -> CopyRun {
+        CopyRun {
+            label,
+            dst,
+            slot,
+            src,
+            len,
+        }
+    }
+
+    #[test]
+    fn parts_cover_every_run_once_and_copies_land_where_asked() {
+        let pool = ChunkPool::new(Budget::Bytes(1 << 20));
+        let owner = pool.register_owner("t", 1 << 20).unwrap();
+        let mut slots = Vec::new();
+        for c in 0..3u8 {
+            let Admission::Miss(s) = owner.admit(&SlotKey::new("a", c as u64), 64, 1).unwrap()
+            else {
+                panic!("fresh pool")
+            };
+            s.adopt((0..64).map(|i| c * 64 + i).collect()).unwrap();
+            slots.push(s);
+        }
+        let buffers = BufferPool::with_reuse(false);
+        let bufs = vec![buffers.take(96), buffers.take(32)];
+        let runs = vec![
+            run(0, 0, 2, 8, 32),
+            run(0, 32, 0, 0, 64),
+            run(1, 0, 1, 32, 32),
+        ];
+        let job = Arc::new(CopyJob::new(bufs, slots, runs));
+        let parts = job.parts(2);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts.iter().map(|p| p.len()).sum::<usize>(), 3);
+        for p in parts {
+            job.copy_part(p);
+        }
+        let Ok(bufs) = job.into_buffers() else {
+            panic!("every part is done, so the job is ours alone")
+        };
+        let a = bufs[0].as_slice();
+        assert_eq!((a[0], a[31], a[32], a[95]), (136, 167, 0, 63));
+        assert_eq!(bufs[1].as_slice()[0], 96);
+    }
+
+    #[test]
+    #[should_panic(expected = "overlapping copy runs")]
+    fn overlapping_runs_are_refused() {
+        let pool = ChunkPool::new(Budget::Bytes(1 << 20));
+        let owner = pool.register_owner("t", 1 << 20).unwrap();
+        let Admission::Miss(s) = owner.admit(&SlotKey::new("a", 0), 64, 1).unwrap() else {
+            panic!("fresh pool")
+        };
+        s.adopt(vec![0; 64]).unwrap();
+        let buffers = BufferPool::with_reuse(false);
+        let runs = vec![run(0, 0, 0, 0, 32), run(0, 16, 0, 0, 32)];
+        let _ = CopyJob::new(vec![buffers.take(64)], vec![s], runs);
+    }
+}
