@@ -81,14 +81,19 @@ fn release(shared: &PassShared, s: u32, held: &mut HashMap<u32, Arc<Slot>>) {
 /// cross-core wake, which is worth it only for a copy of a millisecond or more.
 const PARALLEL_COPY_MIN_BYTES: usize = 4 << 20;
 
-/// Copies a batch, on every executor when it is large, and hands back the filled buffers.
+/// Copies a batch — on every executor when it is large and nothing is being decoded — and hands
+/// back the filled buffers.
 async fn copy_batch<S: Store>(
     ctx: &EngineContext<S>,
     job: CopyJob,
 ) -> Result<Vec<insitubatch_pool::PooledBuf>, EngineError> {
     let n_exec = ctx.runtime.executor_threads();
     let job = Arc::new(job);
-    if n_exec == 1 || job.bytes() < PARALLEL_COPY_MIN_BYTES {
+    // Helpers only when the other cores are free: with stored chunks in flight they are
+    // decoding, a helper would queue behind a decode, and the gather would wait for it while
+    // the copy it could have done itself sits idle.
+    let decoders_idle = ctx.inflight.available() == ctx.inflight.total();
+    if n_exec == 1 || job.bytes() < PARALLEL_COPY_MIN_BYTES || !decoders_idle {
         job.copy_part(job.parts(1).remove(0));
     } else {
         let mut parts = job.parts(n_exec).into_iter();
