@@ -504,3 +504,37 @@ impl InSituDataset {
         self.iter("all")
     }
 }
+
+/// Geometries of the store at `root`: the data variables (coordinates and 0-D arrays skipped)
+/// or exactly `variables`, keyed by array path, sampled along `sample_axis`.
+pub fn geometries(
+    root: impl AsRef<Path>,
+    variables: Option<&[String]>,
+    sample_axis: usize,
+) -> Result<std::collections::BTreeMap<String, ArrayGeometry>, EngineError> {
+    let store = LocalStore::new(root.as_ref())?;
+    let runtime = RuntimeBuilder::new()
+        .executor_threads(1)
+        .build()
+        .map_err(|e| EngineError::Runtime(e.to_string()))?;
+    let hierarchy = runtime
+        .block_on(move || async move { open_hierarchy(&store).await })
+        .map_err(|e| EngineError::Runtime(e.to_string()))??;
+    Ok(open_geometries(&hierarchy, variables, sample_axis)?)
+}
+
+/// A geometry as JSON: `path`, `shape`, `chunks`, `dtype`, `sample_axis`, `offset`,
+/// `n_samples`, `samples_per_chunk`, `inner_shape` (what the C ABI and the Python shim show).
+pub fn geometry_json(g: &ArrayGeometry) -> serde_json::Value {
+    serde_json::json!({
+        "path": g.path,
+        "shape": g.shape,
+        "chunks": g.chunks,
+        "dtype": g.dtype.name(),
+        "sample_axis": g.sample_axis,
+        "offset": g.offset,
+        "n_samples": g.n_samples(),
+        "samples_per_chunk": g.samples_per_chunk(),
+        "inner_shape": g.inner_shape(),
+    })
+}

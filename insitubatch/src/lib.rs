@@ -12,13 +12,14 @@ pub mod synth;
 
 pub use dataset::{
     DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_MAX_INFLIGHT, DEFAULT_PREFETCH_DEPTH,
-    DatasetBuilder, InSituDataset,
+    DatasetBuilder, InSituDataset, geometries, geometry_json,
 };
 pub use insitubatch_actors as actors;
 pub use insitubatch_actors::{
     BadChunk, Batch, BatchArray, EngineError, EpochOrder, OnBadChunk, Pass, PassStats,
     SplitManifest, Variable, shuffle_quality, split_by_chunk,
 };
+pub use insitubatch_pool as pool;
 pub use insitubatch_pool::PoolStats;
 pub use insitubatch_runtime as runtime;
 pub use insitubatch_runtime::{IoBackend, IoBackendChoice};

@@ -1,0 +1,667 @@
+//! The exported functions: geometries, splits, datasets, iterations and batches.
+
+use std::ffi::{CStr, CString, c_char};
+use std::sync::Arc;
+
+use insitubatch::{
+    Batch, InSituDataset, IoBackendChoice, OnBadChunk, Pass, SplitManifest, split_by_chunk,
+};
+use serde::Deserialize;
+
+use crate::dlpack::{self, DLManagedTensorVersioned};
+use crate::status::{IsbError, IsbStatus, boundary, null};
+
+/// Version of this ABI; the Python shim refuses a library whose version differs.
+pub const ISB_ABI_VERSION: u32 = 1;
+
+/// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
+pub struct IsbDataset {
+    ds: InSituDataset,
+    pid: u32,
+}
+
+/// One epoch over one split. One thread at a time.
+pub struct IsbIter {
+    pass: Pass,
+    pid: u32,
+    failed: Option<String>,
+}
+
+/// One batch: immutable; arrays are exported as DLPack tensors that keep it alive.
+pub struct IsbBatch {
+    batch: Arc<Batch>,
+    labels: Vec<CString>,
+}
+
+fn invalid(message: impl Into<String>) -> IsbError {
+    IsbError::new(IsbStatus::IsbInvalidArgument, message)
+}
+
+/// A NUL-terminated UTF-8 argument, or an error naming it.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string.
+unsafe fn arg_str<'a>(p: *const c_char, what: &str) -> Result<&'a str, IsbError> {
+    if p.is_null() {
+        return Err(null(what));
+    }
+    // SAFETY: per the contract, NUL-terminated.
+    unsafe { CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| invalid(format!("`{what}` is not valid UTF-8")))
+}
+
+fn out_string(out: *mut *mut c_char, s: String) -> Result<IsbStatus, IsbError> {
+    if out.is_null() {
+        return Err(null("out"));
+    }
+    let c = CString::new(s).map_err(|_| IsbError::new(IsbStatus::IsbInternal, "NUL in output"))?;
+    // SAFETY: checked non-NULL; the caller passed a writable `char**`.
+    unsafe { *out = c.into_raw() };
+    Ok(IsbStatus::IsbOk)
+}
+
+fn same_process(pid: u32) -> Result<(), IsbError> {
+    let me = std::process::id();
+    if me != pid {
+        return Err(IsbError::new(
+            IsbStatus::IsbWrongProcess,
+            format!(
+                "this handle was opened in process {pid}, and this is process {me} (a child after \
+                 fork?): its runtime threads do not exist here; open a new dataset in this process"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The ABI version (`ISB_ABI_VERSION` of the header this library was built with).
+#[unsafe(no_mangle)]
+pub extern "C" fn isb_abi_version() -> u32 {
+    ISB_ABI_VERSION
+}
+
+/// Geometries of the data variables of the store at `store` (coordinates and 0-D arrays skipped)
+/// as a JSON object keyed by array path: `shape`, `chunks`, `dtype`, `sample_axis`, `n_samples`,
+/// `samples_per_chunk`, `inner_shape`. Free `*out_json` with `isb_string_free`.
+///
+/// # Safety
+/// `store` is a NUL-terminated path; `out_json` is writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_open_geometries(
+    store: *const c_char,
+    sample_axis: u32,
+    out_json: *mut *mut c_char,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let store = unsafe { arg_str(store, "store") }?;
+        let geoms = insitubatch::geometries(store, None, sample_axis as usize)?;
+        let mut obj = serde_json::Map::new();
+        for (path, g) in geoms {
+            obj.insert(path, insitubatch::geometry_json(&g));
+        }
+        out_string(out_json, serde_json::Value::Object(obj).to_string())
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SplitParams {
+    fractions: Vec<f64>,
+    #[serde(default)]
+    seed: u64,
+    #[serde(default = "yes")]
+    contiguous: bool,
+    #[serde(default)]
+    sample_range: Option<(u64, u64)>,
+    #[serde(default)]
+    sample_axis: usize,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Splits the sample-axis chunks of `array` (NULL: the first data variable) of `store` by
+/// `params_json` — `{"fractions": [0.8, 0.1, 0.1], "seed": 0, "contiguous": true,
+/// "sample_range": [start, stop], "sample_axis": 0}` — and returns the manifest JSON.
+///
+/// # Safety
+/// `store` and `params_json` are NUL-terminated; `array` is NULL or NUL-terminated; `out_json`
+/// is writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_split_by_chunk(
+    store: *const c_char,
+    array: *const c_char,
+    params_json: *const c_char,
+    out_json: *mut *mut c_char,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let store = unsafe { arg_str(store, "store") }?;
+        // SAFETY: forwarded contract.
+        let params = unsafe { arg_str(params_json, "params_json") }?;
+        let p: SplitParams =
+            serde_json::from_str(params).map_err(|e| invalid(format!("split parameters: {e}")))?;
+        let names = if array.is_null() {
+            None
+        } else {
+            // SAFETY: forwarded contract.
+            Some(vec![unsafe { arg_str(array, "array") }?.to_string()])
+        };
+        let geoms = insitubatch::geometries(store, names.as_deref(), p.sample_axis)?;
+        let geom = geoms
+            .values()
+            .next()
+            .ok_or_else(|| invalid("the store has no data variables"))?;
+        let m = split_by_chunk(geom, &p.fractions, p.seed, p.contiguous, p.sample_range)?;
+        out_string(out_json, m.to_json())
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum VarConfig {
+    Path(String),
+    View {
+        label: String,
+        path: String,
+        #[serde(default)]
+        offset: i64,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DatasetConfig {
+    store: String,
+    #[serde(default)]
+    variables: Vec<VarConfig>,
+    #[serde(default)]
+    sample_axis: usize,
+    #[serde(default)]
+    manifest: Option<serde_json::Value>,
+    batch_size: Option<usize>,
+    block_chunks: Option<usize>,
+    max_inflight: Option<usize>,
+    prefetch_depth: Option<usize>,
+    seed: Option<u64>,
+    shuffle: Option<bool>,
+    cache_budget_bytes: Option<u64>,
+    on_bad_chunk: Option<String>,
+    executor_threads: Option<usize>,
+    io_backend: Option<String>,
+}
+
+fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
+    let c: DatasetConfig =
+        serde_json::from_str(json).map_err(|e| invalid(format!("dataset config: {e}")))?;
+    let mut b = InSituDataset::builder(&c.store).sample_axis(c.sample_axis);
+    for v in c.variables {
+        b = match v {
+            VarConfig::Path(p) => b.variable(p.clone(), p),
+            VarConfig::View {
+                label,
+                path,
+                offset,
+            } => b.window(label, path, offset),
+        };
+    }
+    if let Some(m) = c.manifest {
+        let m = SplitManifest::from_json(&m.to_string())?;
+        b = b.manifest(m);
+    }
+    if let Some(n) = c.batch_size {
+        b = b.batch_size(n);
+    }
+    if let Some(n) = c.block_chunks {
+        b = b.block_chunks(n);
+    }
+    if let Some(n) = c.max_inflight {
+        b = b.max_inflight(n);
+    }
+    if let Some(n) = c.prefetch_depth {
+        b = b.prefetch_depth(n);
+    }
+    if let Some(n) = c.seed {
+        b = b.seed(n);
+    }
+    if let Some(s) = c.shuffle {
+        b = b.shuffle(s);
+    }
+    if let Some(n) = c.cache_budget_bytes {
+        b = b.cache_budget_bytes(n);
+    }
+    if let Some(p) = c.on_bad_chunk {
+        b = b.on_bad_chunk(p.parse::<OnBadChunk>()?);
+    }
+    if let Some(n) = c.executor_threads {
+        if n == 0 {
+            return Err(invalid(
+                "invalid argument `executor_threads` = 0: must be at least 1",
+            ));
+        }
+        b = b.executor_threads(n);
+    }
+    if let Some(io) = c.io_backend {
+        let choice = match io.as_str() {
+            "auto" => IoBackendChoice::Auto,
+            "uring" => IoBackendChoice::Uring,
+            "threads" => IoBackendChoice::Threads,
+            other => {
+                return Err(invalid(format!(
+                    "invalid argument `io_backend` = {other:?}: use \"auto\", \"uring\" or \"threads\""
+                )));
+            }
+        };
+        b = b.io_backend(choice);
+    }
+    Ok(b.build()?)
+}
+
+/// Opens a dataset from a JSON config: `store` (required), `variables` (array paths, or
+/// `{"label", "path", "offset"}` views; default every data variable), `sample_axis`, `manifest`
+/// (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
+/// `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`, `on_bad_chunk`
+/// (`"raise"` or `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`).
+/// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
+///
+/// # Safety
+/// `config_json` is NUL-terminated; `out` is writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_dataset_open(
+    config_json: *const c_char,
+    out: *mut *mut IsbDataset,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: forwarded contract.
+        let json = unsafe { arg_str(config_json, "config_json") }?;
+        let ds = open_dataset(json)?;
+        let handle = Box::new(IsbDataset {
+            ds,
+            pid: std::process::id(),
+        });
+        // SAFETY: checked non-NULL.
+        unsafe { *out = Box::into_raw(handle) };
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// Closes a dataset: stops its runtime once every iteration and exported tensor is released.
+/// NULL is accepted. In a child after fork the handle is forgotten without touching the runtime.
+///
+/// # Safety
+/// `ds` is NULL or a dataset from `isb_dataset_open` not freed before.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_dataset_free(ds: *mut IsbDataset) {
+    if ds.is_null() {
+        return;
+    }
+    // SAFETY: per the contract, it came from Box::into_raw.
+    let handle = unsafe { Box::from_raw(ds) };
+    if handle.pid != std::process::id() {
+        // The runtime's threads exist only in the parent; joining them here would hang.
+        std::mem::forget(handle);
+        return;
+    }
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(handle)));
+}
+
+/// # Safety
+/// `p` is NULL or a live handle.
+unsafe fn dataset<'a>(p: *const IsbDataset) -> Result<&'a IsbDataset, IsbError> {
+    // SAFETY: per the contract.
+    let d = unsafe { p.as_ref() }.ok_or_else(|| null("ds"))?;
+    same_process(d.pid)?;
+    Ok(d)
+}
+
+/// Sets the epoch the next iteration draws.
+///
+/// # Safety
+/// `ds` is NULL or a live dataset; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_dataset_set_epoch(
+    ds: *const IsbDataset,
+    epoch: u64,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        unsafe { dataset(ds) }?.ds.set_epoch(epoch);
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
+/// (label, path, offset, shape, dtype), `manifest`, `pool` (budget, resident and peak bytes,
+/// evictions, hits, misses).
+///
+/// # Safety
+/// `ds` is NULL or a live dataset; `out_json` is writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_dataset_stats_json(
+    ds: *const IsbDataset,
+    out_json: *mut *mut c_char,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let d = &unsafe { dataset(ds) }?.ds;
+        let p = d.pool_stats();
+        let vars: Vec<serde_json::Value> = d
+            .variables()
+            .iter()
+            .map(|v| {
+                let mut g = insitubatch::geometry_json(&v.geom);
+                g["label"] = v.label.clone().into();
+                g["path"] = v.geom.path.clone().into();
+                g["offset"] = v.geom.offset.into();
+                g
+            })
+            .collect();
+        let manifest: serde_json::Value =
+            serde_json::from_str(&d.manifest().to_json()).unwrap_or_default();
+        let v = serde_json::json!({
+            "epoch": d.epoch(),
+            "batch_size": d.batch_size(),
+            "io_backend": d.io_backend().to_string(),
+            "variables": vars,
+            "manifest": manifest,
+            "pool": {
+                "budget_bytes": p.budget_bytes,
+                "resident_bytes": p.resident_bytes,
+                "peak_resident_bytes": p.peak_resident_bytes,
+                "resident_slots": p.resident_slots,
+                "pinned_slots": p.pinned_slots,
+                "evictions": p.evictions,
+                "hits": p.hits,
+                "misses": p.misses,
+            },
+        });
+        out_string(out_json, v.to_string())
+    })
+}
+
+/// Starts an iteration over `split` (`train`, `val`, `test` or `all`) at the current epoch.
+/// Free `*out` with `isb_iter_free` (which stops it early if needed).
+///
+/// # Safety
+/// `ds` is NULL or a live dataset; `split` is NUL-terminated; `out` is writable; `err` is NULL
+/// or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_iter_start(
+    ds: *const IsbDataset,
+    split: *const c_char,
+    out: *mut *mut IsbIter,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: forwarded contract.
+        let d = unsafe { dataset(ds) }?;
+        // SAFETY: forwarded contract.
+        let split = unsafe { arg_str(split, "split") }?;
+        let pass = d.ds.iter(split)?;
+        let it = Box::new(IsbIter {
+            pass,
+            pid: d.pid,
+            failed: None,
+        });
+        // SAFETY: checked non-NULL.
+        unsafe { *out = Box::into_raw(it) };
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// The next batch into `*out` (`ISB_OK`), or `ISB_END_OF_EPOCH` with `*out` set to NULL. After
+/// an error every later call returns the same error again. Free batches with `isb_batch_free`.
+///
+/// # Safety
+/// `it` is NULL or a live iteration used by one thread at a time; `out` is writable; `err` is
+/// NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_iter_next(
+    it: *mut IsbIter,
+    out: *mut *mut IsbBatch,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { *out = std::ptr::null_mut() };
+        // SAFETY: per the contract.
+        let it = unsafe { it.as_mut() }.ok_or_else(|| null("it"))?;
+        same_process(it.pid)?;
+        if let Some(m) = &it.failed {
+            return Err(IsbError::new(
+                IsbStatus::IsbCancelled,
+                format!("this iteration failed earlier and is over: {m}"),
+            ));
+        }
+        match it.pass.next() {
+            None => Ok(IsbStatus::IsbEndOfEpoch),
+            Some(Err(e)) => {
+                it.failed = Some(e.to_string());
+                Err(e.into())
+            }
+            Some(Ok(batch)) => {
+                let labels = batch
+                    .labels()
+                    .iter()
+                    .map(|l| CString::new(l.as_str()).unwrap_or_default())
+                    .collect();
+                let b = Box::new(IsbBatch {
+                    batch: Arc::new(batch),
+                    labels,
+                });
+                // SAFETY: checked non-NULL.
+                unsafe { *out = Box::into_raw(b) };
+                Ok(IsbStatus::IsbOk)
+            }
+        }
+    })
+}
+
+/// The iteration's report as JSON (hits, misses, bytes, TTFB, latency percentiles, bad chunks…).
+///
+/// # Safety
+/// `it` is NULL or a live iteration; `out_json` is writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_iter_stats_json(
+    it: *const IsbIter,
+    out_json: *mut *mut c_char,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: per the contract.
+        let it = unsafe { it.as_ref() }.ok_or_else(|| null("it"))?;
+        same_process(it.pid)?;
+        let s = serde_json::to_string(&it.pass.stats())
+            .map_err(|e| IsbError::new(IsbStatus::IsbInternal, e.to_string()))?;
+        out_string(out_json, s)
+    })
+}
+
+/// Stops and frees an iteration (early exit frees everything it held). NULL is accepted.
+///
+/// # Safety
+/// `it` is NULL or an iteration not freed before.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_iter_free(it: *mut IsbIter) {
+    if it.is_null() {
+        return;
+    }
+    // SAFETY: per the contract, it came from Box::into_raw.
+    let it = unsafe { Box::from_raw(it) };
+    if it.pid != std::process::id() {
+        std::mem::forget(it);
+        return;
+    }
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(it)));
+}
+
+/// # Safety
+/// `b` is NULL or a live batch.
+unsafe fn batch<'a>(b: *const IsbBatch) -> Result<&'a IsbBatch, IsbError> {
+    // SAFETY: per the contract.
+    unsafe { b.as_ref() }.ok_or_else(|| null("batch"))
+}
+
+/// Rows in the batch.
+///
+/// # Safety
+/// `b` is NULL or a live batch; `out` is writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_batch_len(
+    b: *const IsbBatch,
+    out: *mut usize,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let n = unsafe { batch(b) }?.batch.len();
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { *out = n };
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// The anchor (sample index on the reference grid) of each row: `*len` values at `*out`, valid
+/// while the batch lives.
+///
+/// # Safety
+/// `b` is NULL or a live batch; `out` and `len` are writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_batch_sample_indices(
+    b: *const IsbBatch,
+    out: *mut *const u64,
+    len: *mut usize,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let s = unsafe { batch(b) }?.batch.sample_indices();
+        if out.is_null() || len.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: checked non-NULL.
+        unsafe {
+            *out = s.as_ptr();
+            *len = s.len();
+        }
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// Number of labels (arrays) in the batch.
+///
+/// # Safety
+/// `b` is NULL or a live batch; `out` is writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_batch_label_count(
+    b: *const IsbBatch,
+    out: *mut usize,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let n = unsafe { batch(b) }?.labels.len();
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { *out = n };
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// Label `index` (declaration order), valid while the batch lives.
+///
+/// # Safety
+/// `b` is NULL or a live batch; `out` is writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_batch_label(
+    b: *const IsbBatch,
+    index: usize,
+    out: *mut *const c_char,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let bt = unsafe { batch(b) }?;
+        let l = bt.labels.get(index).ok_or_else(|| {
+            invalid(format!(
+                "label index {index} is out of range: the batch has {} labels",
+                bt.labels.len()
+            ))
+        })?;
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { *out = l.as_ptr() };
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// Exports the array of `label`, shaped `(batch, *sample_inner)`, C-contiguous, on the CPU, as a
+/// DLPack 1.x tensor that aliases the batch buffer (no copy) and keeps it alive until its
+/// deleter is called, even after `isb_batch_free` or `isb_dataset_free`.
+///
+/// # Safety
+/// `b` is NULL or a live batch; `label` is NUL-terminated; `out` is writable; `err` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_batch_export(
+    b: *const IsbBatch,
+    label: *const c_char,
+    out: *mut *mut DLManagedTensorVersioned,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let bt = unsafe { batch(b) }?;
+        // SAFETY: forwarded contract.
+        let label = unsafe { arg_str(label, "label") }?;
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        let t = dlpack::export(&bt.batch, label).ok_or_else(|| {
+            invalid(format!(
+                "no label `{label}` in this batch; it has [{}]",
+                bt.batch.labels().join(", ")
+            ))
+        })?;
+        // SAFETY: checked non-NULL.
+        unsafe { *out = t };
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// Frees a batch handle; exported tensors stay valid. NULL is accepted.
+///
+/// # Safety
+/// `b` is NULL or a batch not freed before.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_batch_free(b: *mut IsbBatch) {
+    if !b.is_null() {
+        // SAFETY: per the contract, it came from Box::into_raw.
+        let b = unsafe { Box::from_raw(b) };
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(b)));
+    }
+}

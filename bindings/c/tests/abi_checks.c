@@ -1,0 +1,114 @@
+/* Bad input through the C ABI: every case is a status and a message naming the thing, never a
+ * crash. Compiled and run by tests/tests/c_abi.rs; prints "ok" when every check passed. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "insitubatch.h"
+
+static int failures = 0;
+
+static void expect(const char *what, IsbStatus got, IsbStatus want, IsbError *err, const char *needle) {
+    const char *msg = isb_error_message(err);
+    if (got != want || (needle && !strstr(msg, needle))) {
+        fprintf(stderr, "FAIL %s: status %u (want %u), message: %s\n", what, (unsigned)got, (unsigned)want, msg);
+        failures++;
+    }
+    isb_error_free(err);
+}
+
+/* The call runs first and fills `err`; only then is its outcome checked. */
+#define CHECK(what, call, want, needle)            \
+    do {                                           \
+        IsbError *err = NULL;                      \
+        IsbStatus got_ = (call);                   \
+        expect(what, got_, want, err, needle);     \
+    } while (0)
+
+int main(int argc, char **argv) {
+    if (argc != 2) return 2;
+    const char *store = argv[1];
+    IsbDataset *ds = NULL;
+    char config[4096];
+
+    CHECK("NULL config", isb_dataset_open(NULL, &ds, &err), ISB_NULL_POINTER, "config_json");
+    CHECK("NULL out", isb_dataset_open("{}", NULL, &err), ISB_NULL_POINTER, "out");
+    CHECK("invalid JSON", isb_dataset_open("{not json", &ds, &err), ISB_INVALID_ARGUMENT, "dataset config");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_sise\": 4}", store);
+    CHECK("unknown key", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "batch_sise");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 0}", store);
+    CHECK("zero batch_size", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "batch_size");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"max_inflight\": 0}", store);
+    CHECK("zero max_inflight", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "max_inflight");
+    CHECK("missing store", isb_dataset_open("{\"store\": \"/no/such/store.zarr\"}", &ds, &err), ISB_NOT_FOUND, "/no/such/store.zarr");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"on_bad_chunk\": \"ignore\"}", store);
+    CHECK("bad policy", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "on_bad_chunk");
+    char *out = NULL;
+    CHECK("bad fractions", isb_split_by_chunk(store, NULL, "{\"fractions\": [0.9, 0.3]}", &out, &err), ISB_INVALID_ARGUMENT, "fractions");
+
+    IsbError *err = NULL;
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 5}", store);
+    if (isb_dataset_open(config, &ds, &err) != ISB_OK) {
+        fprintf(stderr, "open: %s\n", isb_error_message(err));
+        return 1;
+    }
+    /* Fork after open: the child gets ISB_WRONG_PROCESS (no hang), the parent keeps working. */
+    pid_t pid = fork();
+    if (pid == 0) {
+        IsbIter *child_it = NULL;
+        IsbError *child_err = NULL;
+        IsbStatus s = isb_iter_start(ds, "train", &child_it, &child_err);
+        int good = s == ISB_WRONG_PROCESS && strstr(isb_error_message(child_err), "fork") != NULL;
+        isb_error_free(child_err);
+        isb_dataset_free(ds); /* allowed in the child; touches no runtime */
+        _exit(good ? 0 : 1);
+    }
+    int wstatus = 0;
+    waitpid(pid, &wstatus, 0);
+    if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
+        fprintf(stderr, "FAIL fork: the child did not get ISB_WRONG_PROCESS\n");
+        failures++;
+    }
+    IsbIter *it = NULL;
+    CHECK("unknown split", isb_iter_start(ds, "holdout", &it, &err), ISB_INVALID_ARGUMENT, "holdout");
+    CHECK("empty split", isb_iter_start(ds, "val", &it, &err), ISB_INVALID_ARGUMENT, "val");
+    CHECK("NULL dataset", isb_iter_start(NULL, "train", &it, &err), ISB_NULL_POINTER, "ds");
+    CHECK("NULL iter", isb_iter_next(NULL, NULL, &err), ISB_NULL_POINTER, "out");
+
+    if (isb_iter_start(ds, "train", &it, &err) != ISB_OK) return 1;
+    IsbBatch *b = NULL;
+    if (isb_iter_next(it, &b, &err) != ISB_OK) return 1;
+    DLManagedTensorVersioned *t = NULL;
+    CHECK("unknown label", isb_batch_export(b, "nope", &t, &err), ISB_INVALID_ARGUMENT, "nope");
+    const char *label = NULL;
+    CHECK("label index", isb_batch_label(b, 99, &label, &err), ISB_INVALID_ARGUMENT, "99");
+    /* An exported tensor outlives its batch, its iteration and its dataset. */
+    isb_batch_label(b, 0, &label, NULL);
+    if (isb_batch_export(b, label, &t, &err) != ISB_OK) return 1;
+    if (t->version.major != 1 || t->dl_tensor.device.device_type != 1 || t->dl_tensor.strides != NULL ||
+        ((uintptr_t)t->dl_tensor.data % 256) != 0) {
+        fprintf(stderr, "FAIL DLPack fields\n");
+        failures++;
+    }
+    float first = ((const float *)t->dl_tensor.data)[0];
+    isb_batch_free(b);
+    isb_iter_free(it);   /* stops the epoch early */
+    isb_dataset_free(ds);
+    if (((const float *)t->dl_tensor.data)[0] != first) {
+        fprintf(stderr, "FAIL tensor data changed after its owners were freed\n");
+        failures++;
+    }
+    t->deleter(t);
+
+    /* Every _free accepts NULL, and so do the error accessors. */
+    isb_dataset_free(NULL);
+    isb_iter_free(NULL);
+    isb_batch_free(NULL);
+    isb_error_free(NULL);
+    isb_string_free(NULL);
+    if (isb_error_status(NULL) != ISB_INTERNAL || strcmp(isb_error_message(NULL), "") != 0) failures++;
+    if (failures == 0) printf("ok\n");
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,123 @@
+//! The C ABI from C: the example program's checksum against the Rust API, and the bad-input
+//! checks. Both are compiled with the system C compiler against the committed header and the
+//! shared library (built here if needed).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use insitubatch::{InSituDataset, split_by_chunk};
+use insitubatch_tests::fixture_arrays;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Builds the C library (release) and returns its directory.
+fn library_dir() -> PathBuf {
+    let out = Command::new(env!("CARGO"))
+        .current_dir(root())
+        .args(["build", "--release", "-p", "insitubatch-capi"])
+        .output()
+        .expect("run cargo");
+    assert!(
+        out.status.success(),
+        "building the C library failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = root().join("target/release");
+    assert!(dir.join("libinsitubatch.so").exists());
+    dir
+}
+
+fn compile(source: &Path, name: &str) -> PathBuf {
+    let lib = library_dir();
+    let exe = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let out = Command::new(&cc)
+        .args(["-Wall", "-Wextra", "-Werror", "-O1"])
+        .arg(source)
+        .arg("-I")
+        .arg(root().join("bindings/c/include"))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-linsitubatch")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
+    assert!(
+        out.status.success(),
+        "compiling {} failed:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+#[test]
+fn the_c_example_prints_the_checksum_the_rust_api_computes() {
+    let f = fixture_arrays()
+        .into_iter()
+        .find(|f| f.case == "era5_v3")
+        .expect("era5_v3 fixture");
+    let exe = compile(&root().join("examples/c/loader.c"), "isb-loader");
+    let out = Command::new(&exe).arg(&f.store).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8(out.stdout).unwrap();
+
+    // The same job through the Rust API.
+    let probe = InSituDataset::builder(&f.store).build().unwrap();
+    let manifest =
+        split_by_chunk(&probe.variables()[0].geom, &[0.75, 0.25], 0, true, None).unwrap();
+    let ds = InSituDataset::builder(&f.store)
+        .manifest(manifest)
+        .batch_size(8)
+        .seed(7)
+        .build()
+        .unwrap();
+    let (mut samples, mut index_sum, mut bits) = (0u64, 0u64, 0u64);
+    for epoch in 0..2 {
+        ds.set_epoch(epoch);
+        for b in ds.train().unwrap() {
+            let b = b.unwrap();
+            samples += b.len() as u64;
+            index_sum += b.sample_indices().iter().sum::<u64>();
+            for (_, a) in b.arrays() {
+                for v in a.values::<f32>().unwrap() {
+                    bits = bits.wrapping_add(u64::from(v.to_bits()));
+                }
+            }
+        }
+    }
+    assert_eq!(
+        printed.trim(),
+        format!("samples {samples} index_sum {index_sum} checksum {bits}")
+    );
+    assert!(samples > 0);
+    std::fs::remove_file(exe).ok();
+}
+
+#[test]
+fn bad_input_through_the_c_abi_is_a_status_and_a_message() {
+    let f = fixture_arrays()
+        .into_iter()
+        .find(|f| f.case == "era5_v3")
+        .unwrap();
+    let exe = compile(
+        &root().join("bindings/c/tests/abi_checks.c"),
+        "isb-abi-checks",
+    );
+    let out = Command::new(&exe).arg(&f.store).output().unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(exe).ok();
+}
