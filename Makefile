@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 CARGO ?= cargo
 
-.PHONY: demo check deps build fmt clippy test-rust test-doc
+.PHONY: demo check deps build fmt clippy test-rust test-doc test-python
 
 demo:
 	$(CARGO) build --release
@@ -35,5 +35,11 @@ test-rust:
 test-doc:
 	$(CARGO) test --workspace --doc
 
-check: deps fmt build clippy test-rust test-doc
+# The Python shim against the library `build` produced, without installing it; the C example and
+# the C ABI checks run inside test-rust (tests/tests/c_abi.rs).
+test-python:
+	PYTHONPATH=bindings/python INSITUBATCH_LIB=$(CURDIR)/target/release/libinsitubatch.so \
+	  $(PYTHON) -m pytest -q bindings/python/tests
+
+check: deps fmt build clippy test-rust test-doc test-python
 	@echo "make check: all checks passed"

@@ -1,0 +1,504 @@
+"""The Python face of the engine: geometries, splits, the dataset, its views and batches.
+
+Everything goes through the C ABI (`_lib.py`). Batch arrays alias the Rust batch buffers: each
+numpy array is built on the memory of an exported DLPack tensor whose deleter runs when the last
+array (or view, or tensor made from it) is garbage-collected, so closing the dataset while a batch
+is referenced is safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import numbers
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from . import errors
+from ._lib import DLManagedTensorVersioned, lib
+
+_END_OF_EPOCH = 1
+
+
+def _check(status: int, err: ctypes.c_void_p) -> int:
+    """Raises the error a failed call reported, with the Rust message."""
+    if status in (0, _END_OF_EPOCH):
+        return status
+    if err.value:
+        message = lib.isb_error_message(err).decode("utf-8", "replace")
+        lib.isb_error_free(err)
+    else:
+        message = f"insitubatch call failed with status {status}"
+    raise errors.from_status(status, message)
+
+
+def _take_string(p: ctypes.c_void_p) -> str:
+    try:
+        return ctypes.string_at(p.value).decode("utf-8")
+    finally:
+        lib.isb_string_free(p)
+
+
+def _json_call(fn, *args) -> Any:
+    out = ctypes.c_void_p()
+    err = ctypes.c_void_p()
+    _check(fn(*args, ctypes.byref(out), ctypes.byref(err)), err)
+    return json.loads(_take_string(out))
+
+
+def _path(store) -> bytes:
+    import os
+
+    return os.fsencode(os.fspath(store))
+
+
+@dataclass(frozen=True)
+class ArrayGeometry:
+    """One variable's geometry: physical shape and stored-chunk shape, the sample axis, and the
+    window offset (`shift`)."""
+
+    store: str
+    path: str
+    shape: tuple
+    chunks: tuple
+    dtype: str
+    sample_axis: int
+    offset: int = 0
+
+    @property
+    def n_samples(self) -> int:
+        return self.shape[self.sample_axis]
+
+    @property
+    def samples_per_chunk(self) -> int:
+        return self.chunks[self.sample_axis]
+
+    @property
+    def inner_shape(self) -> tuple:
+        return tuple(d for a, d in enumerate(self.shape) if a != self.sample_axis)
+
+    def shift(self, k: int) -> "ArrayGeometry":
+        """The same array read `k` samples further along the sample axis."""
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool):
+            raise TypeError(f"shift(k): k must be an int, not {type(k).__name__}")
+        return replace(self, offset=self.offset + int(k))
+
+
+def open_geometries(store, variables: Sequence[str] | None = None, sample_axis: int = 0) -> dict:
+    """Geometries of a store's data variables (coordinates and 0-D arrays skipped), by path."""
+    _check_int("sample_axis", sample_axis, minimum=0)
+    raw = _json_call(lib.isb_open_geometries, _path(store), sample_axis)
+    out = {
+        p: ArrayGeometry(
+            store=str(store),
+            path=p,
+            shape=tuple(g["shape"]),
+            chunks=tuple(g["chunks"]),
+            dtype=g["dtype"],
+            sample_axis=g["sample_axis"],
+        )
+        for p, g in raw.items()
+    }
+    if variables is None:
+        return out
+    missing = [v for v in variables if v not in out]
+    if missing:
+        raise errors.InvalidArgument(
+            f"variables {missing} are not data variables of {store}; it has {sorted(out)}"
+        )
+    return {v: out[v] for v in variables}
+
+
+@dataclass
+class SplitManifest:
+    """Which sample-axis chunks belong to each split (whole chunks only)."""
+
+    data: dict = field(repr=False)
+
+    @property
+    def splits(self) -> dict:
+        return self.data["splits"]
+
+    @property
+    def array(self) -> str:
+        return self.data["array"]
+
+    def to_json(self) -> str:
+        return json.dumps(self.data, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SplitManifest":
+        data = json.loads(text)
+        if not isinstance(data, dict) or "splits" not in data:
+            raise errors.InvalidArgument("not a split manifest: no `splits`")
+        return cls(data)
+
+
+def split_by_chunk(
+    geom: ArrayGeometry,
+    fractions=(0.8, 0.1, 0.1),
+    seed: int = 0,
+    contiguous: bool = True,
+    sample_range=None,
+) -> SplitManifest:
+    """Assigns whole chunks of `geom`'s sample axis to train/val/test by `fractions` (of chunks)."""
+    if not isinstance(geom, ArrayGeometry):
+        raise TypeError(f"split_by_chunk: geom must be an ArrayGeometry, not {type(geom).__name__}")
+    params = {
+        "fractions": [float(f) for f in fractions],
+        "seed": _check_int("seed", seed, minimum=0),
+        "contiguous": bool(contiguous),
+        "sample_axis": geom.sample_axis,
+    }
+    if sample_range is not None:
+        start, stop = sample_range
+        params["sample_range"] = [_check_int("sample_range", start, 0), _check_int("sample_range", stop, 0)]
+    raw = _json_call(
+        lib.isb_split_by_chunk,
+        _path(geom.store),
+        geom.path.encode(),
+        json.dumps(params).encode(),
+    )
+    return SplitManifest(raw)
+
+
+def _check_int(name: str, value, minimum: int = 1) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"`{name}` must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise errors.InvalidArgument(f"invalid argument `{name}` = {value}: must be at least {minimum}")
+    return int(value)
+
+
+_NP_DTYPES = {
+    (0, 8): np.int8, (0, 16): np.int16, (0, 32): np.int32, (0, 64): np.int64,
+    (1, 8): np.uint8, (1, 16): np.uint16, (1, 32): np.uint32, (1, 64): np.uint64,
+    (2, 16): np.float16, (2, 32): np.float32, (2, 64): np.float64,
+    (5, 64): np.complex64, (5, 128): np.complex128, (6, 8): np.bool_,
+}
+
+
+class _Export:
+    """Owns one exported DLPack tensor; its deleter runs when this object is collected."""
+
+    __slots__ = ("ptr", "__weakref__")
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __del__(self):
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            try:
+                ptr.contents.deleter(ptr)
+            except Exception:  # interpreter shutdown: the process is ending anyway
+                pass
+
+
+def _array_from_export(ptr) -> np.ndarray:
+    t = ptr.contents.dl_tensor
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    dtype = np.dtype(_NP_DTYPES[(t.dtype.code, t.dtype.bits)])
+    nbytes = math.prod(shape) * dtype.itemsize
+    owner = _Export(ptr)
+    if nbytes == 0:
+        return np.empty(shape, dtype)
+    raw = (ctypes.c_char * nbytes).from_address(t.data + t.byte_offset)
+    # The ctypes array is the numpy array's buffer; hanging the owner on it ties the Rust
+    # buffer's life to the last array, view or tensor that uses this memory.
+    raw._insitubatch_owner = owner
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+class Batch:
+    """One batch: `arrays[label]` shaped (batch, *sample_inner), aliasing Rust memory."""
+
+    def __init__(self, arrays: dict, sample_indices: np.ndarray, offsets: Mapping[str, int]):
+        self.arrays = arrays
+        self.sample_indices = sample_indices
+        self._offsets = dict(offsets)
+
+    def __len__(self) -> int:
+        return len(self.sample_indices)
+
+    def __repr__(self) -> str:
+        shapes = {k: v.shape for k, v in self.arrays.items()}
+        return f"Batch(len={len(self)}, arrays={shapes})"
+
+    def read_indices(self, label: str) -> np.ndarray:
+        """The sample index `label` read for each row: anchor + the label's offset."""
+        if label not in self._offsets:
+            raise KeyError(f"no label {label!r}; the batch has {list(self._offsets)}")
+        return self.sample_indices + np.int64(self._offsets[label])
+
+    @property
+    def offsets(self) -> dict:
+        return dict(self._offsets)
+
+    def stack(self, labels: Sequence[str] | None = None, axis: int = 1) -> np.ndarray:
+        """The arrays of `labels` (default: all) stacked along a new `axis` (a copy)."""
+        labels = list(self.arrays) if labels is None else list(labels)
+        return np.stack([self.arrays[l] for l in labels], axis=axis)
+
+
+def _batch_from_handle(handle: ctypes.c_void_p, offsets: Mapping[str, int]) -> Batch:
+    err = ctypes.c_void_p()
+    try:
+        n = ctypes.c_size_t()
+        _check(lib.isb_batch_label_count(handle, ctypes.byref(n), ctypes.byref(err)), err)
+        arrays = {}
+        for i in range(n.value):
+            label = ctypes.c_char_p()
+            _check(lib.isb_batch_label(handle, i, ctypes.byref(label), ctypes.byref(err)), err)
+            t = ctypes.POINTER(DLManagedTensorVersioned)()
+            _check(lib.isb_batch_export(handle, label.value, ctypes.byref(t), ctypes.byref(err)), err)
+            arrays[label.value.decode()] = _array_from_export(t)
+        idx = ctypes.POINTER(ctypes.c_uint64)()
+        ln = ctypes.c_size_t()
+        _check(
+            lib.isb_batch_sample_indices(handle, ctypes.byref(idx), ctypes.byref(ln), ctypes.byref(err)),
+            err,
+        )
+        sample_indices = np.ctypeslib.as_array(idx, shape=(ln.value,)).astype(np.int64) if ln.value else np.empty(0, np.int64)
+    finally:
+        lib.isb_batch_free(handle)
+    return Batch(arrays, sample_indices, offsets)
+
+
+class _View:
+    """`ds.train` and friends: iterating starts an epoch over the split at the current epoch."""
+
+    def __init__(self, ds: "InSituDataset", split: str):
+        self._ds = ds
+        self.split = split
+
+    def __repr__(self) -> str:
+        return f"<insitubatch view {self.split!r}>"
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self._ds._iterate(self.split)
+
+
+class InSituDataset:
+    """Shuffled, split-aware batches from a Zarr store read in place.
+
+    `geometries` maps labels to `ArrayGeometry` views (use `g.shift(h)` for a window); default:
+    every data variable, labelled by its path. Views: `train` (shuffled when `shuffle`), `val`,
+    `test`, `all` (sequential).
+    """
+
+    def __init__(
+        self,
+        store,
+        manifest: SplitManifest | None = None,
+        geometries: Mapping[str, ArrayGeometry] | None = None,
+        *,
+        batch_size: int = 32,
+        block_chunks: int = 16,
+        max_inflight: int = 32,
+        seed: int = 0,
+        shuffle: bool = True,
+        prefetch_depth: int = 2,
+        cache_dir=None,
+        cache_budget_bytes: int | None = None,
+        persist: bool = False,
+        reset_stale_cache: bool = False,
+        readonly_cache: bool = False,
+        on_bad_chunk: str = "raise",
+        batch_transforms: Iterable[Callable[[Batch], Batch]] = (),
+        sample_axis: int = 0,
+        executor_threads: int | None = None,
+        io_backend: str | None = None,
+    ):
+        self._handle = None
+        if cache_dir is not None or persist or reset_stale_cache or readonly_cache:
+            raise errors.Unsupported(
+                "cache_dir, persist, reset_stale_cache and readonly_cache need the NVMe cache "
+                "tier, which this version does not have yet; leave them unset"
+            )
+        config: dict[str, Any] = {
+            "store": str(store),
+            "batch_size": _check_int("batch_size", batch_size),
+            "block_chunks": _check_int("block_chunks", block_chunks),
+            "max_inflight": _check_int("max_inflight", max_inflight),
+            "prefetch_depth": _check_int("prefetch_depth", prefetch_depth),
+            "seed": _check_int("seed", seed, minimum=0),
+            "sample_axis": _check_int("sample_axis", sample_axis, minimum=0),
+        }
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"`shuffle` must be a bool, not {type(shuffle).__name__}")
+        config["shuffle"] = shuffle
+        if on_bad_chunk not in ("raise", "nan"):
+            raise errors.InvalidArgument(
+                f"invalid argument `on_bad_chunk` = {on_bad_chunk!r}: use 'raise' or 'nan'"
+            )
+        config["on_bad_chunk"] = on_bad_chunk
+        if cache_budget_bytes is not None:
+            config["cache_budget_bytes"] = _check_int("cache_budget_bytes", cache_budget_bytes)
+        if executor_threads is not None:
+            config["executor_threads"] = _check_int("executor_threads", executor_threads)
+        if io_backend is not None:
+            config["io_backend"] = str(io_backend)
+        if manifest is not None:
+            if not isinstance(manifest, SplitManifest):
+                raise TypeError(f"`manifest` must be a SplitManifest, not {type(manifest).__name__}")
+            config["manifest"] = manifest.data
+        if geometries is not None:
+            if not isinstance(geometries, Mapping):
+                raise TypeError("`geometries` must map labels to ArrayGeometry")
+            views = []
+            for label, g in geometries.items():
+                if not isinstance(g, ArrayGeometry):
+                    raise TypeError(f"geometries[{label!r}] must be an ArrayGeometry, not {type(g).__name__}")
+                if g.sample_axis != sample_axis:
+                    config["sample_axis"] = g.sample_axis
+                views.append({"label": str(label), "path": g.path, "offset": g.offset})
+            config["variables"] = views
+        self._transforms = list(batch_transforms)
+        for t in self._transforms:
+            if not callable(t):
+                raise TypeError(f"batch_transforms: {t!r} is not callable")
+        handle = ctypes.c_void_p()
+        err = ctypes.c_void_p()
+        _check(lib.isb_dataset_open(json.dumps(config).encode(), ctypes.byref(handle), ctypes.byref(err)), err)
+        self._handle = handle
+        self.batch_size = batch_size
+        self._last_stats: dict = {}
+        info = self._dataset_stats()
+        self._offsets = {v["label"]: v["offset"] for v in info["variables"]}
+        self.geometries = {
+            v["label"]: ArrayGeometry(
+                store=str(store),
+                path=v["path"],
+                shape=tuple(v["shape"]),
+                chunks=tuple(v["chunks"]),
+                dtype=v["dtype"],
+                sample_axis=v["sample_axis"],
+                offset=v["offset"],
+            )
+            for v in info["variables"]
+        }
+        self.manifest = SplitManifest(info["manifest"])
+
+    # views -----------------------------------------------------------------------------
+    @property
+    def train(self) -> _View:
+        return _View(self, "train")
+
+    @property
+    def val(self) -> _View:
+        return _View(self, "val")
+
+    @property
+    def test(self) -> _View:
+        return _View(self, "test")
+
+    @property
+    def all(self) -> _View:
+        return _View(self, "all")
+
+    def _live(self) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise errors.Closed("the dataset is closed; open a new InSituDataset")
+        return self._handle
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration draws (the order depends on (seed, epoch) only)."""
+        err = ctypes.c_void_p()
+        _check(lib.isb_dataset_set_epoch(self._live(), _check_int("epoch", epoch, 0), ctypes.byref(err)), err)
+
+    def _dataset_stats(self) -> dict:
+        return _json_call(lib.isb_dataset_stats_json, self._live())
+
+    def _iterate(self, split: str) -> Iterator[Batch]:
+        if not isinstance(split, str):
+            raise TypeError("split must be a str")
+        it = ctypes.c_void_p()
+        err = ctypes.c_void_p()
+        _check(lib.isb_iter_start(self._live(), split.encode(), ctypes.byref(it), ctypes.byref(err)), err)
+        return self._generate(it)
+
+    def _generate(self, it: ctypes.c_void_p) -> Iterator[Batch]:
+        try:
+            while True:
+                if self._handle is None:
+                    raise errors.Closed("the dataset was closed during iteration")
+                b = ctypes.c_void_p()
+                err = ctypes.c_void_p()
+                status = _check(lib.isb_iter_next(it, ctypes.byref(b), ctypes.byref(err)), err)
+                if status == _END_OF_EPOCH:
+                    return
+                batch = _batch_from_handle(b, self._offsets)
+                for t in self._transforms:
+                    batch = t(batch)
+                yield batch
+        finally:
+            try:
+                self._last_stats = _json_call(lib.isb_iter_stats_json, it)
+            except errors.Error:
+                pass
+            lib.isb_iter_free(it)
+
+    # reports ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """The last finished (or stopped) iteration's report plus the pool's counters."""
+        out = dict(self._last_stats)
+        out["pool"] = self._dataset_stats()["pool"]
+        return out
+
+    @property
+    def cache_hits(self) -> int:
+        return int(self._last_stats.get("cache_hits", 0))
+
+    @property
+    def cache_misses(self) -> int:
+        return int(self._last_stats.get("cache_misses", 0))
+
+    @property
+    def bad_chunks(self) -> list:
+        return [
+            (b["array"], tuple(b["chunk_index"]), b["key"])
+            for b in self._last_stats.get("bad_chunks", [])
+        ]
+
+    # lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Releases the dataset (idempotent). Batches already handed out stay valid."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            lib.isb_dataset_free(handle)
+
+    def __enter__(self) -> "InSituDataset":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def shuffle_quality(order, samples_per_chunk: int) -> float:
+    """How close an emitted order (sample indices) is to a perfect global shuffle: 1.0 is
+    indistinguishable from one, 0.0 is sequential (the same score as the Rust engine's)."""
+    o = np.asarray(order, dtype=np.int64)
+    n = len(o)
+    spc = int(samples_per_chunk)
+    if n < 3 or spc <= 0:
+        return 1.0
+    same = float(np.mean(o[1:] // spc == o[:-1] // spc))
+    expected = min((min(spc, n) - 1) / (n - 1), 1.0)
+    mixing = 1.0 if expected >= 1.0 else float(np.clip(1.0 - max(same - expected, 0.0) / (1.0 - expected), 0, 1))
+    ranks = np.empty(n)
+    ranks[np.argsort(o, kind="stable")] = np.arange(n)
+    pos = np.arange(n, dtype=float)
+    mean = (n - 1) / 2
+    den = np.sum((pos - mean) ** 2)
+    rho = float(np.sum((pos - mean) * (ranks - mean)) / den) if den > 0 else 0.0
+    return (mixing + (1.0 - abs(rho))) / 2.0

@@ -1,0 +1,42 @@
+"""torch and JAX adapters (both optional). Tensors are made through DLPack from the batch's numpy
+arrays, so they alias the Rust buffer: no copy on the CPU."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+
+def to_torch(batch, device=None) -> dict:
+    """label -> torch.Tensor aliasing the batch (moved to `device` if given)."""
+    import torch
+
+    out = {}
+    for label, arr in batch.arrays.items():
+        t = torch.from_dlpack(arr)
+        out[label] = t.to(device) if device is not None else t
+    return out
+
+
+def to_jax(batch, device=None) -> dict:
+    """label -> jax.Array (on `device`, default jax.devices()[0]); a CPU import aliases."""
+    import jax
+
+    out = {}
+    for label, arr in batch.arrays.items():
+        x = jax.dlpack.from_dlpack(arr)
+        out[label] = jax.device_put(x, device) if device is not None else x
+    return out
+
+
+def as_torch(view, device=None):
+    """A torch IterableDataset over a view (`ds.train`): use it with
+    `DataLoader(as_torch(ds.train), batch_size=None, num_workers=0)`; each item is a dict of
+    tensors. Parallelism is inside insitubatch, so DataLoader workers add nothing."""
+    import torch
+
+    class _Iterable(torch.utils.data.IterableDataset):
+        def __iter__(self) -> Iterator[dict]:
+            for batch in view:
+                yield to_torch(batch, device)
+
+    return _Iterable()

@@ -1,0 +1,159 @@
+"""The engine through Python: values against zarr-python, sample-once, determinism, zero copy,
+lifetimes under adversarial drop orders, errors, fork."""
+
+import gc
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+import insitubatch as isb
+
+
+def era5(fixtures):
+    out, _ = fixtures
+    return out / "era5_v3.zarr"
+
+
+def test_every_sample_equals_zarr_python_with_windows_and_each_anchor_once(fixtures):
+    store = era5(fixtures)
+    g = isb.open_geometries(store)
+    assert set(g) == {"t2m", "u10", "station"}, "coordinates and spatial_ref are skipped"
+    ref = {name: zarr.open_array(store / name, mode="r")[...] for name in ("t2m", "u10")}
+    geoms = {"x": g["t2m"], "y": g["t2m"].shift(2), "u": g["u10"]}
+    manifest = isb.split_by_chunk(g["t2m"], (0.5, 0.5))
+    assert isb.SplitManifest.from_json(manifest.to_json()).splits == manifest.splits
+    with isb.InSituDataset(store, manifest, geoms, batch_size=2, block_chunks=1) as ds:
+        seen = []
+        for split in (ds.train, ds.val):
+            for b in split:
+                assert b.arrays["x"].shape == (len(b), 9, 16)
+                for r, idx in enumerate(b.read_indices("x")):
+                    np.testing.assert_array_equal(b.arrays["x"][r], ref["t2m"][idx])
+                for r, idx in enumerate(b.read_indices("y")):
+                    np.testing.assert_array_equal(b.arrays["y"][r], ref["t2m"][idx])
+                for r, idx in enumerate(b.read_indices("u")):
+                    np.testing.assert_array_equal(b.arrays["u"][r], ref["u10"][idx])
+                assert b.stack(["x", "u"], axis=1).shape == (len(b), 2, 9, 16)
+                seen.extend(b.sample_indices.tolist())
+        # T = 12, y reads t + 2: anchors 0..9 are valid, each exactly once across the splits.
+        assert sorted(seen) == list(range(10))
+
+
+def test_order_depends_on_seed_and_epoch_only(fixtures):
+    out, _ = fixtures
+    store = out / "paired.zarr"
+    g = isb.open_geometries(store, ["raw", "mask"])
+
+    def order(threads, io, epoch):
+        with isb.InSituDataset(store, None, g, batch_size=7, block_chunks=4, seed=3,
+                               executor_threads=threads, io_backend=io) as ds:
+            ds.set_epoch(epoch)
+            return [i for b in ds.train for i in b.sample_indices.tolist()]
+
+    a = order(1, "threads", 0)
+    assert a == order(2, "auto", 0)
+    b = order(2, "auto", 1)
+    assert a != b and sorted(a) == sorted(b) == list(range(61))
+    assert isb.shuffle_quality(a, 1) > 0.5
+    assert isb.shuffle_quality(list(range(64)), 8) < 0.1
+
+
+def test_arrays_alias_rust_memory_and_outlive_everything_in_any_drop_order(fixtures):
+    store = era5(fixtures)
+    ref = zarr.open_array(store / "t2m", mode="r")[...]
+    ds = isb.InSituDataset(store, batch_size=4, shuffle=False)
+    it = iter(ds.all)
+    b0 = next(it)
+    keep_view = b0.arrays["t2m"][1:3]      # a numpy view keeps the buffer too
+    keep_whole = next(it).arrays["u10"]
+    addr = b0.arrays["t2m"].__array_interface__["data"][0]
+    assert addr % 4096 == 0, "batch buffers are page aligned"
+    assert not b0.arrays["t2m"].flags.owndata, "no copy: numpy does not own the memory"
+    # Drop everything else in an unfriendly order: the iterator mid-epoch, the dataset, the batch.
+    del it
+    ds.close()
+    ds.close()  # idempotent
+    del b0
+    gc.collect()
+    np.testing.assert_array_equal(keep_view, ref[1:3])
+    u10 = zarr.open_array(store / "u10", mode="r")[...]
+    np.testing.assert_array_equal(keep_whole, u10[4:8])
+    with pytest.raises(isb.Closed):
+        next(iter(ds.train))
+
+
+def test_batch_transforms_run_in_the_consumer(fixtures):
+    store = era5(fixtures)
+
+    def double(batch):
+        batch.arrays = {k: v * 2 for k, v in batch.arrays.items()}
+        return batch
+
+    with isb.InSituDataset(store, batch_size=12, shuffle=False, batch_transforms=[double]) as ds:
+        (b,) = list(ds.all)
+        ref = zarr.open_array(store / "station", mode="r")[...]
+        np.testing.assert_array_equal(b.arrays["station"], ref * 2)
+
+
+def test_bad_arguments_are_named(fixtures):
+    store = era5(fixtures)
+    with pytest.raises(TypeError, match="batch_sise"):
+        isb.InSituDataset(store, batch_sise=3)
+    with pytest.raises(ValueError, match="batch_size"):
+        isb.InSituDataset(store, batch_size=0)
+    with pytest.raises(isb.InvalidArgument, match="max_inflight"):
+        isb.InSituDataset(store, max_inflight=-1)
+    with pytest.raises(TypeError, match="prefetch_depth"):
+        isb.InSituDataset(store, prefetch_depth="2")
+    with pytest.raises(ValueError, match="on_bad_chunk"):
+        isb.InSituDataset(store, on_bad_chunk="skip")
+    with pytest.raises(FileNotFoundError, match="no-such.zarr"):
+        isb.InSituDataset(store.parent / "no-such.zarr")
+    g = isb.open_geometries(store)
+    with pytest.raises(ValueError, match="fractions"):
+        isb.split_by_chunk(g["t2m"], (0.9, 0.3))
+    with pytest.raises(ValueError, match="sample_range"):
+        isb.split_by_chunk(g["t2m"], (1.0,), sample_range=(5, 99))
+    other = isb.split_by_chunk(isb.open_geometries(fixtures[0] / "paired.zarr")["raw"], (1.0,))
+    with pytest.raises(ValueError, match="made for array `raw`"):
+        isb.InSituDataset(store, other)
+    with isb.InSituDataset(store) as ds:
+        with pytest.raises(ValueError, match="split `val` is empty"):
+            next(iter(ds.val))
+    with pytest.raises(isb.Unsupported, match="cache_dir"):
+        isb.InSituDataset(store, cache_dir="/tmp/x")
+
+
+def test_a_forked_child_gets_a_clear_error_and_the_parent_keeps_working(fixtures):
+    store = era5(fixtures)
+    ds = isb.InSituDataset(store, batch_size=4)
+    assert len(list(ds.train)) == 3
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            next(iter(ds.train))
+        except isb.WrongProcess as e:
+            code = 0 if "fork" in str(e) else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert len(list(ds.train)) == 3
+    ds.close()
+
+
+def test_stats_report_hits_misses_and_bad_chunks(fixtures):
+    store = era5(fixtures)
+    with isb.InSituDataset(store, batch_size=4, cache_budget_bytes=1 << 20) as ds:
+        list(ds.train)
+        assert ds.cache_misses == 9 and ds.cache_hits == 0  # 3 variables x 3 chunks
+        ds.set_epoch(1)
+        list(ds.train)
+        assert ds.cache_hits == 9 and ds.cache_misses == 0
+        assert ds.bad_chunks == []
+        s = ds.stats()
+        assert s["batches"] == 3 and s["pool"]["budget_bytes"] == 1 << 20
