@@ -413,6 +413,15 @@ IsbStatus isb_batch_export(const struct IsbBatch *b,
 void isb_batch_free(struct IsbBatch *b);
 
 /*
+ Calls a tensor's deleter (for bindings that cannot call a function pointer cheaply). NULL is
+ accepted.
+
+ # Safety
+ `t` is NULL or a tensor exported by this library whose deleter was not called yet.
+ */
+void isb_dlpack_delete(struct DLManagedTensorVersioned *t);
+
+/*
  The status of an error (`IsbInternal` for NULL).
 
  # Safety

@@ -161,3 +161,20 @@ pub(crate) fn export(batch: &Arc<Batch>, label: &str) -> Option<*mut DLManagedTe
     unsafe { (*raw).tensor.manager_ctx = raw.cast() };
     Some(raw.cast())
 }
+
+/// Calls a tensor's deleter (for bindings that cannot call a function pointer cheaply). NULL is
+/// accepted.
+///
+/// # Safety
+/// `t` is NULL or a tensor exported by this library whose deleter was not called yet.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_dlpack_delete(t: *mut DLManagedTensorVersioned) {
+    if t.is_null() {
+        return;
+    }
+    // SAFETY: per the contract, a live exported tensor; its deleter is `delete_export`.
+    if let Some(d) = unsafe { (*t).deleter } {
+        // SAFETY: forwarded contract; called once.
+        unsafe { d(t) };
+    }
+}

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import errors
-from ._lib import DLManagedTensorVersioned, lib
+from ._lib import DATA_OFFSET, lib
 
 _END_OF_EPOCH = 1
 
@@ -173,44 +173,29 @@ def _check_int(name: str, value, minimum: int = 1) -> int:
     return int(value)
 
 
-_NP_DTYPES = {
-    (0, 8): np.int8, (0, 16): np.int16, (0, 32): np.int32, (0, 64): np.int64,
-    (1, 8): np.uint8, (1, 16): np.uint16, (1, 32): np.uint32, (1, 64): np.uint64,
-    (2, 16): np.float16, (2, 32): np.float32, (2, 64): np.float64,
-    (5, 64): np.complex64, (5, 128): np.complex128, (6, 8): np.bool_,
-}
-
-
 class _Export:
-    """Owns one exported DLPack tensor; its deleter runs when this object is collected."""
+    """Owns one exported DLPack tensor and presents it to numpy through `__array_interface__`;
+    the numpy array's base is this object, so the deleter runs when the last array, view or
+    tensor made from this memory is collected."""
 
-    __slots__ = ("ptr", "__weakref__")
+    __slots__ = ("tensor", "__array_interface__", "__weakref__")
 
-    def __init__(self, ptr):
-        self.ptr = ptr
+    def __init__(self, tensor: int, data: int, shape: tuple, typestr: str):
+        self.tensor = tensor
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": shape,
+            "typestr": typestr,
+            "data": (data, False),
+        }
 
     def __del__(self):
-        ptr, self.ptr = self.ptr, None
-        if ptr:
+        tensor, self.tensor = self.tensor, None
+        if tensor:
             try:
-                ptr.contents.deleter(ptr)
+                lib.isb_dlpack_delete(tensor)
             except Exception:  # interpreter shutdown: the process is ending anyway
                 pass
-
-
-def _array_from_export(ptr) -> np.ndarray:
-    t = ptr.contents.dl_tensor
-    shape = tuple(t.shape[i] for i in range(t.ndim))
-    dtype = np.dtype(_NP_DTYPES[(t.dtype.code, t.dtype.bits)])
-    nbytes = math.prod(shape) * dtype.itemsize
-    owner = _Export(ptr)
-    if nbytes == 0:
-        return np.empty(shape, dtype)
-    raw = (ctypes.c_char * nbytes).from_address(t.data + t.byte_offset)
-    # The ctypes array is the numpy array's buffer; hanging the owner on it ties the Rust
-    # buffer's life to the last array, view or tensor that uses this memory.
-    raw._insitubatch_owner = owner
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
 class Batch:
@@ -244,28 +229,49 @@ class Batch:
         return np.stack([self.arrays[l] for l in labels], axis=axis)
 
 
-def _batch_from_handle(handle: ctypes.c_void_p, offsets: Mapping[str, int]) -> Batch:
-    err = ctypes.c_void_p()
-    try:
-        n = ctypes.c_size_t()
-        _check(lib.isb_batch_label_count(handle, ctypes.byref(n), ctypes.byref(err)), err)
-        arrays = {}
-        for i in range(n.value):
-            label = ctypes.c_char_p()
-            _check(lib.isb_batch_label(handle, i, ctypes.byref(label), ctypes.byref(err)), err)
-            t = ctypes.POINTER(DLManagedTensorVersioned)()
-            _check(lib.isb_batch_export(handle, label.value, ctypes.byref(t), ctypes.byref(err)), err)
-            arrays[label.value.decode()] = _array_from_export(t)
-        idx = ctypes.POINTER(ctypes.c_uint64)()
-        ln = ctypes.c_size_t()
-        _check(
-            lib.isb_batch_sample_indices(handle, ctypes.byref(idx), ctypes.byref(ln), ctypes.byref(err)),
-            err,
-        )
-        sample_indices = np.ctypeslib.as_array(idx, shape=(ln.value,)).astype(np.int64) if ln.value else np.empty(0, np.int64)
-    finally:
-        lib.isb_batch_free(handle)
-    return Batch(arrays, sample_indices, offsets)
+_DTYPES = {
+    "bool": "|b1", "int8": "|i1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
+    "uint8": "|u1", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8",
+    "float16": "<f2", "float32": "<f4", "float64": "<f8",
+    "complex64": "<c8", "complex128": "<c16",
+}
+
+
+class _BatchReader:
+    """Turns batch handles into `Batch`es. The labels, inner shapes and dtypes are fixed per
+    dataset, and the out-parameters are reused, so a batch costs one C call per label plus three
+    and no ctypes structure traversal."""
+
+    def __init__(self, geometries: Mapping[str, ArrayGeometry], offsets: Mapping[str, int]):
+        self.labels = [
+            (label, label.encode(), tuple(g.inner_shape), np.dtype(_DTYPES[g.dtype]).str)
+            for label, g in geometries.items()
+        ]
+        self.offsets = dict(offsets)
+        self.err = ctypes.c_void_p()
+        self.tensor = ctypes.c_void_p()
+        self.idx = ctypes.c_void_p()
+        self.len = ctypes.c_size_t()
+        self.err_ref = ctypes.byref(self.err)
+        self.tensor_ref = ctypes.byref(self.tensor)
+        self.idx_ref = ctypes.byref(self.idx)
+        self.len_ref = ctypes.byref(self.len)
+
+    def read(self, handle: ctypes.c_void_p) -> Batch:
+        try:
+            _check(lib.isb_batch_sample_indices(handle, self.idx_ref, self.len_ref, self.err_ref), self.err)
+            n = self.len.value
+            raw = ctypes.string_at(self.idx.value, n * 8) if n else b""
+            sample_indices = np.frombuffer(raw, dtype=np.uint64).astype(np.int64)
+            arrays = {}
+            for label, raw_label, inner, typestr in self.labels:
+                _check(lib.isb_batch_export(handle, raw_label, self.tensor_ref, self.err_ref), self.err)
+                tensor = self.tensor.value
+                data = ctypes.c_size_t.from_address(tensor + DATA_OFFSET).value
+                arrays[label] = np.asarray(_Export(tensor, data, (n,) + inner, typestr))
+        finally:
+            lib.isb_batch_free(handle)
+        return Batch(arrays, sample_indices, self.offsets)
 
 
 class _View:
@@ -422,17 +428,19 @@ class InSituDataset:
         return self._generate(it)
 
     def _generate(self, it: ctypes.c_void_p) -> Iterator[Batch]:
+        reader = _BatchReader(self.geometries, self._offsets)
+        b = ctypes.c_void_p()
+        err = ctypes.c_void_p()
+        b_ref, err_ref = ctypes.byref(b), ctypes.byref(err)
+        transforms = self._transforms
         try:
             while True:
                 if self._handle is None:
                     raise errors.Closed("the dataset was closed during iteration")
-                b = ctypes.c_void_p()
-                err = ctypes.c_void_p()
-                status = _check(lib.isb_iter_next(it, ctypes.byref(b), ctypes.byref(err)), err)
-                if status == _END_OF_EPOCH:
+                if _check(lib.isb_iter_next(it, b_ref, err_ref), err) == _END_OF_EPOCH:
                     return
-                batch = _batch_from_handle(b, self._offsets)
-                for t in self._transforms:
+                batch = reader.read(b)
+                for t in transforms:
                     batch = t(batch)
                 yield batch
         finally:

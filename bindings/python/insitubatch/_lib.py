@@ -107,14 +107,12 @@ def _load() -> ctypes.CDLL:
         "isb_batch_len": (U32, [P, ctypes.POINTER(ctypes.c_size_t), ERR]),
         "isb_batch_sample_indices": (
             U32,
-            [P, ctypes.POINTER(ctypes.POINTER(ctypes.c_uint64)), ctypes.POINTER(ctypes.c_size_t), ERR],
+            [P, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ERR],
         ),
         "isb_batch_label_count": (U32, [P, ctypes.POINTER(ctypes.c_size_t), ERR]),
         "isb_batch_label": (U32, [P, ctypes.c_size_t, ctypes.POINTER(S), ERR]),
-        "isb_batch_export": (
-            U32,
-            [P, S, ctypes.POINTER(ctypes.POINTER(DLManagedTensorVersioned)), ERR],
-        ),
+        "isb_batch_export": (U32, [P, S, ctypes.POINTER(ctypes.c_void_p), ERR]),
+        "isb_dlpack_delete": (None, [P]),
         "isb_batch_free": (None, [P]),
     }
     for name, (restype, argtypes) in sigs.items():
@@ -125,3 +123,7 @@ def _load() -> ctypes.CDLL:
 
 
 lib = _load()
+
+# Byte offset of `dl_tensor.data` inside DLManagedTensorVersioned: the shim reads the data
+# pointer straight from an exported tensor's address.
+DATA_OFFSET = DLManagedTensorVersioned.dl_tensor.offset + DLTensor.data.offset
