@@ -112,7 +112,19 @@ fn bad_input_through_the_c_abi_is_a_status_and_a_message() {
         &root().join("bindings/c/tests/abi_checks.c"),
         "isb-abi-checks",
     );
-    let out = Command::new(&exe).arg(&f.store).output().unwrap();
+    // A copy of a v3 zstd array with one stored chunk overwritten by garbage.
+    let zstd = fixture_arrays()
+        .into_iter()
+        .find(|f| f.case == "v3_zstd")
+        .unwrap();
+    let corrupt = tempfile::tempdir().unwrap();
+    copy_dir(&zstd.store, corrupt.path());
+    std::fs::write(corrupt.path().join("c/1/0/0"), b"this is not zstd").unwrap();
+    let out = Command::new(&exe)
+        .arg(&f.store)
+        .arg(corrupt.path())
+        .output()
+        .unwrap();
     assert!(
         out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
         "stdout: {}\nstderr: {}",
@@ -120,4 +132,17 @@ fn bad_input_through_the_c_abi_is_a_status_and_a_message() {
         String::from_utf8_lossy(&out.stderr)
     );
     std::fs::remove_file(exe).ok();
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
 }

@@ -28,7 +28,7 @@ static void expect(const char *what, IsbStatus got, IsbStatus want, IsbError *er
     } while (0)
 
 int main(int argc, char **argv) {
-    if (argc != 2) return 2;
+    if (argc != 3) return 2;
     const char *store = argv[1];
     IsbDataset *ds = NULL;
     char config[4096];
@@ -101,6 +101,20 @@ int main(int argc, char **argv) {
         failures++;
     }
     t->deleter(t);
+
+    /* A corrupt chunk: the error names the key; `next` after it says the iteration failed. */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 2}", argv[2]);
+    if (isb_dataset_open(config, &ds, &err) != ISB_OK) {
+        fprintf(stderr, "open corrupt: %s\n", isb_error_message(err));
+        return 1;
+    }
+    if (isb_iter_start(ds, "all", &it, &err) != ISB_OK) return 1;
+    IsbStatus st;
+    while ((st = isb_iter_next(it, &b, &err)) == ISB_OK) isb_batch_free(b);
+    expect("corrupt chunk", st, ISB_BAD_DATA, err, "c/1/0/0");
+    CHECK("next after an error", isb_iter_next(it, &b, &err), ISB_CANCELLED, "failed earlier");
+    isb_iter_free(it);
+    isb_dataset_free(ds);
 
     /* Every _free accepts NULL, and so do the error accessors. */
     isb_dataset_free(NULL);

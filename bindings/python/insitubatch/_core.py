@@ -274,6 +274,61 @@ class _BatchReader:
         return Batch(arrays, sample_indices, self.offsets)
 
 
+class _Epoch:
+    """One epoch's iterator. Breaking out of the loop (or dropping it) stops the epoch and frees
+    what it held; after an error, `next` raises `Cancelled` naming the first error."""
+
+    def __init__(self, ds: "InSituDataset", it: ctypes.c_void_p):
+        self._ds = ds
+        self._it = it
+        self._reader = _BatchReader(ds.geometries, ds._offsets)
+        self._b = ctypes.c_void_p()
+        self._err = ctypes.c_void_p()
+        self._refs = (ctypes.byref(self._b), ctypes.byref(self._err))
+        self._failed: str | None = None
+
+    def __iter__(self) -> "_Epoch":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._failed is not None:
+            raise errors.Cancelled(f"this iteration failed earlier and is over: {self._failed}")
+        if self._it is None:
+            raise StopIteration
+        if self._ds._handle is None:
+            self.close()
+            raise errors.Closed("the dataset was closed during iteration")
+        try:
+            status = _check(lib.isb_iter_next(self._it, *self._refs), self._err)
+        except errors.Error as e:
+            self._failed = str(e)
+            self.close()
+            raise
+        if status == _END_OF_EPOCH:
+            self.close()
+            raise StopIteration
+        batch = self._reader.read(self._b)
+        for t in self._ds._transforms:
+            batch = t(batch)
+        return batch
+
+    def close(self) -> None:
+        """Stops the epoch early and frees what it held (idempotent)."""
+        it, self._it = self._it, None
+        if it is not None:
+            try:
+                self._ds._last_stats = _json_call(lib.isb_iter_stats_json, it)
+            except errors.Error:
+                pass
+            lib.isb_iter_free(it)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
 class _View:
     """`ds.train` and friends: iterating starts an epoch over the split at the current epoch."""
 
@@ -427,28 +482,8 @@ class InSituDataset:
         _check(lib.isb_iter_start(self._live(), split.encode(), ctypes.byref(it), ctypes.byref(err)), err)
         return self._generate(it)
 
-    def _generate(self, it: ctypes.c_void_p) -> Iterator[Batch]:
-        reader = _BatchReader(self.geometries, self._offsets)
-        b = ctypes.c_void_p()
-        err = ctypes.c_void_p()
-        b_ref, err_ref = ctypes.byref(b), ctypes.byref(err)
-        transforms = self._transforms
-        try:
-            while True:
-                if self._handle is None:
-                    raise errors.Closed("the dataset was closed during iteration")
-                if _check(lib.isb_iter_next(it, b_ref, err_ref), err) == _END_OF_EPOCH:
-                    return
-                batch = reader.read(b)
-                for t in transforms:
-                    batch = t(batch)
-                yield batch
-        finally:
-            try:
-                self._last_stats = _json_call(lib.isb_iter_stats_json, it)
-            except errors.Error:
-                pass
-            lib.isb_iter_free(it)
+    def _generate(self, it: ctypes.c_void_p) -> "_Epoch":
+        return _Epoch(self, it)
 
     # reports ---------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -157,3 +157,29 @@ def test_stats_report_hits_misses_and_bad_chunks(fixtures):
         assert ds.bad_chunks == []
         s = ds.stats()
         assert s["batches"] == 3 and s["pool"]["budget_bytes"] == 1 << 20
+
+
+def test_a_corrupt_chunk_raises_naming_the_key_then_next_says_it_failed_or_nan_fills(fixtures, tmp_path):
+    import shutil
+
+    src = fixtures[0] / "v3_zstd.zarr"
+    store = tmp_path / "corrupt.zarr"
+    shutil.copytree(src, store)
+    (store / "c" / "1" / "0" / "0").write_bytes(b"this is not zstd")
+    with isb.InSituDataset(store, batch_size=2, shuffle=False) as ds:
+        it = iter(ds.all)
+        with pytest.raises(isb.BadData, match="c/1/0/0"):
+            for _ in it:
+                pass
+        with pytest.raises(isb.Cancelled, match="failed earlier"):
+            next(it)
+    with isb.InSituDataset(store, batch_size=2, shuffle=False, on_bad_chunk="nan") as ds:
+        ref = zarr.open_array(src, mode="r")[...]
+        for b in ds.all:
+            for r, idx in enumerate(b.sample_indices):
+                row = b.arrays[""][r] if "" in b.arrays else next(iter(b.arrays.values()))[r]
+                if 4 <= idx < 8:
+                    assert np.isnan(row).all()
+                else:
+                    np.testing.assert_array_equal(row, ref[idx])
+        assert ds.bad_chunks == [("", (1, 0, 0), "c/1/0/0")]
