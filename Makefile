@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 CARGO ?= cargo
 
-.PHONY: demo check deps build fmt clippy test-rust test-doc test-python
+.PHONY: demo check deps build fmt clippy test-rust test-doc test-python bench-harness
 
 demo:
 	$(CARGO) build --release
@@ -39,7 +39,14 @@ test-doc:
 # the C ABI checks run inside test-rust (tests/tests/c_abi.rs).
 test-python:
 	PYTHONPATH=bindings/python INSITUBATCH_LIB=$(CURDIR)/target/release/libinsitubatch.so \
-	  $(PYTHON) -m pytest -q bindings/python/tests
+	  $(PYTHON) -m pytest -q bindings/python/tests bench-harness/test_smoke.py
 
 check: deps fmt build clippy test-rust test-doc test-python
 	@echo "make check: all checks passed"
+
+# The full side-by-side benchmark (minutes): results, the table and the plot into docs/harness/.
+bench-harness: build
+	rm -f docs/harness/results.jsonl
+	mkdir -p docs/harness
+	$(PYTHON) bench-harness/run.py --out docs/harness/results.jsonl \
+	  --markdown docs/harness/table.md --plots docs/harness

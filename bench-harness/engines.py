@@ -1,0 +1,192 @@
+"""One engine, one store, in this process; prints one JSON object. Run by run.py, which samples
+the whole process tree's memory from outside.
+
+    python engines.py ENGINE STORE [--epochs E] [--batch-size B] [--workers W]
+
+ENGINE: insitubatch-python | torch-dataloader | zarr-sequential | in-memory | raw-read
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+T_PROCESS = float(os.environ.get("HARNESS_T0", time.time()))
+
+
+def data_variables(store):
+    import zarr
+
+    g = zarr.open_group(store, mode="r")
+    out = {}
+    for name, a in g.arrays():
+        dims = a.metadata.dimension_names if hasattr(a.metadata, "dimension_names") else None
+        if a.ndim == 0 or (a.ndim == 1 and dims and dims[0] == name):
+            continue
+        out[name] = a
+    return out
+
+
+class PerSample:
+    """The classic map-style dataset: one sample per __getitem__, read with zarr-python. Module
+    level so DataLoader workers started by forkserver can unpickle it."""
+
+    def __init__(self, store, names, n):
+        self.store, self.names, self.n = store, names, n
+        self.arrays = None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+
+        if self.arrays is None:  # opened in the worker, never inherited across a fork
+            self.arrays = data_variables(self.store)
+        return {k: torch.from_numpy(np.asarray(self.arrays[k][i])) for k in self.names}
+
+
+def latency_summary(intervals_s):
+    if not intervals_s:
+        return {}
+    ms = np.asarray(intervals_s) * 1e3
+    return {
+        "latency_ms_p50": float(np.percentile(ms, 50)),
+        "latency_ms_p90": float(np.percentile(ms, 90)),
+        "latency_ms_p99": float(np.percentile(ms, 99)),
+        "latency_ms_max": float(ms.max()),
+    }
+
+
+def timed_epochs(make_iter, epochs, sample_bytes):
+    """Runs `epochs` epochs of `make_iter(epoch)`; returns per-epoch figures."""
+    out = []
+    for e in range(epochs):
+        t0 = time.perf_counter()
+        last = t0
+        intervals, n, ttfb = [], 0, None
+        for batch_len in make_iter(e):
+            now = time.perf_counter()
+            if ttfb is None:
+                ttfb = now - t0
+                ttfb_process = time.time() - T_PROCESS
+            intervals.append(now - last)
+            last = now
+            n += batch_len
+        secs = time.perf_counter() - t0
+        out.append({
+            "epoch": e,
+            "samples": n,
+            "seconds": secs,
+            "samples_per_s": n / secs,
+            "mb_per_s": n * sample_bytes / secs / 1e6,
+            "ttfb_ms": ttfb * 1e3,
+            "ttfb_from_process_start_ms": ttfb_process * 1e3 if e == 0 else None,
+            **latency_summary(intervals),
+        })
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("engine")
+    ap.add_argument("store")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=0)
+    a = ap.parse_args()
+    store = Path(a.store)
+    arrays = data_variables(store)
+    names = sorted(arrays)
+    n = arrays[names[0]].shape[0]
+    sample_bytes = sum(int(np.prod(arrays[k].shape[1:])) * arrays[k].dtype.itemsize for k in names)
+    bs = a.batch_size
+    extra = {}
+
+    def shuffled(epoch):
+        return np.random.default_rng(epoch).permutation(n)
+
+    if a.engine == "insitubatch-python":
+        import insitubatch as isb
+
+        ds = isb.InSituDataset(store, batch_size=bs)
+
+        def make_iter(e):
+            ds.set_epoch(e)
+            for b in ds.train:
+                yield len(b)
+
+        epochs = timed_epochs(make_iter, a.epochs, sample_bytes)
+        ds.close()
+    elif a.engine == "torch-dataloader":
+        import torch
+        from torch.utils.data import DataLoader
+
+        # forkserver: zarr-python runs an asyncio loop thread, which fork would copy dead.
+        ctx = "forkserver" if a.workers > 0 else None
+        extra = {"workers": a.workers, "start_method": ctx or "in-process"}
+        loaders = {}
+
+        def make_iter(e):
+            torch.manual_seed(e)
+            dl = DataLoader(PerSample(str(store), names, n), batch_size=bs, shuffle=True, num_workers=a.workers,
+                            multiprocessing_context=ctx, persistent_workers=False)
+            for b in dl:
+                yield len(b[names[0]])
+
+        epochs = timed_epochs(make_iter, a.epochs, sample_bytes)
+    elif a.engine == "zarr-sequential":
+        def make_iter(e):
+            order = shuffled(e)
+            for s in range(0, n, bs):
+                idx = order[s:s + bs]
+                _ = {k: np.stack([arrays[k][int(i)] for i in idx]) for k in names}
+                yield len(idx)
+
+        epochs = timed_epochs(make_iter, a.epochs, sample_bytes)
+    elif a.engine == "in-memory":
+        ram = {k: arrays[k][...] for k in names}  # preloaded, untimed
+
+        def make_iter(e):
+            order = shuffled(e)
+            for s in range(0, n, bs):
+                idx = order[s:s + bs]
+                _ = {k: ram[k][idx] for k in names}
+                yield len(idx)
+
+        epochs = timed_epochs(make_iter, a.epochs, sample_bytes)
+    elif a.engine == "raw-read":
+        files = [p for k in names for p in (store / k).rglob("*") if p.is_file() and p.name != "zarr.json"]
+
+        def make_iter(e):
+            per = max(1, len(files) * bs // n)
+            for s in range(0, len(files), per):
+                for p in files[s:s + per]:
+                    p.read_bytes()
+                yield min(bs, n)
+
+        epochs = timed_epochs(make_iter, a.epochs, sample_bytes)
+        for ep in epochs:  # bytes only: the samples column is the decoded size of the same chunks
+            ep["samples"] = n
+    else:
+        sys.exit(f"unknown engine {a.engine!r}")
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({
+        "engine": a.engine,
+        "store": str(store),
+        "samples_per_chunk": int(arrays[names[0]].chunks[0]),
+        "sample_bytes": sample_bytes,
+        "epochs": epochs,
+        "cpu_s": usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime,
+        **extra,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""The side-by-side benchmark: every engine on the same store in one run.
+
+    python bench-harness/run.py [--dir DIR] [--spc 1,2,4,8,16,32] [--epochs 2] [--smoke]
+                                [--out results.jsonl] [--markdown table.md] [--plots DIR]
+
+Stores are made with `insitubatch make-dataset` (ERA5-like 181x360 float32, two variables, zstd
+level 3). Engines: insitubatch through the Rust API (`insitubatch bench --json`) and through the
+Python shim; torch DataLoader over a per-sample zarr-python Dataset with num_workers swept 0..2x
+cores (the best is "tuned workers"); naive sequential zarr-python; the in-memory ceiling (the
+same batch sizes gathered from arrays preloaded in RAM); the raw read ceiling (bytes only). Each
+engine runs in its own process; its whole process tree's resident memory is sampled from here.
+Page cache warm: every store is read once before timing.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / "target" / "release" / "insitubatch"
+ENGINES = Path(__file__).resolve().parent / "engines.py"
+
+
+def run_tree(cmd, env=None):
+    """Runs `cmd`, sampling the RSS of its process tree; returns (stdout, peak bytes, processes)."""
+    env = {**os.environ, **(env or {}), "HARNESS_T0": repr(time.time())}
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    peak, procs = 0, 1
+    stop = threading.Event()
+
+    def sample():
+        nonlocal peak, procs
+        try:
+            root = psutil.Process(p.pid)
+        except psutil.Error:
+            return
+        while not stop.is_set():
+            try:
+                tree = [root] + root.children(recursive=True)
+                rss = sum(q.memory_info().rss for q in tree)
+                peak, procs = max(peak, rss), max(procs, len(tree))
+            except psutil.Error:
+                pass
+            stop.wait(0.02)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, err = p.communicate()
+    stop.set()
+    t.join()
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{err[-2000:]}")
+    return out, peak, procs
+
+
+def make_store(directory, spc, samples, grid):
+    store = Path(directory) / f"era5_spc{spc}_{samples}_{grid}.zarr"
+    if not (store / "zarr.json").exists():
+        subprocess.run([BIN, "make-dataset", store, "--samples", str(samples), "--grid", grid,
+                        "--sample-chunk", str(spc), "--force"], check=True, capture_output=True)
+    for f in store.rglob("*"):  # warm the page cache
+        if f.is_file():
+            f.read_bytes()
+    return store
+
+
+def best_epoch(epochs):
+    """The steady-state epoch: the best of those after the first when there are several."""
+    pool = epochs[1:] if len(epochs) > 1 else epochs
+    return max(pool, key=lambda e: e["samples_per_s"])
+
+
+def measure(store, epochs, workers, batch_size):
+    rows = []
+    out = subprocess.run([BIN, "bench-read", store, "--repeat", "1", "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    ceiling = next(json.loads(l) for l in out.splitlines() if "std::fs::read + zarrs" in l)
+    decode_mb_s = ceiling["decoded_mb_s"]
+
+    out, peak, procs = run_tree([BIN, "bench", store, "--epochs", str(epochs),
+                                 "--batch-size", str(batch_size), "--json"])
+    rust = json.loads(out)
+    eps = [{
+        "epoch": e["stats"]["epoch"], "samples": e["stats"]["samples"], "seconds": e["seconds"],
+        "samples_per_s": e["samples_per_s"], "mb_per_s": e["mb_per_s"],
+        "ttfb_ms": e["stats"]["ttfb_us"] / 1e3,
+        "latency_ms_p50": e["stats"]["batch_latency_us_p50"] / 1e3,
+        "latency_ms_p99": e["stats"]["batch_latency_us_p99"] / 1e3,
+    } for e in rust["epochs"]]
+    rows.append({"engine": "insitubatch (Rust API)", "epochs": eps, "peak_rss_bytes": peak,
+                 "processes": procs})
+
+    py = [sys.executable, str(ENGINES)]
+    common = ["--epochs", str(epochs), "--batch-size", str(batch_size)]
+    shim_env = {"PYTHONPATH": str(ROOT / "bindings" / "python"),
+                "INSITUBATCH_LIB": str(ROOT / "target" / "release" / "libinsitubatch.so")}
+    for engine, extra, env in [
+        ("insitubatch-python", [], shim_env),
+        *[("torch-dataloader", ["--workers", str(w)], None) for w in workers],
+        ("zarr-sequential", [], None),
+        ("in-memory", [], None),
+        ("raw-read", [], None),
+    ]:
+        out, peak, procs = run_tree(py + [engine, str(store)] + common + extra, env)
+        r = json.loads(out)
+        name = {"insitubatch-python": "insitubatch (Python shim)",
+                "zarr-sequential": "zarr-python, sequential",
+                "in-memory": "in-memory ceiling",
+                "raw-read": "raw read ceiling"}.get(engine, engine)
+        if engine == "torch-dataloader":
+            name = f"torch DataLoader, {r['workers']} workers ({r['start_method']})"
+        r.update(engine=name, peak_rss_bytes=peak, processes=procs)
+        rows.append(r)
+    dl = [r for r in rows if r["engine"].startswith("torch DataLoader")]
+    tuned = max(dl, key=lambda r: best_epoch(r["epochs"])["samples_per_s"])
+    tuned["tuned"] = True
+    for r in rows:
+        b = best_epoch(r["epochs"])
+        r["store"] = str(store)
+        r["best"] = b
+        r["vs_tuned_dataloader"] = b["samples_per_s"] / best_epoch(tuned["epochs"])["samples_per_s"]
+        r["vs_decode_ceiling"] = b["mb_per_s"] / decode_mb_s
+        r["decode_ceiling_mb_s"] = decode_mb_s
+    return rows
+
+
+def markdown(rows):
+    lines = []
+    for store in dict.fromkeys(r["store"] for r in rows):
+        rs = [r for r in rows if r["store"] == store]
+        lines.append(f"\n**{Path(store).name}** — decode ceiling {rs[0]['decode_ceiling_mb_s']:.0f} MB/s\n")
+        lines.append("| engine | samples/s | MB/s | × tuned DataLoader | × decode ceiling | TTFB ms | p50 ms | p99 ms | peak RSS MiB | processes |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for r in rs:
+            b = r["best"]
+            ttfb = r["epochs"][0]["ttfb_ms"]
+            mark = " (tuned)" if r.get("tuned") else ""
+            lines.append(
+                f"| {r['engine']}{mark} | {b['samples_per_s']:.0f} | {b['mb_per_s']:.0f} | "
+                f"{r['vs_tuned_dataloader']:.2f} | {r['vs_decode_ceiling']:.2f} | {ttfb:.1f} | "
+                f"{b.get('latency_ms_p50', float('nan')):.2f} | {b.get('latency_ms_p99', float('nan')):.2f} | "
+                f"{r['peak_rss_bytes'] / 2**20:.0f} | {r['processes']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plots(rows, directory):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    engines = dict.fromkeys(r["engine"] for r in rows if not r["engine"].startswith("torch") or r.get("tuned"))
+    for e in engines:
+        pts = sorted((r["samples_per_chunk"] if "samples_per_chunk" in r else int(Path(r["store"]).name.split("spc")[1].split("_")[0]),
+                      r["best"]["samples_per_s"]) for r in rows if r["engine"] == e)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=e)
+    tuned = sorted((int(Path(r["store"]).name.split("spc")[1].split("_")[0]), r["best"]["samples_per_s"])
+                   for r in rows if r.get("tuned"))
+    ax.plot([p[0] for p in tuned], [p[1] for p in tuned], marker="s", label="torch DataLoader (tuned)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("samples per chunk")
+    ax.set_ylabel("samples/s (steady epoch)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(directory / "throughput.png", dpi=120)
+    return [directory / "throughput.png"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", default=os.environ.get("TMPDIR", "/tmp") + "/insitubatch-harness")
+    ap.add_argument("--spc", default="1,2,4,8,16,32")
+    ap.add_argument("--samples", type=int, default=512)
+    ap.add_argument("--grid", default="181x360")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--workers", default=None, help="DataLoader worker counts (default 0..2x cores)")
+    ap.add_argument("--smoke", action="store_true", help="tiny store, every engine once")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--markdown", default=None)
+    ap.add_argument("--plots", default=None)
+    a = ap.parse_args()
+    if a.smoke:
+        a.spc, a.samples, a.grid, a.epochs, a.workers = "8", 64, "16x32", 1, "0,1"
+    cores = os.cpu_count() or 1
+    workers = [int(w) for w in a.workers.split(",")] if a.workers else sorted({0, 1, cores, 2 * cores})
+    rows = []
+    for spc in [int(s) for s in a.spc.split(",")]:
+        store = make_store(a.dir, spc, a.samples, a.grid)
+        for r in measure(store, a.epochs, workers, a.batch_size):
+            r["samples_per_chunk"] = spc
+            rows.append(r)
+            line = json.dumps(r)
+            print(line, flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(line + "\n")
+    table = markdown(rows)
+    print(table)
+    if a.markdown:
+        Path(a.markdown).write_text(table)
+    if a.plots:
+        for p in plots(rows, a.plots):
+            print(f"wrote {p}")
+
+
+if __name__ == "__main__":
+    main()

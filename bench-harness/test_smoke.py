@@ -1,0 +1,28 @@
+"""CI smoke run of the harness: a tiny store, every engine once, a table and a plot."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_every_engine_runs_once_and_reports(tmp_path):
+    out = tmp_path / "results.jsonl"
+    subprocess.run(
+        [sys.executable, str(HERE / "run.py"), "--smoke", "--dir", str(tmp_path / "stores"),
+         "--out", str(out), "--markdown", str(tmp_path / "table.md"), "--plots", str(tmp_path)],
+        check=True, capture_output=True, text=True,
+    )
+    rows = [json.loads(l) for l in out.read_text().splitlines()]
+    engines = {r["engine"] for r in rows}
+    for needle in ["Rust API", "Python shim", "DataLoader, 0 workers", "DataLoader, 1 workers",
+                   "sequential", "in-memory", "raw read"]:
+        assert any(needle in e for e in engines), (needle, engines)
+    for r in rows:
+        assert r["best"]["samples_per_s"] > 0 and r["peak_rss_bytes"] > 0
+        assert r["best"]["samples"] == 64, r["engine"]
+    assert sum(1 for r in rows if r.get("tuned")) == 1
+    assert "× tuned DataLoader" in (tmp_path / "table.md").read_text()
+    assert (tmp_path / "throughput.png").stat().st_size > 1000
