@@ -63,23 +63,48 @@ def latency_summary(intervals_s):
     }
 
 
-def timed_epochs(make_iter, epochs, sample_bytes):
-    """Runs `epochs` epochs of `make_iter(epoch)`; returns per-epoch figures."""
+def make_train_step(names):
+    """A small torch model step per batch (the "keeping the accelerator fed" mode; on a CPU-only
+    machine it runs on the CPU): a linear layer over the first 4096 values of each sample."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4096, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-9)
+
+    def step(batch):
+        x = torch.as_tensor(np.asarray(batch[names[0]])).reshape(len(batch[names[0]]), -1)
+        x = torch.nn.functional.pad(x[:, :4096], (0, max(0, 4096 - x.shape[1])))
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def timed_epochs(make_iter, epochs, sample_bytes, step=None):
+    """Runs `epochs` epochs of `make_iter(epoch)`, which yields (rows, batch dict); with `step`,
+    runs it on every batch and reports the fraction of wall time spent waiting for data."""
     out = []
     for e in range(epochs):
         t0 = time.perf_counter()
         last = t0
-        intervals, n, ttfb = [], 0, None
-        for batch_len in make_iter(e):
+        intervals, n, ttfb, step_s = [], 0, None, 0.0
+        for batch_len, batch in make_iter(e):
             now = time.perf_counter()
             if ttfb is None:
                 ttfb = now - t0
                 ttfb_process = time.time() - T_PROCESS
             intervals.append(now - last)
-            last = now
+            if step is not None:
+                s0 = time.perf_counter()
+                step(batch)
+                step_s += time.perf_counter() - s0
+            last = time.perf_counter()
             n += batch_len
         secs = time.perf_counter() - t0
-        out.append({
+        row = {
             "epoch": e,
             "samples": n,
             "seconds": secs,
@@ -88,7 +113,11 @@ def timed_epochs(make_iter, epochs, sample_bytes):
             "ttfb_ms": ttfb * 1e3,
             "ttfb_from_process_start_ms": ttfb_process * 1e3 if e == 0 else None,
             **latency_summary(intervals),
-        })
+        }
+        if step is not None:
+            row["step_s"] = step_s
+            row["data_stall_fraction"] = 1.0 - step_s / secs
+        out.append(row)
     return out
 
 
@@ -99,6 +128,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--train-step", action="store_true", help="run a small torch model step per batch")
     a = ap.parse_args()
     store = Path(a.store)
     arrays = data_variables(store)
@@ -107,6 +137,7 @@ def main():
     sample_bytes = sum(int(np.prod(arrays[k].shape[1:])) * arrays[k].dtype.itemsize for k in names)
     bs = a.batch_size
     extra = {}
+    step = make_train_step(names) if a.train_step else None
 
     def shuffled(epoch):
         return np.random.default_rng(epoch).permutation(n)
@@ -119,36 +150,38 @@ def main():
         def make_iter(e):
             ds.set_epoch(e)
             for b in ds.train:
-                yield len(b)
+                yield len(b), b.arrays
 
-        epochs = timed_epochs(make_iter, a.epochs, sample_bytes)
+        epochs = timed_epochs(make_iter, a.epochs, sample_bytes, step)
         ds.close()
     elif a.engine == "torch-dataloader":
         import torch
         from torch.utils.data import DataLoader
 
         # forkserver: zarr-python runs an asyncio loop thread, which fork would copy dead.
+        # Persistent workers: the baseline pays worker start-up once, not every epoch.
         ctx = "forkserver" if a.workers > 0 else None
         extra = {"workers": a.workers, "start_method": ctx or "in-process"}
-        loaders = {}
+        gen = torch.Generator()
+        dl = DataLoader(PerSample(str(store), names, n), batch_size=bs, shuffle=True,
+                        num_workers=a.workers, multiprocessing_context=ctx,
+                        persistent_workers=a.workers > 0, generator=gen)
 
         def make_iter(e):
-            torch.manual_seed(e)
-            dl = DataLoader(PerSample(str(store), names, n), batch_size=bs, shuffle=True, num_workers=a.workers,
-                            multiprocessing_context=ctx, persistent_workers=False)
+            gen.manual_seed(e)
             for b in dl:
-                yield len(b[names[0]])
+                yield len(b[names[0]]), b
 
-        epochs = timed_epochs(make_iter, a.epochs, sample_bytes)
+        epochs = timed_epochs(make_iter, a.epochs, sample_bytes, step)
     elif a.engine == "zarr-sequential":
         def make_iter(e):
             order = shuffled(e)
             for s in range(0, n, bs):
                 idx = order[s:s + bs]
-                _ = {k: np.stack([arrays[k][int(i)] for i in idx]) for k in names}
-                yield len(idx)
+                b = {k: np.stack([arrays[k][int(i)] for i in idx]) for k in names}
+                yield len(idx), b
 
-        epochs = timed_epochs(make_iter, a.epochs, sample_bytes)
+        epochs = timed_epochs(make_iter, a.epochs, sample_bytes, step)
     elif a.engine == "in-memory":
         ram = {k: arrays[k][...] for k in names}  # preloaded, untimed
 
@@ -156,10 +189,10 @@ def main():
             order = shuffled(e)
             for s in range(0, n, bs):
                 idx = order[s:s + bs]
-                _ = {k: ram[k][idx] for k in names}
-                yield len(idx)
+                b = {k: ram[k][idx] for k in names}
+                yield len(idx), b
 
-        epochs = timed_epochs(make_iter, a.epochs, sample_bytes)
+        epochs = timed_epochs(make_iter, a.epochs, sample_bytes, step)
     elif a.engine == "raw-read":
         files = [p for k in names for p in (store / k).rglob("*") if p.is_file() and p.name != "zarr.json"]
 
@@ -168,9 +201,9 @@ def main():
             for s in range(0, len(files), per):
                 for p in files[s:s + per]:
                     p.read_bytes()
-                yield min(bs, n)
+                yield min(bs, n), None
 
-        epochs = timed_epochs(make_iter, a.epochs, sample_bytes)
+        epochs = timed_epochs(make_iter, a.epochs, sample_bytes)  # no model step: no data
         for ep in epochs:  # bytes only: the samples column is the decoded size of the same chunks
             ep["samples"] = n
     else:
