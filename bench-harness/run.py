@@ -172,7 +172,7 @@ def plots(rows, directory):
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4))
-    engines = dict.fromkeys(r["engine"] for r in rows if not r["engine"].startswith("torch") or r.get("tuned"))
+    engines = dict.fromkeys(r["engine"] for r in rows if not r["engine"].startswith("torch"))
     for e in engines:
         pts = sorted((r["samples_per_chunk"] if "samples_per_chunk" in r else int(Path(r["store"]).name.split("spc")[1].split("_")[0]),
                       r["best"]["samples_per_s"]) for r in rows if r["engine"] == e)
