@@ -34,6 +34,7 @@ test-rust:
 
 test-doc:
 	$(CARGO) test --workspace --doc
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
 # The Python shim against the library `build` produced, without installing it; the C example and
 # the C ABI checks run inside test-rust (tests/tests/c_abi.rs).

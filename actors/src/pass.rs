@@ -6,7 +6,7 @@
 //!    └── slot table ◄──────────────────────────────── gather ──Batch──► prefetch channel
 //! ```
 //!
-//! Failure is one path: whoever sees an error calls [`PassShared::fail`], which records the
+//! Failure is one path: whoever sees an error calls `PassShared::fail`, which records the
 //! first error, closes the read-ahead semaphore, fails every slot still loading for this pass
 //! and wakes the gather, which reports the error to the consumer. Dropping the consumer's
 //! iterator fails the pass with `Cancelled` and joins every actor.

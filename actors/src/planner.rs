@@ -3,7 +3,7 @@
 //! The pure half ([`split_by_chunk`], [`epoch_order`], [`read_plan`]) runs when a pass starts.
 //! The actor half admits the plan's slots in order: it takes read-ahead permits (bytes, the
 //! computed bound), asks the pool whether the slot is resident (a hit costs no fetch), and for a
-//! miss sends one [`TileJob`](crate::fetcher::TileJob) per stored chunk to the fetchers, each
+//! miss sends one [`TileJob`] per stored chunk to the fetchers, each
 //! holding one `max_inflight` permit.
 
 mod order;
