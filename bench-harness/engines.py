@@ -113,6 +113,7 @@ def timed_epochs(make_iter, epochs, sample_bytes, step=None):
             "ttfb_ms": ttfb * 1e3,
             "ttfb_from_process_start_ms": ttfb_process * 1e3 if e == 0 else None,
             **latency_summary(intervals),
+            "intervals_ms": [round(x * 1e3, 4) for x in intervals],
         }
         if step is not None:
             row["step_s"] = step_s

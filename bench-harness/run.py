@@ -96,9 +96,12 @@ def measure(store, epochs, workers, batch_size, train_step=False):
         "epoch": e["stats"]["epoch"], "samples": e["stats"]["samples"], "seconds": e["seconds"],
         "samples_per_s": e["samples_per_s"], "mb_per_s": e["mb_per_s"],
         "ttfb_ms": e["stats"]["ttfb_us"] / 1e3,
+        "ttfb_from_process_start_ms": e["ttfb_from_process_start_ms"] if i == 0 else None,
         "latency_ms_p50": e["stats"]["batch_latency_us_p50"] / 1e3,
+        "latency_ms_p90": e["stats"]["batch_latency_us_p90"] / 1e3,
         "latency_ms_p99": e["stats"]["batch_latency_us_p99"] / 1e3,
-    } for e in rust["epochs"]]
+        "latency_ms_max": e["stats"]["batch_latency_us_max"] / 1e3,
+    } for i, e in enumerate(rust["epochs"])]
     rows.append({"engine": "insitubatch (Rust API)", "epochs": eps, "peak_rss_bytes": peak,
                  "processes": procs, "cpu_s": cpu})
 
@@ -144,8 +147,8 @@ def markdown(rows):
     for store in dict.fromkeys(r["store"] for r in rows):
         rs = [r for r in rows if r["store"] == store]
         lines.append(f"\n**{Path(store).name}** — decode ceiling {rs[0]['decode_ceiling_mb_s']:.0f} MB/s\n")
-        lines.append("| engine | epoch 0 samples/s | × decode ceiling (epoch 0) | steady samples/s | × tuned DataLoader (steady) | TTFB ms | p50 ms | p99 ms | peak RSS MiB | processes | CPU s |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        lines.append("| engine | epoch 0 samples/s | × decode ceiling (epoch 0) | steady samples/s | × tuned DataLoader (steady) | TTFB ms | TTFB from process start ms | p50 ms | p99 ms | peak RSS MiB | processes | CPU s |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rs:
             b = r["best"]
             e0 = r["epochs"][0]
@@ -157,6 +160,7 @@ def markdown(rows):
                 f"| {r['engine']}{mark} | {e0['samples_per_s']:.0f} | "
                 f"{e0['mb_per_s'] / r['decode_ceiling_mb_s']:.2f} | {b['samples_per_s']:.0f} | "
                 f"{r['vs_tuned_dataloader']:.2f} | {e0['ttfb_ms']:.1f} | "
+                f"{e0['ttfb_from_process_start_ms'] or float('nan'):.0f} | "
                 f"{b.get('latency_ms_p50', float('nan')):.2f} | {b.get('latency_ms_p99', float('nan')):.2f} | "
                 f"{r['peak_rss_bytes'] / 2**20:.0f} | {r['processes']} | {cpu} |"
             )
@@ -187,7 +191,33 @@ def plots(rows, directory):
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(directory / "throughput.png", dpi=120)
-    return [directory / "throughput.png"]
+    written = [directory / "throughput.png"]
+    # Latency CDFs of the steady epoch, one figure per store; the Rust engine reports
+    # hdrhistogram percentiles (p50, p90, p99, max), drawn as points on the same axes.
+    for store in dict.fromkeys(r["store"] for r in rows):
+        rs = [r for r in rows if r["store"] == store
+              and (not r["engine"].startswith("torch") or r.get("tuned"))]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for r in rs:
+            b = r["best"]
+            if b.get("intervals_ms"):
+                xs = sorted(b["intervals_ms"])
+                ys = [(i + 1) / len(xs) for i in range(len(xs))]
+                ax.step(xs, ys, where="post", label=r["engine"] + (" (tuned)" if r.get("tuned") else ""))
+            elif "latency_ms_p90" in b:
+                ax.plot([b["latency_ms_p50"], b["latency_ms_p90"], b["latency_ms_p99"], b["latency_ms_max"]],
+                        [0.5, 0.9, 0.99, 1.0], marker="o", label=r["engine"] + " (percentiles)")
+        ax.set_xscale("log")
+        ax.set_xlabel("time between batches, ms (steady epoch)")
+        ax.set_ylabel("fraction of batches")
+        ax.set_title(Path(store).name, fontsize=9)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        out = directory / f"latency_cdf_{Path(store).stem}.png"
+        fig.savefig(out, dpi=110)
+        plt.close(fig)
+        written.append(out)
+    return written
 
 
 def main():

@@ -30,3 +30,6 @@ def test_every_engine_runs_once_and_reports(tmp_path):
     assert 0.0 <= shim["best"]["data_stall_fraction"] <= 1.0
     assert "× tuned DataLoader (steady)" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "throughput.png").stat().st_size > 1000
+    assert any(p.name.startswith("latency_cdf_") for p in tmp_path.iterdir())
+    rust = next(r for r in rows if "Rust API" in r["engine"])
+    assert rust["epochs"][0]["ttfb_from_process_start_ms"] > 0

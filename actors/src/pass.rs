@@ -352,7 +352,9 @@ impl Pass {
         s.budget_bytes = self.shared.owner.pool().stats().budget_bytes;
         s.bad_chunks = lock(&self.shared.bad_chunks).clone();
         s.batch_latency_us_p50 = self.latency.value_at_quantile(0.5);
+        s.batch_latency_us_p90 = self.latency.value_at_quantile(0.90);
         s.batch_latency_us_p99 = self.latency.value_at_quantile(0.99);
+        s.batch_latency_us_max = self.latency.max();
         s
     }
 

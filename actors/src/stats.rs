@@ -74,8 +74,12 @@ pub struct PassStats {
     pub ttfb_us: u64,
     /// Median time between batches as the consumer receives them.
     pub batch_latency_us_p50: u64,
+    /// 90th percentile of the same.
+    pub batch_latency_us_p90: u64,
     /// 99th percentile of the same.
     pub batch_latency_us_p99: u64,
+    /// The longest interval between batches.
+    pub batch_latency_us_max: u64,
     /// Wall time so far.
     pub elapsed_us: u64,
     /// Anchors skipped because a window would read off the array.

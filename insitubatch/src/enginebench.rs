@@ -31,6 +31,15 @@ pub struct EpochReport {
     pub samples_per_s: f64,
     /// Delivered batch bytes per second, MB/s (10^6).
     pub mb_per_s: f64,
+    /// From the start of this process to the epoch's first batch, ms.
+    pub ttfb_from_process_start_ms: f64,
+}
+
+/// When this process started (its first call here or to [`process_start`] fixes it; the CLI
+/// calls it first thing in `main`).
+pub fn process_start() -> Instant {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(Instant::now)
 }
 
 /// Runs one epoch of `split` at `epoch`, calling `on_batch(done, total)` after each batch.
@@ -45,16 +54,20 @@ pub fn run_epoch(
     let mut pass = ds.iter(split)?;
     let total = pass.stats().batches_total;
     let mut done = 0;
+    let mut first: Option<Instant> = None;
     for batch in pass.by_ref() {
         drop(batch?);
+        first.get_or_insert_with(Instant::now);
         done += 1;
         on_batch(done, total);
     }
     let seconds = start.elapsed().as_secs_f64();
     let stats = pass.stats();
+    let first = first.unwrap_or_else(Instant::now);
     Ok(EpochReport {
         samples_per_s: stats.samples as f64 / seconds,
         mb_per_s: stats.bytes_delivered as f64 / seconds / 1e6,
+        ttfb_from_process_start_ms: (first - process_start()).as_secs_f64() * 1e3,
         seconds,
         stats,
     })

@@ -600,6 +600,7 @@ fn run(cli: Cli) -> CliResult {
 }
 
 fn main() -> ExitCode {
+    insitubatch::enginebench::process_start();
     // A CLI piped into `head` should stop quietly when the pipe closes, as other Unix tools do,
     // rather than panic on the next print.
     // SAFETY: restoring the default disposition of SIGPIPE before any thread is started.
