@@ -51,3 +51,6 @@ bench-harness: build
 	mkdir -p docs/harness
 	$(PYTHON) bench-harness/run.py --out docs/harness/results.jsonl \
 	  --markdown docs/harness/table.md --plots docs/harness
+	rm -f docs/harness/variants.jsonl
+	$(PYTHON) bench-harness/run.py --variants fat-spatial,v2-blosc,sharded \
+	  --out docs/harness/variants.jsonl --markdown docs/harness/variants.md

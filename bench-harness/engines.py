@@ -20,12 +20,15 @@ T_PROCESS = float(os.environ.get("HARNESS_T0", time.time()))
 
 
 def data_variables(store):
+    """The group's data variables, by the same rule as insitubatch: skip 0-D arrays and
+    coordinates (a 1-D array whose one dimension is named after itself, from v3
+    `dimension_names` or v2 `_ARRAY_DIMENSIONS`)."""
     import zarr
 
     g = zarr.open_group(store, mode="r")
     out = {}
     for name, a in g.arrays():
-        dims = a.metadata.dimension_names if hasattr(a.metadata, "dimension_names") else None
+        dims = getattr(a.metadata, "dimension_names", None) or a.attrs.get("_ARRAY_DIMENSIONS")
         if a.ndim == 0 or (a.ndim == 1 and dims and dims[0] == name):
             continue
         out[name] = a

@@ -65,11 +65,25 @@ def run_tree(cmd, env=None):
     return out, peak, procs, cpu
 
 
-def make_store(directory, spc, samples, grid):
-    store = Path(directory) / f"era5_spc{spc}_{samples}_{grid}.zarr"
-    if not (store / "zarr.json").exists():
+# Store variants beside the family: (name, samples per chunk, extra make-dataset arguments).
+VARIANTS = {
+    "fat-spatial": (16, ["--inner-chunks", "91x180"]),
+    "v2-blosc": (8, ["--format", "2", "--codec", "blosc"]),
+    "sharded": (2, ["--shard-samples", "16"]),
+}
+
+
+def make_store(directory, spc, samples, grid, variant=None):
+    extra = []
+    tag = ""
+    if variant:
+        spc, extra = VARIANTS[variant]
+        tag = f"_{variant}"
+    store = Path(directory) / f"era5_spc{spc}_{samples}_{grid}{tag}.zarr"
+    marker = ".zgroup" if "--format" in extra else "zarr.json"
+    if not (store / marker).exists():
         subprocess.run([BIN, "make-dataset", store, "--samples", str(samples), "--grid", grid,
-                        "--sample-chunk", str(spc), "--force"], check=True, capture_output=True)
+                        "--sample-chunk", str(spc), "--force", *extra], check=True, capture_output=True)
     for f in store.rglob("*"):  # warm the page cache
         if f.is_file():
             f.read_bytes()
@@ -233,6 +247,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--markdown", default=None)
     ap.add_argument("--plots", default=None)
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated store variants instead of the family: " + ", ".join(VARIANTS))
     ap.add_argument("--train-step", action="store_true",
                     help="run a small torch model step per batch and report the data-stall fraction")
     a = ap.parse_args()
@@ -241,10 +257,13 @@ def main():
     cores = os.cpu_count() or 1
     workers = [int(w) for w in a.workers.split(",")] if a.workers else sorted({0, 1, cores, 2 * cores})
     rows = []
-    for spc in [int(s) for s in a.spc.split(",")]:
-        store = make_store(a.dir, spc, a.samples, a.grid)
+    jobs = ([(VARIANTS[v][0], v) for v in a.variants.split(",")] if a.variants
+            else [(int(s), None) for s in a.spc.split(",")])
+    for spc, variant in jobs:
+        store = make_store(a.dir, spc, a.samples, a.grid, variant)
         for r in measure(store, a.epochs, workers, a.batch_size, a.train_step):
             r["samples_per_chunk"] = spc
+            r["variant"] = variant or "family"
             rows.append(r)
             line = json.dumps(r)
             print(line, flush=True)
