@@ -19,6 +19,7 @@ use self::copy::{CopyJob, CopyRun};
 use crate::batch::{Batch, BatchArray};
 use crate::error::EngineError;
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
+use crate::planner::row_runs;
 
 type Tx = flume::Sender<Result<Batch, EngineError>>;
 
@@ -153,14 +154,9 @@ async fn run<S: Store>(
     let mut next_release = 0usize;
     let mut locs: Vec<(u32, u64)> = Vec::new();
     for j in 0..plan.n_batches {
-        let rows = j * bs..((j + 1) * bs).min(n_rows);
+        let rows = plan.batch_rows(j, n_rows);
         let n = rows.len();
-        locs.clear();
-        for l in 0..labels.len() {
-            for i in rows.clone() {
-                locs.push(plan.locate(l, order.anchor(i)));
-            }
-        }
+        plan.locate_rows(order, rows.clone(), &mut locs);
         for &(s, _) in &locs {
             if let Entry::Vacant(v) = held.entry(s) {
                 v.insert(wait_slot(shared, s).await?);
@@ -177,14 +173,7 @@ async fn run<S: Store>(
             let mut buf = ctx.buffers.take(bs * sb);
             buf.truncate(n * sb);
             bufs.push(buf);
-            let ls = &locs[l * n..(l + 1) * n];
-            let mut r = 0;
-            while r < n {
-                let (s, w) = ls[r];
-                let mut run = 1;
-                while r + run < n && ls[r + run] == (s, w + run as u64) {
-                    run += 1;
-                }
+            for (r, s, w, run) in row_runs(&locs[l * n..(l + 1) * n]) {
                 let slot = match slot_ids.iter().position(|&x| x == s) {
                     Some(i) => i,
                     None => {
@@ -199,7 +188,6 @@ async fn run<S: Store>(
                     src: w as usize * sb,
                     len: run * sb,
                 });
-                r += run;
             }
         }
         let slots: Vec<Arc<Slot>> = slot_ids.iter().map(|s| Arc::clone(&held[s])).collect();

@@ -17,7 +17,9 @@ use insitubatch_runtime::{ActorSender, JoinHandle};
 use insitubatch_store::Store;
 
 pub use order::{EpochOrder, OrderSpec, Row, epoch_order, shuffle_quality};
-pub use read_plan::{LabelInfo, PathInfo, PlanSlot, ReadPlan, read_ahead_bound, read_plan};
+pub use read_plan::{
+    LabelInfo, PathInfo, PlanSlot, ReadPlan, read_ahead_bound, read_plan, row_runs,
+};
 pub use split::{MANIFEST_FORMAT, SPLIT_NAMES, SplitManifest, split_by_chunk};
 
 use crate::error::EngineError;

@@ -12,7 +12,7 @@ use insitubatch_actors::{
 use insitubatch_pool::{Budget, BufferPool, ChunkPool, PoolStats, Recycler};
 use insitubatch_runtime::sync::Semaphore;
 use insitubatch_runtime::{IoBackend, IoBackendChoice, Runtime, RuntimeBuilder};
-use insitubatch_store::{ArrayGeometry, LocalStore, open_geometries, open_hierarchy};
+use insitubatch_store::{ArrayGeometry, Hierarchy, LocalStore, open_geometries, open_hierarchy};
 
 /// Default rows per batch.
 pub const DEFAULT_BATCH_SIZE: usize = 32;
@@ -203,10 +203,7 @@ impl DatasetBuilder {
         let runtime = rb
             .build()
             .map_err(|e| EngineError::Runtime(e.to_string()))?;
-        let probe_store = store.clone();
-        let hierarchy = runtime
-            .block_on(move || async move { open_hierarchy(&probe_store).await })
-            .map_err(|e| EngineError::Runtime(e.to_string()))??;
+        let hierarchy = load_hierarchy(&runtime, &store)?;
         let axis = self.sample_axis;
         let mut variables: Vec<Variable> = Vec::new();
         if self.variables.is_empty() {
@@ -314,6 +311,7 @@ impl DatasetBuilder {
             read_buffers: Recycler::new(self.max_inflight + runtime.executor_threads()),
         });
         Ok(InSituDataset {
+            root: self.root,
             runtime: Arc::new(runtime),
             ctx,
             variables,
@@ -358,6 +356,7 @@ impl DatasetBuilder {
 /// # Ok(()) }
 /// ```
 pub struct InSituDataset {
+    root: PathBuf,
     runtime: Arc<Runtime>,
     ctx: Arc<EngineContext<LocalStore>>,
     variables: Vec<Variable>,
@@ -401,6 +400,19 @@ impl InSituDataset {
             io_backend: IoBackendChoice::Auto,
             panic_on_tile: None,
         }
+    }
+
+    /// The store's directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Decoded bytes of every slot `split` reads at the current epoch: a `cache_budget_bytes`
+    /// at least this large keeps the whole split resident, so later epochs are all hits.
+    pub fn split_bytes(&self, split: &str) -> Result<u64, EngineError> {
+        let order = self.order(split)?;
+        let plan = insitubatch_actors::read_plan(&order, &self.variables, self.batch_size)?;
+        Ok(plan.slots.iter().map(|s| s.nbytes).sum())
     }
 
     /// The variables (label and geometry with its offset), in declaration order.
@@ -505,6 +517,27 @@ impl InSituDataset {
     }
 }
 
+/// Reads the store's metadata through `runtime`.
+fn load_hierarchy(runtime: &Runtime, store: &LocalStore) -> Result<Hierarchy, EngineError> {
+    let store = store.clone();
+    runtime
+        .block_on(move || async move { open_hierarchy(&store).await })
+        .map_err(|e| EngineError::Runtime(e.to_string()))?
+        .map_err(EngineError::from)
+}
+
+/// The store at `root`, its metadata, and a one-thread runtime to read it with (for tools that
+/// read outside a dataset: `geometries`, the benchmark's ceilings).
+pub(crate) fn open_store(root: &Path) -> Result<(LocalStore, Hierarchy, Runtime), EngineError> {
+    let store = LocalStore::new(root)?;
+    let runtime = RuntimeBuilder::new()
+        .executor_threads(1)
+        .build()
+        .map_err(|e| EngineError::Runtime(e.to_string()))?;
+    let hierarchy = load_hierarchy(&runtime, &store)?;
+    Ok((store, hierarchy, runtime))
+}
+
 /// Geometries of the store at `root`: the data variables (coordinates and 0-D arrays skipped)
 /// or exactly `variables`, keyed by array path, sampled along `sample_axis`.
 pub fn geometries(
@@ -512,14 +545,7 @@ pub fn geometries(
     variables: Option<&[String]>,
     sample_axis: usize,
 ) -> Result<std::collections::BTreeMap<String, ArrayGeometry>, EngineError> {
-    let store = LocalStore::new(root.as_ref())?;
-    let runtime = RuntimeBuilder::new()
-        .executor_threads(1)
-        .build()
-        .map_err(|e| EngineError::Runtime(e.to_string()))?;
-    let hierarchy = runtime
-        .block_on(move || async move { open_hierarchy(&store).await })
-        .map_err(|e| EngineError::Runtime(e.to_string()))??;
+    let (_, hierarchy, _) = open_store(root.as_ref())?;
     Ok(open_geometries(&hierarchy, variables, sample_axis)?)
 }
 

@@ -12,11 +12,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use insitubatch_actors::planner::read_plan;
+use insitubatch_actors::planner::{read_plan, row_runs};
 use insitubatch_actors::tile::TileLayout;
 use insitubatch_actors::{EngineError, PassStats};
-use insitubatch_runtime::RuntimeBuilder;
-use insitubatch_store::{LocalStore, open_hierarchy};
 
 use crate::InSituDataset;
 
@@ -79,7 +77,6 @@ pub fn run_epoch(
 /// best of `repeat`.
 pub fn gather_ceiling(
     ds: &InSituDataset,
-    root: &std::path::Path,
     split: &str,
     epoch: u64,
     repeat: usize,
@@ -87,15 +84,7 @@ pub fn gather_ceiling(
     ds.set_epoch(epoch);
     let order = ds.order(split)?;
     let plan = read_plan(&order, ds.variables(), ds.batch_size())?;
-    let store = LocalStore::new(root)?;
-    let rt = RuntimeBuilder::new()
-        .executor_threads(1)
-        .build()
-        .map_err(|e| EngineError::Runtime(e.to_string()))?;
-    let st = store.clone();
-    let h = rt
-        .block_on(move || async move { open_hierarchy(&st).await })
-        .map_err(|e| EngineError::Runtime(e.to_string()))??;
+    let (store, h, rt) = crate::dataset::open_store(ds.root())?;
     // Decode every slot the plan reads (untimed).
     let mut slots: Vec<Vec<u8>> = Vec::with_capacity(plan.slots.len());
     for s in &plan.slots {
@@ -128,29 +117,16 @@ pub fn gather_ceiling(
         copied = 0;
         let start = Instant::now();
         for j in 0..plan.n_batches {
-            let rows = j * bs..((j + 1) * bs).min(n_rows);
+            let rows = plan.batch_rows(j, n_rows);
             let n = rows.len();
-            locs.clear();
-            for l in 0..plan.labels.len() {
-                for i in rows.clone() {
-                    locs.push(plan.locate(l, order.anchor(i)));
-                }
-            }
+            plan.locate_rows(&order, rows, &mut locs);
             for (l, info) in plan.labels.iter().enumerate() {
                 let sb = info.sample_bytes as usize;
                 let dst = out.get_mut(&l).expect("one buffer per label");
-                let ls = &locs[l * n..(l + 1) * n];
-                let mut r = 0;
-                while r < n {
-                    let (s, w) = ls[r];
-                    let mut run = 1;
-                    while r + run < n && ls[r + run] == (s, w + run as u64) {
-                        run += 1;
-                    }
+                for (r, s, w, run) in row_runs(&locs[l * n..(l + 1) * n]) {
                     let src = &slots[s as usize];
                     let at = w as usize * sb;
                     dst[r * sb..(r + run) * sb].copy_from_slice(&src[at..at + run * sb]);
-                    r += run;
                 }
                 copied += (n * sb) as u64;
             }
@@ -205,7 +181,6 @@ pub struct CeilingReport {
 /// automatic budget for cold-pool epochs, and a budget holding the whole split for resident
 /// epochs). Every engine figure is the best of `repeat` after one warm-up epoch.
 pub fn compare_with_ceilings(
-    root: &std::path::Path,
     split: &str,
     repeat: usize,
     make: &dyn Fn(Option<u64>) -> Result<InSituDataset, EngineError>,
@@ -219,7 +194,7 @@ pub fn compare_with_ceilings(
     let mut decode_best = 0.0f64;
     let mut cold_runs = Vec::new();
     for r in 0..repeat {
-        let d = crate::readbench::decode_ceiling(root, threads, 1)?;
+        let d = crate::readbench::decode_ceiling(ds.root(), threads, 1)?;
         decode_best = decode_best.max(d.decoded_mb_s);
         ds.clear_cache();
         let rep = run_epoch(&ds, split, 1 + r as u64, &|_, _| {})?;
@@ -238,18 +213,14 @@ pub fn compare_with_ceilings(
     let mut ttfbs: Vec<f64> = cold_runs.iter().map(|r| r.1).collect();
     ttfbs.sort_by(f64::total_cmp);
 
-    let probe = make(None)?;
-    let order = probe.order(split)?;
-    let plan = read_plan(&order, probe.variables(), probe.batch_size())?;
-    let split_bytes: u64 = plan.slots.iter().map(|s| s.nbytes).sum();
-    drop(probe);
-    let ds = make(Some(split_bytes.max(plan.read_ahead_bytes)))?;
+    let split_bytes = make(None)?.split_bytes(split)?;
+    let ds = make(Some(split_bytes))?;
     run_epoch(&ds, split, 0, &|_, _| {})?; // fills the pool
     let mut resident = (0.0f64, 0.0f64);
     let mut gather_mb_s = 0.0f64;
     for r in 0..repeat {
         let epoch = 1 + r as u64;
-        let (secs, bytes) = gather_ceiling(&ds, root, split, epoch, 1)?;
+        let (secs, bytes) = gather_ceiling(&ds, split, epoch, 1)?;
         gather_mb_s = gather_mb_s.max(bytes as f64 / secs / 1e6);
         let rep = run_epoch(&ds, split, epoch, &|_, _| {})?;
         if rep.stats.cache_misses != 0 {

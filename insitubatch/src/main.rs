@@ -310,9 +310,7 @@ fn parse_budget(
     split: &str,
 ) -> Result<u64, Box<dyn std::error::Error>> {
     if s == "split" {
-        let order = ds.order(split)?;
-        let plan = insitubatch::actors::read_plan(&order, ds.variables(), ds.batch_size())?;
-        return Ok(plan.slots.iter().map(|s| s.nbytes).sum());
+        return Ok(ds.split_bytes(split)?);
     }
     Ok(s.parse::<u64>()
         .map_err(|_| format!("--cache-budget-bytes {s:?} is not a byte count or `split`"))?)
@@ -460,7 +458,7 @@ fn run(cli: Cli) -> CliResult {
             if ceilings {
                 let make =
                     |b: Option<u64>| builder(b).map_err(|e| EngineError::Runtime(e.to_string()));
-                let r = compare_with_ceilings(&path, &split, repeat, &make)?;
+                let r = compare_with_ceilings(&split, repeat, &make)?;
                 if json {
                     println!("{}", serde_json::to_string_pretty(&r)?);
                     return Ok(());

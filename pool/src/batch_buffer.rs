@@ -4,9 +4,11 @@
 //! batch the buffer comes back here. There is no depth knob: the pool holds however many
 //! buffers were genuinely in flight at once, and a retained batch simply retains its buffer.
 
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use insitubatch_runtime::AlignedBuf;
+
+use crate::lock;
 
 /// Set to any value to allocate a fresh buffer for every batch (the escape hatch when a
 /// consumer wants to rule buffer reuse out).
@@ -15,11 +17,6 @@ pub const NO_BUFFER_REUSE_ENV: &str = "INSITUBATCH_NO_BUFFER_REUSE";
 /// Free buffers kept per pool at most; more than this many batches alive at once means the
 /// consumer retains batches, and their buffers are then simply freed on return.
 const MAX_FREE: usize = 64;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The free list is a Vec push/pop; it cannot be left half-updated.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 struct Shared {
     free: Mutex<Vec<AlignedBuf>>,

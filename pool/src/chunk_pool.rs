@@ -6,15 +6,10 @@
 //! cannot hold fails at once instead of starving later.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
+use crate::lock;
 use crate::slot::{Slot, SlotKey};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section below keeps the maps and counters consistent at each statement
-    // that can panic (none allocate after a partial update), so poisoning carries no meaning.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// How many bytes the pool may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -28,6 +28,14 @@ mod chunk_pool;
 mod recycler;
 mod slot;
 
+/// Locks a mutex, recovering from poisoning: every critical section in this crate moves values
+/// in and out or updates counters in single statements (a slot's tile copy runs under its lock,
+/// and a panic there leaves the slot Loading, which its loader's drop guard then fails), so a
+/// poisoned lock still guards consistent state.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 pub use batch_buffer::{BufferPool, NO_BUFFER_REUSE_ENV, PooledBuf};
 pub use chunk_pool::{Admission, Budget, ChunkPool, Owner, PoolError, PoolStats};
 pub use recycler::Recycler;

@@ -1,12 +1,9 @@
 //! A bounded free list of byte buffers, for the encoded bytes of stored-chunk reads: a read
 //! fills a recycled buffer's capacity instead of faulting in fresh pages for every chunk.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A Vec push/pop cannot be left half-done.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::lock;
 
 /// Keeps at most `max_buffers` buffers; extra ones are freed.
 #[derive(Debug)]

@@ -5,15 +5,11 @@
 //! by adopting one decoded tile whose layout already is the slot's (no copy) or by assembling
 //! tiles into a buffer, and then it is immutable until evicted.
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use insitubatch_runtime::sync::Notify;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Critical sections below only move values in and out; a panic inside one (a tile copy
-    // closure) leaves the slot Loading, and the loader's drop guard fails it.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::lock;
 
 /// Which chunk a slot holds: the array path and the chunk index along the sample axis.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

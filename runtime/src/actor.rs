@@ -251,50 +251,13 @@ impl Handle {
         G: FnOnce(Mailbox<M>) -> F + Send + 'static,
         F: Future<Output = R> + 'static,
     {
-        self.spawn_actor_at(None, name, capacity, body)
-    }
-
-    /// [`Handle::spawn_actor`] on executor `index mod executor_threads()`: the engine places one
-    /// decoder and one fetcher per core this way.
-    pub fn spawn_actor_on<M, R, G, F>(
-        &self,
-        index: usize,
-        name: &str,
-        capacity: usize,
-        body: G,
-    ) -> ActorHandle<M, R>
-    where
-        M: Send + 'static,
-        R: Send + 'static,
-        G: FnOnce(Mailbox<M>) -> F + Send + 'static,
-        F: Future<Output = R> + 'static,
-    {
-        self.spawn_actor_at(Some(index), name, capacity, body)
-    }
-
-    fn spawn_actor_at<M, R, G, F>(
-        &self,
-        index: Option<usize>,
-        name: &str,
-        capacity: usize,
-        body: G,
-    ) -> ActorHandle<M, R>
-    where
-        M: Send + 'static,
-        R: Send + 'static,
-        G: FnOnce(Mailbox<M>) -> F + Send + 'static,
-        F: Future<Output = R> + 'static,
-    {
         let (tx, rx) = flume::bounded(capacity.max(1));
         let stop = Arc::new(StopSignal::default());
         let mailbox = Mailbox {
             rx,
             stop: Arc::clone(&stop),
         };
-        let join = match index {
-            Some(i) => self.spawn_on(i, name, move || body(mailbox)),
-            None => self.spawn(name, move || body(mailbox)),
-        };
+        let join = self.spawn(name, move || body(mailbox));
         ActorHandle {
             name: Arc::from(name),
             tx,

@@ -222,18 +222,7 @@ impl File {
 ///
 /// A directory is an `EISDIR` error naming the path (opening one read-only succeeds on Linux).
 pub async fn read(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
-    let path = path.as_ref();
-    let file = File::open(path, OpenOptions::read()).await?;
-    let stat = file.stat().await?;
-    if stat.is_dir {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::IsADirectory,
-            format!("{} is a directory, not a file", path.display()),
-        ));
-    }
-    // Stored chunks are immutable once written, so the size from stat is the size to read; a
-    // trailing probe read for growth would double the operations on small files.
-    file.read_exact_at(0, stat.len as usize).await
+    read_into(path, Vec::new()).await
 }
 
 /// Reads a whole file into `buf` (cleared first; its capacity is reused), so a caller that

@@ -163,3 +163,18 @@ pub fn threads_named(prefix: &str) -> usize {
         .filter(|comm| comm.starts_with(prefix))
         .count()
 }
+
+/// Copies the directory tree `from` into `to` (a store to damage without touching the
+/// fixtures).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create the copy's directory");
+    for e in std::fs::read_dir(from).expect("read the directory to copy") {
+        let e = e.expect("directory entry");
+        let dst = to.join(e.file_name());
+        if e.file_type().expect("file type").is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).expect("copy a file");
+        }
+    }
+}

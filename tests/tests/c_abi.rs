@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use insitubatch::{InSituDataset, split_by_chunk};
-use insitubatch_tests::fixture_arrays;
+use insitubatch_tests::{copy_dir, fixture_arrays};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -132,17 +132,4 @@ fn bad_input_through_the_c_abi_is_a_status_and_a_message() {
         String::from_utf8_lossy(&out.stderr)
     );
     std::fs::remove_file(exe).ok();
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dst = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dst);
-        } else {
-            std::fs::copy(e.path(), dst).unwrap();
-        }
-    }
 }

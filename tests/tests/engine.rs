@@ -3,10 +3,11 @@
 //! cancellation, bad chunks, concurrent iterations and every bad input of the engine issue.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use insitubatch::{EngineError, InSituDataset, IoBackendChoice, OnBadChunk, split_by_chunk};
-use insitubatch_tests::{FixtureArray, fixture_arrays, item_size, sample_of, threads_named};
+use insitubatch_tests::{
+    FixtureArray, copy_dir, fixture_arrays, item_size, sample_of, threads_named,
+};
 
 fn fixture(case: &str, array: &str) -> FixtureArray {
     fixture_arrays()
@@ -344,19 +345,6 @@ fn corrupt_copy(f: &FixtureArray, chunk_file: &str) -> tempfile::TempDir {
     copy_dir(&f.store, dir.path());
     std::fs::write(dir.path().join(chunk_file), b"this is not zstd").unwrap();
     dir
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dst = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dst);
-        } else {
-            std::fs::copy(e.path(), dst).unwrap();
-        }
-    }
 }
 
 #[test]

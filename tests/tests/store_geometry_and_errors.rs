@@ -5,7 +5,7 @@ use std::path::Path;
 
 use insitubatch_runtime::{Runtime, RuntimeBuilder};
 use insitubatch_store::{Hierarchy, LocalStore, StoreError, open_geometries, open_hierarchy};
-use insitubatch_tests::fixtures_dir;
+use insitubatch_tests::{copy_dir, fixtures_dir};
 
 fn rt() -> Runtime {
     RuntimeBuilder::new().executor_threads(1).build().unwrap()
@@ -161,19 +161,6 @@ fn bad_inputs_name_the_thing() {
         e.to_string().contains("t3m") && e.to_string().contains("t2m"),
         "{e}"
     );
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dst = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dst);
-        } else {
-            std::fs::copy(e.path(), dst).unwrap();
-        }
-    }
 }
 
 #[test]

@@ -93,6 +93,46 @@ impl ReadPlan {
     }
 }
 
+impl ReadPlan {
+    /// Rows of the order that batch `j` draws (only the epoch's last batch is short).
+    pub fn batch_rows(&self, j: usize, n_rows: usize) -> std::ops::Range<usize> {
+        j * self.batch_size..((j + 1) * self.batch_size).min(n_rows)
+    }
+
+    /// Where every row of `rows` comes from, label-major: for each label in turn, (slot,
+    /// row within the slot) of each row. Cleared first.
+    pub fn locate_rows(
+        &self,
+        order: &EpochOrder,
+        rows: std::ops::Range<usize>,
+        out: &mut Vec<(u32, u64)>,
+    ) {
+        out.clear();
+        for l in 0..self.labels.len() {
+            for i in rows.clone() {
+                out.push(self.locate(l, order.anchor(i)));
+            }
+        }
+    }
+}
+
+/// One label's rows of a batch (`locate_rows` output) as contiguous copies: consecutive rows
+/// that are consecutive rows of one slot coalesce (a sequential pass copies whole slots at
+/// once). Yields (first batch row, slot, first row within the slot, rows).
+pub fn row_runs(locs: &[(u32, u64)]) -> impl Iterator<Item = (usize, u32, u64, usize)> + '_ {
+    let mut r = 0;
+    std::iter::from_fn(move || {
+        let &(s, w) = locs.get(r)?;
+        let mut run = 1;
+        while r + run < locs.len() && locs[r + run] == (s, w + run as u64) {
+            run += 1;
+        }
+        let out = (r, s, w, run);
+        r += run;
+        Some(out)
+    })
+}
+
 /// Builds the read plan of `order` for `variables`.
 pub fn read_plan(
     order: &EpochOrder,

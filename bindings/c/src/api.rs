@@ -25,12 +25,14 @@ pub struct IsbIter {
     pass: Pass,
     pid: u32,
     failed: Option<String>,
+    /// The dataset's labels as C strings, made once and shared by every batch.
+    labels: Arc<[CString]>,
 }
 
 /// One batch: immutable; arrays are exported as DLPack tensors that keep it alive.
 pub struct IsbBatch {
     batch: Arc<Batch>,
-    labels: Vec<CString>,
+    labels: Arc<[CString]>,
 }
 
 fn invalid(message: impl Into<String>) -> IsbError {
@@ -412,10 +414,16 @@ pub unsafe extern "C" fn isb_iter_start(
         // SAFETY: forwarded contract.
         let split = unsafe { arg_str(split, "split") }?;
         let pass = d.ds.iter(split)?;
+        let labels =
+            d.ds.variables()
+                .iter()
+                .map(|v| CString::new(v.label.as_str()).unwrap_or_default())
+                .collect();
         let it = Box::new(IsbIter {
             pass,
             pid: d.pid,
             failed: None,
+            labels,
         });
         // SAFETY: checked non-NULL.
         unsafe { *out = Box::into_raw(it) };
@@ -457,14 +465,9 @@ pub unsafe extern "C" fn isb_iter_next(
                 Err(e.into())
             }
             Some(Ok(batch)) => {
-                let labels = batch
-                    .labels()
-                    .iter()
-                    .map(|l| CString::new(l.as_str()).unwrap_or_default())
-                    .collect();
                 let b = Box::new(IsbBatch {
                     batch: Arc::new(batch),
-                    labels,
+                    labels: Arc::clone(&it.labels),
                 });
                 // SAFETY: checked non-NULL.
                 unsafe { *out = Box::into_raw(b) };

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import math
 import numbers
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -474,15 +473,12 @@ class InSituDataset:
     def _dataset_stats(self) -> dict:
         return _json_call(lib.isb_dataset_stats_json, self._live())
 
-    def _iterate(self, split: str) -> Iterator[Batch]:
+    def _iterate(self, split: str) -> "_Epoch":
         if not isinstance(split, str):
             raise TypeError("split must be a str")
         it = ctypes.c_void_p()
         err = ctypes.c_void_p()
         _check(lib.isb_iter_start(self._live(), split.encode(), ctypes.byref(it), ctypes.byref(err)), err)
-        return self._generate(it)
-
-    def _generate(self, it: ctypes.c_void_p) -> "_Epoch":
         return _Epoch(self, it)
 
     # reports ---------------------------------------------------------------------------
