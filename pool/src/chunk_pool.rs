@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use crate::disk::{DiskTier, Revive};
 use crate::lock;
 use crate::slot::{Slot, SlotKey};
 
@@ -44,6 +45,17 @@ pub enum PoolError {
         others: String,
         /// A budget that would hold them all.
         suggest_bytes: u64,
+    },
+    /// `readonly_cache`: the chunk is not in the cache, and a readonly reader may not fetch it.
+    #[error(
+        "readonly_cache: {key} is not in the cache at {dir}; warm the cache for this split and \
+         these variables first (insitubatch warm ... --cache-dir {dir}), or drop readonly_cache"
+    )]
+    ReadonlyMiss {
+        /// The chunk.
+        key: String,
+        /// The cache directory.
+        dir: String,
     },
     /// Admitting a chunk would exceed the budget with nothing left to evict. The read-ahead
     /// permits make this unreachable; seeing it is a bug in insitubatch.
@@ -95,6 +107,8 @@ pub struct PoolStats {
     pub hits: u64,
     /// Admissions that had to load.
     pub misses: u64,
+    /// Hits revived from the cache directory (counted in `hits` too).
+    pub revived: u64,
 }
 
 struct Entry {
@@ -114,6 +128,8 @@ struct OwnerInfo {
     peak_resident: u64,
     pinned_bytes: u64,
     peak_pinned: u64,
+    revived: u64,
+    rejected: u64,
 }
 
 struct Inner {
@@ -132,6 +148,7 @@ struct Inner {
 /// Residency and cache in one byte budget. Share it with `Arc`.
 pub struct ChunkPool {
     inner: Mutex<Inner>,
+    disk: Option<Arc<DiskTier>>,
 }
 
 impl std::fmt::Debug for ChunkPool {
@@ -143,8 +160,14 @@ impl std::fmt::Debug for ChunkPool {
 }
 
 impl ChunkPool {
-    /// An empty pool.
+    /// An empty pool on the heap.
     pub fn new(budget: Budget) -> Arc<Self> {
+        Self::with_disk(budget, None)
+    }
+
+    /// An empty pool whose slots live in `disk`'s files (`cache_dir`): the budget then bounds
+    /// the mapped bytes, and a persisted slot evicted from the pool is revived from its file.
+    pub fn with_disk(budget: Budget, disk: Option<DiskTier>) -> Arc<Self> {
         let (auto, bytes) = match budget {
             Budget::Auto => (true, 0),
             Budget::Bytes(b) => (false, b),
@@ -165,7 +188,13 @@ impl ChunkPool {
                     ..PoolStats::default()
                 },
             }),
+            disk: disk.map(Arc::new),
         })
+    }
+
+    /// The NVMe tier, when the pool has a cache directory.
+    pub fn disk(&self) -> Option<&Arc<DiskTier>> {
+        self.disk.as_ref()
     }
 
     /// Starts an iteration that will pin at most `working_set_bytes` at a time.
@@ -210,6 +239,8 @@ impl ChunkPool {
                 peak_resident: resident,
                 pinned_bytes: 0,
                 peak_pinned: 0,
+                revived: 0,
+                rejected: 0,
             },
         );
         Ok(Owner {
@@ -232,22 +263,48 @@ impl ChunkPool {
     pub fn clear_unpinned(&self) {
         let mut g = lock(&self.inner);
         while let Some((_, id)) = g.lru.pop_first() {
-            g.remove_entry(id);
+            if let Some(key) = g.remove_entry(id)
+                && let Some(d) = &self.disk
+            {
+                d.evicted(&key);
+            }
         }
     }
 }
 
 impl Inner {
-    fn remove_entry(&mut self, id: u64) {
-        if let Some(e) = self.entries.remove(&id) {
-            if e.indexed {
-                self.index.remove(e.slot.key());
-            }
-            if let Some(t) = e.lru_tick {
-                self.lru.remove(&t);
-            }
-            self.stats.resident_bytes -= e.slot.nbytes();
+    /// Drops an entry; returns the key of a ready slot file that may now go.
+    fn remove_entry(&mut self, id: u64) -> Option<SlotKey> {
+        let e = self.entries.remove(&id)?;
+        if e.indexed {
+            self.index.remove(e.slot.key());
         }
+        if let Some(t) = e.lru_tick {
+            self.lru.remove(&t);
+        }
+        self.stats.resident_bytes -= e.slot.nbytes();
+        e.slot.is_mapped().then(|| e.slot.key().clone())
+    }
+
+    fn insert(&mut self, id: u64, slot: &Arc<Slot>, indexed: bool, loader: u64, nbytes: u64) {
+        self.entries.insert(
+            id,
+            Entry {
+                slot: Arc::clone(slot),
+                pins: 0,
+                indexed,
+                lru_tick: None,
+                loader,
+            },
+        );
+        if indexed {
+            self.index.insert(slot.key().clone(), id);
+        }
+        self.stats.resident_bytes += nbytes;
+        self.stats.peak_resident_bytes = self.stats.peak_resident_bytes.max(self.stats.resident_bytes);
+        let resident = self.stats.resident_bytes;
+        let o = self.owners.get_mut(&loader).expect("registered");
+        o.peak_resident = o.peak_resident.max(resident);
     }
 
     fn pin(&mut self, owner: u64, id: u64) -> Arc<Slot> {
@@ -295,7 +352,8 @@ impl Inner {
             e.lru_tick = Some(self.tick);
             self.lru.insert(self.tick, id);
         } else {
-            // A failed, abandoned or private slot is not worth keeping.
+            // A failed, abandoned or private slot is not worth keeping. (A private slot's file
+            // is the same file as the indexed one's: it stays.)
             self.remove_entry(id);
         }
     }
@@ -370,32 +428,44 @@ impl Owner {
             if let Some(e) = g.entries.get_mut(&victim) {
                 e.lru_tick = None;
             }
-            g.remove_entry(victim);
+            if let Some(k) = g.remove_entry(victim)
+                && let Some(d) = &self.pool.disk
+            {
+                d.evicted(&k);
+            }
             g.stats.evictions += 1;
         }
         let id = g.next_slot;
         g.next_slot += 1;
-        let slot = Arc::new(Slot::new(id, key.clone(), nbytes, tiles));
-        g.entries.insert(
-            id,
-            Entry {
-                slot: Arc::clone(&slot),
-                pins: 0,
-                indexed: !shadowed,
-                lru_tick: None,
-                loader: self.id,
-            },
-        );
-        if !shadowed {
-            g.index.insert(key.clone(), id);
+        if let Some(disk) = &self.pool.disk {
+            match disk.revive(key, nbytes) {
+                Revive::Hit(data) => {
+                    let slot = Arc::new(Slot::new_ready(id, key.clone(), data));
+                    g.insert(id, &slot, !shadowed, self.id, nbytes);
+                    g.stats.hits += 1;
+                    g.stats.revived += 1;
+                    let o = g.owners.get_mut(&self.id).expect("registered");
+                    o.hits += 1;
+                    o.revived += 1;
+                    g.pin(self.id, id);
+                    return Ok(Admission::Hit(slot));
+                }
+                Revive::Rejected => {
+                    g.owners.get_mut(&self.id).expect("registered").rejected += 1;
+                }
+                Revive::Absent => {}
+            }
+            if disk.readonly() {
+                return Err(PoolError::ReadonlyMiss {
+                    key: key.to_string(),
+                    dir: disk.dir().display().to_string(),
+                });
+            }
         }
-        g.stats.resident_bytes += nbytes;
-        g.stats.peak_resident_bytes = g.stats.peak_resident_bytes.max(g.stats.resident_bytes);
+        let slot = Arc::new(Slot::new(id, key.clone(), nbytes, tiles));
+        g.insert(id, &slot, !shadowed, self.id, nbytes);
         g.stats.misses += 1;
-        let resident = g.stats.resident_bytes;
-        let o = g.owners.get_mut(&self.id).expect("registered");
-        o.misses += 1;
-        o.peak_resident = o.peak_resident.max(resident);
+        g.owners.get_mut(&self.id).expect("registered").misses += 1;
         g.pin(self.id, id);
         Ok(Admission::Miss(slot))
     }
@@ -404,6 +474,14 @@ impl Owner {
     /// (failed, abandoned mid-load) is dropped.
     pub fn unpin(&self, slot: &Slot) {
         lock(&self.pool.inner).unpin(self.id, slot.id);
+    }
+
+    /// Hits this iteration revived from the cache directory, and log entries it consulted and
+    /// rejected (file missing or damaged).
+    pub fn revived_rejected(&self) -> (u64, u64) {
+        let g = lock(&self.pool.inner);
+        let o = &g.owners[&self.id];
+        (o.revived, o.rejected)
     }
 
     /// (hits, misses) this iteration has seen.

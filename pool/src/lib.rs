@@ -21,10 +21,12 @@
 //! assert!(matches!(owner.admit(&key, 32, 1).unwrap(), Admission::Hit(_)));
 //! ```
 
-#![forbid(unsafe_code)]
+// Unsafe code is confined to `disk` (mmap, flock, statfs), each block with its reason.
+#![deny(unsafe_code)]
 
 mod batch_buffer;
 mod chunk_pool;
+pub mod disk;
 mod recycler;
 mod slot;
 
@@ -39,4 +41,5 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub use batch_buffer::{BufferPool, NO_BUFFER_REUSE_ENV, PooledBuf};
 pub use chunk_pool::{Admission, Budget, ChunkPool, Owner, PoolError, PoolStats};
 pub use recycler::Recycler;
-pub use slot::{Slot, SlotFailure, SlotKey};
+pub use disk::{ArrayMeta, CacheConfig, CacheError, DiskStats, DiskTier};
+pub use slot::{Slot, SlotData, SlotFailure, SlotKey};

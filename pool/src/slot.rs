@@ -9,7 +9,33 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use insitubatch_runtime::sync::Notify;
 
+use crate::disk::MappedFile;
 use crate::lock;
+
+/// Where a ready slot's bytes live: on the heap (the decoded buffer, adopted) or in a mapped
+/// `.npy` file of the cache directory (the NVMe tier).
+#[derive(Debug)]
+pub enum SlotData {
+    /// A buffer this process owns.
+    Heap(Vec<u8>),
+    /// The data section of a slot file, mapped read-only.
+    Mapped(MappedFile),
+}
+
+impl SlotData {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            SlotData::Heap(v) => v,
+            SlotData::Mapped(m) => m.data(),
+        }
+    }
+
+    /// True for the NVMe tier.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self, SlotData::Mapped(_))
+    }
+}
 
 /// Which chunk a slot holds: the array path and the chunk index along the sample axis.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -68,7 +94,7 @@ pub struct Slot {
     nbytes: u64,
     tiles: u64,
     state: Mutex<State>,
-    data: OnceLock<Vec<u8>>,
+    data: OnceLock<SlotData>,
     notify: Notify,
 }
 
@@ -99,6 +125,22 @@ impl Slot {
         }
     }
 
+    /// A slot that is ready from the start (revived from the cache directory).
+    pub(crate) fn new_ready(id: u64, key: SlotKey, data: SlotData) -> Self {
+        let nbytes = data.as_slice().len() as u64;
+        let slot = Self {
+            id,
+            key,
+            nbytes,
+            tiles: 1,
+            state: Mutex::new(State::Ready),
+            data: OnceLock::new(),
+            notify: Notify::new(),
+        };
+        assert!(slot.data.set(data).is_ok(), "a new slot is empty");
+        slot
+    }
+
     /// Which chunk this is.
     pub fn key(&self) -> &SlotKey {
         &self.key
@@ -116,7 +158,12 @@ impl Slot {
 
     /// The assembled chunk, once ready.
     pub fn data(&self) -> Option<&[u8]> {
-        self.data.get().map(Vec::as_slice)
+        self.data.get().map(SlotData::as_slice)
+    }
+
+    /// True when the ready slot lives in a mapped cache file.
+    pub fn is_mapped(&self) -> bool {
+        self.data.get().is_some_and(SlotData::is_mapped)
     }
 
     /// True once every tile arrived.
@@ -139,9 +186,9 @@ impl Slot {
 
     /// Publishes the assembled buffer. Called with the state lock held, before the state
     /// becomes `Ready`, so whoever sees `Ready` also sees the data.
-    fn publish(&self, buf: Vec<u8>) {
+    fn publish(&self, buf: SlotData) {
         assert_eq!(
-            buf.len() as u64,
+            buf.as_slice().len() as u64,
             self.nbytes,
             "slot {} completed with the wrong size",
             self.key
@@ -153,25 +200,64 @@ impl Slot {
     /// Takes a decoded single-tile chunk as the slot's buffer, without a copy. Errors when the
     /// slot has more than one tile, the size is wrong, or the slot is no longer loading.
     pub fn adopt(&self, bytes: Vec<u8>) -> Result<(), String> {
-        if self.tiles != 1 || bytes.len() as u64 != self.nbytes {
+        if self.tiles != 1 {
             return Err(format!(
-                "slot {} ({} tiles, {} bytes) cannot adopt a {}-byte buffer",
+                "slot {} has {} tiles and cannot adopt one buffer",
+                self.key, self.tiles
+            ));
+        }
+        self.complete(SlotData::Heap(bytes))
+    }
+
+    /// Publishes the slot's finished data: a single-tile slot's decoded buffer, or a buffer
+    /// [`Slot::take_tile`] handed back complete, possibly moved to a cache file first. Errors
+    /// when the size is wrong or the slot is no longer loading.
+    pub fn complete(&self, data: SlotData) -> Result<(), String> {
+        if data.as_slice().len() as u64 != self.nbytes {
+            return Err(format!(
+                "slot {} ({} bytes) cannot take a {}-byte buffer",
                 self.key,
-                self.tiles,
                 self.nbytes,
-                bytes.len()
+                data.as_slice().len()
             ));
         }
         {
             let mut st = lock(&self.state);
-            if !matches!(*st, State::Loading { .. }) {
-                return Err(format!("slot {} is not loading", self.key));
+            match &*st {
+                // A single-tile slot completes with its one tile; an assembled one once
+                // `take_tile` handed back the last.
+                State::Loading { tiles_left, .. }
+                    if *tiles_left == 0 || (self.tiles == 1 && *tiles_left == 1) => {}
+                State::Loading { tiles_left, .. } => {
+                    return Err(format!(
+                        "slot {} still waits for {tiles_left} tiles",
+                        self.key
+                    ));
+                }
+                _ => return Err(format!("slot {} is not loading", self.key)),
             }
-            self.publish(bytes);
+            self.publish(data);
             *st = State::Ready;
         }
         self.notify.notify_all();
         Ok(())
+    }
+
+    /// Copies one tile into the slot's assembly buffer like [`Slot::deliver_tile`], but hands
+    /// the buffer back instead of publishing it when this was the last tile (`Some`): the caller
+    /// then writes it to the cache directory and calls [`Slot::complete`].
+    pub fn take_tile(&self, fill: impl FnOnce(&mut [u8])) -> Result<Option<Vec<u8>>, String> {
+        let mut st = lock(&self.state);
+        let State::Loading { tiles_left, buf } = &mut *st else {
+            return Err(format!("slot {} is not loading", self.key));
+        };
+        if *tiles_left == 0 {
+            return Err(format!("slot {} has all its tiles", self.key));
+        }
+        let b = buf.get_or_insert_with(|| vec![0u8; self.nbytes as usize]);
+        fill(b);
+        *tiles_left -= 1;
+        Ok(if *tiles_left == 0 { buf.take() } else { None })
     }
 
     /// Copies one tile into the slot with `fill` (given the whole slot buffer, zeroed on first
@@ -183,12 +269,15 @@ impl Slot {
             let State::Loading { tiles_left, buf } = &mut *st else {
                 return Err(format!("slot {} is not loading", self.key));
             };
+            if *tiles_left == 0 {
+                return Err(format!("slot {} has all its tiles", self.key));
+            }
             let b = buf.get_or_insert_with(|| vec![0u8; self.nbytes as usize]);
             fill(b);
             *tiles_left -= 1;
             if *tiles_left == 0 {
                 let b = buf.take().expect("buffer allocated above");
-                self.publish(b);
+                self.publish(SlotData::Heap(b));
                 *st = State::Ready;
                 true
             } else {

@@ -67,6 +67,24 @@ impl DType {
         }
     }
 
+    /// The numpy array-protocol type string of the decoded (native-endian) data, as `.npy`
+    /// headers and `__array_interface__` spell it: `<f4`, `|u1`, `<c16`.
+    pub fn npy_descr(self) -> String {
+        let kind = match self {
+            DType::Bool => 'b',
+            DType::Int8 | DType::Int16 | DType::Int32 | DType::Int64 => 'i',
+            DType::Uint8 | DType::Uint16 | DType::Uint32 | DType::Uint64 => 'u',
+            DType::Float16 | DType::Float32 | DType::Float64 => 'f',
+            DType::Complex64 | DType::Complex128 => 'c',
+        };
+        let order = match self.size_bytes() {
+            1 => '|',
+            _ if cfg!(target_endian = "little") => '<',
+            _ => '>',
+        };
+        format!("{order}{kind}{}", self.size_bytes())
+    }
+
     /// Bytes per element.
     pub fn size_bytes(self) -> usize {
         match self {
@@ -111,6 +129,9 @@ mod tests {
         }
         assert_eq!(DType::from_zarr_name("string"), None);
         assert_eq!(DType::Float64.size_bytes(), 8);
+        assert_eq!(DType::Uint8.npy_descr(), "|u1");
+        assert_eq!(DType::Float32.npy_descr(), "<f4");
+        assert_eq!(DType::Complex128.npy_descr(), "<c16");
         assert!(!DType::Int16.is_float());
     }
 }

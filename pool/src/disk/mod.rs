@@ -1,0 +1,801 @@
+//! The NVMe tier: slots as `.npy` files in `cache_dir`, mapped read-only, written with the
+//! runtime's file IO (io_uring or the thread fallback) under a temporary name and renamed into
+//! place; with `persist` an append-only log makes them survive the process.
+//!
+//! Guarantees and guards (the spec's "Cross-run persistence"):
+//! - the cache key is (array path, absolute chunk index along the sample axis);
+//! - a file is logged only after it is complete and renamed, one line per chunk, so a killed
+//!   writer leaves only complete, logged files (and perhaps unlogged ones, overwritten later);
+//! - every entry carries its array's fingerprint (the chunk-transform pipeline scoped to the
+//!   array, and the log format); a stale array raises at open unless `reset_stale`, which
+//!   deletes just that array's files;
+//! - an entry whose shape or dtype no longer matches, or whose file is missing or damaged, is a
+//!   miss; an unreadable header, a malformed interior line or a file name that is not a bare
+//!   basename raises;
+//! - one writer per directory (`flock`), any number of `readonly` readers, and a readonly miss
+//!   is an error naming the array and chunk.
+#![allow(unsafe_code)]
+
+mod lock;
+mod log;
+mod npy;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use insitubatch_runtime::AlignedBuf;
+use insitubatch_runtime::fs::{File, OpenOptions};
+
+pub use self::lock::LOCK_NAME;
+pub use self::log::{FORMAT_VERSION, LOG_NAME, LogEntry};
+pub use self::npy::HEADER_LEN;
+use crate::lock as lock_mutex;
+use crate::slot::{SlotData, SlotKey};
+
+/// How the pool uses a cache directory.
+#[derive(Clone, Debug)]
+pub struct CacheConfig {
+    /// The directory (created if missing). It is the dataset's identity: one per source.
+    pub dir: PathBuf,
+    /// Keep slot files and log them, so later runs revive them.
+    pub persist: bool,
+    /// Take the lock shared, write nothing, and make a miss an error (implies reading the
+    /// persisted log).
+    pub readonly: bool,
+    /// Delete the files of arrays whose fingerprint changed instead of raising.
+    pub reset_stale: bool,
+    /// Write slot files with O_DIRECT where the file system accepts it.
+    pub direct_io: bool,
+    /// Test hook: every write after this many fails with ENOSPC.
+    #[doc(hidden)]
+    pub fail_writes_after: Option<u64>,
+}
+
+impl CacheConfig {
+    /// Ephemeral spill into `dir` (files unlinked on eviction and on close).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            persist: false,
+            readonly: false,
+            reset_stale: false,
+            direct_io: true,
+            fail_writes_after: None,
+        }
+    }
+}
+
+/// What the tier needs to know about one array.
+#[derive(Clone, Debug)]
+pub struct ArrayMeta {
+    /// Array path.
+    pub path: String,
+    /// Shape of one slot: `[samples_per_chunk, *inner_shape]`.
+    pub slot_shape: Vec<u64>,
+    /// Numpy type string of the decoded data.
+    pub descr: String,
+    /// The array's fingerprint ([`fingerprint`]).
+    pub fingerprint: String,
+}
+
+/// The 16-hex fingerprint of an array's chunk-transform pipeline: the log format version and
+/// each transform's full identity (its parameters, never a hash of its source), in order.
+/// With no transforms it still changes with the log format.
+pub fn fingerprint(transforms: &[&str]) -> String {
+    // FNV-1a, 64 bit: stable across builds and platforms, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(format!("{} v{FORMAT_VERSION}", log::FORMAT_NAME).as_bytes());
+    for t in transforms {
+        // Length-prefixed, so ["ab", "c"] and ["a", "bc"] differ.
+        eat(&(t.len() as u64).to_le_bytes());
+        eat(t.as_bytes());
+    }
+    format!("{h:016x}")
+}
+
+/// Cache-directory errors. Each names the directory or file and says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheError {
+    /// A file-system call failed.
+    #[error("cannot {action} {path}: {message}{hint}")]
+    Io {
+        /// What we tried.
+        action: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The OS error.
+        message: String,
+        /// What to do about it.
+        hint: &'static str,
+    },
+    /// Another process holds the directory's lock.
+    #[error(
+        "cache_dir {dir} is locked by another process ({holder}); the {wanted} lock cannot be \
+         taken. One writer per cache_dir: wait for it to finish, give this job its own cache_dir, \
+         or pass readonly_cache=True to read a finished cache beside other readers. Do not delete \
+         {LOCK_NAME}: that releases nothing"
+    )]
+    Locked {
+        /// The directory.
+        dir: PathBuf,
+        /// The lock we wanted.
+        wanted: &'static str,
+        /// Who holds it.
+        holder: String,
+    },
+    /// Arrays whose cached chunks were made by a different pipeline or log format.
+    #[error(
+        "cache_dir {dir} holds stale chunks for [{arrays}] ({why}); pass \
+         reset_stale_cache=True to delete just those arrays' files and rebuild them, or delete \
+         the directory"
+    )]
+    Stale {
+        /// The directory.
+        dir: PathBuf,
+        /// The stale arrays.
+        arrays: String,
+        /// Why they are stale.
+        why: String,
+    },
+    /// The log is damaged.
+    #[error(
+        "the cache log {path} is damaged at line {line}: {why}. It was not written by a \
+         complete insitubatch append; delete the cache directory to rebuild it"
+    )]
+    Corrupt {
+        /// The log.
+        path: PathBuf,
+        /// 1-based line (0: the whole file).
+        line: usize,
+        /// What is wrong.
+        why: String,
+    },
+    /// Options that contradict each other.
+    #[error("{0}")]
+    Conflict(String),
+}
+
+impl CacheError {
+    fn io(action: &'static str, path: &Path, e: std::io::Error) -> Self {
+        let hint = match e.raw_os_error() {
+            Some(libc::EROFS) => {
+                "; the file system is mounted read-only: choose a writable cache_dir, or pass \
+                 readonly_cache=True to read a cache another job warmed"
+            }
+            Some(libc::EACCES | libc::EPERM) => {
+                "; permission denied: choose a cache_dir this user may write"
+            }
+            Some(libc::ENOSPC) => "; the device is full: free space or lower the budget",
+            _ => "",
+        };
+        CacheError::Io {
+            action,
+            path: path.to_path_buf(),
+            message: e.to_string(),
+            hint,
+        }
+    }
+}
+
+/// The data section of a slot file, mapped read-only.
+pub struct MappedFile {
+    map: memmap2::Mmap,
+    offset: usize,
+}
+
+impl std::fmt::Debug for MappedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedFile")
+            .field("len", &(self.map.len() - self.offset))
+            .finish()
+    }
+}
+
+impl MappedFile {
+    /// The array's bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.map[self.offset..]
+    }
+}
+
+/// Counters of the tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    /// Slot files written and renamed into place.
+    pub writes: u64,
+    /// Bytes of those files.
+    pub write_bytes: u64,
+    /// Writes that failed (the slot stayed on the heap).
+    pub write_errors: u64,
+    /// Slots revived from files.
+    pub revived: u64,
+    /// Log entries consulted and rejected (file missing, damaged or of another geometry).
+    pub rejected: u64,
+}
+
+/// Why a write did not land; the caller keeps the data in memory.
+#[derive(Debug)]
+pub struct WriteFailed {
+    /// What went wrong, naming the file.
+    pub message: String,
+    /// The slot's bytes, handed back.
+    pub bytes: Vec<u8>,
+}
+
+/// Outcome of looking a key up in the tier.
+pub(crate) enum Revive {
+    /// Not in the cache.
+    Absent,
+    /// In the log but unusable (counted in `rejected`).
+    Rejected,
+    /// Mapped and checked.
+    Hit(SlotData),
+}
+
+struct TierState {
+    index: HashMap<SlotKey, LogEntry>,
+    log: Option<std::fs::File>,
+    spilled: HashSet<PathBuf>,
+    stats: DiskStats,
+    warnings: Vec<String>,
+    warned_write: bool,
+}
+
+/// An open cache directory.
+pub struct DiskTier {
+    config: CacheConfig,
+    arrays: HashMap<String, ArrayMeta>,
+    state: Mutex<TierState>,
+    direct_ok: AtomicBool,
+    tmp_counter: AtomicU64,
+    _lock: lock::DirLock,
+}
+
+impl std::fmt::Debug for DiskTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskTier")
+            .field("dir", &self.config.dir)
+            .field("persist", &self.persist())
+            .finish()
+    }
+}
+
+impl DiskTier {
+    /// Opens (creating if needed) the cache directory for `arrays`: takes the lock, loads and
+    /// checks the log, raises on stale arrays (or resets them) and on damage.
+    pub fn open(config: CacheConfig, arrays: Vec<ArrayMeta>) -> Result<Self, CacheError> {
+        if config.readonly && config.reset_stale {
+            return Err(CacheError::Conflict(format!(
+                "readonly_cache=True writes nothing, so it cannot reset_stale_cache in {}; run one \
+                 writing job with reset_stale_cache=True first",
+                config.dir.display()
+            )));
+        }
+        let dir = &config.dir;
+        if config.readonly {
+            if !dir.is_dir() {
+                return Err(CacheError::io(
+                    "open the readonly cache directory",
+                    dir,
+                    std::io::Error::from_raw_os_error(libc::ENOENT),
+                ));
+            }
+        } else {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| CacheError::io("create the cache directory", dir, e))?;
+        }
+        let mut warnings = Vec::new();
+        if let Some(fs) = lock::network_fs(dir) {
+            warnings.push(format!(
+                "cache_dir {} is on {fs}, a network file system where flock may not be \
+                 arbitrated between nodes: two writers could corrupt each other's files; use \
+                 node-local storage, or one writer at a time",
+                dir.display()
+            ));
+        }
+        let dir_lock = lock::acquire(dir, config.readonly, &mut warnings)?;
+        let arrays: HashMap<String, ArrayMeta> =
+            arrays.into_iter().map(|a| (a.path.clone(), a)).collect();
+        let mut state = TierState {
+            index: HashMap::new(),
+            log: None,
+            spilled: HashSet::new(),
+            stats: DiskStats::default(),
+            warnings,
+            warned_write: false,
+        };
+        if config.persist || config.readonly {
+            load_log(&config, &arrays, &mut state)?;
+        }
+        if !config.readonly {
+            remove_temporaries(dir);
+        }
+        Ok(Self {
+            direct_ok: AtomicBool::new(config.direct_io),
+            config,
+            arrays,
+            state: Mutex::new(state),
+            tmp_counter: AtomicU64::new(0),
+            _lock: dir_lock,
+        })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.config.dir
+    }
+
+    /// True when files and log survive the process.
+    pub fn persist(&self) -> bool {
+        self.config.persist || self.config.readonly
+    }
+
+    /// True for `readonly_cache`.
+    pub fn readonly(&self) -> bool {
+        self.config.readonly
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> DiskStats {
+        lock_mutex(&self.state).stats
+    }
+
+    /// Warnings not yet taken (construction and write failures), each once.
+    pub fn take_warnings(&self) -> Vec<String> {
+        std::mem::take(&mut lock_mutex(&self.state).warnings)
+    }
+
+    /// Logged chunks this tier can revive.
+    pub fn cached_chunks(&self) -> usize {
+        lock_mutex(&self.state).index.len()
+    }
+
+    /// The slot file name of `key`: readable, unique per path, a bare basename.
+    pub fn file_name(key: &SlotKey) -> String {
+        let readable: String = key
+            .path
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let tag = &fingerprint(&[&key.path])[..8];
+        format!("{readable}.{tag}.{}.npy", key.chunk)
+    }
+
+    /// Maps `key`'s file if the log has it and it still matches the array.
+    pub(crate) fn revive(&self, key: &SlotKey, nbytes: u64) -> Revive {
+        let mut st = lock_mutex(&self.state);
+        let Some(entry) = st.index.get(key) else {
+            return Revive::Absent;
+        };
+        let path = self.config.dir.join(&entry.file);
+        match map_checked(&path, &entry.dtype, &entry.shape, nbytes) {
+            Some(m) => {
+                st.stats.revived += 1;
+                Revive::Hit(SlotData::Mapped(m))
+            }
+            None => {
+                // Re-fetched and rewritten; the new line supersedes this one at the next load.
+                st.index.remove(key);
+                st.stats.rejected += 1;
+                Revive::Rejected
+            }
+        }
+    }
+
+    /// Writes a finished slot to its file (temporary name, then rename), logs it when
+    /// persisting, and returns the mapping that replaces the heap buffer. On failure the bytes
+    /// come back and nothing is logged.
+    pub async fn write(&self, key: &SlotKey, bytes: Vec<u8>) -> Result<SlotData, WriteFailed> {
+        let Some(meta) = self.arrays.get(&*key.path) else {
+            return Err(WriteFailed {
+                message: format!("internal error: array `{}` has no cache metadata", key.path),
+                bytes,
+            });
+        };
+        let name = Self::file_name(key);
+        let path = self.config.dir.join(&name);
+        let tmp = self.config.dir.join(format!(
+            "{name}.tmp.{}.{}",
+            std::process::id(),
+            self.tmp_counter.fetch_add(1, Ordering::Relaxed)
+        ));
+        let header = npy::header(&meta.descr, &meta.slot_shape);
+        let nbytes = bytes.len();
+        let result = match self.injected_failure() {
+            Some(e) => Err((e, bytes)),
+            None => self.write_file(&tmp, header, bytes).await,
+        };
+        let landed = result.and_then(|bytes| match std::fs::rename(&tmp, &path) {
+            Ok(()) => Ok(bytes),
+            Err(e) => Err((e, bytes)),
+        });
+        let bytes = match landed {
+            Ok(b) => b,
+            Err((e, bytes)) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(self.write_failed(&tmp, e, bytes));
+            }
+        };
+        let Some(mapped) = map_checked(&path, &meta.descr, &meta.slot_shape, nbytes as u64) else {
+            return Err(self.write_failed(
+                &path,
+                std::io::Error::other("the file just written does not read back"),
+                bytes,
+            ));
+        };
+        drop(bytes);
+        let mut st = lock_mutex(&self.state);
+        st.stats.writes += 1;
+        st.stats.write_bytes += (HEADER_LEN + nbytes) as u64;
+        if self.config.persist {
+            let entry = LogEntry {
+                array: key.path.to_string(),
+                chunk: key.chunk,
+                file: name,
+                shape: meta.slot_shape.clone(),
+                dtype: meta.descr.clone(),
+                fingerprint: meta.fingerprint.clone(),
+            };
+            // Self-deduplicating: a chunk already logged as exactly this is not re-appended.
+            if st.index.get(key) != Some(&entry) {
+                let appended = match st.log.as_mut() {
+                    Some(f) => log::append(f, &entry),
+                    None => Err(std::io::Error::other("the log is not open")),
+                };
+                match appended {
+                    Ok(()) => {
+                        st.index.insert(key.clone(), entry);
+                    }
+                    Err(e) => {
+                        let msg = format!(
+                            "cannot append {key} to {}: {e}; the chunk is cached for this run \
+                             only",
+                            self.config.dir.join(LOG_NAME).display()
+                        );
+                        warn_once(&mut st, msg);
+                    }
+                }
+            }
+        } else {
+            st.spilled.insert(path);
+        }
+        Ok(SlotData::Mapped(mapped))
+    }
+
+    async fn write_file(
+        &self,
+        tmp: &Path,
+        header: Vec<u8>,
+        bytes: Vec<u8>,
+    ) -> Result<Vec<u8>, (std::io::Error, Vec<u8>)> {
+        let total = HEADER_LEN + bytes.len();
+        if self.direct_ok.load(Ordering::Relaxed) {
+            let opts = OpenOptions::write_create().truncate(true).direct(true);
+            match File::open(tmp, opts).await {
+                Ok(file) => {
+                    // Header and data in one aligned buffer; the zero tail past `total` is
+                    // written and then cut off.
+                    let mut buf = AlignedBuf::with_capacity(total);
+                    let cap = buf.capacity();
+                    let dst = buf.as_mut_capacity();
+                    dst[..HEADER_LEN].copy_from_slice(&header);
+                    dst[HEADER_LEN..total].copy_from_slice(&bytes);
+                    buf.set_len(cap);
+                    let (r, _) = file.write_all_at(buf, 0).await;
+                    drop(file);
+                    let r = r.and_then(|()| {
+                        std::fs::OpenOptions::new()
+                            .write(true)
+                            .open(tmp)?
+                            .set_len(total as u64)
+                    });
+                    return match r {
+                        Ok(()) => Ok(bytes),
+                        Err(e) => Err((e, bytes)),
+                    };
+                }
+                // The file system refuses O_DIRECT (tmpfs, some FUSE): buffered from now on.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    self.direct_ok.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err((e, bytes)),
+            }
+        }
+        let file = match File::open(tmp, OpenOptions::write_create().truncate(true)).await {
+            Ok(f) => f,
+            Err(e) => return Err((e, bytes)),
+        };
+        let (r, _) = file.write_all_at(header, 0).await;
+        if let Err(e) = r {
+            return Err((e, bytes));
+        }
+        let (r, bytes) = file.write_all_at(bytes, HEADER_LEN as u64).await;
+        match r {
+            Ok(()) => Ok(bytes),
+            Err(e) => Err((e, bytes)),
+        }
+    }
+
+    /// True when slot files are written with O_DIRECT (until the file system refuses it).
+    pub fn direct_io(&self) -> bool {
+        self.direct_ok.load(Ordering::Relaxed)
+    }
+
+    fn injected_failure(&self) -> Option<std::io::Error> {
+        let limit = self.config.fail_writes_after?;
+        let written = lock_mutex(&self.state).stats.writes;
+        (written >= limit).then(|| std::io::Error::from_raw_os_error(libc::ENOSPC))
+    }
+
+    fn write_failed(&self, path: &Path, e: std::io::Error, bytes: Vec<u8>) -> WriteFailed {
+        let mut st = lock_mutex(&self.state);
+        st.stats.write_errors += 1;
+        let message = format!(
+            "cannot write the slot file {}: {e}{}; this chunk stays in memory and is not cached",
+            path.display(),
+            if e.raw_os_error() == Some(libc::ENOSPC) {
+                " (the device is full: free space or lower cache_budget_bytes)"
+            } else {
+                ""
+            }
+        );
+        warn_once(&mut st, message.clone());
+        WriteFailed { message, bytes }
+    }
+
+    /// An evicted slot: an ephemeral file goes (a mapping still held keeps its inode).
+    pub(crate) fn evicted(&self, key: &SlotKey) {
+        if self.config.persist {
+            return;
+        }
+        let path = self.config.dir.join(Self::file_name(key));
+        if lock_mutex(&self.state).spilled.remove(&path) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+impl Drop for DiskTier {
+    fn drop(&mut self) {
+        let st = lock_mutex(&self.state);
+        for p in &st.spilled {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn warn_once(st: &mut TierState, message: String) {
+    if !st.warned_write {
+        st.warned_write = true;
+        st.warnings.push(message);
+    }
+}
+
+/// Maps `path` and checks that it is an `.npy` of `descr` and `shape` holding `nbytes`.
+fn map_checked(path: &Path, descr: &str, shape: &[u64], nbytes: u64) -> Option<MappedFile> {
+    let file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    if len != HEADER_LEN as u64 + nbytes {
+        return None;
+    }
+    // SAFETY: slot files are only ever replaced by rename, never modified in place, so the
+    // mapped inode does not change under us. A process that truncates one by hand breaks
+    // that, as it would for any mapped file; the cache documents that its files are ours.
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let parsed = npy::parse(&map[..HEADER_LEN])?;
+    if parsed.descr != descr || parsed.shape != shape || parsed.data_offset != HEADER_LEN {
+        return None;
+    }
+    Some(MappedFile {
+        map,
+        offset: HEADER_LEN,
+    })
+}
+
+/// Deletes temporaries a killed writer left (we hold the lock, so nobody is writing them).
+fn remove_temporaries(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.contains(".npy.tmp.") || name.contains(".jsonl.tmp") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Loads the log into `state.index`: checks fingerprints, drops what no longer matches,
+/// resets or refuses stale arrays, and compacts when anything was dropped.
+fn load_log(
+    config: &CacheConfig,
+    arrays: &HashMap<String, ArrayMeta>,
+    state: &mut TierState,
+) -> Result<(), CacheError> {
+    let dir = &config.dir;
+    let log_path = dir.join(LOG_NAME);
+    let writer = !config.readonly;
+    let (entries, mut dirty) = match log::load(&log_path)? {
+        log::Loaded::Missing => {
+            if writer {
+                log::rewrite(&log_path, &[])?;
+                state.log = Some(log::open_append(&log_path)?);
+            }
+            return Ok(());
+        }
+        log::Loaded::OtherFormat { found } => {
+            if !config.reset_stale {
+                let mut names: Vec<&str> = arrays.keys().map(String::as_str).collect();
+                names.sort_unstable();
+                return Err(CacheError::Stale {
+                    dir: dir.clone(),
+                    arrays: format!("every array: {}", names.join(", ")),
+                    why: format!(
+                        "the log is in format {found}; this build reads {} v{FORMAT_VERSION}",
+                        log::FORMAT_NAME
+                    ),
+                });
+            }
+            // A log we cannot parse says nothing about any one array: the whole cache goes.
+            remove_slot_files(dir);
+            log::rewrite(&log_path, &[])?;
+            state.log = Some(log::open_append(&log_path)?);
+            return Ok(());
+        }
+        log::Loaded::Entries { entries, torn_tail } => (entries, torn_tail),
+    };
+    // Last line wins for a key; earlier duplicates are dropped.
+    let mut last: HashMap<(String, u64), usize> = HashMap::new();
+    for (i, e) in entries.iter().enumerate() {
+        if last.insert((e.array.clone(), e.chunk), i).is_some() {
+            dirty = true;
+        }
+    }
+    let mut stale: Vec<String> = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        if last[&(e.array.clone(), e.chunk)] != i {
+            continue;
+        }
+        if let Some(meta) = arrays.get(&e.array)
+            && e.fingerprint != meta.fingerprint
+            && !stale.contains(&e.array)
+        {
+            stale.push(e.array.clone());
+        }
+    }
+    stale.sort();
+    if !stale.is_empty() && !config.reset_stale {
+        return Err(CacheError::Stale {
+            dir: dir.clone(),
+            arrays: stale.join(", "),
+            why: "their chunk-transform fingerprint changed since the files were written".into(),
+        });
+    }
+    let mut kept = Vec::with_capacity(entries.len());
+    for (i, e) in entries.into_iter().enumerate() {
+        if last[&(e.array.clone(), e.chunk)] != i {
+            continue;
+        }
+        if stale.contains(&e.array) {
+            let _ = std::fs::remove_file(dir.join(&e.file));
+            dirty = true;
+            continue;
+        }
+        let Some(meta) = arrays.get(&e.array) else {
+            // Another dataset's array over the same directory: not ours to judge; kept.
+            kept.push(e);
+            continue;
+        };
+        let present = dir.join(&e.file).is_file();
+        if !present || e.shape != meta.slot_shape || e.dtype != meta.descr {
+            // A miss: re-fetched and rewritten when first touched.
+            state.stats.rejected += 1;
+            dirty = true;
+            continue;
+        }
+        state.index.insert(SlotKey::new(e.array.as_str(), e.chunk), e.clone());
+        kept.push(e);
+    }
+    if writer {
+        if dirty {
+            log::rewrite(&log_path, &kept)?;
+        }
+        state.log = Some(log::open_append(&log_path)?);
+    }
+    Ok(())
+}
+
+fn remove_slot_files(dir: &Path) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().ends_with(".npy") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(fp: &str) -> Vec<ArrayMeta> {
+        vec![ArrayMeta {
+            path: "g/t2m".into(),
+            slot_shape: vec![2, 3],
+            descr: "<f4".into(),
+            fingerprint: fp.into(),
+        }]
+    }
+
+    fn block_on<F: std::future::Future>(f: impl FnOnce() -> F + Send + 'static) -> F::Output
+    where
+        F: 'static,
+        F::Output: Send + 'static,
+    {
+        let rt = insitubatch_runtime::RuntimeBuilder::new()
+            .executor_threads(1)
+            .build()
+            .unwrap();
+        rt.handle().spawn("test", f).join().unwrap()
+    }
+
+    #[test]
+    fn file_names_are_bare_and_distinct_per_path() {
+        let a = DiskTier::file_name(&SlotKey::new("g/t2m", 5));
+        let b = DiskTier::file_name(&SlotKey::new("g_t2m", 5));
+        assert!(log::is_bare_basename(&a) && a.ends_with(".5.npy"), "{a}");
+        assert_ne!(a, b);
+        assert_ne!(fingerprint(&[]), fingerprint(&["scale(2)"]));
+        assert_ne!(fingerprint(&["ab", "c"]), fingerprint(&["a", "bc"]));
+    }
+
+    #[test]
+    fn persist_write_revive_stale_and_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let fp = fingerprint(&[]);
+        let mut cfg = CacheConfig::new(dir.path());
+        cfg.persist = true;
+        let tier = std::sync::Arc::new(DiskTier::open(cfg.clone(), meta(&fp)).unwrap());
+        let key = SlotKey::new("g/t2m", 4);
+        let data: Vec<u8> = (0..24u8).collect();
+        let t = std::sync::Arc::clone(&tier);
+        let k = key.clone();
+        let d = data.clone();
+        let got = block_on(move || async move { t.write(&k, d).await.unwrap() });
+        assert_eq!(got.as_slice(), &data[..]);
+        assert_eq!(tier.stats().writes, 1);
+        drop(got);
+        drop(tier);
+
+        // A fresh tier revives it; a fingerprint change is stale until reset.
+        let tier = DiskTier::open(cfg.clone(), meta(&fp)).unwrap();
+        let Revive::Hit(m) = tier.revive(&key, 24) else {
+            panic!("expected a revival")
+        };
+        assert_eq!(m.as_slice(), &data[..]);
+        assert!(matches!(tier.revive(&key, 25), Revive::Rejected));
+        drop((m, tier));
+        let err = DiskTier::open(cfg.clone(), meta("other")).unwrap_err().to_string();
+        assert!(err.contains("g/t2m") && err.contains("reset_stale_cache"), "{err}");
+        cfg.reset_stale = true;
+        let tier = DiskTier::open(cfg.clone(), meta("other")).unwrap();
+        assert_eq!(tier.cached_chunks(), 0);
+        assert!(!dir.path().join(DiskTier::file_name(&key)).exists());
+    }
+}
