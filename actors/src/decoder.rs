@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use insitubatch_pool::SlotFailure;
+use insitubatch_pool::{SlotData, SlotFailure};
 use insitubatch_runtime::{ActorPool, Mailbox, yield_now};
 use insitubatch_store::{DType, Store, StoreError, ZarrArray};
 
@@ -63,9 +63,9 @@ pub(crate) fn spawn<S: Store>(
                     match decoded {
                         Ok(chunk) => {
                             Counters::add(&shared.counters.bytes_decoded, chunk.bytes.len() as u64);
-                            deliver(job, chunk.bytes);
+                            deliver(&ctx, job, chunk.bytes, true).await;
                         }
-                        Err(e) => bad_chunk(job, e),
+                        Err(e) => bad_chunk(&ctx, job, e).await,
                     }
                     // A decode holds the core for a while; let IO completions and other tasks
                     // on this executor run before the next one.
@@ -76,22 +76,58 @@ pub(crate) fn spawn<S: Store>(
     )
 }
 
-/// Puts a decoded tile into its slot and completes the job.
-pub(crate) fn deliver(job: TileJob, bytes: Vec<u8>) {
+/// Puts a decoded tile into its slot and completes the job. With a cache directory the
+/// finished slot is written to its file first and the slot keeps the mapping (the heap buffer
+/// goes); a slot holding a substituted tile (`cacheable` false) stays on the heap, so a
+/// stand-in for a bad chunk is never cached as data.
+pub(crate) async fn deliver<S: Store>(
+    ctx: &EngineContext<S>,
+    job: TileJob,
+    bytes: Vec<u8>,
+    cacheable: bool,
+) {
     let layout = &job.shared.layouts[job.path];
-    // An error means the slot is no longer loading (the pass failed); nothing to deliver to.
-    let _ = if layout.can_adopt() {
-        job.slot.adopt(bytes)
-    } else {
-        job.slot
-            .deliver_tile(|buf| layout.copy_into_slot(job.tile, &bytes, buf))
-            .map(|_| ())
-    };
+    if !cacheable {
+        job.slot.mark_uncacheable();
+    }
+    let disk = ctx.pool.disk().filter(|d| !d.readonly());
+    // An error below means the slot is no longer loading (the pass failed); nothing to deliver
+    // to.
+    match disk {
+        None if layout.can_adopt() => {
+            let _ = job.slot.adopt(bytes);
+        }
+        None => {
+            let _ = job
+                .slot
+                .deliver_tile(|buf| layout.copy_into_slot(job.tile, &bytes, buf));
+        }
+        Some(disk) => {
+            let finished = if layout.can_adopt() {
+                Ok(Some(bytes))
+            } else {
+                job.slot
+                    .take_tile(|buf| layout.copy_into_slot(job.tile, &bytes, buf))
+            };
+            if let Ok(Some(full)) = finished {
+                let data = if job.slot.is_cacheable() {
+                    match disk.write(job.slot.key(), full).await {
+                        Ok(mapped) => mapped,
+                        // Warned once by the tier; the pass goes on from memory.
+                        Err(failed) => SlotData::Heap(failed.bytes),
+                    }
+                } else {
+                    SlotData::Heap(full)
+                };
+                let _ = job.slot.complete(data);
+            }
+        }
+    }
     job.finish();
 }
 
 /// A stored chunk that could not be read or decoded: fail the pass, or fill and record it.
-pub(crate) fn bad_chunk(job: TileJob, err: StoreError) {
+pub(crate) async fn bad_chunk<S: Store>(ctx: &EngineContext<S>, job: TileJob, err: StoreError) {
     let shared = Arc::clone(&job.shared);
     match shared.config.on_bad_chunk {
         OnBadChunk::Raise => {
@@ -110,7 +146,7 @@ pub(crate) fn bad_chunk(job: TileJob, err: StoreError) {
                 key: job.key.clone(),
                 message: err.to_string(),
             });
-            deliver(job, nan_chunk(array));
+            deliver(ctx, job, nan_chunk(array), false).await;
         }
     }
 }

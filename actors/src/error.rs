@@ -76,6 +76,9 @@ pub enum EngineError {
     /// The pool could not hold this iteration.
     #[error(transparent)]
     Pool(#[from] insitubatch_pool::PoolError),
+    /// The cache directory: locked, stale, damaged, unwritable.
+    #[error(transparent)]
+    Cache(#[from] insitubatch_pool::CacheError),
     /// An actor of the pass panicked; the pass is poisoned.
     #[error("the {actor} actor panicked: {message}; the pass was stopped")]
     ActorPanicked {

@@ -140,6 +140,6 @@ async fn read<S: Store>(ctx: Arc<EngineContext<S>>, job: TileJob, decoder: Actor
             // If the decoder is gone the job is dropped unfinished, which fails the pass.
             let _ = decoder.send(DecodeJob { job, bytes }).await;
         }
-        Err(e) => decoder::bad_chunk(job, e),
+        Err(e) => decoder::bad_chunk(&ctx, job, e).await,
     }
 }

@@ -99,6 +99,9 @@ pub struct PassConfig {
     pub prefetch_depth: usize,
     /// Bad-chunk policy.
     pub on_bad_chunk: OnBadChunk,
+    /// Hold each chunk only over each run of adjacent blocks that reads it and re-admit it
+    /// for the next (the windowed + shuffled + persist rule; see [`crate::read_plan`]).
+    pub release_each_block: bool,
     /// Test hook: the decoder panics on this tile ordinal (`None` in real use).
     #[doc(hidden)]
     pub panic_on_tile: Option<u64>,
@@ -265,7 +268,12 @@ impl Pass {
                 ),
             });
         }
-        let plan = read_plan(&order, variables, config.batch_size)?;
+        let plan = read_plan(
+            &order,
+            variables,
+            config.batch_size,
+            config.release_each_block,
+        )?;
         let owner = ctx.pool.register_owner(
             &format!("{}#{}", config.split, config.epoch),
             plan.read_ahead_bytes,
@@ -344,6 +352,7 @@ impl Pass {
         let (hits, misses) = self.shared.owner.hits_misses();
         s.cache_hits = hits;
         s.cache_misses = misses;
+        (s.cache_revived, s.cache_rejected) = self.shared.owner.revived_rejected();
         s.tiles_read = Counters::get(&c.tiles_read);
         s.bytes_read = Counters::get(&c.bytes_read);
         s.bytes_decoded = Counters::get(&c.bytes_decoded);
@@ -371,6 +380,27 @@ impl Pass {
     /// Slots this pass has pinned right now.
     pub fn pinned_slots(&self) -> usize {
         self.shared.owner.pinned_slots()
+    }
+
+    /// The spec's loud failure of a configured cache: a persisted cache that served no hit
+    /// this epoch while it was consulted and rejected gets one warning per epoch.
+    fn warn_if_cache_rejected(&mut self) {
+        let owner = &self.shared.owner;
+        let Some(disk) = owner.pool().disk() else {
+            return;
+        };
+        let (hits, _) = owner.hits_misses();
+        let (_, rejected) = owner.revived_rejected();
+        if disk.persist() && hits == 0 && rejected > 0 {
+            let msg = format!(
+                "the persistent cache at {} served 0 hits in {} epoch {}: {rejected} entries were                  consulted and rejected (files missing or damaged, or written for another                  geometry); they are being rewritten",
+                disk.dir().display(),
+                self.shared.config.split,
+                self.shared.config.epoch
+            );
+            eprintln!("insitubatch: warning: {msg}");
+            self.stats.warnings.push(msg);
+        }
     }
 
     /// Stops the pass and waits for every actor; returns the first panic seen, if any.
@@ -437,6 +467,7 @@ impl Iterator for Pass {
                 self.done = complete;
                 let panic = self.stop_and_join();
                 if complete && panic.is_none() {
+                    self.warn_if_cache_rejected();
                     None
                 } else {
                     Some(Err(panic.or_else(|| self.shared.error()).unwrap_or(

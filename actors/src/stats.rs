@@ -51,6 +51,11 @@ pub struct PassStats {
     pub cache_hits: u64,
     /// Slots fetched and decoded.
     pub cache_misses: u64,
+    /// Hits revived from the cache directory's files (part of `cache_hits`).
+    pub cache_revived: u64,
+    /// Cache-directory entries consulted and rejected (file missing, damaged or of another
+    /// geometry): each became a miss.
+    pub cache_rejected: u64,
     /// Stored chunks read.
     pub tiles_read: u64,
     /// Encoded bytes read from the store.
@@ -86,4 +91,6 @@ pub struct PassStats {
     pub dropped_anchors: u64,
     /// Bad stored chunks replaced under `on_bad_chunk = nan`.
     pub bad_chunks: Vec<BadChunk>,
+    /// Warnings raised by this pass (also printed to stderr once).
+    pub warnings: Vec<String>,
 }

@@ -2,14 +2,16 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use insitubatch_actors::{
     EngineContext, EngineError, EpochOrder, OnBadChunk, Pass, PassConfig, SplitManifest, Variable,
     plan_order, split_by_chunk,
 };
-use insitubatch_pool::{Budget, BufferPool, ChunkPool, PoolStats, Recycler};
+use insitubatch_pool::{
+    ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
+};
 use insitubatch_runtime::sync::Semaphore;
 use insitubatch_runtime::{IoBackend, IoBackendChoice, Runtime, RuntimeBuilder};
 use insitubatch_store::{ArrayGeometry, Hierarchy, LocalStore, open_geometries, open_hierarchy};
@@ -52,6 +54,12 @@ pub struct DatasetBuilder {
     executor_threads: Option<usize>,
     io_backend: IoBackendChoice,
     panic_on_tile: Option<u64>,
+    cache_dir: Option<PathBuf>,
+    persist: bool,
+    reset_stale_cache: bool,
+    readonly_cache: bool,
+    cache_direct_io: bool,
+    cache_fail_writes_after: Option<u64>,
 }
 
 impl DatasetBuilder {
@@ -159,6 +167,52 @@ impl DatasetBuilder {
         self
     }
 
+    /// Puts the pool's slots in `.npy` files under `dir` (local NVMe), mapped into memory: the
+    /// budget then bounds bytes on disk and the resident footprint is reclaimable page cache.
+    /// Without [`persist`](Self::persist) the files go on eviction and on close. One writing
+    /// dataset per directory at a time (an advisory lock; a second writer fails naming the
+    /// first). The directory is the dataset's identity: use one per source and version.
+    pub fn cache_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.cache_dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// Keeps the `cache_dir` files and logs each the moment it lands, so a later dataset over
+    /// the same directory revives them with no fetch and no decode, and a killed run keeps
+    /// everything it finished (default false).
+    pub fn persist(mut self, yes: bool) -> Self {
+        self.persist = yes;
+        self
+    }
+
+    /// When arrays' cached chunks are stale (their chunk-transform fingerprint changed),
+    /// delete just those arrays' files and rebuild them instead of failing (default false).
+    pub fn reset_stale_cache(mut self, yes: bool) -> Self {
+        self.reset_stale_cache = yes;
+        self
+    }
+
+    /// Reads a cache another job warmed: the lock is shared with other readers, nothing is
+    /// written, and a chunk missing from the cache is an error naming it (default false).
+    pub fn readonly_cache(mut self, yes: bool) -> Self {
+        self.readonly_cache = yes;
+        self
+    }
+
+    /// Writes slot files with O_DIRECT where the file system allows it (default true; a file
+    /// system that refuses it gets buffered writes).
+    pub fn cache_direct_io(mut self, yes: bool) -> Self {
+        self.cache_direct_io = yes;
+        self
+    }
+
+    #[doc(hidden)]
+    /// Test hook: every cache write after this many fails with ENOSPC.
+    pub fn cache_fail_writes_after(mut self, n: u64) -> Self {
+        self.cache_fail_writes_after = Some(n);
+        self
+    }
+
     #[doc(hidden)]
     /// Test hook: a decoder panics on this tile ordinal.
     pub fn panic_on_tile(mut self, ordinal: u64) -> Self {
@@ -179,6 +233,20 @@ impl DatasetBuilder {
                     name,
                     value: "0".into(),
                     hint: "must be at least 1".into(),
+                });
+            }
+        }
+        if self.cache_dir.is_none() {
+            let needs_dir = [
+                ("persist", self.persist),
+                ("reset_stale_cache", self.reset_stale_cache),
+                ("readonly_cache", self.readonly_cache),
+            ];
+            if let Some((name, _)) = needs_dir.iter().find(|(_, on)| *on) {
+                return Err(EngineError::InvalidArgument {
+                    name,
+                    value: "true".into(),
+                    hint: "it needs a cache_dir; set cache_dir to a directory on local NVMe".into(),
                 });
             }
         }
@@ -300,17 +368,31 @@ impl DatasetBuilder {
             Some(b) => Budget::Bytes(b),
             None => Budget::Auto,
         };
+        let disk = match &self.cache_dir {
+            Some(dir) => Some(DiskTier::open(
+                CacheConfig {
+                    dir: dir.clone(),
+                    persist: self.persist,
+                    readonly: self.readonly_cache,
+                    reset_stale: self.reset_stale_cache,
+                    direct_io: self.cache_direct_io,
+                    fail_writes_after: self.cache_fail_writes_after,
+                },
+                cache_arrays(&variables),
+            )?),
+            None => None,
+        };
         let ctx = Arc::new(EngineContext {
             runtime: runtime.handle(),
             store: Arc::new(store),
             arrays,
-            pool: ChunkPool::new(budget),
+            pool: ChunkPool::with_disk(budget, disk),
             inflight: Semaphore::new("max_inflight", self.max_inflight as u64),
             buffers: BufferPool::new(),
             // One per read in flight, plus one per executor for reads being decoded.
             read_buffers: Recycler::new(self.max_inflight + runtime.executor_threads()),
         });
-        Ok(InSituDataset {
+        let ds = InSituDataset {
             root: self.root,
             runtime: Arc::new(runtime),
             ctx,
@@ -324,8 +406,37 @@ impl DatasetBuilder {
             on_bad_chunk: self.on_bad_chunk,
             panic_on_tile: self.panic_on_tile,
             epoch: AtomicU64::new(0),
-        })
+            warnings: Mutex::new(Vec::new()),
+        };
+        ds.collect_warnings();
+        Ok(ds)
     }
+}
+
+/// The fingerprint of `path`'s chunk-transform pipeline. There are no chunk transforms yet, so
+/// every array's pipeline is empty and the fingerprint is the log format's; a transform scoped
+/// to an array will add its full identity (its parameters, never a hash of its source) here.
+fn array_fingerprint(_path: &str) -> String {
+    insitubatch_pool::disk::fingerprint(&[])
+}
+
+/// What the cache directory needs to know about every array the dataset reads.
+fn cache_arrays(variables: &[Variable]) -> Vec<ArrayMeta> {
+    let mut out: Vec<ArrayMeta> = Vec::new();
+    for v in variables {
+        if out.iter().any(|a| a.path == v.geom.path) {
+            continue;
+        }
+        let mut slot_shape = vec![v.geom.samples_per_chunk()];
+        slot_shape.extend(v.geom.inner_shape());
+        out.push(ArrayMeta {
+            path: v.geom.path.clone(),
+            slot_shape,
+            descr: v.geom.dtype.npy_descr(),
+            fingerprint: array_fingerprint(&v.geom.path),
+        });
+    }
+    out
 }
 
 /// Shuffled, split-aware batches from a Zarr store read in place: each stored chunk read and
@@ -369,6 +480,7 @@ pub struct InSituDataset {
     on_bad_chunk: OnBadChunk,
     panic_on_tile: Option<u64>,
     epoch: AtomicU64,
+    warnings: Mutex<Vec<String>>,
 }
 
 impl std::fmt::Debug for InSituDataset {
@@ -399,7 +511,44 @@ impl InSituDataset {
             executor_threads: None,
             io_backend: IoBackendChoice::Auto,
             panic_on_tile: None,
+            cache_dir: None,
+            persist: false,
+            reset_stale_cache: false,
+            readonly_cache: false,
+            cache_direct_io: true,
+            cache_fail_writes_after: None,
         }
+    }
+
+    /// Prints new cache-directory warnings to stderr (once each) and keeps them.
+    fn collect_warnings(&self) {
+        let Some(disk) = self.ctx.pool.disk() else {
+            return;
+        };
+        let new = disk.take_warnings();
+        for w in &new {
+            eprintln!("insitubatch: warning: {w}");
+        }
+        lock(&self.warnings).extend(new);
+    }
+
+    /// Every warning the dataset raised so far (a network `cache_dir`, a failed cache write),
+    /// each also printed to stderr once. Pass-level warnings are in [`PassStats::warnings`].
+    ///
+    /// [`PassStats::warnings`]: insitubatch_actors::PassStats::warnings
+    pub fn warnings(&self) -> Vec<String> {
+        self.collect_warnings();
+        lock(&self.warnings).clone()
+    }
+
+    /// Counters of the cache directory (`None` without `cache_dir`).
+    pub fn cache_stats(&self) -> Option<DiskStats> {
+        self.ctx.pool.disk().map(|d| d.stats())
+    }
+
+    /// The cache directory's tier (`None` without `cache_dir`).
+    pub fn cache_tier(&self) -> Option<&Arc<DiskTier>> {
+        self.ctx.pool.disk()
     }
 
     /// The store's directory.
@@ -411,7 +560,12 @@ impl InSituDataset {
     /// at least this large keeps the whole split resident, so later epochs are all hits.
     pub fn split_bytes(&self, split: &str) -> Result<u64, EngineError> {
         let order = self.order(split)?;
-        let plan = insitubatch_actors::read_plan(&order, &self.variables, self.batch_size)?;
+        let plan = insitubatch_actors::read_plan(
+            &order,
+            &self.variables,
+            self.batch_size,
+            self.release_each_block(split),
+        )?;
         Ok(plan.slots.iter().map(|s| s.nbytes).sum())
     }
 
@@ -465,8 +619,17 @@ impl InSituDataset {
             batch_size: self.batch_size,
             prefetch_depth: self.prefetch_depth,
             on_bad_chunk: self.on_bad_chunk,
+            release_each_block: self.release_each_block(split),
             panic_on_tile: self.panic_on_tile,
         }
+    }
+
+    /// The spec's rule: a shuffled pass over a persisted cache hands each block's chunks back
+    /// as it drains and re-admits them from disk (only windowed views and variables chunked
+    /// coarser than the reference grid read a chunk from blocks far apart, so only they change).
+    fn release_each_block(&self, split: &str) -> bool {
+        let persisted = self.ctx.pool.disk().is_some_and(|d| d.persist());
+        persisted && self.shuffle && split == "train"
     }
 
     /// The order `split` would draw this epoch, without reading anything.
@@ -515,6 +678,11 @@ impl InSituDataset {
     pub fn all(&self) -> Result<Pass, EngineError> {
         self.iter("all")
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Only a list of strings; a panic elsewhere cannot leave it half-updated.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Reads the store's metadata through `runtime`.

@@ -83,7 +83,7 @@ pub fn gather_ceiling(
 ) -> Result<(f64, u64), EngineError> {
     ds.set_epoch(epoch);
     let order = ds.order(split)?;
-    let plan = read_plan(&order, ds.variables(), ds.batch_size())?;
+    let plan = read_plan(&order, ds.variables(), ds.batch_size(), false)?;
     let (store, h, rt) = crate::dataset::open_store(ds.root())?;
     // Decode every slot the plan reads (untimed).
     let mut slots: Vec<Vec<u8>> = Vec::with_capacity(plan.slots.len());

@@ -301,7 +301,10 @@ impl Inner {
             self.index.insert(slot.key().clone(), id);
         }
         self.stats.resident_bytes += nbytes;
-        self.stats.peak_resident_bytes = self.stats.peak_resident_bytes.max(self.stats.resident_bytes);
+        self.stats.peak_resident_bytes = self
+            .stats
+            .peak_resident_bytes
+            .max(self.stats.resident_bytes);
         let resident = self.stats.resident_bytes;
         let o = self.owners.get_mut(&loader).expect("registered");
         o.peak_resident = o.peak_resident.max(resident);

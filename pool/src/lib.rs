@@ -40,6 +40,6 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 pub use batch_buffer::{BufferPool, NO_BUFFER_REUSE_ENV, PooledBuf};
 pub use chunk_pool::{Admission, Budget, ChunkPool, Owner, PoolError, PoolStats};
-pub use recycler::Recycler;
 pub use disk::{ArrayMeta, CacheConfig, CacheError, DiskStats, DiskTier};
+pub use recycler::Recycler;
 pub use slot::{Slot, SlotData, SlotFailure, SlotKey};

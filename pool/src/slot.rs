@@ -96,6 +96,7 @@ pub struct Slot {
     state: Mutex<State>,
     data: OnceLock<SlotData>,
     notify: Notify,
+    uncacheable: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Slot {
@@ -122,6 +123,7 @@ impl Slot {
             }),
             data: OnceLock::new(),
             notify: Notify::new(),
+            uncacheable: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -136,9 +138,22 @@ impl Slot {
             state: Mutex::new(State::Ready),
             data: OnceLock::new(),
             notify: Notify::new(),
+            uncacheable: std::sync::atomic::AtomicBool::new(false),
         };
         assert!(slot.data.set(data).is_ok(), "a new slot is empty");
         slot
+    }
+
+    /// Marks the slot as holding a stand-in (a bad chunk's NaN tile): never written to the
+    /// cache directory.
+    pub fn mark_uncacheable(&self) {
+        self.uncacheable
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// False once a stand-in tile went into it.
+    pub fn is_cacheable(&self) -> bool {
+        !self.uncacheable.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Which chunk this is.

@@ -98,6 +98,20 @@ enum IsbStatus
    Anything else inside insitubatch.
    */
   ISB_INTERNAL = 12,
+  /*
+   The cache directory is locked by another process (a second writer, or a writer beside
+   readonly readers); the message names the holder.
+   */
+  ISB_CACHE_LOCKED = 13,
+  /*
+   The cache directory holds stale chunks for the arrays the message names
+   (`reset_stale_cache` rebuilds them).
+   */
+  ISB_CACHE_STALE = 14,
+  /*
+   `readonly_cache`: a chunk the pass needs is not in the cache; the message names it.
+   */
+  ISB_CACHE_MISS = 15,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

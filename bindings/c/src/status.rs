@@ -3,6 +3,7 @@
 use std::ffi::{CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use insitubatch::pool::{CacheError, PoolError};
 use insitubatch::{EngineError, StoreError};
 
 /// What a call did. The numbers are stable and never reused.
@@ -36,6 +37,14 @@ pub enum IsbStatus {
     IsbWrongProcess = 11,
     /// Anything else inside insitubatch.
     IsbInternal = 12,
+    /// The cache directory is locked by another process (a second writer, or a writer beside
+    /// readonly readers); the message names the holder.
+    IsbCacheLocked = 13,
+    /// The cache directory holds stale chunks for the arrays the message names
+    /// (`reset_stale_cache` rebuilds them).
+    IsbCacheStale = 14,
+    /// `readonly_cache`: a chunk the pass needs is not in the cache; the message names it.
+    IsbCacheMiss = 15,
 }
 
 /// An owned error: a status and the full message. Free it with `isb_error_free`.
@@ -76,10 +85,16 @@ pub(crate) fn status_of(e: &EngineError) -> IsbStatus {
             | StoreError::ChunkIndex { .. } => IsbStatus::IsbInvalidArgument,
             StoreError::Runtime(_) => IsbStatus::IsbInternal,
         },
-        EngineError::Pool(insitubatch::pool::PoolError::BudgetTooSmall { .. }) => {
-            IsbStatus::IsbBudget
-        }
+        EngineError::Pool(PoolError::BudgetTooSmall { .. }) => IsbStatus::IsbBudget,
+        EngineError::Pool(PoolError::ReadonlyMiss { .. }) => IsbStatus::IsbCacheMiss,
         EngineError::Pool(_) => IsbStatus::IsbInternal,
+        EngineError::Cache(c) => match c {
+            CacheError::Locked { .. } => IsbStatus::IsbCacheLocked,
+            CacheError::Stale { .. } => IsbStatus::IsbCacheStale,
+            CacheError::Corrupt { .. } => IsbStatus::IsbBadData,
+            CacheError::Io { .. } => IsbStatus::IsbIo,
+            CacheError::Conflict(_) => IsbStatus::IsbInvalidArgument,
+        },
         EngineError::ActorPanicked { .. } => IsbStatus::IsbPanic,
         EngineError::Cancelled => IsbStatus::IsbCancelled,
         EngineError::Runtime(_) => IsbStatus::IsbInternal,

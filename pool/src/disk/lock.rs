@@ -34,7 +34,11 @@ impl Drop for DirLock {
 /// Takes the lock: exclusive for a writer, shared for `readonly_cache`. Never waits: a held lock
 /// is an error naming the holder. A file system without `flock` support is reported in
 /// `warnings` and the cache runs unarbitrated.
-pub fn acquire(dir: &Path, shared: bool, warnings: &mut Vec<String>) -> Result<DirLock, CacheError> {
+pub fn acquire(
+    dir: &Path,
+    shared: bool,
+    warnings: &mut Vec<String>,
+) -> Result<DirLock, CacheError> {
     let path = dir.join(LOCK_NAME);
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -64,7 +68,11 @@ pub fn acquire(dir: &Path, shared: bool, warnings: &mut Vec<String>) -> Result<D
                 let holder = holder.trim();
                 return Err(CacheError::Locked {
                     dir: dir.to_path_buf(),
-                    wanted: if shared { "shared (readonly_cache)" } else { "exclusive (writer)" },
+                    wanted: if shared {
+                        "shared (readonly_cache)"
+                    } else {
+                        "exclusive (writer)"
+                    },
                     holder: if holder.is_empty() {
                         "readonly_cache readers (they record no PID)".to_string()
                     } else {

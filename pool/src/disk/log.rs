@@ -83,7 +83,10 @@ pub fn load(path: &Path) -> Result<Loaded, CacheError> {
     let ends_clean = text.ends_with('\n');
     let lines: Vec<&str> = text.lines().collect();
     let Some(first) = lines.first() else {
-        return Err(corrupt(1, "the log is empty: its format header is missing".into()));
+        return Err(corrupt(
+            1,
+            "the log is empty: its format header is missing".into(),
+        ));
     };
     let header: Header = serde_json::from_str(first)
         .map_err(|e| corrupt(1, format!("unreadable format header ({e})")))?;
@@ -166,7 +169,10 @@ pub fn append(file: &mut std::fs::File, e: &LogEntry) -> std::io::Result<()> {
     if n != line.len() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::WriteZero,
-            format!("short append to the cache log ({n} of {} bytes)", line.len()),
+            format!(
+                "short append to the cache log ({n} of {} bytes)",
+                line.len()
+            ),
         ));
     }
     Ok(())

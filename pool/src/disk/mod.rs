@@ -242,6 +242,9 @@ pub(crate) enum Revive {
 
 struct TierState {
     index: HashMap<SlotKey, LogEntry>,
+    /// Entries the load dropped (file missing, other geometry): the first touch of each is a
+    /// rejected consultation, not a plain miss.
+    dropped: HashSet<SlotKey>,
     log: Option<std::fs::File>,
     spilled: HashSet<PathBuf>,
     stats: DiskStats,
@@ -256,6 +259,7 @@ pub struct DiskTier {
     state: Mutex<TierState>,
     direct_ok: AtomicBool,
     tmp_counter: AtomicU64,
+    write_attempts: AtomicU64,
     _lock: lock::DirLock,
 }
 
@@ -306,6 +310,7 @@ impl DiskTier {
             arrays.into_iter().map(|a| (a.path.clone(), a)).collect();
         let mut state = TierState {
             index: HashMap::new(),
+            dropped: HashSet::new(),
             log: None,
             spilled: HashSet::new(),
             stats: DiskStats::default(),
@@ -324,6 +329,7 @@ impl DiskTier {
             arrays,
             state: Mutex::new(state),
             tmp_counter: AtomicU64::new(0),
+            write_attempts: AtomicU64::new(0),
             _lock: dir_lock,
         })
     }
@@ -379,6 +385,10 @@ impl DiskTier {
     pub(crate) fn revive(&self, key: &SlotKey, nbytes: u64) -> Revive {
         let mut st = lock_mutex(&self.state);
         let Some(entry) = st.index.get(key) else {
+            if st.dropped.remove(key) {
+                st.stats.rejected += 1;
+                return Revive::Rejected;
+            }
             return Revive::Absent;
         };
         let path = self.config.dir.join(&entry.file);
@@ -537,8 +547,8 @@ impl DiskTier {
 
     fn injected_failure(&self) -> Option<std::io::Error> {
         let limit = self.config.fail_writes_after?;
-        let written = lock_mutex(&self.state).stats.writes;
-        (written >= limit).then(|| std::io::Error::from_raw_os_error(libc::ENOSPC))
+        let attempt = self.write_attempts.fetch_add(1, Ordering::Relaxed);
+        (attempt >= limit).then(|| std::io::Error::from_raw_os_error(libc::ENOSPC))
     }
 
     fn write_failed(&self, path: &Path, e: std::io::Error, bytes: Vec<u8>) -> WriteFailed {
@@ -704,11 +714,15 @@ fn load_log(
         let present = dir.join(&e.file).is_file();
         if !present || e.shape != meta.slot_shape || e.dtype != meta.descr {
             // A miss: re-fetched and rewritten when first touched.
-            state.stats.rejected += 1;
+            state
+                .dropped
+                .insert(SlotKey::new(e.array.as_str(), e.chunk));
             dirty = true;
             continue;
         }
-        state.index.insert(SlotKey::new(e.array.as_str(), e.chunk), e.clone());
+        state
+            .index
+            .insert(SlotKey::new(e.array.as_str(), e.chunk), e.clone());
         kept.push(e);
     }
     if writer {
@@ -791,8 +805,13 @@ mod tests {
         assert_eq!(m.as_slice(), &data[..]);
         assert!(matches!(tier.revive(&key, 25), Revive::Rejected));
         drop((m, tier));
-        let err = DiskTier::open(cfg.clone(), meta("other")).unwrap_err().to_string();
-        assert!(err.contains("g/t2m") && err.contains("reset_stale_cache"), "{err}");
+        let err = DiskTier::open(cfg.clone(), meta("other"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("g/t2m") && err.contains("reset_stale_cache"),
+            "{err}"
+        );
         cfg.reset_stale = true;
         let tier = DiskTier::open(cfg.clone(), meta("other")).unwrap();
         assert_eq!(tier.cached_chunks(), 0);

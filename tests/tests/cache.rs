@@ -1,0 +1,559 @@
+//! The NVMe tier against zarr-python fixtures: warm runs decode nothing, a killed writer keeps
+//! exactly what it finished, one writer per directory, readonly readers, stale and damaged
+//! caches, ENOSPC, and the windowed + shuffled + persist residency rule.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use insitubatch::pool::disk::LOG_NAME;
+use insitubatch::{EngineError, InSituDataset};
+use insitubatch_tests::{FixtureArray, copy_dir, sample_of};
+
+mod common;
+use common::{check_epoch, fixture, sorted};
+
+fn npy_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".npy"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn log_lines(dir: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join(LOG_NAME)).unwrap_or_default();
+    text.lines()
+        .skip(1)
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn era5(cache: &Path) -> insitubatch::DatasetBuilder {
+    let f = fixture("era5_v3", "t2m");
+    InSituDataset::builder(&f.store)
+        .variable("t", "t2m")
+        .variable("u", "u10")
+        .batch_size(5)
+        .block_chunks(2)
+        .cache_dir(cache)
+}
+
+fn run(ds: &InSituDataset, split: &str) -> insitubatch::PassStats {
+    let mut pass = ds.iter(split).unwrap();
+    for b in pass.by_ref() {
+        b.unwrap();
+    }
+    pass.stats()
+}
+
+#[test]
+fn a_warm_run_revives_every_chunk_and_decodes_nothing() {
+    let t = fixture("era5_v3", "t2m");
+    let u = fixture("era5_v3", "u10");
+    let cache = tempfile::tempdir().unwrap();
+    let refs = [("t", &t, 0usize), ("u", &u, 0)];
+    {
+        let ds = era5(cache.path()).persist(true).build().unwrap();
+        let anchors = check_epoch(&ds, "train", &refs);
+        assert_eq!(sorted(anchors), (0..12).collect::<Vec<_>>());
+        assert_eq!(
+            log_lines(cache.path()).len(),
+            6,
+            "3 chunks x 2 arrays logged"
+        );
+        assert_eq!(ds.cache_stats().unwrap().writes, 6);
+    }
+    for epoch in 0..2 {
+        let ds = era5(cache.path()).persist(true).build().unwrap();
+        ds.set_epoch(epoch);
+        let anchors = check_epoch(&ds, "train", &refs);
+        assert_eq!(sorted(anchors), (0..12).collect::<Vec<_>>());
+        let s = run(&ds, "train");
+        assert_eq!(
+            (s.tiles_read, s.bytes_decoded, s.cache_misses),
+            (0, 0, 0),
+            "{s:?}"
+        );
+        assert_eq!(ds.cache_stats().unwrap().writes, 0, "nothing rewritten");
+        // Self-deduplicating: the log still holds one line per chunk.
+        assert_eq!(log_lines(cache.path()).len(), 6);
+    }
+    // The first pass of the fresh dataset counts its revivals as hits.
+    let ds = era5(cache.path()).persist(true).build().unwrap();
+    let s = run(&ds, "all");
+    assert_eq!((s.cache_hits, s.cache_revived, s.cache_misses), (6, 6, 0));
+}
+
+#[test]
+fn inner_chunked_and_sharded_slots_are_cached_assembled_and_revive_equal() {
+    for case in ["v3_inner", "v3_sharded"] {
+        let f = insitubatch_tests::fixture_arrays()
+            .into_iter()
+            .find(|f| f.case == case)
+            .unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        for round in 0..2 {
+            let ds = InSituDataset::builder(&f.store)
+                .variable("v", f.array.clone())
+                .batch_size(2)
+                .cache_dir(cache.path())
+                .persist(true)
+                .build()
+                .unwrap();
+            check_epoch(&ds, "train", &[("v", &f, 0)]);
+            let s = run(&ds, "all");
+            if round == 1 {
+                assert_eq!(s.tiles_read, 0, "{case}: {s:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn ephemeral_spill_bounds_files_by_the_budget_and_removes_them() {
+    let f = fixture("paired", "raw");
+    let cache = tempfile::tempdir().unwrap();
+    let slot = 5 * 6 * 4;
+    let ds = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .batch_size(4)
+        .block_chunks(4)
+        .cache_dir(cache.path())
+        .build()
+        .unwrap();
+    let mut pass = ds.train().unwrap();
+    let mut most = 0;
+    while let Some(b) = pass.next() {
+        b.unwrap();
+        most = most.max(npy_files(cache.path()));
+    }
+    let s = pass.stats();
+    assert!(most > 0, "slots went to files");
+    assert!(
+        (most * slot) as u64 <= s.budget_bytes,
+        "{most} files over a budget of {}",
+        s.budget_bytes
+    );
+    assert!(
+        !cache.path().join(LOG_NAME).exists(),
+        "no log without persist"
+    );
+    drop(pass);
+    drop(ds);
+    assert_eq!(npy_files(cache.path()), 0, "files unlinked on close");
+}
+
+#[test]
+fn numpy_readable_slot_files_hold_the_chunk() {
+    let f = fixture("era5_v3", "t2m");
+    let cache = tempfile::tempdir().unwrap();
+    let ds = era5(cache.path()).persist(true).build().unwrap();
+    run(&ds, "all");
+    let entry = log_lines(cache.path())
+        .into_iter()
+        .find(|e| e["array"] == "t2m" && e["chunk"] == 1)
+        .unwrap();
+    assert_eq!(entry["shape"], serde_json::json!([4, 9, 16]));
+    assert_eq!(entry["dtype"], "<f4");
+    let bytes = std::fs::read(cache.path().join(entry["file"].as_str().unwrap())).unwrap();
+    assert_eq!(&bytes[..6], b"\x93NUMPY");
+    let data = &bytes[insitubatch::pool::disk::HEADER_LEN..];
+    for s in 0..4u64 {
+        let want = sample_of(&f.reference, &f.shape, 0, 4 + s, 4);
+        let n = want.len();
+        assert_eq!(&data[s as usize * n..(s as usize + 1) * n], &want[..]);
+    }
+}
+
+#[test]
+fn one_writer_per_directory_and_readonly_readers_share() {
+    let cache = tempfile::tempdir().unwrap();
+    let writer = era5(cache.path()).persist(true).build().unwrap();
+    let err = era5(cache.path()).persist(true).build().unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, EngineError::Cache(_)), "{err:?}");
+    assert!(
+        msg.contains(&format!("pid {}", std::process::id()))
+            && msg.contains("One writer per cache_dir"),
+        "{msg}"
+    );
+    // An ephemeral writer is a writer too: it writes the same file names.
+    assert!(era5(cache.path()).build().is_err());
+    // A reader beside a writer fails fast: the cache is being written.
+    let msg = era5(cache.path())
+        .readonly_cache(true)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("shared (readonly_cache)"), "{msg}");
+    run(&writer, "all");
+    drop(writer);
+
+    let r1 = era5(cache.path()).readonly_cache(true).build().unwrap();
+    let r2 = era5(cache.path()).readonly_cache(true).build().unwrap();
+    let s = run(&r1, "train");
+    assert_eq!((s.tiles_read, s.cache_misses), (0, 0));
+    run(&r2, "all");
+    let msg = era5(cache.path())
+        .persist(true)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("readonly_cache readers"), "{msg}");
+    assert_eq!(r1.cache_stats().unwrap().writes, 0, "readers write nothing");
+}
+
+#[test]
+fn a_readonly_miss_names_the_array_and_chunk() {
+    let cache = tempfile::tempdir().unwrap();
+    {
+        // Warm only t2m.
+        let f = fixture("era5_v3", "t2m");
+        let ds = InSituDataset::builder(&f.store)
+            .variable("t", "t2m")
+            .cache_dir(cache.path())
+            .persist(true)
+            .build()
+            .unwrap();
+        run(&ds, "all");
+    }
+    let ds = era5(cache.path()).readonly_cache(true).build().unwrap();
+    let err = ds.all().unwrap().find_map(|b| b.err()).unwrap();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("readonly_cache") && msg.contains("u10[chunk 0]"),
+        "{msg}"
+    );
+    let msg = era5(cache.path())
+        .readonly_cache(true)
+        .reset_stale_cache(true)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("writes nothing"), "{msg}");
+    let missing = cache.path().join("never-warmed");
+    let msg = era5(&missing)
+        .readonly_cache(true)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("never-warmed"), "{msg}");
+}
+
+fn rewrite_log(dir: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    let text = std::fs::read_to_string(dir.join(LOG_NAME)).unwrap();
+    let mut lines = text.lines();
+    let mut out = format!("{}\n", lines.next().unwrap());
+    for l in lines {
+        let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+        edit(&mut v);
+        out.push_str(&format!("{v}\n"));
+    }
+    std::fs::write(dir.join(LOG_NAME), out).unwrap();
+}
+
+#[test]
+fn a_stale_array_raises_and_reset_rebuilds_only_that_array() {
+    let cache = tempfile::tempdir().unwrap();
+    run(&era5(cache.path()).persist(true).build().unwrap(), "all");
+    rewrite_log(cache.path(), |v| {
+        if v["array"] == "t2m" {
+            v["fingerprint"] = "0000000000000000".into();
+        }
+    });
+    let msg = era5(cache.path())
+        .persist(true)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("[t2m]") && !msg.contains("u10") && msg.contains("reset_stale_cache"),
+        "{msg}"
+    );
+    let ds = era5(cache.path())
+        .persist(true)
+        .reset_stale_cache(true)
+        .build()
+        .unwrap();
+    let lines = log_lines(cache.path());
+    assert!(lines.iter().all(|e| e["array"] == "u10"), "{lines:?}");
+    assert_eq!(npy_files(cache.path()), 3, "only t2m's files were deleted");
+    let s = run(&ds, "all");
+    assert_eq!((s.cache_revived, s.cache_misses), (3, 3), "{s:?}");
+    assert_eq!(log_lines(cache.path()).len(), 6, "t2m rebuilt and logged");
+}
+
+#[test]
+fn damage_raises_but_a_missing_file_or_other_geometry_is_a_loud_miss() {
+    let cache = tempfile::tempdir().unwrap();
+    run(&era5(cache.path()).persist(true).build().unwrap(), "all");
+    let log = cache.path().join(LOG_NAME);
+    let good = std::fs::read_to_string(&log).unwrap();
+
+    std::fs::write(
+        &log,
+        format!("garbage\n{}", good.split_once('\n').unwrap().1),
+    )
+    .unwrap();
+    let msg = era5(cache.path())
+        .persist(true)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("unreadable format header") && msg.contains(LOG_NAME),
+        "{msg}"
+    );
+    // Even reset_stale_cache does not paper over damage.
+    assert!(
+        era5(cache.path())
+            .persist(true)
+            .reset_stale_cache(true)
+            .build()
+            .is_err()
+    );
+
+    let mut lines: Vec<&str> = good.lines().collect();
+    lines.insert(2, "{\"array\": 5}");
+    std::fs::write(&log, lines.join("\n") + "\n").unwrap();
+    let msg = era5(cache.path())
+        .persist(true)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("line 3") && msg.contains("malformed"), "{msg}");
+
+    std::fs::write(&log, &good).unwrap();
+    rewrite_log(cache.path(), |v| {
+        if v["chunk"] == 2 {
+            v["file"] = "/etc/passwd".into();
+        }
+    });
+    let msg = era5(cache.path())
+        .persist(true)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("not a bare file name"), "{msg}");
+
+    // Every file gone: each entry is consulted, rejected and refetched, and the epoch warns.
+    std::fs::write(&log, &good).unwrap();
+    for e in std::fs::read_dir(cache.path()).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(".npy") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    let t = fixture("era5_v3", "t2m");
+    let ds = era5(cache.path()).persist(true).build().unwrap();
+    check_epoch(&ds, "all", &[("t", &t, 0)]);
+    drop(ds);
+    let ds = era5(cache.path()).persist(true).build().unwrap();
+    let s = run(&ds, "all");
+    assert_eq!(s.cache_revived, 6, "rewritten by the first pass: {s:?}");
+    drop(ds);
+    rewrite_log(cache.path(), |v| v["shape"] = serde_json::json!([4, 9, 15]));
+    let ds = era5(cache.path()).persist(true).build().unwrap();
+    let s = run(&ds, "all");
+    assert_eq!((s.cache_hits, s.cache_rejected, s.cache_misses), (0, 6, 6));
+    assert_eq!(s.warnings.len(), 1, "{s:?}");
+    assert!(s.warnings[0].contains("served 0 hits"), "{:?}", s.warnings);
+    assert_eq!(log_lines(cache.path()).len(), 6, "compacted and rewritten");
+}
+
+#[test]
+fn enospc_keeps_the_pass_going_from_memory_and_logs_only_complete_files() {
+    let t = fixture("era5_v3", "t2m");
+    let u = fixture("era5_v3", "u10");
+    let cache = tempfile::tempdir().unwrap();
+    let ds = era5(cache.path())
+        .persist(true)
+        .cache_fail_writes_after(2)
+        .build()
+        .unwrap();
+    check_epoch(&ds, "train", &[("t", &t, 0), ("u", &u, 0)]);
+    let st = ds.cache_stats().unwrap();
+    assert_eq!((st.writes, st.write_errors), (2, 4), "{st:?}");
+    let warnings = ds.warnings();
+    assert_eq!(warnings.len(), 1, "warned once: {warnings:?}");
+    assert!(warnings[0].contains("No space left"), "{warnings:?}");
+    drop(ds);
+    let lines = log_lines(cache.path());
+    assert_eq!(lines.len(), 2);
+    assert_eq!(npy_files(cache.path()), 2, "no partial file left behind");
+    let ds = era5(cache.path()).persist(true).build().unwrap();
+    let s = run(&ds, "all");
+    assert_eq!((s.cache_revived, s.cache_misses), (2, 4));
+}
+
+#[test]
+fn a_substituted_bad_chunk_is_never_cached() {
+    let f = fixture("v3_zstd", "");
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&f.store, dir.path());
+    std::fs::write(dir.path().join("c/1/0/0"), b"this is not zstd").unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let build = || {
+        InSituDataset::builder(dir.path())
+            .variable("v", "")
+            .on_bad_chunk(insitubatch::OnBadChunk::Nan)
+            .cache_dir(cache.path())
+            .persist(true)
+            .build()
+            .unwrap()
+    };
+    let s = run(&build(), "all");
+    assert_eq!(s.bad_chunks.len(), 1);
+    let logged: Vec<u64> = log_lines(cache.path())
+        .iter()
+        .map(|e| e["chunk"].as_u64().unwrap())
+        .collect();
+    assert!(!logged.contains(&1), "{logged:?}");
+    let s = run(&build(), "all");
+    assert_eq!((s.cache_misses, s.bad_chunks.len()), (1, 1), "{s:?}");
+}
+
+#[test]
+fn an_unwritable_cache_dir_is_a_clear_error() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        eprintln!("skipped: root ignores directory permissions");
+        return;
+    }
+    let parent = tempfile::tempdir().unwrap();
+    let locked = parent.path().join("ro");
+    std::fs::create_dir(&locked).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let msg = era5(&locked.join("cache"))
+        .persist(true)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("ro/cache") && msg.contains("permission denied"),
+        "{msg}"
+    );
+    let err = InSituDataset::builder(&fixture("era5_v3", "t2m").store)
+        .persist(true)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("needs a cache_dir"), "{err}");
+}
+
+#[test]
+fn windowed_shuffled_persisted_passes_release_each_block_and_revive_from_disk() {
+    let f = fixture("paired", "raw");
+    let cache = tempfile::tempdir().unwrap();
+    let build = |persist: bool| {
+        let b = InSituDataset::builder(&f.store)
+            .variable("x", "raw")
+            .window("y", "raw", 24)
+            .batch_size(3)
+            .block_chunks(3)
+            .seed(7);
+        if persist {
+            b.cache_dir(cache.path()).persist(true)
+        } else {
+            b
+        }
+        .build()
+        .unwrap()
+    };
+    let held = build(false);
+    let released = build(true);
+    let (a, b) = (held.train().unwrap(), released.train().unwrap());
+    // Same samples, far less residency: a few blocks x 2 labels x 3 chunks (blocks thinned by
+    // dropped anchors let a batch straddle several), instead of most of the split. The spec's
+    // exact figures are checked on the read plan itself.
+    assert_eq!(a.order().rows, b.order().rows);
+    let slot = 5 * 6 * 4;
+    assert!(
+        b.read_ahead_bytes() < a.read_ahead_bytes() && b.read_ahead_bytes() <= 24 * slot,
+        "released {} held {}",
+        b.read_ahead_bytes(),
+        a.read_ahead_bytes()
+    );
+    drop((a, b));
+    let anchors = check_epoch(&released, "train", &[("x", &f, 0), ("y", &f, 0)]);
+    assert_eq!(sorted(anchors), (0..61 - 24).collect::<Vec<_>>());
+    let s = run(&released, "train");
+    assert!(s.pinned_peak_bytes <= 24 * slot, "{s:?}");
+    // Chunks read by blocks far apart came back from their files, not from the store.
+    assert_eq!(s.tiles_read, 0, "{s:?}");
+    assert!(s.cache_revived > 0, "{s:?}");
+}
+
+/// Runs in a child process (see the next test): a slow persisting epoch, to be killed.
+#[test]
+fn child_slow_persisting_writer() {
+    let Ok(cache) = std::env::var("INSITUBATCH_TEST_CHILD_CACHE") else {
+        return; // only meaningful as the child of the kill test
+    };
+    let f = fixture("paired", "raw");
+    let ds = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .batch_size(1)
+        .block_chunks(1)
+        .max_inflight(1)
+        .prefetch_depth(1)
+        .cache_dir(&cache)
+        .persist(true)
+        .build()
+        .unwrap();
+    for b in ds.train().unwrap() {
+        b.unwrap();
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    panic!("the parent should have killed this process before the epoch ended");
+}
+
+#[test]
+fn sigkill_mid_epoch_keeps_exactly_the_finished_chunks() {
+    let f: FixtureArray = fixture("paired", "raw");
+    let cache = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_slow_persisting_writer", "--nocapture"])
+        .env("INSITUBATCH_TEST_CHILD_CACHE", cache.path())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while log_lines(cache.path()).len() < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "the child never logged 10 chunks"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the child ended early");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: kill on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let logged = log_lines(cache.path()).len() as u64;
+    assert!(logged >= 10 && logged < 61, "{logged}");
+
+    // The lock died with the child: exactly the logged chunks revive, the rest are fetched...
+    let build = || {
+        InSituDataset::builder(&f.store)
+            .variable("r", "raw")
+            .batch_size(4)
+            .cache_dir(cache.path())
+            .persist(true)
+            .build()
+            .unwrap()
+    };
+    let s = run(&build(), "all");
+    assert_eq!(
+        (s.cache_revived, s.cache_misses),
+        (logged, 61 - logged),
+        "{s:?}"
+    );
+    // ...and every value, the child's files included, equals zarr-python's.
+    let ds = build();
+    let anchors = check_epoch(&ds, "train", &[("r", &f, 0)]);
+    assert_eq!(sorted(anchors), (0..61).collect::<Vec<_>>());
+    let s = run(&ds, "all");
+    assert_eq!((s.cache_misses, s.tiles_read), (0, 0), "{s:?}");
+}

@@ -1,0 +1,72 @@
+//! Helpers shared by the engine and cache tests.
+#![allow(dead_code, reason = "each test binary uses its own subset")]
+
+use insitubatch::InSituDataset;
+use insitubatch_tests::{FixtureArray, fixture_arrays, item_size, sample_of};
+
+pub fn fixture(case: &str, array: &str) -> FixtureArray {
+    fixture_arrays()
+        .into_iter()
+        .find(|f| f.case == case && f.array == array)
+        .unwrap_or_else(|| panic!("fixture {case}/{array}"))
+}
+
+pub fn sample_axis_of(f: &FixtureArray) -> usize {
+    if f.case == "v3_tczyx" { 2 } else { 0 }
+}
+
+/// Runs one epoch of `split`, checks every sample of every label against zarr-python, and
+/// returns the anchors in emission order.
+pub fn check_epoch(
+    ds: &InSituDataset,
+    split: &str,
+    refs: &[(&str, &FixtureArray, usize)],
+) -> Vec<u64> {
+    let mut anchors = Vec::new();
+    let mut n_batches = 0;
+    let pass = ds.iter(split).unwrap();
+    let bound = pass.read_ahead_bytes();
+    let mut pass = pass;
+    for batch in pass.by_ref() {
+        let batch = batch.unwrap();
+        assert!(batch.len() <= ds.batch_size());
+        for (label, f, axis) in refs {
+            let arr = batch.array(label).unwrap();
+            let item = item_size(&f.dtype);
+            let inner: Vec<usize> = (0..f.shape.len())
+                .filter(|a| a != axis)
+                .map(|a| f.shape[a] as usize)
+                .collect();
+            let mut shape = vec![batch.len()];
+            shape.extend(&inner);
+            assert_eq!(arr.shape(), &shape[..], "{label}");
+            let sb: usize = inner.iter().product::<usize>() * item;
+            for (r, idx) in batch.read_indices(label).unwrap().into_iter().enumerate() {
+                let want = sample_of(&f.reference, &f.shape, *axis, idx, item);
+                assert!(
+                    arr.bytes()[r * sb..(r + 1) * sb] == want[..],
+                    "{}/{} label {label} sample {idx} differs from zarr-python",
+                    f.case,
+                    f.array
+                );
+            }
+        }
+        anchors.extend_from_slice(batch.sample_indices());
+        n_batches += 1;
+    }
+    let stats = pass.stats();
+    assert_eq!(stats.batches, n_batches);
+    assert_eq!(n_batches as usize, anchors.len().div_ceil(ds.batch_size()));
+    assert!(
+        stats.pinned_peak_bytes <= bound && stats.pinned_peak_bytes > 0,
+        "pinned peak {} over the computed bound {bound}",
+        stats.pinned_peak_bytes
+    );
+    assert!(stats.resident_peak_bytes <= stats.budget_bytes, "{stats:?}");
+    anchors
+}
+
+pub fn sorted(mut v: Vec<u64>) -> Vec<u64> {
+    v.sort_unstable();
+    v
+}
