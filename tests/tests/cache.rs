@@ -126,7 +126,7 @@ fn ephemeral_spill_bounds_files_by_the_budget_and_removes_them() {
         .unwrap();
     let mut pass = ds.train().unwrap();
     let mut most = 0;
-    while let Some(b) = pass.next() {
+    for b in pass.by_ref() {
         b.unwrap();
         most = most.max(npy_files(cache.path()));
     }
@@ -532,7 +532,7 @@ fn sigkill_mid_epoch_keeps_exactly_the_finished_chunks() {
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     child.wait().unwrap();
     let logged = log_lines(cache.path()).len() as u64;
-    assert!(logged >= 10 && logged < 61, "{logged}");
+    assert!((10..61).contains(&logged), "{logged}");
 
     // The lock died with the child: exactly the logged chunks revive, the rest are fetched...
     let build = || {

@@ -127,7 +127,7 @@ const NETWORK_FS: &[(i64, &str)] = &[
     (0x00C3_6400, "CephFS"),
     (0x0102_1997, "9p"),
     (0x6573_5546, "FUSE"),
-    (0x0013_7D, "BeeGFS"),
+    (0x1983_0326, "BeeGFS"),
 ];
 
 /// The name of the network file system `dir` is on, if it is on one we know.

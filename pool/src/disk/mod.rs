@@ -757,9 +757,9 @@ mod tests {
         }]
     }
 
-    fn block_on<F: std::future::Future>(f: impl FnOnce() -> F + Send + 'static) -> F::Output
+    fn block_on<F>(f: impl FnOnce() -> F + Send + 'static) -> F::Output
     where
-        F: 'static,
+        F: std::future::Future + 'static,
         F::Output: Send + 'static,
     {
         let rt = insitubatch_runtime::RuntimeBuilder::new()
