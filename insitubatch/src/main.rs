@@ -118,8 +118,17 @@ enum Command {
         /// Sequential order.
         #[arg(long)]
         no_shuffle: bool,
-        /// Also measure the decode ceiling (a) and the in-memory gather ceiling (b).
+        /// Put the pool's slots in files under this directory (the NVMe tier).
         #[arg(long)]
+        cache_dir: Option<PathBuf>,
+        /// Keep and log the cache_dir files (a later run revives them).
+        #[arg(long, requires = "cache_dir")]
+        persist: bool,
+        /// Read a cache another job warmed; a miss is an error.
+        #[arg(long, requires = "cache_dir")]
+        readonly_cache: bool,
+        /// Also measure the decode ceiling (a) and the in-memory gather ceiling (b).
+        #[arg(long, conflicts_with = "cache_dir")]
         ceilings: bool,
         /// Repeats of each ceiling (best kept).
         #[arg(long, default_value_t = 3)]
@@ -127,6 +136,31 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Fill a persistent decoded-chunk cache (cache_dir, persist) for a split, so that any
+    /// number of readonly_cache jobs can read it without fetching or decoding.
+    Warm {
+        /// Store directory.
+        path: PathBuf,
+        /// The cache directory (local NVMe; one per source and version).
+        #[arg(long)]
+        cache_dir: PathBuf,
+        /// Split manifest (default: every chunk).
+        #[arg(long)]
+        manifest: Option<PathBuf>,
+        /// Split to warm: train, val, test or all.
+        #[arg(long, default_value = "all")]
+        split: String,
+        /// Variables (comma-separated; default: every data variable). Warm the variables
+        /// the readers will use: a readonly reader's miss is an error.
+        #[arg(long, value_delimiter = ',')]
+        variables: Option<Vec<String>>,
+        /// The sample axis.
+        #[arg(long, default_value_t = 0)]
+        sample_axis: usize,
+        /// Delete and rebuild arrays whose cached chunks are stale.
+        #[arg(long)]
+        reset_stale_cache: bool,
     },
     /// Describe a store: per variable shape, chunks, dtype, codecs, bytes, regime; IO backend.
     Inspect {
@@ -225,6 +259,62 @@ type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 fn runtime() -> Result<Runtime, Box<dyn std::error::Error>> {
     Ok(RuntimeBuilder::new().build()?)
+}
+
+/// `insitubatch warm`: one sequential pass with `persist`, every chunk written and logged as it
+/// lands (a killed warm keeps what it finished; running it again completes the rest).
+fn warm(
+    path: &Path,
+    cache_dir: &Path,
+    manifest: Option<&Path>,
+    split: &str,
+    variables: Option<&[String]>,
+    sample_axis: usize,
+    reset_stale_cache: bool,
+) -> CliResult {
+    let mut b = InSituDataset::builder(path)
+        .sample_axis(sample_axis)
+        .shuffle(false)
+        .cache_dir(cache_dir)
+        .persist(true)
+        .reset_stale_cache(reset_stale_cache);
+    for v in variables.unwrap_or_default() {
+        b = b.variable(v.clone(), v.clone());
+    }
+    if let Some(m) = manifest {
+        b = b.manifest(SplitManifest::load(m)?);
+    }
+    let ds = b.build()?;
+    let start = Instant::now();
+    let mut pass = ds.iter(split)?;
+    let pb = progress_bar(pass.stats().batches_total, "warming");
+    for batch in pass.by_ref() {
+        batch?;
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let s = pass.stats();
+    let disk = ds.cache_stats().unwrap_or_default();
+    let labels: Vec<&str> = ds.variables().iter().map(|v| v.label.as_str()).collect();
+    println!(
+        "warmed {} ({split}, [{}]) into {}: {} chunks written ({}), {} already cached, {:.1} s",
+        path.display(),
+        labels.join(", "),
+        cache_dir.display(),
+        disk.writes,
+        human_bytes(disk.write_bytes),
+        s.cache_revived,
+        start.elapsed().as_secs_f64()
+    );
+    if disk.write_errors > 0 {
+        return Err(format!(
+            "{} chunks could not be written (see the warning above); readonly readers would miss \
+             them: free space and run warm again",
+            disk.write_errors
+        )
+        .into());
+    }
+    Ok(())
 }
 
 fn progress_bar(total: u64, what: &str) -> ProgressBar {
@@ -423,6 +513,9 @@ fn run(cli: Cli) -> CliResult {
             cache_budget_bytes,
             seed,
             no_shuffle,
+            cache_dir,
+            persist,
+            readonly_cache,
             ceilings,
             repeat,
             json,
@@ -445,6 +538,12 @@ fn run(cli: Cli) -> CliResult {
                     }
                     if let Some(bytes) = budget {
                         b = b.cache_budget_bytes(bytes);
+                    }
+                    if let Some(dir) = &cache_dir {
+                        b = b
+                            .cache_dir(dir)
+                            .persist(persist)
+                            .readonly_cache(readonly_cache);
                     }
                     Ok(b.build()?)
                 };
@@ -549,6 +648,23 @@ fn run(cli: Cli) -> CliResult {
             );
             Ok(())
         }
+        Command::Warm {
+            path,
+            cache_dir,
+            manifest,
+            split,
+            variables,
+            sample_axis,
+            reset_stale_cache,
+        } => warm(
+            &path,
+            &cache_dir,
+            manifest.as_deref(),
+            &split,
+            variables.as_deref(),
+            sample_axis,
+            reset_stale_cache,
+        ),
         Command::BenchRead {
             path,
             repeat,

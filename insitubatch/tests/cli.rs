@@ -195,3 +195,83 @@ fn demo_runs_two_epochs_and_reports() {
         assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
     }
 }
+
+#[test]
+fn warm_fills_a_cache_that_readonly_benches_read_without_decoding() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("s.zarr");
+    let cache = tmp.path().join("cache");
+    run_ok(
+        cli()
+            .args(["make-dataset", "--samples", "40", "--grid", "6x8"])
+            .args(["--sample-chunk", "4"])
+            .arg(&store),
+    );
+    let manifest = tmp.path().join("m.json");
+    run_ok(
+        cli()
+            .arg("split")
+            .arg(&store)
+            .args(["--fractions", "0.6,0.2,0.2", "-o"])
+            .arg(&manifest),
+    );
+    let warm = |split: &str| {
+        run_ok(
+            cli()
+                .arg("warm")
+                .arg(&store)
+                .arg("--cache-dir")
+                .arg(&cache)
+                .arg("--manifest")
+                .arg(&manifest)
+                .args(["--split", split]),
+        )
+    };
+    let out = warm("train");
+    // 6 train chunks x 2 variables.
+    assert!(out.contains("12 chunks written"), "{out}");
+    let out = warm("train");
+    assert!(
+        out.contains("0 chunks written") && out.contains("12 already cached"),
+        "{out}"
+    );
+    let bench = |split: &str| {
+        cli()
+            .arg("bench")
+            .arg(&store)
+            .arg("--manifest")
+            .arg(&manifest)
+            .args([
+                "--split",
+                split,
+                "--epochs",
+                "1",
+                "--json",
+                "--readonly-cache",
+            ])
+            .arg("--cache-dir")
+            .arg(&cache)
+            .output()
+            .unwrap()
+    };
+    let out = bench("train");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &v["epochs"][0]["stats"];
+    assert_eq!(
+        (s["tiles_read"].as_u64(), s["cache_revived"].as_u64()),
+        (Some(0), Some(12))
+    );
+    // val was never warmed: a readonly reader's miss names the chunk.
+    let out = bench("val");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("readonly_cache") && err.contains("[chunk 6]"),
+        "{err}"
+    );
+}
