@@ -120,9 +120,11 @@ fn bad_input_through_the_c_abi_is_a_status_and_a_message() {
     let corrupt = tempfile::tempdir().unwrap();
     copy_dir(&zstd.store, corrupt.path());
     std::fs::write(corrupt.path().join("c/1/0/0"), b"this is not zstd").unwrap();
+    let cache = tempfile::tempdir().unwrap();
     let out = Command::new(&exe)
         .arg(&f.store)
         .arg(corrupt.path())
+        .arg(cache.path())
         .output()
         .unwrap();
     assert!(

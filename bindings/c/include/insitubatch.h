@@ -289,7 +289,9 @@ IsbStatus isb_split_by_chunk(const char *store,
  `{"label", "path", "offset"}` views; default every data variable), `sample_axis`, `manifest`
  (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
  `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`, `on_bad_chunk`
- (`"raise"` or `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`).
+ (`"raise"` or `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`),
+ and the NVMe tier: `cache_dir` (a directory on local NVMe), `persist`, `reset_stale_cache`,
+ `readonly_cache`, `cache_direct_io` (default true).
  An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 
  # Safety
@@ -317,7 +319,9 @@ IsbStatus isb_dataset_set_epoch(const struct IsbDataset *ds, uint64_t epoch, str
 /*
  Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
  (label, path, offset, shape, dtype), `manifest`, `pool` (budget, resident and peak bytes,
- evictions, hits, misses).
+ evictions, hits, misses, revived), `cache` (`null` without `cache_dir`; else dir, persist,
+ readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, revived, rejected) and
+ `warnings` (every dataset warning so far, each also printed to stderr once).
 
  # Safety
  `ds` is NULL or a live dataset; `out_json` is writable; `err` is NULL or writable.

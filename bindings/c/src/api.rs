@@ -196,6 +196,11 @@ struct DatasetConfig {
     on_bad_chunk: Option<String>,
     executor_threads: Option<usize>,
     io_backend: Option<String>,
+    cache_dir: Option<String>,
+    persist: Option<bool>,
+    reset_stale_cache: Option<bool>,
+    readonly_cache: Option<bool>,
+    cache_direct_io: Option<bool>,
 }
 
 fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
@@ -240,6 +245,14 @@ fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
     if let Some(p) = c.on_bad_chunk {
         b = b.on_bad_chunk(p.parse::<OnBadChunk>()?);
     }
+    if let Some(d) = c.cache_dir {
+        b = b.cache_dir(d);
+    }
+    b = b
+        .persist(c.persist.unwrap_or(false))
+        .reset_stale_cache(c.reset_stale_cache.unwrap_or(false))
+        .readonly_cache(c.readonly_cache.unwrap_or(false))
+        .cache_direct_io(c.cache_direct_io.unwrap_or(true));
     if let Some(n) = c.executor_threads {
         if n == 0 {
             return Err(invalid(
@@ -268,7 +281,9 @@ fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
 /// `{"label", "path", "offset"}` views; default every data variable), `sample_axis`, `manifest`
 /// (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
 /// `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`, `on_bad_chunk`
-/// (`"raise"` or `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`).
+/// (`"raise"` or `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`),
+/// and the NVMe tier: `cache_dir` (a directory on local NVMe), `persist`, `reset_stale_cache`,
+/// `readonly_cache`, `cache_direct_io` (default true).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 ///
 /// # Safety
@@ -344,7 +359,9 @@ pub unsafe extern "C" fn isb_dataset_set_epoch(
 
 /// Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
 /// (label, path, offset, shape, dtype), `manifest`, `pool` (budget, resident and peak bytes,
-/// evictions, hits, misses).
+/// evictions, hits, misses, revived), `cache` (`null` without `cache_dir`; else dir, persist,
+/// readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, revived, rejected) and
+/// `warnings` (every dataset warning so far, each also printed to stderr once).
 ///
 /// # Safety
 /// `ds` is NULL or a live dataset; `out_json` is writable; `err` is NULL or writable.
@@ -386,7 +403,24 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
                 "evictions": p.evictions,
                 "hits": p.hits,
                 "misses": p.misses,
+                "revived": p.revived,
             },
+            "cache": d.cache_tier().map(|t| {
+                let st = t.stats();
+                serde_json::json!({
+                    "dir": t.dir().display().to_string(),
+                    "persist": t.persist(),
+                    "readonly": t.readonly(),
+                    "direct_io": t.direct_io(),
+                    "cached_chunks": t.cached_chunks(),
+                    "writes": st.writes,
+                    "write_bytes": st.write_bytes,
+                    "write_errors": st.write_errors,
+                    "revived": st.revived,
+                    "rejected": st.rejected,
+                })
+            }),
+            "warnings": d.warnings(),
         });
         out_string(out_json, v.to_string())
     })

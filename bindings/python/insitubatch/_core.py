@@ -9,8 +9,10 @@ is referenced is safe.
 from __future__ import annotations
 
 import ctypes
+import os
 import json
 import numbers
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -320,6 +322,8 @@ class _Epoch:
             except errors.Error:
                 pass
             lib.isb_iter_free(it)
+            for w in self._ds._last_stats.get("warnings", []):
+                warnings.warn(w, errors.CacheWarning, stacklevel=2)
 
     def __del__(self):
         try:
@@ -374,11 +378,6 @@ class InSituDataset:
         io_backend: str | None = None,
     ):
         self._handle = None
-        if cache_dir is not None or persist or reset_stale_cache or readonly_cache:
-            raise errors.Unsupported(
-                "cache_dir, persist, reset_stale_cache and readonly_cache need the NVMe cache "
-                "tier, which this version does not have yet; leave them unset"
-            )
         config: dict[str, Any] = {
             "store": str(store),
             "batch_size": _check_int("batch_size", batch_size),
@@ -398,6 +397,16 @@ class InSituDataset:
         config["on_bad_chunk"] = on_bad_chunk
         if cache_budget_bytes is not None:
             config["cache_budget_bytes"] = _check_int("cache_budget_bytes", cache_budget_bytes)
+        for name, flag in (
+            ("persist", persist),
+            ("reset_stale_cache", reset_stale_cache),
+            ("readonly_cache", readonly_cache),
+        ):
+            if not isinstance(flag, bool):
+                raise TypeError(f"`{name}` must be a bool, not {type(flag).__name__}")
+            config[name] = flag
+        if cache_dir is not None:
+            config["cache_dir"] = os.fspath(cache_dir)
         if executor_threads is not None:
             config["executor_threads"] = _check_int("executor_threads", executor_threads)
         if io_backend is not None:
@@ -442,6 +451,14 @@ class InSituDataset:
             for v in info["variables"]
         }
         self.manifest = SplitManifest(info["manifest"])
+        self._warned = 0
+        self._emit_warnings(info)
+
+    def _emit_warnings(self, info: dict) -> None:
+        new = info.get("warnings", [])[self._warned:]
+        self._warned += len(new)
+        for w in new:
+            warnings.warn(w, errors.CacheWarning, stacklevel=3)
 
     # views -----------------------------------------------------------------------------
     @property
@@ -488,9 +505,22 @@ class InSituDataset:
         out["pool"] = self._dataset_stats()["pool"]
         return out
 
+    def cache_stats(self) -> dict | None:
+        """Counters of the cache directory (`None` without `cache_dir`): writes, write_bytes,
+        write_errors, revived, rejected, cached_chunks, direct_io."""
+        info = self._dataset_stats()
+        self._emit_warnings(info)
+        return info["cache"]
+
     @property
     def cache_hits(self) -> int:
+        """Hits of the last iteration (resident or revived from `cache_dir`)."""
         return int(self._last_stats.get("cache_hits", 0))
+
+    @property
+    def cache_revived(self) -> int:
+        """Hits of the last iteration revived from `cache_dir` files (no fetch, no decode)."""
+        return int(self._last_stats.get("cache_revived", 0))
 
     @property
     def cache_misses(self) -> int:

@@ -60,6 +60,30 @@ class WrongProcess(Error):
     status = 11
 
 
+class CacheLocked(Error, OSError):
+    """Another process holds the cache directory's lock (the message names its PID and host)."""
+
+    status = 13
+
+
+class StaleCache(Error):
+    """The cache directory holds chunks made by another chunk-transform pipeline or log
+    format (pass reset_stale_cache=True to rebuild just those arrays)."""
+
+    status = 14
+
+
+class CacheMiss(Error, LookupError):
+    """readonly_cache=True and a chunk the iteration needs is not in the cache."""
+
+    status = 15
+
+
+class CacheWarning(UserWarning):
+    """A cache that is configured but not working as configured (a network cache_dir, a write
+    that failed, a persistent cache that served no hits)."""
+
+
 class Closed(Error, ValueError):
     """The dataset (or iteration) is closed."""
 
@@ -78,6 +102,9 @@ _BY_STATUS = {
     10: InternalError,
     11: WrongProcess,
     12: InternalError,
+    13: CacheLocked,
+    14: StaleCache,
+    15: CacheMiss,
 }
 
 

@@ -122,8 +122,8 @@ def test_bad_arguments_are_named(fixtures):
     with isb.InSituDataset(store) as ds:
         with pytest.raises(ValueError, match="split `val` is empty"):
             next(iter(ds.val))
-    with pytest.raises(isb.Unsupported, match="cache_dir"):
-        isb.InSituDataset(store, cache_dir="/tmp/x")
+    with pytest.raises(ValueError, match="needs a cache_dir"):
+        isb.InSituDataset(store, persist=True)
 
 
 def test_a_forked_child_gets_a_clear_error_and_the_parent_keeps_working(fixtures):

@@ -1,0 +1,152 @@
+"""The NVMe tier through Python: numpy opens slot files, a warm run decodes nothing, the lock,
+readonly readers and their misses, stale caches, and warnings as Python warnings."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+import insitubatch as isb
+
+
+def era5(fixtures):
+    out, _ = fixtures
+    return out / "era5_v3.zarr"
+
+
+def log_entries(cache):
+    lines = (cache / "insitu_cache.jsonl").read_text().splitlines()
+    return [json.loads(l) for l in lines[1:]]
+
+
+def drain(view):
+    return [i for b in view for i in b.sample_indices.tolist()]
+
+
+def test_numpy_loads_every_slot_file_and_it_equals_the_chunk(fixtures, tmp_path):
+    store = era5(fixtures)
+    cache = tmp_path / "cache"
+    with isb.InSituDataset(store, batch_size=5, cache_dir=cache, persist=True) as ds:
+        assert sorted(drain(ds.train)) == list(range(12))
+        stats = ds.cache_stats()
+        assert stats["writes"] == 9 and stats["write_errors"] == 0  # t2m, u10, station x 3
+    entries = log_entries(cache)
+    assert len(entries) == 9
+    for e in entries:
+        ref = zarr.open_array(store / e["array"], mode="r")
+        spc = ref.chunks[0]
+        a = np.load(cache / e["file"], mmap_mode="r")
+        assert a.shape == tuple(e["shape"]) and a.dtype == np.dtype(e["dtype"])
+        c = e["chunk"]
+        np.testing.assert_array_equal(a, ref[c * spc:(c + 1) * spc])
+
+
+def test_a_warm_run_decodes_nothing_and_values_match(fixtures, tmp_path):
+    store = era5(fixtures)
+    cache = tmp_path / "cache"
+    ref = zarr.open_array(store / "t2m", mode="r")[...]
+    g = isb.open_geometries(store, ["t2m"])
+    with isb.InSituDataset(store, None, g, batch_size=4, cache_dir=cache, persist=True) as ds:
+        drain(ds.train)
+        assert ds.cache_misses == 3
+    with isb.InSituDataset(store, None, g, batch_size=4, cache_dir=cache, persist=True) as ds:
+        for b in ds.train:
+            for r, idx in enumerate(b.read_indices("t2m")):
+                np.testing.assert_array_equal(b.arrays["t2m"][r], ref[idx])
+        s = ds.stats()
+        assert (s["tiles_read"], s["bytes_decoded"], ds.cache_revived) == (0, 0, 3)
+
+
+def test_lock_readonly_and_readonly_miss(fixtures, tmp_path):
+    store = era5(fixtures)
+    cache = tmp_path / "cache"
+    g = isb.open_geometries(store, ["t2m"])
+    writer = isb.InSituDataset(store, None, g, cache_dir=cache, persist=True)
+    with pytest.raises(isb.CacheLocked, match=f"pid {os.getpid()}"):
+        isb.InSituDataset(store, None, g, cache_dir=cache, persist=True)
+    drain(writer.all)
+    writer.close()
+    readers = [isb.InSituDataset(store, None, g, cache_dir=cache, readonly_cache=True) for _ in range(2)]
+    for r in readers:
+        assert sorted(drain(r.train)) == list(range(12))
+        assert r.stats()["tiles_read"] == 0
+    with pytest.raises(isb.CacheLocked, match="readonly_cache readers"):
+        isb.InSituDataset(store, None, g, cache_dir=cache, persist=True)
+    for r in readers:
+        r.close()
+    # u10 was never warmed: a readonly reader's miss is an error naming the chunk.
+    with isb.InSituDataset(store, None, isb.open_geometries(store, ["u10"]), cache_dir=cache,
+                           readonly_cache=True) as ds:
+        with pytest.raises(isb.CacheMiss, match=r"u10\[chunk 0\]"):
+            drain(ds.all)
+
+
+def test_stale_cache_raises_and_reset_rebuilds(fixtures, tmp_path):
+    store = era5(fixtures)
+    cache = tmp_path / "cache"
+    g = isb.open_geometries(store, ["t2m", "u10"])
+    with isb.InSituDataset(store, None, g, cache_dir=cache, persist=True) as ds:
+        drain(ds.all)
+    log = cache / "insitu_cache.jsonl"
+    lines = log.read_text().splitlines()
+    edited = [lines[0]]
+    for line in lines[1:]:
+        e = json.loads(line)
+        if e["array"] == "u10":
+            e["fingerprint"] = "ffffffffffffffff"
+        edited.append(json.dumps(e))
+    log.write_text("\n".join(edited) + "\n")
+    with pytest.raises(isb.StaleCache, match=r"\[u10\]"):
+        isb.InSituDataset(store, None, g, cache_dir=cache, persist=True)
+    with isb.InSituDataset(store, None, g, cache_dir=cache, persist=True, reset_stale_cache=True) as ds:
+        drain(ds.all)
+        assert (ds.cache_revived, ds.cache_misses) == (3, 3)
+
+
+def test_a_cache_that_serves_nothing_warns(fixtures, tmp_path):
+    store = era5(fixtures)
+    cache = tmp_path / "cache"
+    g = isb.open_geometries(store, ["t2m"])
+    with isb.InSituDataset(store, None, g, cache_dir=cache, persist=True) as ds:
+        drain(ds.all)
+    for f in cache.glob("*.npy"):
+        f.unlink()
+    with isb.InSituDataset(store, None, g, cache_dir=cache, persist=True) as ds:
+        with pytest.warns(isb.CacheWarning, match="served 0 hits"):
+            drain(ds.all)
+
+
+def test_sigkilled_warm_keeps_finished_chunks(fixtures, tmp_path):
+    out, _ = fixtures
+    store = out / "paired.zarr"
+    cache = tmp_path / "cache"
+    child = r"""
+import sys, time, insitubatch as isb
+g = isb.open_geometries(sys.argv[1], ["raw"])
+with isb.InSituDataset(sys.argv[1], None, g, batch_size=1, block_chunks=1, max_inflight=1,
+                       prefetch_depth=1, cache_dir=sys.argv[2], persist=True) as ds:
+    for b in ds.train:
+        time.sleep(0.04)
+"""
+    p = subprocess.Popen([sys.executable, "-c", child, str(store), str(cache)], env=os.environ.copy())
+    deadline = time.monotonic() + 60
+    log = cache / "insitu_cache.jsonl"
+    while not log.exists() or len(log.read_text().splitlines()) < 9:
+        assert time.monotonic() < deadline and p.poll() is None, "child did not log 8 chunks"
+        time.sleep(0.005)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    logged = len(log_entries(cache))
+    ref = zarr.open_array(store / "raw", mode="r")[...]
+    g = isb.open_geometries(store, ["raw"])
+    with isb.InSituDataset(store, None, g, batch_size=4, cache_dir=cache, persist=True) as ds:
+        for b in ds.all:
+            for r, idx in enumerate(b.read_indices("raw")):
+                np.testing.assert_array_equal(b.arrays["raw"][r], ref[idx])
+        assert (ds.cache_revived, ds.cache_misses) == (logged, 61 - logged)
