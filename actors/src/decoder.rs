@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use insitubatch_pool::{SlotData, SlotFailure};
+use insitubatch_pool::SlotFailure;
 use insitubatch_runtime::{ActorPool, Mailbox, yield_now};
 use insitubatch_store::{DType, Store, StoreError, ZarrArray};
 
@@ -77,9 +77,10 @@ pub(crate) fn spawn<S: Store>(
 }
 
 /// Puts a decoded tile into its slot and completes the job. With a cache directory the
-/// finished slot is written to its file first and the slot keeps the mapping (the heap buffer
-/// goes); a slot holding a substituted tile (`cacheable` false) stays on the heap, so a
-/// stand-in for a bad chunk is never cached as data.
+/// finished slot is also written to its file, in the background: the slot is ready (on the heap)
+/// at once, and moves onto the mapped file when it lands and nothing pins the slot. A slot
+/// holding a substituted tile (`cacheable` false) is never written, so a stand-in for a bad
+/// chunk is never cached as data.
 pub(crate) async fn deliver<S: Store>(
     ctx: &EngineContext<S>,
     job: TileJob,
@@ -90,40 +91,44 @@ pub(crate) async fn deliver<S: Store>(
     if !cacheable {
         job.slot.mark_uncacheable();
     }
-    let disk = ctx.pool.disk().filter(|d| !d.readonly());
     // An error below means the slot is no longer loading (the pass failed); nothing to deliver
     // to.
-    match disk {
-        None if layout.can_adopt() => {
-            let _ = job.slot.adopt(bytes);
-        }
-        None => {
-            let _ = job
-                .slot
-                .deliver_tile(|buf| layout.copy_into_slot(job.tile, &bytes, buf));
-        }
-        Some(disk) => {
-            let finished = if layout.can_adopt() {
-                Ok(Some(bytes))
-            } else {
-                job.slot
-                    .take_tile(|buf| layout.copy_into_slot(job.tile, &bytes, buf))
-            };
-            if let Ok(Some(full)) = finished {
-                let data = if job.slot.is_cacheable() {
-                    match disk.write(job.slot.key(), full).await {
-                        Ok(mapped) => mapped,
-                        // Warned once by the tier; the pass goes on from memory.
-                        Err(failed) => SlotData::Heap(failed.bytes),
-                    }
-                } else {
-                    SlotData::Heap(full)
-                };
-                let _ = job.slot.complete(data);
-            }
-        }
+    let completed = if layout.can_adopt() {
+        job.slot.adopt(bytes).is_ok()
+    } else {
+        job.slot
+            .deliver_tile(|buf| layout.copy_into_slot(job.tile, &bytes, buf))
+            .unwrap_or(false)
+    };
+    if completed && job.slot.is_cacheable() {
+        persist_in_background(ctx, &job);
     }
     job.finish();
+}
+
+/// Writes a just-completed slot to the cache directory on a task of this executor; the pass
+/// joins it before it ends.
+fn persist_in_background<S: Store>(ctx: &EngineContext<S>, job: &TileJob) {
+    let Some(disk) = ctx.pool.disk().filter(|d| !d.readonly()) else {
+        return;
+    };
+    let Some(bytes) = job.slot.bytes() else {
+        return;
+    };
+    let (disk, pool, slot) = (
+        Arc::clone(disk),
+        Arc::clone(&ctx.pool),
+        Arc::clone(&job.slot),
+    );
+    let handle = ctx.runtime.spawn("cache-write", move || async move {
+        // A failure is warned about by the tier; the slot stays on the heap.
+        if let Ok(mapped) = disk.write(slot.key(), bytes).await {
+            pool.file_landed(&slot, mapped);
+        }
+    });
+    let mut writes = lock(&job.shared.cache_writes);
+    writes.retain(|h| !h.is_finished());
+    writes.push(handle);
 }
 
 /// A stored chunk that could not be read or decoded: fail the pass, or fill and record it.
@@ -131,11 +136,13 @@ pub(crate) async fn bad_chunk<S: Store>(ctx: &EngineContext<S>, job: TileJob, er
     let shared = Arc::clone(&job.shared);
     match shared.config.on_bad_chunk {
         OnBadChunk::Raise => {
+            // The pass's error first, so a gather woken by the slot's failure reports it.
+            let message = err.to_string();
+            shared.fail(err.into());
             job.slot.fail(SlotFailure {
                 cancelled: false,
-                message: err.to_string().into(),
+                message: message.into(),
             });
-            shared.fail(err.into());
             job.finish();
         }
         OnBadChunk::Nan => {

@@ -128,6 +128,8 @@ pub(crate) struct PassShared {
     error: Mutex<Option<EngineError>>,
     pub counters: Counters,
     pub bad_chunks: Mutex<Vec<BadChunk>>,
+    /// Slot files being written to the cache directory (joined when the pass stops).
+    pub cache_writes: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl PassShared {
@@ -314,6 +316,7 @@ impl Pass {
             error: Mutex::new(None),
             counters: Counters::default(),
             bad_chunks: Mutex::new(Vec::new()),
+            cache_writes: Mutex::new(Vec::new()),
         });
 
         // One fetcher and one decoder worker per executor, each kind sharing one mailbox.
@@ -356,6 +359,7 @@ impl Pass {
         s.tiles_read = Counters::get(&c.tiles_read);
         s.bytes_read = Counters::get(&c.bytes_read);
         s.bytes_decoded = Counters::get(&c.bytes_decoded);
+        s.bytes_revived = Counters::get(&c.bytes_revived);
         s.resident_peak_bytes = self.shared.owner.peak_resident_bytes();
         s.pinned_peak_bytes = self.shared.owner.peak_pinned_bytes();
         s.budget_bytes = self.shared.owner.pool().stats().budget_bytes;
@@ -412,8 +416,19 @@ impl Pass {
         // Dropping the receiver unblocks a gather parked on a full channel.
         self.rx.take();
         let mut panic = None;
-        for t in self.tasks.drain(..) {
-            if let Err(TaskError::Panicked { name, message }) = t.join() {
+        // The actors first (until they are joined a decoder may start a cache write), then the
+        // writes.
+        let actors: Vec<JoinHandle<()>> = self.tasks.drain(..).collect();
+        let mut joined = Vec::with_capacity(actors.len());
+        for t in actors {
+            joined.push(t.join());
+        }
+        let writes = std::mem::take(&mut *lock(&self.shared.cache_writes));
+        for t in writes {
+            joined.push(t.join());
+        }
+        for outcome in joined {
+            if let Err(TaskError::Panicked { name, message }) = outcome {
                 panic.get_or_insert(EngineError::ActorPanicked {
                     actor: name,
                     message,

@@ -23,6 +23,7 @@ pub(crate) struct Counters {
     pub bytes_read: AtomicU64,
     pub bytes_decoded: AtomicU64,
     pub tiles_read: AtomicU64,
+    pub bytes_revived: AtomicU64,
 }
 
 impl Counters {
@@ -53,6 +54,8 @@ pub struct PassStats {
     pub cache_misses: u64,
     /// Hits revived from the cache directory's files (part of `cache_hits`).
     pub cache_revived: u64,
+    /// Bytes read back from the cache directory's files for revived slots.
+    pub bytes_revived: u64,
     /// Cache-directory entries consulted and rejected (file missing, damaged or of another
     /// geometry): each became a miss.
     pub cache_rejected: u64,

@@ -4,6 +4,7 @@
 //! public Rust API and the `insitubatch` command; the runtime lives in
 //! [`insitubatch_runtime`] and the Zarr read layer in [`insitubatch_store`], both re-exported.
 
+pub mod cachebench;
 mod dataset;
 pub mod enginebench;
 pub mod inspect;

@@ -127,6 +127,9 @@ enum Command {
         /// Read a cache another job warmed; a miss is an error.
         #[arg(long, requires = "cache_dir")]
         readonly_cache: bool,
+        /// Write cache files through the page cache instead of O_DIRECT.
+        #[arg(long, requires = "cache_dir")]
+        buffered_cache_writes: bool,
         /// Also measure the decode ceiling (a) and the in-memory gather ceiling (b).
         #[arg(long, conflicts_with = "cache_dir")]
         ceilings: bool,
@@ -161,6 +164,26 @@ enum Command {
         /// Delete and rebuild arrays whose cached chunks are stale.
         #[arg(long)]
         reset_stale_cache: bool,
+    },
+    /// Benchmark the NVMe tier: warm epochs from RAM and revived from cache files (page cache
+    /// warm and dropped) against the in-memory gather ceiling, the cache-filling epoch against a
+    /// plain cold one, and slot-file writes on io_uring against the thread fallback.
+    BenchCache {
+        /// Store directory.
+        path: PathBuf,
+        /// Split to iterate (shuffled when train).
+        #[arg(long, default_value = "train")]
+        split: String,
+        /// Repeats (best kept).
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// Where the cache directories go (default: a temporary directory beside the store,
+        /// on the same file system); removed afterwards.
+        #[arg(long)]
+        work: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Describe a store: per variable shape, chunks, dtype, codecs, bytes, regime; IO backend.
     Inspect {
@@ -516,6 +539,7 @@ fn run(cli: Cli) -> CliResult {
             cache_dir,
             persist,
             readonly_cache,
+            buffered_cache_writes,
             ceilings,
             repeat,
             json,
@@ -543,7 +567,8 @@ fn run(cli: Cli) -> CliResult {
                         b = b
                             .cache_dir(dir)
                             .persist(persist)
-                            .readonly_cache(readonly_cache);
+                            .readonly_cache(readonly_cache)
+                            .cache_direct_io(!buffered_cache_writes);
                     }
                     Ok(b.build()?)
                 };
@@ -665,6 +690,73 @@ fn run(cli: Cli) -> CliResult {
             sample_axis,
             reset_stale_cache,
         ),
+        Command::BenchCache {
+            path,
+            split,
+            repeat,
+            work,
+            json,
+        } => {
+            let tmp;
+            let work = match work {
+                Some(w) => w,
+                None => {
+                    let parent = path
+                        .canonicalize()?
+                        .parent()
+                        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+                    tmp = tempfile::Builder::new()
+                        .prefix("insitubatch-cache-bench")
+                        .tempdir_in(parent)?;
+                    tmp.path().join("work")
+                }
+            };
+            let r = insitubatch::cachebench::bench_cache(&path, &work, &split, repeat)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+                return Ok(());
+            }
+            println!(
+                "{split}: {} decoded; in-memory gather ceiling {:.0} MB/s; best of {repeat}",
+                human_bytes(r.split_bytes),
+                r.gather_ceiling_mb_s
+            );
+            for w in &r.warm {
+                println!(
+                    "  warm epoch from {:<24} {:>6.0} MB/s = {:>5.1}% of the ceiling; {} chunks decoded, {} revived; first batch {:.1} ms",
+                    w.source,
+                    w.mb_s,
+                    100.0 * w.ratio,
+                    w.decoded_chunks,
+                    w.revived,
+                    w.ttfb_ms
+                );
+            }
+            for (direct, mb_s) in &r.fill_mb_s {
+                println!(
+                    "  cache-filling epoch ({}) {mb_s:.0} MB/s = {:.1}% of a plain cold epoch ({:.0} MB/s)",
+                    if *direct { "O_DIRECT" } else { "buffered" },
+                    100.0 * mb_s / r.cold_mb_s,
+                    r.cold_mb_s
+                );
+            }
+            for w in &r.writes {
+                let base = r
+                    .writes
+                    .iter()
+                    .find(|b| b.backend == "threads" && b.direct == w.direct)
+                    .map_or(1.0, |b| b.mb_s);
+                println!(
+                    "  slot-file writes, {:<8} {:<8}: {:>6.0} MB/s ({} files) = {:.2}x the thread fallback",
+                    w.backend,
+                    if w.direct { "O_DIRECT" } else { "buffered" },
+                    w.mb_s,
+                    w.files,
+                    w.mb_s / base
+                );
+            }
+            Ok(())
+        }
         Command::BenchRead {
             path,
             repeat,

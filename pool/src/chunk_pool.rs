@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use crate::disk::{DiskTier, Revive};
+use crate::disk::{CachedFile, DiskTier, Revive};
 use crate::lock;
 use crate::slot::{Slot, SlotKey};
 
@@ -84,6 +84,9 @@ pub enum Admission {
     InFlight(Arc<Slot>),
     /// Not resident: a new loading slot, pinned; the caller must fill or fail it.
     Miss(Arc<Slot>),
+    /// Not resident but in the cache directory (a hit: no fetch, no decode): a new loading
+    /// single-tile slot, pinned; the caller reads the file's data into it (or fails it).
+    Revive(Arc<Slot>, CachedFile),
 }
 
 /// Cumulative pool counters (a pass's own hit/miss counts are on its [`Owner`]).
@@ -192,6 +195,27 @@ impl ChunkPool {
         })
     }
 
+    /// `slot`'s cache file landed: the slot moves onto the mapping now if nothing pins it (else
+    /// at its last unpin). If the slot was evicted while its file was being written, an
+    /// ephemeral file goes at once, so spilled files stay bounded by the budget.
+    pub fn file_landed(&self, slot: &Slot, mapped: crate::disk::MappedFile) {
+        let g = lock(&self.inner);
+        match g.entries.get(&slot.id) {
+            Some(e) => {
+                slot.offer_mapping(mapped);
+                if e.pins == 0 {
+                    slot.settle();
+                }
+            }
+            None => {
+                drop(mapped);
+                if let Some(d) = &self.disk {
+                    d.evicted(slot.key());
+                }
+            }
+        }
+    }
+
     /// The NVMe tier, when the pool has a cache directory.
     pub fn disk(&self) -> Option<&Arc<DiskTier>> {
         self.disk.as_ref()
@@ -273,7 +297,7 @@ impl ChunkPool {
 }
 
 impl Inner {
-    /// Drops an entry; returns the key of a ready slot file that may now go.
+    /// Drops an entry; returns its key (its cache file, if any, may now go).
     fn remove_entry(&mut self, id: u64) -> Option<SlotKey> {
         let e = self.entries.remove(&id)?;
         if e.indexed {
@@ -283,7 +307,7 @@ impl Inner {
             self.lru.remove(&t);
         }
         self.stats.resident_bytes -= e.slot.nbytes();
-        e.slot.is_mapped().then(|| e.slot.key().clone())
+        Some(e.slot.key().clone())
     }
 
     fn insert(&mut self, id: u64, slot: &Arc<Slot>, indexed: bool, loader: u64, nbytes: u64) {
@@ -351,6 +375,8 @@ impl Inner {
             return;
         }
         if e.indexed && e.slot.is_ready() {
+            // Unpinned: the slot may move onto its cache file now.
+            e.slot.settle();
             self.tick += 1;
             e.lru_tick = Some(self.tick);
             self.lru.insert(self.tick, id);
@@ -442,8 +468,8 @@ impl Owner {
         g.next_slot += 1;
         if let Some(disk) = &self.pool.disk {
             match disk.revive(key, nbytes) {
-                Revive::Hit(data) => {
-                    let slot = Arc::new(Slot::new_ready(id, key.clone(), data));
+                Revive::File(file) => {
+                    let slot = Arc::new(Slot::new(id, key.clone(), nbytes, 1));
                     g.insert(id, &slot, !shadowed, self.id, nbytes);
                     g.stats.hits += 1;
                     g.stats.revived += 1;
@@ -451,7 +477,7 @@ impl Owner {
                     o.hits += 1;
                     o.revived += 1;
                     g.pin(self.id, id);
-                    return Ok(Admission::Hit(slot));
+                    return Ok(Admission::Revive(slot, file));
                 }
                 Revive::Rejected => {
                     g.owners.get_mut(&self.id).expect("registered").rejected += 1;

@@ -3,9 +3,12 @@
 //! A slot holds every stored chunk (tile) that shares one sample-axis chunk index, assembled
 //! sample-first: `[samples_per_chunk, *inner_shape]`, C order. It is filled exactly once, either
 //! by adopting one decoded tile whose layout already is the slot's (no copy) or by assembling
-//! tiles into a buffer, and then it is immutable until evicted.
+//! tiles into a buffer, and then its contents are immutable until evicted. With a cache
+//! directory the bytes move once, from the heap to the slot's mapped file, when the file is
+//! written and the slot is no longer pinned; readers hold [`SlotBytes`], so a move never pulls
+//! memory out from under a copy.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use insitubatch_runtime::sync::Notify;
 
@@ -34,6 +37,30 @@ impl SlotData {
     /// True for the NVMe tier.
     pub fn is_mapped(&self) -> bool {
         matches!(self, SlotData::Mapped(_))
+    }
+}
+
+/// A ready slot's bytes, shared: whoever copies from a slot holds one, which keeps that memory
+/// (heap buffer or mapping) alive even if the slot moves to its file meanwhile.
+#[derive(Clone, Debug)]
+pub struct SlotBytes(Arc<SlotData>);
+
+impl std::ops::Deref for SlotBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+impl SlotBytes {
+    /// Bytes on the heap (for tests and tools).
+    pub fn heap(v: Vec<u8>) -> Self {
+        Self(Arc::new(SlotData::Heap(v)))
+    }
+
+    /// True when these bytes are a mapped cache file.
+    pub fn is_mapped(&self) -> bool {
+        self.0.is_mapped()
     }
 }
 
@@ -94,7 +121,9 @@ pub struct Slot {
     nbytes: u64,
     tiles: u64,
     state: Mutex<State>,
-    data: OnceLock<SlotData>,
+    data: Mutex<Option<SlotBytes>>,
+    /// The slot's file, written and mapped, waiting for the slot to be unpinned.
+    pending_map: Mutex<Option<MappedFile>>,
     notify: Notify,
     uncacheable: std::sync::atomic::AtomicBool,
 }
@@ -121,27 +150,11 @@ impl Slot {
                 tiles_left: tiles,
                 buf: None,
             }),
-            data: OnceLock::new(),
+            data: Mutex::new(None),
+            pending_map: Mutex::new(None),
             notify: Notify::new(),
             uncacheable: std::sync::atomic::AtomicBool::new(false),
         }
-    }
-
-    /// A slot that is ready from the start (revived from the cache directory).
-    pub(crate) fn new_ready(id: u64, key: SlotKey, data: SlotData) -> Self {
-        let nbytes = data.as_slice().len() as u64;
-        let slot = Self {
-            id,
-            key,
-            nbytes,
-            tiles: 1,
-            state: Mutex::new(State::Ready),
-            data: OnceLock::new(),
-            notify: Notify::new(),
-            uncacheable: std::sync::atomic::AtomicBool::new(false),
-        };
-        assert!(slot.data.set(data).is_ok(), "a new slot is empty");
-        slot
     }
 
     /// Marks the slot as holding a stand-in (a bad chunk's NaN tile): never written to the
@@ -172,18 +185,37 @@ impl Slot {
     }
 
     /// The assembled chunk, once ready.
-    pub fn data(&self) -> Option<&[u8]> {
-        self.data.get().map(SlotData::as_slice)
+    pub fn bytes(&self) -> Option<SlotBytes> {
+        lock(&self.data).clone()
     }
 
     /// True when the ready slot lives in a mapped cache file.
     pub fn is_mapped(&self) -> bool {
-        self.data.get().is_some_and(SlotData::is_mapped)
+        lock(&self.data).as_ref().is_some_and(SlotBytes::is_mapped)
     }
 
     /// True once every tile arrived.
     pub fn is_ready(&self) -> bool {
-        self.data.get().is_some()
+        lock(&self.data).is_some()
+    }
+
+    /// Hands the slot its written and mapped file; the slot moves onto it (and frees its heap
+    /// buffer) at [`Slot::settle`], once nothing pins it.
+    pub(crate) fn offer_mapping(&self, mapped: MappedFile) {
+        if mapped.data().len() as u64 == self.nbytes {
+            *lock(&self.pending_map) = Some(mapped);
+        }
+    }
+
+    /// Moves a ready slot onto its offered mapping, if there is one.
+    pub(crate) fn settle(&self) {
+        let Some(m) = lock(&self.pending_map).take() else {
+            return;
+        };
+        let mut data = lock(&self.data);
+        if data.is_some() {
+            *data = Some(SlotBytes(Arc::new(SlotData::Mapped(m))));
+        }
     }
 
     /// Why it failed, if it did.
@@ -209,7 +241,9 @@ impl Slot {
             self.key
         );
         // Only the loader that moves the state out of Loading gets here, once.
-        assert!(self.data.set(buf).is_ok(), "slot {} filled twice", self.key);
+        let mut data = lock(&self.data);
+        assert!(data.is_none(), "slot {} filled twice", self.key);
+        *data = Some(SlotBytes(Arc::new(buf)));
     }
 
     /// Takes a decoded single-tile chunk as the slot's buffer, without a copy. Errors when the
@@ -343,7 +377,7 @@ mod tests {
         assert!(!s.deliver_tile(|b| b[..2].copy_from_slice(&[1, 2])).unwrap());
         assert!(!s.is_ready());
         assert!(s.deliver_tile(|b| b[2..].copy_from_slice(&[3, 4])).unwrap());
-        assert_eq!(s.data().unwrap(), &[1, 2, 3, 4]);
+        assert_eq!(&*s.bytes().unwrap(), &[1, 2, 3, 4]);
         assert!(
             s.deliver_tile(|_| {}).is_err(),
             "a ready slot takes no tiles"
@@ -364,10 +398,10 @@ mod tests {
         }));
         assert_eq!(&*s.failure().unwrap().message, "bad chunk a/3.0");
         assert!(s.adopt(vec![0; 4]).is_err());
-        assert!(s.data().is_none());
+        assert!(s.bytes().is_none());
         let wrong = Slot::new(1, SlotKey::new("a", 4), 4, 1);
         assert!(wrong.adopt(vec![0; 3]).is_err(), "size is checked");
         assert!(wrong.adopt(vec![9; 4]).is_ok());
-        assert_eq!(wrong.data().unwrap(), &[9; 4]);
+        assert_eq!(&*wrong.bytes().unwrap(), &[9; 4]);
     }
 }

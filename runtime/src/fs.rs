@@ -107,6 +107,49 @@ impl File {
         })
     }
 
+    /// Takes over a file opened elsewhere (its IO then goes through the runtime).
+    pub fn from_std(file: std::fs::File, path: impl AsRef<Path>) -> File {
+        File {
+            fd: Arc::new(OwnedFd::from(file)),
+            path: Arc::from(path.as_ref()),
+        }
+    }
+
+    /// Reads exactly `len` bytes at `offset` into `buf` (cleared first; its capacity is
+    /// reused). End of file before `len` bytes is an `UnexpectedEof` error.
+    pub async fn read_exact_into(
+        &self,
+        offset: u64,
+        len: usize,
+        mut buf: Vec<u8>,
+    ) -> std::io::Result<Vec<u8>> {
+        buf.clear();
+        buf.reserve_exact(len);
+        while buf.len() < len {
+            let have = buf.len();
+            let (r, mut b) = self.read_at(buf, offset + have as u64).await;
+            // A roomier recycled buffer may read past the range; only `len` bytes count.
+            b.truncate(len);
+            buf = b;
+            match r {
+                Ok(0) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "{} ends after {} of the {len} bytes at offset {offset}",
+                            self.path.display(),
+                            buf.len()
+                        ),
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(buf)
+    }
+
     /// The path this file was opened with.
     pub fn path(&self) -> &Path {
         &self.path

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use insitubatch_pool::{PooledBuf, Slot};
+use insitubatch_pool::{PooledBuf, Slot, SlotBytes};
 
 /// One contiguous copy: `len` bytes from `slots[slot]` at `src` to label `label`'s batch buffer
 /// at `dst`.
@@ -25,7 +25,9 @@ pub(crate) struct CopyJob {
     /// Owned until every part is done; only the pointers in `dst` are written through.
     bufs: Vec<PooledBuf>,
     dst: Vec<(*mut u8, usize)>,
-    slots: Vec<Arc<Slot>>,
+    /// The slots' bytes, held for the whole copy (a slot may move onto its cache file
+    /// meanwhile; these keep the memory being copied from alive).
+    slots: Vec<SlotBytes>,
     runs: Vec<CopyRun>,
 }
 
@@ -40,6 +42,10 @@ unsafe impl Sync for CopyJob {}
 impl CopyJob {
     /// A job writing `runs` into `bufs` from `slots`, which must all be ready.
     pub fn new(mut bufs: Vec<PooledBuf>, slots: Vec<Arc<Slot>>, runs: Vec<CopyRun>) -> Self {
+        let slots: Vec<SlotBytes> = slots
+            .iter()
+            .map(|s| s.bytes().expect("copy from a ready slot"))
+            .collect();
         let dst: Vec<(*mut u8, usize)> = bufs
             .iter_mut()
             .map(|b| {
@@ -55,7 +61,7 @@ impl CopyJob {
                 r.dst + r.len <= dst[r.label].1,
                 "copy run past its batch buffer"
             );
-            let src = slots[r.slot].data().expect("copy from a ready slot");
+            let src = &slots[r.slot];
             assert!(r.src + r.len <= src.len(), "copy run past its slot");
             per_label[r.label].push((r.dst, r.dst + r.len));
         }
@@ -99,7 +105,7 @@ impl CopyJob {
     /// Copies the runs in `range`.
     pub fn copy_part(&self, range: std::ops::Range<usize>) {
         for r in &self.runs[range] {
-            let src = &self.slots[r.slot].data().expect("checked in new")[r.src..r.src + r.len];
+            let src = &self.slots[r.slot][r.src..r.src + r.len];
             let (base, _) = self.dst[r.label];
             // SAFETY: `new` checked that the destination range is inside the buffer and
             // disjoint from every other run's; slot data is immutable once ready and is never

@@ -25,14 +25,29 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use insitubatch_runtime::AlignedBuf;
 use insitubatch_runtime::fs::{File, OpenOptions};
+use insitubatch_runtime::sync::Semaphore;
+use insitubatch_runtime::{AlignedBuf, IoBuf};
 
 pub use self::lock::LOCK_NAME;
 pub use self::log::{FORMAT_VERSION, LOG_NAME, LogEntry};
 pub use self::npy::HEADER_LEN;
 use crate::lock as lock_mutex;
-use crate::slot::{SlotData, SlotKey};
+use crate::slot::{SlotBytes, SlotKey};
+
+/// Slot files being written at once (each O_DIRECT write holds an aligned copy of its slot).
+const WRITES_IN_FLIGHT: u64 = 4;
+
+// SAFETY: the bytes live in an `Arc` (a heap buffer or a mapping) that moves with the value
+// and is immutable; `len` bytes are initialised.
+unsafe impl IoBuf for SlotBytes {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
 
 /// How the pool uses a cache directory.
 #[derive(Clone, Debug)]
@@ -189,12 +204,13 @@ impl CacheError {
 pub struct MappedFile {
     map: memmap2::Mmap,
     offset: usize,
+    len: usize,
 }
 
 impl std::fmt::Debug for MappedFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MappedFile")
-            .field("len", &(self.map.len() - self.offset))
+            .field("len", &self.len)
             .finish()
     }
 }
@@ -202,7 +218,7 @@ impl std::fmt::Debug for MappedFile {
 impl MappedFile {
     /// The array's bytes.
     pub fn data(&self) -> &[u8] {
-        &self.map[self.offset..]
+        &self.map[self.offset..self.offset + self.len]
     }
 }
 
@@ -221,23 +237,27 @@ pub struct DiskStats {
     pub rejected: u64,
 }
 
-/// Why a write did not land; the caller keeps the data in memory.
-#[derive(Debug)]
-pub struct WriteFailed {
-    /// What went wrong, naming the file.
-    pub message: String,
-    /// The slot's bytes, handed back.
-    pub bytes: Vec<u8>,
-}
-
 /// Outcome of looking a key up in the tier.
 pub(crate) enum Revive {
     /// Not in the cache.
     Absent,
     /// In the log but unusable (counted in `rejected`).
     Rejected,
-    /// Mapped and checked.
-    Hit(SlotData),
+    /// The file is there and its header and size match: read its data.
+    File(CachedFile),
+}
+
+/// A slot file whose header and size were checked: its data is `len` bytes at `offset`.
+#[derive(Debug)]
+pub struct CachedFile {
+    /// The open file.
+    pub file: std::fs::File,
+    /// Its path (for errors).
+    pub path: PathBuf,
+    /// Where the data starts.
+    pub offset: u64,
+    /// Data bytes.
+    pub len: usize,
 }
 
 struct TierState {
@@ -260,6 +280,7 @@ pub struct DiskTier {
     direct_ok: AtomicBool,
     tmp_counter: AtomicU64,
     write_attempts: AtomicU64,
+    writes_in_flight: Semaphore,
     _lock: lock::DirLock,
 }
 
@@ -330,6 +351,7 @@ impl DiskTier {
             state: Mutex::new(state),
             tmp_counter: AtomicU64::new(0),
             write_attempts: AtomicU64::new(0),
+            writes_in_flight: Semaphore::new("cache writes in flight", WRITES_IN_FLIGHT),
             _lock: dir_lock,
         })
     }
@@ -392,10 +414,18 @@ impl DiskTier {
             return Revive::Absent;
         };
         let path = self.config.dir.join(&entry.file);
-        match map_checked(&path, &entry.dtype, &entry.shape, nbytes) {
-            Some(m) => {
+        let checked = (data_bytes(&entry.dtype, &entry.shape) == Some(nbytes))
+            .then(|| open_checked(&path, &entry.dtype, &entry.shape, nbytes))
+            .flatten();
+        match checked {
+            Some(file) => {
                 st.stats.revived += 1;
-                Revive::Hit(SlotData::Mapped(m))
+                Revive::File(CachedFile {
+                    file,
+                    path,
+                    offset: HEADER_LEN as u64,
+                    len: nbytes as usize,
+                })
             }
             None => {
                 // Re-fetched and rewritten; the new line supersedes this one at the next load.
@@ -407,15 +437,22 @@ impl DiskTier {
     }
 
     /// Writes a finished slot to its file (temporary name, then rename), logs it when
-    /// persisting, and returns the mapping that replaces the heap buffer. On failure the bytes
-    /// come back and nothing is logged.
-    pub async fn write(&self, key: &SlotKey, bytes: Vec<u8>) -> Result<SlotData, WriteFailed> {
+    /// persisting, and returns the file mapped. The slot keeps serving its heap buffer
+    /// meanwhile. On failure nothing is logged, the error (naming the file) is warned about once,
+    /// and the slot simply stays on the heap.
+    pub async fn write(&self, key: &SlotKey, bytes: SlotBytes) -> Result<MappedFile, String> {
         let Some(meta) = self.arrays.get(&*key.path) else {
-            return Err(WriteFailed {
-                message: format!("internal error: array `{}` has no cache metadata", key.path),
-                bytes,
-            });
+            return Err(format!(
+                "internal error: array `{}` has no cache metadata",
+                key.path
+            ));
         };
+        // Bounds the aligned copies O_DIRECT needs, and the writes queued on the device.
+        let _permit = self
+            .writes_in_flight
+            .acquire(1)
+            .await
+            .map_err(|_| "the cache tier is closing".to_string())?;
         let name = Self::file_name(key);
         let path = self.config.dir.join(&name);
         let tmp = self.config.dir.join(format!(
@@ -426,28 +463,19 @@ impl DiskTier {
         let header = npy::header(&meta.descr, &meta.slot_shape);
         let nbytes = bytes.len();
         let result = match self.injected_failure() {
-            Some(e) => Err((e, bytes)),
+            Some(e) => Err(e),
             None => self.write_file(&tmp, header, bytes).await,
         };
-        let landed = result.and_then(|bytes| match std::fs::rename(&tmp, &path) {
-            Ok(()) => Ok(bytes),
-            Err(e) => Err((e, bytes)),
-        });
-        let bytes = match landed {
-            Ok(b) => b,
-            Err((e, bytes)) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(self.write_failed(&tmp, e, bytes));
-            }
-        };
+        if let Err(e) = result.and_then(|()| std::fs::rename(&tmp, &path)) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(self.write_failed(&tmp, e));
+        }
         let Some(mapped) = map_checked(&path, &meta.descr, &meta.slot_shape, nbytes as u64) else {
             return Err(self.write_failed(
                 &path,
                 std::io::Error::other("the file just written does not read back"),
-                bytes,
             ));
         };
-        drop(bytes);
         let mut st = lock_mutex(&self.state);
         st.stats.writes += 1;
         st.stats.write_bytes += (HEADER_LEN + nbytes) as u64;
@@ -483,61 +511,43 @@ impl DiskTier {
         } else {
             st.spilled.insert(path);
         }
-        Ok(SlotData::Mapped(mapped))
+        Ok(mapped)
     }
 
     async fn write_file(
         &self,
         tmp: &Path,
         header: Vec<u8>,
-        bytes: Vec<u8>,
-    ) -> Result<Vec<u8>, (std::io::Error, Vec<u8>)> {
+        bytes: SlotBytes,
+    ) -> std::io::Result<()> {
         let total = HEADER_LEN + bytes.len();
         if self.direct_ok.load(Ordering::Relaxed) {
             let opts = OpenOptions::write_create().truncate(true).direct(true);
             match File::open(tmp, opts).await {
                 Ok(file) => {
-                    // Header and data in one aligned buffer; the zero tail past `total` is
-                    // written and then cut off.
+                    // Header and data in one aligned buffer. The file keeps the zero tail up
+                    // to the next page (numpy reads by shape; revival accepts it), which spares
+                    // a truncate per file.
                     let mut buf = AlignedBuf::with_capacity(total);
                     let cap = buf.capacity();
                     let dst = buf.as_mut_capacity();
                     dst[..HEADER_LEN].copy_from_slice(&header);
                     dst[HEADER_LEN..total].copy_from_slice(&bytes);
                     buf.set_len(cap);
+                    drop(bytes);
                     let (r, _) = file.write_all_at(buf, 0).await;
-                    drop(file);
-                    let r = r.and_then(|()| {
-                        std::fs::OpenOptions::new()
-                            .write(true)
-                            .open(tmp)?
-                            .set_len(total as u64)
-                    });
-                    return match r {
-                        Ok(()) => Ok(bytes),
-                        Err(e) => Err((e, bytes)),
-                    };
+                    return r;
                 }
                 // The file system refuses O_DIRECT (tmpfs, some FUSE): buffered from now on.
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     self.direct_ok.store(false, Ordering::Relaxed);
                 }
-                Err(e) => return Err((e, bytes)),
+                Err(e) => return Err(e),
             }
         }
-        let file = match File::open(tmp, OpenOptions::write_create().truncate(true)).await {
-            Ok(f) => f,
-            Err(e) => return Err((e, bytes)),
-        };
-        let (r, _) = file.write_all_at(header, 0).await;
-        if let Err(e) = r {
-            return Err((e, bytes));
-        }
-        let (r, bytes) = file.write_all_at(bytes, HEADER_LEN as u64).await;
-        match r {
-            Ok(()) => Ok(bytes),
-            Err(e) => Err((e, bytes)),
-        }
+        let file = File::open(tmp, OpenOptions::write_create().truncate(true)).await?;
+        file.write_all_at(header, 0).await.0?;
+        file.write_all_at(bytes, HEADER_LEN as u64).await.0
     }
 
     /// True when slot files are written with O_DIRECT (until the file system refuses it).
@@ -551,11 +561,12 @@ impl DiskTier {
         (attempt >= limit).then(|| std::io::Error::from_raw_os_error(libc::ENOSPC))
     }
 
-    fn write_failed(&self, path: &Path, e: std::io::Error, bytes: Vec<u8>) -> WriteFailed {
+    fn write_failed(&self, path: &Path, e: std::io::Error) -> String {
         let mut st = lock_mutex(&self.state);
         st.stats.write_errors += 1;
         let message = format!(
-            "cannot write the slot file {}: {e}{}; this chunk stays in memory and is not cached",
+            "cannot write the slot file {}: {e}{}; this chunk stays in memory and is not cached \
+             (further write failures are counted in write_errors, not warned again)",
             path.display(),
             if e.raw_os_error() == Some(libc::ENOSPC) {
                 " (the device is full: free space or lower cache_budget_bytes)"
@@ -564,7 +575,7 @@ impl DiskTier {
             }
         );
         warn_once(&mut st, message.clone());
-        WriteFailed { message, bytes }
+        message
     }
 
     /// An evicted slot: an ephemeral file goes (a mapping still held keeps its inode).
@@ -595,11 +606,37 @@ fn warn_once(st: &mut TierState, message: String) {
     }
 }
 
+/// Opens `path` and checks its size and `.npy` header (`descr`, `shape`, holding `nbytes`).
+fn open_checked(path: &Path, descr: &str, shape: &[u64], nbytes: u64) -> Option<std::fs::File> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(path).ok()?;
+    if !size_fits(file.metadata().ok()?.len(), nbytes) {
+        return None;
+    }
+    let mut header = vec![0u8; HEADER_LEN];
+    file.read_exact_at(&mut header, 0).ok()?;
+    let parsed = npy::parse(&header)?;
+    (parsed.descr == descr && parsed.shape == shape && parsed.data_offset == HEADER_LEN)
+        .then_some(file)
+}
+
+/// Bytes of a C-order array of numpy type `descr` (`<f4`, `|u1`) and `shape`.
+fn data_bytes(descr: &str, shape: &[u64]) -> Option<u64> {
+    let item: u64 = descr.get(2..)?.parse().ok()?;
+    shape.iter().try_fold(item, |acc, &d| acc.checked_mul(d))
+}
+
+/// A slot file's size: exactly header + data, or padded to the next page by an O_DIRECT write.
+fn size_fits(len: u64, nbytes: u64) -> bool {
+    let want = HEADER_LEN as u64 + nbytes;
+    len == want || len == want.next_multiple_of(insitubatch_runtime::DIRECT_IO_ALIGN as u64)
+}
+
 /// Maps `path` and checks that it is an `.npy` of `descr` and `shape` holding `nbytes`.
 fn map_checked(path: &Path, descr: &str, shape: &[u64], nbytes: u64) -> Option<MappedFile> {
     let file = std::fs::File::open(path).ok()?;
     let len = file.metadata().ok()?.len();
-    if len != HEADER_LEN as u64 + nbytes {
+    if !size_fits(len, nbytes) {
         return None;
     }
     // SAFETY: slot files are only ever replaced by rename, never modified in place, so the
@@ -613,6 +650,7 @@ fn map_checked(path: &Path, descr: &str, shape: &[u64], nbytes: u64) -> Option<M
     Some(MappedFile {
         map,
         offset: HEADER_LEN,
+        len: nbytes as usize,
     })
 }
 
@@ -791,20 +829,22 @@ mod tests {
         let t = std::sync::Arc::clone(&tier);
         let k = key.clone();
         let d = data.clone();
-        let got = block_on(move || async move { t.write(&k, d).await.unwrap() });
-        assert_eq!(got.as_slice(), &data[..]);
+        let got = block_on(move || async move { t.write(&k, SlotBytes::heap(d)).await.unwrap() });
+        assert_eq!(got.data(), &data[..]);
         assert_eq!(tier.stats().writes, 1);
         drop(got);
         drop(tier);
 
         // A fresh tier revives it; a fingerprint change is stale until reset.
         let tier = DiskTier::open(cfg.clone(), meta(&fp)).unwrap();
-        let Revive::Hit(m) = tier.revive(&key, 24) else {
+        let Revive::File(f) = tier.revive(&key, 24) else {
             panic!("expected a revival")
         };
-        assert_eq!(m.as_slice(), &data[..]);
+        let mut back = vec![0u8; f.len];
+        std::os::unix::fs::FileExt::read_exact_at(&f.file, &mut back, f.offset).unwrap();
+        assert_eq!(back, data);
         assert!(matches!(tier.revive(&key, 25), Revive::Rejected));
-        drop((m, tier));
+        drop((f, tier));
         let err = DiskTier::open(cfg.clone(), meta("other"))
             .unwrap_err()
             .to_string();
