@@ -422,23 +422,24 @@ fn a_substituted_bad_chunk_is_never_cached() {
 
 #[test]
 fn an_unwritable_cache_dir_is_a_clear_error() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        eprintln!("skipped: root ignores directory permissions");
-        return;
-    }
+    // Root ignores directory permissions; sysfs refuses new directories to everyone (EPERM, or
+    // EROFS where it is mounted read-only).
     let parent = tempfile::tempdir().unwrap();
-    let locked = parent.path().join("ro");
-    std::fs::create_dir(&locked).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
-    let msg = era5(&locked.join("cache"))
-        .persist(true)
-        .build()
-        .unwrap_err()
-        .to_string();
+    // SAFETY: geteuid has no preconditions.
+    let target = if unsafe { libc::geteuid() } == 0 {
+        std::path::PathBuf::from("/sys/insitubatch-cache-test/cache")
+    } else {
+        let locked = parent.path().join("ro");
+        std::fs::create_dir(&locked).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
+        locked.join("cache")
+    };
+    let msg = era5(&target).persist(true).build().unwrap_err().to_string();
     assert!(
-        msg.contains("ro/cache") && msg.contains("permission denied"),
+        msg.contains(&*target.to_string_lossy())
+            && msg.contains("cannot create the cache directory")
+            && (msg.contains("permission denied") || msg.contains("read-only")),
         "{msg}"
     );
     let err = InSituDataset::builder(&fixture("era5_v3", "t2m").store)

@@ -14,11 +14,11 @@ BIN = ROOT / "target" / "release" / "insitubatch"
 LIB = ROOT / "target" / "release" / "libinsitubatch.so"
 
 
-def block(lang):
+def block(lang, index=0):
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
-    assert blocks, f"no {lang} block in README.md"
-    return blocks[0]
+    assert len(blocks) > index, f"no {lang} block number {index} in README.md"
+    return blocks[index]
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +29,17 @@ def store(tmp_path_factory):
     subprocess.run([BIN, "make-dataset", s, "--samples", "64", "--grid", "16x32"], check=True,
                    capture_output=True)
     return s
+
+
+def test_python_cache_example(store, tmp_path):
+    code = block("python", 1).replace("/tmp/era5.zarr", str(store))
+    code = code.replace("/tmp/era5-cache/v1", str(tmp_path / "cache" / "v1"))
+    script = tmp_path / "cache_ex.py"
+    script.write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+    out = subprocess.run([sys.executable, script], check=True, capture_output=True, text=True, env=env)
+    # 64 samples in chunks of 8, two variables: 16 chunks, every one revived, nothing decoded.
+    assert "64 samples, 16 chunks revived, 0 bytes decoded" in out.stdout, out.stdout
 
 
 def test_python_example(store, tmp_path):
