@@ -101,18 +101,23 @@ pub(crate) async fn deliver<S: Store>(
             .unwrap_or(false)
     };
     if completed && job.slot.is_cacheable() {
-        persist_in_background(ctx, &job);
+        persist_in_background(ctx, &job).await;
     }
     job.finish();
 }
 
-/// Writes a just-completed slot to the cache directory on a task of this executor; the pass
-/// joins it before it ends.
-fn persist_in_background<S: Store>(ctx: &EngineContext<S>, job: &TileJob) {
+/// Writes a just-completed slot to the cache directory on a task; the pass joins it before it
+/// ends. Waits first for room among the tier's writes in flight (holding this job's
+/// `max_inflight` permit meanwhile), so a device slower than decoding slows decoding down
+/// instead of piling up slots' bytes in pending writes.
+async fn persist_in_background<S: Store>(ctx: &EngineContext<S>, job: &TileJob) {
     let Some(disk) = ctx.pool.disk().filter(|d| !d.readonly()) else {
         return;
     };
     let Some(bytes) = job.slot.bytes() else {
+        return;
+    };
+    let Some(permit) = disk.reserve_write().await else {
         return;
     };
     let (disk, pool, slot) = (
@@ -122,7 +127,7 @@ fn persist_in_background<S: Store>(ctx: &EngineContext<S>, job: &TileJob) {
     );
     let handle = ctx.runtime.spawn("cache-write", move || async move {
         // A failure is warned about by the tier; the slot stays on the heap.
-        if let Ok(mapped) = disk.write(slot.key(), bytes).await {
+        if let Ok(mapped) = disk.write(slot.key(), bytes, permit).await {
             pool.file_landed(&slot, mapped);
         }
     });

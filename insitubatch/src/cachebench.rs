@@ -227,7 +227,14 @@ pub fn write_rates(
                     .map(|i| {
                         let (tier, bytes) = (Arc::clone(&tier), bytes.clone());
                         rt.handle().spawn("bench-write", move || async move {
-                            tier.write(&SlotKey::new("bench", i as u64), bytes).await
+                            {
+                                let permit = tier
+                                    .reserve_write()
+                                    .await
+                                    .ok_or_else(|| "the cache tier closed".to_string())?;
+                                tier.write(&SlotKey::new("bench", i as u64), bytes, permit)
+                                    .await
+                            }
                         })
                     })
                     .collect();

@@ -35,8 +35,15 @@ pub use self::npy::HEADER_LEN;
 use crate::lock as lock_mutex;
 use crate::slot::{SlotBytes, SlotKey};
 
-/// Slot files being written at once (each O_DIRECT write holds an aligned copy of its slot).
-const WRITES_IN_FLIGHT: u64 = 4;
+/// Slot files being written at once (each O_DIRECT write holds an aligned copy of its slot, and
+/// each pending write a slot's bytes).
+pub const WRITES_IN_FLIGHT: u64 = 4;
+
+/// Room for one slot-file write ([`DiskTier::reserve_write`]); released when the write ends.
+#[derive(Debug)]
+pub struct WritePermit(
+    #[allow(dead_code, reason = "held for its Drop")] insitubatch_runtime::sync::Permit,
+);
 
 // SAFETY: the bytes live in an `Arc` (a heap buffer or a mapping) that moves with the value
 // and is immutable; `len` bytes are initialised.
@@ -440,19 +447,23 @@ impl DiskTier {
     /// persisting, and returns the file mapped. The slot keeps serving its heap buffer
     /// meanwhile. On failure nothing is logged, the error (naming the file) is warned about once,
     /// and the slot simply stays on the heap.
-    pub async fn write(&self, key: &SlotKey, bytes: SlotBytes) -> Result<MappedFile, String> {
+    ///
+    /// `reserved` comes from [`DiskTier::reserve_write`]: a writer waits for it *before* it
+    /// hands the bytes over, so pending writes (each holding a slot's bytes) stay bounded even
+    /// when the device is slower than decoding.
+    pub async fn write(
+        &self,
+        key: &SlotKey,
+        bytes: SlotBytes,
+        reserved: WritePermit,
+    ) -> Result<MappedFile, String> {
+        let _reserved = reserved;
         let Some(meta) = self.arrays.get(&*key.path) else {
             return Err(format!(
                 "internal error: array `{}` has no cache metadata",
                 key.path
             ));
         };
-        // Bounds the aligned copies O_DIRECT needs, and the writes queued on the device.
-        let _permit = self
-            .writes_in_flight
-            .acquire(1)
-            .await
-            .map_err(|_| "the cache tier is closing".to_string())?;
         let name = Self::file_name(key);
         let path = self.config.dir.join(&name);
         let tmp = self.config.dir.join(format!(
@@ -548,6 +559,12 @@ impl DiskTier {
         let file = File::open(tmp, OpenOptions::write_create().truncate(true)).await?;
         file.write_all_at(header, 0).await.0?;
         file.write_all_at(bytes, HEADER_LEN as u64).await.0
+    }
+
+    /// Waits for room among the writes in flight ([`WRITES_IN_FLIGHT`]); `None` once the tier
+    /// is closing.
+    pub async fn reserve_write(&self) -> Option<WritePermit> {
+        self.writes_in_flight.acquire(1).await.ok().map(WritePermit)
     }
 
     /// True when slot files are written with O_DIRECT (until the file system refuses it).
@@ -829,7 +846,10 @@ mod tests {
         let t = std::sync::Arc::clone(&tier);
         let k = key.clone();
         let d = data.clone();
-        let got = block_on(move || async move { t.write(&k, SlotBytes::heap(d)).await.unwrap() });
+        let got = block_on(move || async move {
+            let permit = t.reserve_write().await.unwrap();
+            t.write(&k, SlotBytes::heap(d), permit).await.unwrap()
+        });
         assert_eq!(got.data(), &data[..]);
         assert_eq!(tier.stats().writes, 1);
         drop(got);
