@@ -258,9 +258,8 @@ impl Slot {
         self.complete(SlotData::Heap(bytes))
     }
 
-    /// Publishes the slot's finished data: a single-tile slot's decoded buffer, or a buffer
-    /// [`Slot::take_tile`] handed back complete, possibly moved to a cache file first. Errors
-    /// when the size is wrong or the slot is no longer loading.
+    /// Publishes a single-tile slot's data (a decoded buffer, or a revived one). Errors when the
+    /// size is wrong or the slot is no longer loading.
     pub fn complete(&self, data: SlotData) -> Result<(), String> {
         if data.as_slice().len() as u64 != self.nbytes {
             return Err(format!(
@@ -273,10 +272,7 @@ impl Slot {
         {
             let mut st = lock(&self.state);
             match &*st {
-                // A single-tile slot completes with its one tile; an assembled one once
-                // `take_tile` handed back the last.
-                State::Loading { tiles_left, .. }
-                    if *tiles_left == 0 || (self.tiles == 1 && *tiles_left == 1) => {}
+                State::Loading { tiles_left, .. } if self.tiles == 1 && *tiles_left == 1 => {}
                 State::Loading { tiles_left, .. } => {
                     return Err(format!(
                         "slot {} still waits for {tiles_left} tiles",
@@ -290,23 +286,6 @@ impl Slot {
         }
         self.notify.notify_all();
         Ok(())
-    }
-
-    /// Copies one tile into the slot's assembly buffer like [`Slot::deliver_tile`], but hands
-    /// the buffer back instead of publishing it when this was the last tile (`Some`): the caller
-    /// then writes it to the cache directory and calls [`Slot::complete`].
-    pub fn take_tile(&self, fill: impl FnOnce(&mut [u8])) -> Result<Option<Vec<u8>>, String> {
-        let mut st = lock(&self.state);
-        let State::Loading { tiles_left, buf } = &mut *st else {
-            return Err(format!("slot {} is not loading", self.key));
-        };
-        if *tiles_left == 0 {
-            return Err(format!("slot {} has all its tiles", self.key));
-        }
-        let b = buf.get_or_insert_with(|| vec![0u8; self.nbytes as usize]);
-        fill(b);
-        *tiles_left -= 1;
-        Ok(if *tiles_left == 0 { buf.take() } else { None })
     }
 
     /// Copies one tile into the slot with `fill` (given the whole slot buffer, zeroed on first

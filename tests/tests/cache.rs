@@ -41,6 +41,11 @@ fn era5(cache: &Path) -> insitubatch::DatasetBuilder {
         .cache_dir(cache)
 }
 
+/// The error message of a build that must fail.
+fn build_err(b: insitubatch::DatasetBuilder) -> String {
+    b.build().unwrap_err().to_string()
+}
+
 fn run(ds: &InSituDataset, split: &str) -> insitubatch::PassStats {
     let mut pass = ds.iter(split).unwrap();
     for b in pass.by_ref() {
@@ -202,11 +207,7 @@ fn one_writer_per_directory_and_readonly_readers_share() {
     let s = run(&r1, "train");
     assert_eq!((s.tiles_read, s.cache_misses), (0, 0));
     run(&r2, "all");
-    let msg = era5(cache.path())
-        .persist(true)
-        .build()
-        .unwrap_err()
-        .to_string();
+    let msg = build_err(era5(cache.path()).persist(true));
     assert!(msg.contains("readonly_cache readers"), "{msg}");
     assert_eq!(r1.cache_stats().unwrap().writes, 0, "readers write nothing");
 }
@@ -269,11 +270,7 @@ fn a_stale_array_raises_and_reset_rebuilds_only_that_array() {
             v["fingerprint"] = "0000000000000000".into();
         }
     });
-    let msg = era5(cache.path())
-        .persist(true)
-        .build()
-        .unwrap_err()
-        .to_string();
+    let msg = build_err(era5(cache.path()).persist(true));
     assert!(
         msg.contains("[t2m]") && !msg.contains("u10") && msg.contains("reset_stale_cache"),
         "{msg}"
@@ -303,11 +300,7 @@ fn damage_raises_but_a_missing_file_or_other_geometry_is_a_loud_miss() {
         format!("garbage\n{}", good.split_once('\n').unwrap().1),
     )
     .unwrap();
-    let msg = era5(cache.path())
-        .persist(true)
-        .build()
-        .unwrap_err()
-        .to_string();
+    let msg = build_err(era5(cache.path()).persist(true));
     assert!(
         msg.contains("unreadable format header") && msg.contains(LOG_NAME),
         "{msg}"
@@ -324,11 +317,7 @@ fn damage_raises_but_a_missing_file_or_other_geometry_is_a_loud_miss() {
     let mut lines: Vec<&str> = good.lines().collect();
     lines.insert(2, "{\"array\": 5}");
     std::fs::write(&log, lines.join("\n") + "\n").unwrap();
-    let msg = era5(cache.path())
-        .persist(true)
-        .build()
-        .unwrap_err()
-        .to_string();
+    let msg = build_err(era5(cache.path()).persist(true));
     assert!(msg.contains("line 3") && msg.contains("malformed"), "{msg}");
 
     std::fs::write(&log, &good).unwrap();
@@ -337,11 +326,7 @@ fn damage_raises_but_a_missing_file_or_other_geometry_is_a_loud_miss() {
             v["file"] = "/etc/passwd".into();
         }
     });
-    let msg = era5(cache.path())
-        .persist(true)
-        .build()
-        .unwrap_err()
-        .to_string();
+    let msg = build_err(era5(cache.path()).persist(true));
     assert!(msg.contains("not a bare file name"), "{msg}");
 
     // Every file gone: each entry is consulted, rejected and refetched, and the epoch warns.
@@ -435,7 +420,7 @@ fn an_unwritable_cache_dir_is_a_clear_error() {
         std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
         locked.join("cache")
     };
-    let msg = era5(&target).persist(true).build().unwrap_err().to_string();
+    let msg = build_err(era5(&target).persist(true));
     assert!(
         msg.contains(&*target.to_string_lossy())
             && msg.contains("cannot create the cache directory")
