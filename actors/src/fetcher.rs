@@ -9,8 +9,7 @@
 
 use std::sync::Arc;
 
-use insitubatch_pool::{CachedFile, Slot, SlotData, SlotFailure};
-use insitubatch_runtime::fs::File as RtFile;
+use insitubatch_pool::{Slot, SlotFailure};
 use insitubatch_runtime::sync::Permit;
 use insitubatch_runtime::{ActorPool, ActorSender, JoinHandle, Mailbox};
 use insitubatch_store::Store;
@@ -39,8 +38,6 @@ pub struct TileJob {
     pub(crate) permit: Permit,
     pub(crate) done: bool,
     pub(crate) shared: Arc<PassShared>,
-    /// A slot revived from the cache directory: read this file's data into it (no decode).
-    pub(crate) revive: Option<CachedFile>,
 }
 
 impl TileJob {
@@ -115,17 +112,9 @@ pub(crate) fn spawn<S: Store>(
                     let ctx2 = Arc::clone(&ctx);
                     let dec = decoder.clone();
                     reads.retain(|h| !h.is_finished());
-                    // A revival's read is a copy out of the page cache: keep it off the
-                    // gather's executor (0), which is busy copying batches meanwhile.
-                    let n = ctx.runtime.executor_threads();
-                    let on = if job.revive.is_some() && n > 1 {
-                        1 + index % (n - 1)
-                    } else {
-                        index
-                    };
                     reads.push(
                         ctx.runtime
-                            .spawn_on(on, "fetch", move || read(ctx2, job, dec)),
+                            .spawn_on(index, "fetch", move || read(ctx2, job, dec)),
                     );
                 }
                 // Every read ends (its job is delivered or failed); wait so the pass can join us.
@@ -137,47 +126,7 @@ pub(crate) fn spawn<S: Store>(
     )
 }
 
-/// Reads a cached slot's data straight into the slot: the revival of a persisted chunk costs
-/// one read through the runtime (io_uring where available), no decode. A read error fails the
-/// pass naming the file (the file was there and checked when the slot was admitted).
-async fn revive(mut job: TileJob) {
-    let Some(cached) = job.revive.take() else {
-        return;
-    };
-    let loaded = RtFile::from_std(cached.file, &cached.path)
-        .read_exact_into(cached.offset, cached.len, Vec::new())
-        .await
-        .map(SlotData::Heap);
-    match loaded {
-        Ok(data) => {
-            Counters::add(
-                &job.shared.counters.bytes_revived,
-                data.as_slice().len() as u64,
-            );
-            // An error means the slot is no longer loading (the pass stopped).
-            let _ = job.slot.complete(data);
-        }
-        Err(e) => {
-            let err = EngineError::Runtime(format!(
-                "cannot read the cached chunk {} from {}: {e}; check the device, or delete the \
-                 file (a missing file is re-fetched from the store)",
-                job.slot.key(),
-                cached.path.display()
-            ));
-            job.shared.fail(err.clone());
-            job.slot.fail(SlotFailure {
-                cancelled: false,
-                message: err.to_string().into(),
-            });
-        }
-    }
-    job.finish();
-}
-
 async fn read<S: Store>(ctx: Arc<EngineContext<S>>, job: TileJob, decoder: ActorSender<DecodeJob>) {
-    if job.revive.is_some() {
-        return revive(job).await;
-    }
     // A recycled buffer: its pages are already faulted in.
     let r = ctx.store.get_into(&job.key, ctx.read_buffers.take()).await;
     match r {

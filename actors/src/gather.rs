@@ -20,6 +20,7 @@ use crate::batch::{Batch, BatchArray};
 use crate::error::EngineError;
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
 use crate::planner::row_runs;
+use crate::stats::Counters;
 
 type Tx = flume::Sender<Result<Batch, EngineError>>;
 
@@ -82,46 +83,62 @@ fn release(shared: &PassShared, s: u32, held: &mut HashMap<u32, Arc<Slot>>) {
 /// cross-core wake, which is worth it only for a copy of a millisecond or more.
 const PARALLEL_COPY_MIN_BYTES: usize = 4 << 20;
 
+/// The same threshold for a batch read from cache files: a kernel copy out of the page cache
+/// costs more per byte than a `memcpy`, so sharing it pays off sooner.
+const PARALLEL_READ_MIN_BYTES: usize = 1 << 20;
+
 /// Copies a batch — on every executor when it is large and nothing is being decoded — and hands
 /// back the filled buffers.
 async fn copy_batch<S: Store>(
     ctx: &EngineContext<S>,
+    shared: &PassShared,
     job: CopyJob,
 ) -> Result<Vec<insitubatch_pool::PooledBuf>, EngineError> {
     let n_exec = ctx.runtime.executor_threads();
     let job = Arc::new(job);
+    let file_bytes = job.file_bytes();
+    Counters::add(&shared.counters.bytes_revived, file_bytes as u64);
+    let min_bytes = if file_bytes > 0 {
+        PARALLEL_READ_MIN_BYTES
+    } else {
+        PARALLEL_COPY_MIN_BYTES
+    };
     // Helpers only when the other cores are free: with stored chunks in flight they are
     // decoding, a helper would queue behind a decode, and the gather would wait for it while
     // the copy it could have done itself sits idle.
     let decoders_idle = ctx.inflight.available() == ctx.inflight.total();
-    if n_exec == 1 || job.bytes() < PARALLEL_COPY_MIN_BYTES || !decoders_idle {
-        job.copy_part(job.parts(1).remove(0));
+    let copied = if n_exec == 1 || job.bytes() < min_bytes || !decoders_idle {
+        job.copy_part(job.parts(1).remove(0)).await
     } else {
         let mut parts = job.parts(n_exec).into_iter();
         let mine = parts.next().expect("at least one part");
         // The gather runs on executor 0 (see `spawn`); the other parts go to the others. Each
         // helper drops its handle on the job before it finishes, so once all are joined the
-        // job is ours alone again; if this future is dropped first, the helpers keep the
-        // buffers alive until they are done writing.
+        // job is ours alone again; if this future is dropped first, the helpers (and reads in
+        // flight) keep the buffers alive until they are done writing.
         let helpers: Vec<_> = parts
             .enumerate()
             .map(|(k, part)| {
                 let job = Arc::clone(&job);
                 ctx.runtime
                     .spawn_on(k + 1, "gather-copy", move || async move {
-                        job.copy_part(part);
+                        let r = job.copy_part(part).await;
                         drop(job);
+                        r
                     })
             })
             .collect();
-        job.copy_part(mine);
+        let mut outcome = job.copy_part(mine).await;
         for h in helpers {
-            h.await.map_err(|e| EngineError::ActorPanicked {
+            let r = h.await.map_err(|e| EngineError::ActorPanicked {
                 actor: "gather".into(),
                 message: e.to_string(),
             })?;
+            outcome = outcome.and(r);
         }
-    }
+        outcome
+    };
+    copied.map_err(EngineError::Runtime)?;
     job.into_buffers().map_err(|_| {
         EngineError::Runtime("internal error: a batch copy is still shared after its join".into())
     })
@@ -191,7 +208,7 @@ async fn run<S: Store>(
             }
         }
         let slots: Vec<Arc<Slot>> = slot_ids.iter().map(|s| Arc::clone(&held[s])).collect();
-        let bufs = copy_batch(ctx, CopyJob::new(bufs, slots, runs)).await?;
+        let bufs = copy_batch(ctx, shared, CopyJob::new(bufs, slots, runs)).await?;
         let mut arrays = Vec::with_capacity(labels.len());
         for ((l, info), buf) in plan.labels.iter().enumerate().zip(bufs) {
             let mut shape = Vec::with_capacity(1 + inner[l].len());

@@ -99,10 +99,9 @@ async fn drive<S: Store>(
             path: Arc::clone(&path.path),
             chunk: ps.chunk,
         };
-        let (slot, miss, revive) = match shared.owner.admit(&key, ps.nbytes, path.tiles)? {
-            Admission::Hit(s) | Admission::InFlight(s) => (s, false, None),
-            Admission::Miss(s) => (s, true, None),
-            Admission::Revive(s, file) => (s, false, Some(file)),
+        let (slot, miss) = match shared.owner.admit(&key, ps.nbytes, path.tiles)? {
+            Admission::Hit(s) | Admission::InFlight(s) => (s, false),
+            Admission::Miss(s) => (s, true),
         };
         lock(&shared.slots)[i] = SlotEntry::Admitted(Arc::clone(&slot), permit);
         if shared.is_cancelled() {
@@ -117,17 +116,12 @@ async fn drive<S: Store>(
         {
             announce.flush();
         }
+        if !miss {
+            continue;
+        }
         let layout = &shared.layouts[ps.path];
         let array = &shared.arrays[ps.path];
-        // A revival is one read of the whole slot from its cache file; a miss one read and
-        // decode per stored chunk.
-        let jobs = match (&revive, miss) {
-            (Some(_), _) => 1,
-            (None, true) => path.tiles,
-            (None, false) => 0,
-        };
-        let mut revive = revive;
-        for t in 0..jobs {
+        for t in 0..path.tiles {
             let inflight = match ctx.inflight.try_acquire(1) {
                 Some(p) => p,
                 None => {
@@ -152,7 +146,6 @@ async fn drive<S: Store>(
                 permit: inflight,
                 done: false,
                 shared: Arc::clone(shared),
-                revive: revive.take(),
             };
             tile_ordinal += 1;
             // A miss costs a read and a decode; one wake of the gather per miss is noise, and

@@ -8,9 +8,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use crate::disk::{CachedFile, DiskTier, Revive};
+use crate::disk::{DiskTier, Revive};
 use crate::lock;
-use crate::slot::{Slot, SlotKey};
+use crate::slot::{FileRange, Slot, SlotData, SlotKey};
 
 /// How many bytes the pool may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,9 +84,6 @@ pub enum Admission {
     InFlight(Arc<Slot>),
     /// Not resident: a new loading slot, pinned; the caller must fill or fail it.
     Miss(Arc<Slot>),
-    /// Not resident but in the cache directory (a hit: no fetch, no decode): a new loading
-    /// single-tile slot, pinned; the caller reads the file's data into it (or fails it).
-    Revive(Arc<Slot>, CachedFile),
 }
 
 /// Cumulative pool counters (a pass's own hit/miss counts are on its [`Owner`]).
@@ -468,8 +465,13 @@ impl Owner {
         g.next_slot += 1;
         if let Some(disk) = &self.pool.disk {
             match disk.revive(key, nbytes) {
-                Revive::File(file) => {
-                    let slot = Arc::new(Slot::new(id, key.clone(), nbytes, 1));
+                Revive::File(cached) => {
+                    let range = FileRange {
+                        file: insitubatch_runtime::fs::File::from_std(cached.file, &cached.path),
+                        offset: cached.offset,
+                        len: cached.len,
+                    };
+                    let slot = Arc::new(Slot::new_ready(id, key.clone(), SlotData::File(range)));
                     g.insert(id, &slot, !shadowed, self.id, nbytes);
                     g.stats.hits += 1;
                     g.stats.revived += 1;
@@ -477,7 +479,7 @@ impl Owner {
                     o.hits += 1;
                     o.revived += 1;
                     g.pin(self.id, id);
-                    return Ok(Admission::Revive(slot, file));
+                    return Ok(Admission::Hit(slot));
                 }
                 Revive::Rejected => {
                     g.owners.get_mut(&self.id).expect("registered").rejected += 1;

@@ -15,7 +15,7 @@
 //! let key = SlotKey::new("t2m", 0);
 //! let Admission::Miss(slot) = owner.admit(&key, 32, 1).unwrap() else { unreachable!() };
 //! slot.adopt(vec![1u8; 32]).unwrap();
-//! assert_eq!(slot.bytes().unwrap()[0], 1);
+//! assert_eq!(slot.bytes().unwrap().memory().unwrap()[0], 1);
 //! owner.unpin(&slot);
 //! // Unpinned but resident: the next pass over the same chunk is a hit.
 //! assert!(matches!(owner.admit(&key, 32, 1).unwrap(), Admission::Hit(_)));
@@ -42,4 +42,4 @@ pub use batch_buffer::{BufferPool, NO_BUFFER_REUSE_ENV, PooledBuf};
 pub use chunk_pool::{Admission, Budget, ChunkPool, Owner, PoolError, PoolStats};
 pub use disk::{ArrayMeta, CacheConfig, CacheError, CachedFile, DiskStats, DiskTier};
 pub use recycler::Recycler;
-pub use slot::{Slot, SlotBytes, SlotData, SlotFailure, SlotKey};
+pub use slot::{FileRange, Slot, SlotBytes, SlotData, SlotFailure, SlotKey};

@@ -15,40 +15,70 @@ use insitubatch_runtime::sync::Notify;
 use crate::disk::MappedFile;
 use crate::lock;
 
-/// Where a ready slot's bytes live: on the heap (the decoded buffer, adopted) or in a mapped
-/// `.npy` file of the cache directory (the NVMe tier).
+/// Where a ready slot's bytes live: on the heap (the decoded buffer, adopted), in a mapped
+/// `.npy` file of the cache directory (a slot this run wrote), or in a cache file left for
+/// whoever copies from it to read (a slot revived from an earlier run: the gather reads its rows
+/// straight into the batch, so a revival costs one copy).
 #[derive(Debug)]
 pub enum SlotData {
     /// A buffer this process owns.
     Heap(Vec<u8>),
     /// The data section of a slot file, mapped read-only.
     Mapped(MappedFile),
+    /// The data section of a checked slot file, read on demand.
+    File(FileRange),
+}
+
+/// `len` bytes at `offset` of an open slot file.
+#[derive(Clone, Debug)]
+pub struct FileRange {
+    /// The file (its IO goes through the runtime).
+    pub file: insitubatch_runtime::fs::File,
+    /// Where the data starts.
+    pub offset: u64,
+    /// Data bytes.
+    pub len: usize,
 }
 
 impl SlotData {
-    /// The bytes.
-    pub fn as_slice(&self) -> &[u8] {
+    /// The bytes, when they are in memory (heap or mapping); `None` for a file range.
+    pub fn memory(&self) -> Option<&[u8]> {
         match self {
-            SlotData::Heap(v) => v,
-            SlotData::Mapped(m) => m.data(),
+            SlotData::Heap(v) => Some(v),
+            SlotData::Mapped(m) => Some(m.data()),
+            SlotData::File(_) => None,
         }
     }
 
-    /// True for the NVMe tier.
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            SlotData::Heap(v) => v.len(),
+            SlotData::Mapped(m) => m.data().len(),
+            SlotData::File(f) => f.len,
+        }
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True for the NVMe tier (mapped or read on demand).
     pub fn is_mapped(&self) -> bool {
-        matches!(self, SlotData::Mapped(_))
+        matches!(self, SlotData::Mapped(_) | SlotData::File(_))
     }
 }
 
 /// A ready slot's bytes, shared: whoever copies from a slot holds one, which keeps that memory
-/// (heap buffer or mapping) alive even if the slot moves to its file meanwhile.
+/// (heap buffer, mapping or open file) alive even if the slot moves to its file meanwhile.
 #[derive(Clone, Debug)]
 pub struct SlotBytes(Arc<SlotData>);
 
 impl std::ops::Deref for SlotBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        self.0.as_slice()
+    type Target = SlotData;
+    fn deref(&self) -> &SlotData {
+        &self.0
     }
 }
 
@@ -56,11 +86,6 @@ impl SlotBytes {
     /// Bytes on the heap (for tests and tools).
     pub fn heap(v: Vec<u8>) -> Self {
         Self(Arc::new(SlotData::Heap(v)))
-    }
-
-    /// True when these bytes are a mapped cache file.
-    pub fn is_mapped(&self) -> bool {
-        self.0.is_mapped()
     }
 }
 
@@ -157,6 +182,21 @@ impl Slot {
         }
     }
 
+    /// A slot that is ready from the start (revived from the cache directory).
+    pub(crate) fn new_ready(id: u64, key: SlotKey, data: SlotData) -> Self {
+        Self {
+            id,
+            key,
+            nbytes: data.len() as u64,
+            tiles: 1,
+            state: Mutex::new(State::Ready),
+            data: Mutex::new(Some(SlotBytes(Arc::new(data)))),
+            pending_map: Mutex::new(None),
+            notify: Notify::new(),
+            uncacheable: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
     /// Marks the slot as holding a stand-in (a bad chunk's NaN tile): never written to the
     /// cache directory.
     pub fn mark_uncacheable(&self) {
@@ -191,7 +231,7 @@ impl Slot {
 
     /// True when the ready slot lives in a mapped cache file.
     pub fn is_mapped(&self) -> bool {
-        lock(&self.data).as_ref().is_some_and(SlotBytes::is_mapped)
+        lock(&self.data).as_ref().is_some_and(|b| b.is_mapped())
     }
 
     /// True once every tile arrived.
@@ -235,7 +275,7 @@ impl Slot {
     /// becomes `Ready`, so whoever sees `Ready` also sees the data.
     fn publish(&self, buf: SlotData) {
         assert_eq!(
-            buf.as_slice().len() as u64,
+            buf.len() as u64,
             self.nbytes,
             "slot {} completed with the wrong size",
             self.key
@@ -261,12 +301,12 @@ impl Slot {
     /// Publishes a single-tile slot's data (a decoded buffer, or a revived one). Errors when the
     /// size is wrong or the slot is no longer loading.
     pub fn complete(&self, data: SlotData) -> Result<(), String> {
-        if data.as_slice().len() as u64 != self.nbytes {
+        if data.len() as u64 != self.nbytes {
             return Err(format!(
                 "slot {} ({} bytes) cannot take a {}-byte buffer",
                 self.key,
                 self.nbytes,
-                data.as_slice().len()
+                data.len()
             ));
         }
         {
@@ -356,7 +396,7 @@ mod tests {
         assert!(!s.deliver_tile(|b| b[..2].copy_from_slice(&[1, 2])).unwrap());
         assert!(!s.is_ready());
         assert!(s.deliver_tile(|b| b[2..].copy_from_slice(&[3, 4])).unwrap());
-        assert_eq!(&*s.bytes().unwrap(), &[1, 2, 3, 4]);
+        assert_eq!(s.bytes().unwrap().memory().unwrap(), &[1, 2, 3, 4]);
         assert!(
             s.deliver_tile(|_| {}).is_err(),
             "a ready slot takes no tiles"
@@ -381,6 +421,6 @@ mod tests {
         let wrong = Slot::new(1, SlotKey::new("a", 4), 4, 1);
         assert!(wrong.adopt(vec![0; 3]).is_err(), "size is checked");
         assert!(wrong.adopt(vec![9; 4]).is_ok());
-        assert_eq!(&*wrong.bytes().unwrap(), &[9; 4]);
+        assert_eq!(wrong.bytes().unwrap().memory().unwrap(), &[9; 4]);
     }
 }

@@ -58,3 +58,51 @@ pub async fn yield_now() {
     }
     Yield(false).await
 }
+
+/// Runs `futures` concurrently on the current task and returns their outputs in order. Every
+/// wake polls the ones not finished yet, so keep the set small (it is meant for a handful of IO
+/// operations issued together, such as the reads of one batch).
+pub async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    struct JoinAll<F: std::future::Future> {
+        futures: Vec<Option<std::pin::Pin<Box<F>>>>,
+        outputs: Vec<Option<F::Output>>,
+    }
+    // Children are boxed and outputs are moved only once finished: never structurally pinned.
+    impl<F: std::future::Future> Unpin for JoinAll<F> {}
+    impl<F: std::future::Future> std::future::Future for JoinAll<F> {
+        type Output = Vec<F::Output>;
+        fn poll(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Self::Output> {
+            let this = std::pin::Pin::into_inner(self);
+            let mut pending = false;
+            for (slot, out) in this.futures.iter_mut().zip(this.outputs.iter_mut()) {
+                if let Some(f) = slot {
+                    match f.as_mut().poll(cx) {
+                        std::task::Poll::Ready(v) => {
+                            *out = Some(v);
+                            *slot = None;
+                        }
+                        std::task::Poll::Pending => pending = true,
+                    }
+                }
+            }
+            if pending {
+                return std::task::Poll::Pending;
+            }
+            std::task::Poll::Ready(
+                this.outputs
+                    .iter_mut()
+                    .map(|o| o.take().expect("every future finished"))
+                    .collect(),
+            )
+        }
+    }
+    let n = futures.len();
+    JoinAll {
+        futures: futures.into_iter().map(|f| Some(Box::pin(f))).collect(),
+        outputs: (0..n).map(|_| None).collect(),
+    }
+    .await
+}

@@ -383,3 +383,48 @@ fn invalid_builder_arguments_are_errors() {
     let e = RuntimeBuilder::new().ring_entries(1).build().err().unwrap();
     assert!(e.to_string().contains("ring_entries"), "{e}");
 }
+
+#[test]
+fn join_all_runs_reads_together_and_keeps_their_order() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..16u8 {
+        std::fs::write(dir.path().join(format!("{i}")), vec![i; 1000 + i as usize]).unwrap();
+    }
+    for choice in backends() {
+        let rt = runtime(choice, "isb-join");
+        let d = dir.path().to_path_buf();
+        let sizes = rt
+            .handle()
+            .spawn("join", move || async move {
+                let reads: Vec<_> = (0..16u8)
+                    .map(|i| {
+                        let p = d.join(format!("{i}"));
+                        async move {
+                            // Interleave the reads with yields so completions arrive out of order.
+                            for _ in 0..(16 - i) {
+                                insitubatch_runtime::yield_now().await;
+                            }
+                            fs::read(&p).await.unwrap()
+                        }
+                    })
+                    .collect();
+                insitubatch_runtime::join_all(reads).await
+            })
+            .join()
+            .unwrap();
+        for (i, bytes) in sizes.iter().enumerate() {
+            assert_eq!(bytes.len(), 1000 + i, "{choice:?}");
+            assert!(bytes.iter().all(|&b| b as usize == i));
+        }
+        assert!(
+            rt.handle()
+                .spawn("empty", || insitubatch_runtime::join_all(Vec::<
+                    std::future::Ready<u8>,
+                >::new(
+                )))
+                .join()
+                .unwrap()
+                .is_empty()
+        );
+    }
+}

@@ -83,6 +83,8 @@ fn a_warm_run_revives_every_chunk_and_decodes_nothing() {
             "{s:?}"
         );
         assert_eq!(ds.cache_stats().unwrap().writes, 0, "nothing rewritten");
+        // Revived rows were read from the files straight into the batches, once each.
+        assert_eq!(s.bytes_revived, s.bytes_delivered, "{s:?}");
         // Self-deduplicating: the log still holds one line per chunk.
         assert_eq!(log_lines(cache.path()).len(), 6);
     }

@@ -4,10 +4,15 @@
 //! the last block's rows are copied while the decoders have run dry; one core cannot saturate
 //! memory bandwidth, so a large batch is cut into parts by bytes and the parts are copied on
 //! every executor at once. Each part writes a disjoint set of destination ranges.
+//!
+//! A slot revived from the cache directory is not in memory: its runs are read from the file
+//! straight into the batch buffer (one read through the runtime per run), so a revived byte is
+//! copied once — by the kernel, on whichever executor runs that part.
 
 use std::sync::Arc;
 
-use insitubatch_pool::{PooledBuf, Slot, SlotBytes};
+use insitubatch_pool::{FileRange, PooledBuf, Slot, SlotBytes, SlotData};
+use insitubatch_runtime::{IoBuf, IoBufMut};
 
 /// One contiguous copy: `len` bytes from `slots[slot]` at `src` to label `label`'s batch buffer
 /// at `dst`.
@@ -18,6 +23,43 @@ pub(crate) struct CopyRun {
     pub slot: usize,
     pub src: usize,
     pub len: usize,
+}
+
+/// A destination range of a batch buffer handed to a read. It holds the job, so the buffer stays
+/// alive until the read completes even if the task that started it is dropped.
+struct DstRange {
+    ptr: *mut u8,
+    len: usize,
+    init: usize,
+    _job: Arc<CopyJob>,
+}
+
+// SAFETY: the pointer is into a batch buffer the held `CopyJob` owns (heap memory that does
+// not move); the range is this run's alone (checked in `CopyJob::new`).
+unsafe impl Send for DstRange {}
+
+// SAFETY: `ptr` stays valid and unmoved while the value lives (see above); the first `init`
+// bytes have been written by completed reads.
+unsafe impl IoBuf for DstRange {
+    fn stable_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+    fn bytes_init(&self) -> usize {
+        self.init
+    }
+}
+
+// SAFETY: `len` writable bytes at `ptr`, nobody else's (disjoint runs, checked in `new`).
+unsafe impl IoBufMut for DstRange {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+    fn bytes_total(&self) -> usize {
+        self.len
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        self.init = self.init.max(n);
+    }
 }
 
 /// Batch buffers and the slots they are filled from, shared by the tasks copying one batch.
@@ -61,8 +103,10 @@ impl CopyJob {
                 r.dst + r.len <= dst[r.label].1,
                 "copy run past its batch buffer"
             );
-            let src = &slots[r.slot];
-            assert!(r.src + r.len <= src.len(), "copy run past its slot");
+            assert!(
+                r.src + r.len <= slots[r.slot].len(),
+                "copy run past its slot"
+            );
             per_label[r.label].push((r.dst, r.dst + r.len));
         }
         for ranges in &mut per_label {
@@ -102,16 +146,78 @@ impl CopyJob {
         out
     }
 
-    /// Copies the runs in `range`.
-    pub fn copy_part(&self, range: std::ops::Range<usize>) {
+    /// Bytes of the runs that read from cache files rather than memory.
+    pub fn file_bytes(&self) -> usize {
+        self.runs
+            .iter()
+            .filter(|r| self.slots[r.slot].memory().is_none())
+            .map(|r| r.len)
+            .sum()
+    }
+
+    /// Copies the runs in `range`: memory with `memcpy`, cache files with reads into the batch
+    /// buffer. An error names the file.
+    pub async fn copy_part(self: &Arc<Self>, range: std::ops::Range<usize>) -> Result<(), String> {
+        // Reads from cache files go out together (they wait on the device when the page cache
+        // lacks the pages); memory runs are copied meanwhile.
+        let mut reads = Vec::new();
         for r in &self.runs[range] {
-            let src = &self.slots[r.slot][r.src..r.src + r.len];
             let (base, _) = self.dst[r.label];
-            // SAFETY: `new` checked that the destination range is inside the buffer and
-            // disjoint from every other run's; slot data is immutable once ready and is never
-            // a batch buffer; each run belongs to exactly one part.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(r.dst), r.len) };
+            match &*self.slots[r.slot] {
+                SlotData::File(f) => reads.push(self.read_run(f, r)),
+                data => {
+                    let mem = data.memory().expect("heap and mapped slots are in memory");
+                    let src = &mem[r.src..r.src + r.len];
+                    // SAFETY: `new` checked that the destination range is inside the buffer and
+                    // disjoint from every other run's; slot data is immutable once ready and is
+                    // never a batch buffer; each run belongs to exactly one part.
+                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(r.dst), r.len) };
+                }
+            }
         }
+        insitubatch_runtime::join_all(reads)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// Reads run `r` from a cache file into its destination range.
+    async fn read_run(self: &Arc<Self>, f: &FileRange, r: &CopyRun) -> Result<(), String> {
+        let (base, _) = self.dst[r.label];
+        let mut dst = DstRange {
+            // SAFETY: in bounds, checked in `new`.
+            ptr: unsafe { base.add(r.dst) },
+            len: r.len,
+            init: 0,
+            _job: Arc::clone(self),
+        };
+        let at = f.offset + r.src as u64;
+        while dst.init < dst.len {
+            let done = dst.init;
+            let (res, back) = f.file.read_at(dst, at + done as u64).await;
+            dst = back;
+            match res {
+                Ok(0) => {
+                    return Err(format!(
+                        "{} ended after {} of the {} bytes at offset {}; the cache file was \
+                         truncated: delete it (it is fetched again from the store)",
+                        f.file.path().display(),
+                        dst.init,
+                        dst.len,
+                        at
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(format!(
+                        "cannot read the cache file {}: {e}",
+                        f.file.path().display()
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The filled buffers, once every part is done (the job is uniquely owned again).
@@ -159,9 +265,19 @@ mod tests {
         let parts = job.parts(2);
         assert_eq!(parts.len(), 2);
         assert_eq!(parts.iter().map(|p| p.len()).sum::<usize>(), 3);
+        let rt = insitubatch_runtime::RuntimeBuilder::new()
+            .executor_threads(1)
+            .build()
+            .unwrap();
         for p in parts {
-            job.copy_part(p);
+            let job = Arc::clone(&job);
+            rt.handle()
+                .spawn("copy", move || async move { job.copy_part(p).await })
+                .join()
+                .unwrap()
+                .unwrap();
         }
+        drop(rt);
         let Ok(bufs) = job.into_buffers() else {
             panic!("every part is done, so the job is ours alone")
         };

@@ -46,13 +46,15 @@ pub struct WritePermit(
 );
 
 // SAFETY: the bytes live in an `Arc` (a heap buffer or a mapping) that moves with the value
-// and is immutable; `len` bytes are initialised.
+// and is immutable; `memory().len()` bytes are initialised (none for a file range, which is
+// never handed to a write: `DiskTier::write` refuses it).
 unsafe impl IoBuf for SlotBytes {
     fn stable_ptr(&self) -> *const u8 {
-        self.as_ptr()
+        self.memory()
+            .map_or(std::ptr::NonNull::dangling().as_ptr(), <[u8]>::as_ptr)
     }
     fn bytes_init(&self) -> usize {
-        self.len()
+        self.memory().map_or(0, <[u8]>::len)
     }
 }
 
@@ -458,6 +460,9 @@ impl DiskTier {
         reserved: WritePermit,
     ) -> Result<MappedFile, String> {
         let _reserved = reserved;
+        if bytes.memory().is_none() {
+            return Err(format!("internal error: slot {key} is not in memory"));
+        }
         let Some(meta) = self.arrays.get(&*key.path) else {
             return Err(format!(
                 "internal error: array `{}` has no cache metadata",
@@ -543,7 +548,7 @@ impl DiskTier {
                     let cap = buf.capacity();
                     let dst = buf.as_mut_capacity();
                     dst[..HEADER_LEN].copy_from_slice(&header);
-                    dst[HEADER_LEN..total].copy_from_slice(&bytes);
+                    dst[HEADER_LEN..total].copy_from_slice(bytes.memory().unwrap_or_default());
                     buf.set_len(cap);
                     drop(bytes);
                     let (r, _) = file.write_all_at(buf, 0).await;
