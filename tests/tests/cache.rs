@@ -550,3 +550,81 @@ fn sigkill_mid_epoch_keeps_exactly_the_finished_chunks() {
     let s = run(&ds, "all");
     assert_eq!((s.cache_misses, s.tiles_read), (0, 0), "{s:?}");
 }
+
+/// A tmpfs of `bytes` mounted for the test (root only), unmounted when dropped.
+struct SmallTmpfs(tempfile::TempDir);
+
+impl SmallTmpfs {
+    fn mount(bytes: usize) -> Option<Self> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        let dir = tempfile::tempdir().ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .ok()?
+            .success();
+        ok.then_some(Self(dir))
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn a_full_device_keeps_the_pass_going_and_logs_only_complete_files() {
+    // A real ENOSPC: a 32 KiB tmpfs holds the lock, the log and three of the six slot files.
+    let Some(fs) = SmallTmpfs::mount(32 << 10) else {
+        eprintln!("skipped: needs root and mount (the injected-ENOSPC test covers the logic)");
+        return;
+    };
+    let t = fixture("era5_v3", "t2m");
+    let u = fixture("era5_v3", "u10");
+    let cache = fs.0.path().join("cache");
+    let ds = era5(&cache).persist(true).build().unwrap();
+    check_epoch(&ds, "train", &[("t", &t, 0), ("u", &u, 0)]);
+    let st = ds.cache_stats().unwrap();
+    assert!(
+        st.write_errors > 0 && st.writes + st.write_errors == 6,
+        "{st:?}"
+    );
+    let warnings = ds.warnings();
+    assert!(
+        warnings.iter().any(|w| w.contains("No space left")),
+        "{warnings:?}"
+    );
+    drop(ds);
+    // Every logged file is complete; nothing half-written is left behind.
+    let slot = 4 * 9 * 16 * 4;
+    for e in log_lines(&cache) {
+        let len = std::fs::metadata(cache.join(e["file"].as_str().unwrap()))
+            .unwrap()
+            .len();
+        assert!(
+            len >= (insitubatch::pool::disk::HEADER_LEN + slot) as u64,
+            "{e}"
+        );
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // The next run revives what was logged and fetches the rest.
+    let logged = log_lines(&cache).len() as u64;
+    let ds = era5(&cache).persist(true).build().unwrap();
+    let s = run(&ds, "all");
+    assert_eq!(
+        (s.cache_revived, s.cache_misses),
+        (logged, 6 - logged),
+        "{s:?}"
+    );
+}
