@@ -371,6 +371,7 @@ class InSituDataset:
         persist: bool = False,
         reset_stale_cache: bool = False,
         readonly_cache: bool = False,
+        cache_direct_io: bool = True,
         on_bad_chunk: str = "raise",
         batch_transforms: Iterable[Callable[[Batch], Batch]] = (),
         sample_axis: int = 0,
@@ -401,6 +402,7 @@ class InSituDataset:
             ("persist", persist),
             ("reset_stale_cache", reset_stale_cache),
             ("readonly_cache", readonly_cache),
+            ("cache_direct_io", cache_direct_io),
         ):
             if not isinstance(flag, bool):
                 raise TypeError(f"`{name}` must be a bool, not {type(flag).__name__}")

@@ -52,9 +52,13 @@ def test_a_warm_run_decodes_nothing_and_values_match(fixtures, tmp_path):
     cache = tmp_path / "cache"
     ref = zarr.open_array(store / "t2m", mode="r")[...]
     g = isb.open_geometries(store, ["t2m"])
-    with isb.InSituDataset(store, None, g, batch_size=4, cache_dir=cache, persist=True) as ds:
+    with isb.InSituDataset(store, None, g, batch_size=4, cache_dir=cache, persist=True,
+                           cache_direct_io=False) as ds:
         drain(ds.train)
         assert ds.cache_misses == 3
+        assert ds.cache_stats()["direct_io"] is False
+    with pytest.raises(TypeError, match="cache_direct_io"):
+        isb.InSituDataset(store, cache_dir=cache, cache_direct_io="yes")
     with isb.InSituDataset(store, None, g, batch_size=4, cache_dir=cache, persist=True) as ds:
         for b in ds.train:
             for r, idx in enumerate(b.read_indices("t2m")):
