@@ -372,8 +372,10 @@ impl Inner {
             return;
         }
         if e.indexed && e.slot.is_ready() {
-            // Unpinned: the slot may move onto its cache file now.
+            // Unpinned: the slot may move onto its cache file now, and a revived one closes
+            // its file until its next hit.
             e.slot.settle();
+            e.slot.close_file();
             self.tick += 1;
             e.lru_tick = Some(self.tick);
             self.lru.insert(self.tick, id);
@@ -412,14 +414,21 @@ impl Owner {
         let mut shadowed = false;
         if let Some(&id) = g.index.get(key) {
             let e = &g.entries[&id];
-            if e.slot.is_ready() {
-                let slot = g.pin(self.id, id);
-                g.stats.hits += 1;
-                g.owners.get_mut(&self.id).expect("registered").hits += 1;
-                return Ok(Admission::Hit(slot));
-            }
-            if e.slot.is_loading() {
-                if e.loader == self.id {
+            let (ready, loading, pins, loader) =
+                (e.slot.is_ready(), e.slot.is_loading(), e.pins, e.loader);
+            if ready {
+                // A revived slot at rest reopens its file (a pinned one has it open).
+                if pins > 0 || e.slot.reopen_file() {
+                    let slot = g.pin(self.id, id);
+                    g.stats.hits += 1;
+                    g.owners.get_mut(&self.id).expect("registered").hits += 1;
+                    return Ok(Admission::Hit(slot));
+                }
+                // Its file went: forget the slot and admit the chunk afresh below.
+                g.remove_entry(id);
+                g.owners.get_mut(&self.id).expect("registered").rejected += 1;
+            } else if loading {
+                if loader == self.id {
                     return Ok(Admission::InFlight(g.pin(self.id, id)));
                 }
                 // Another iteration's in-flight load: its tasks may be cancelled with it, so we
@@ -429,7 +438,6 @@ impl Owner {
                 // Failed: forget it so this admission (and later ones) load afresh.
                 let e = g.entries.get_mut(&id).expect("indexed entry exists");
                 e.indexed = false;
-                let pins = e.pins;
                 g.index.remove(key);
                 if pins == 0 {
                     g.remove_entry(id);

@@ -27,6 +27,21 @@ pub enum SlotData {
     Mapped(MappedFile),
     /// The data section of a checked slot file, read on demand.
     File(FileRange),
+    /// A revived slot at rest in the pool's LRU: its file is closed (an unpinned slot holds no
+    /// descriptor, so a budget of many slots never runs out of them) and reopened on its next
+    /// hit.
+    Closed(ClosedRange),
+}
+
+/// Where a closed file-backed slot's data is.
+#[derive(Clone, Debug)]
+pub struct ClosedRange {
+    /// The slot file.
+    pub path: std::path::PathBuf,
+    /// Where the data starts.
+    pub offset: u64,
+    /// Data bytes.
+    pub len: usize,
 }
 
 /// `len` bytes at `offset` of an open slot file.
@@ -46,7 +61,7 @@ impl SlotData {
         match self {
             SlotData::Heap(v) => Some(v),
             SlotData::Mapped(m) => Some(m.data()),
-            SlotData::File(_) => None,
+            SlotData::File(_) | SlotData::Closed(_) => None,
         }
     }
 
@@ -56,6 +71,7 @@ impl SlotData {
             SlotData::Heap(v) => v.len(),
             SlotData::Mapped(m) => m.data().len(),
             SlotData::File(f) => f.len,
+            SlotData::Closed(c) => c.len,
         }
     }
 
@@ -66,7 +82,10 @@ impl SlotData {
 
     /// True for the NVMe tier (mapped or read on demand).
     pub fn is_mapped(&self) -> bool {
-        matches!(self, SlotData::Mapped(_) | SlotData::File(_))
+        matches!(
+            self,
+            SlotData::Mapped(_) | SlotData::File(_) | SlotData::Closed(_)
+        )
     }
 }
 
@@ -255,6 +274,46 @@ impl Slot {
         let mut data = lock(&self.data);
         if data.is_some() {
             *data = Some(SlotBytes(Arc::new(SlotData::Mapped(m))));
+        }
+    }
+
+    /// A file-backed slot going to rest: closes its file (readers holding a snapshot keep the
+    /// descriptor until they are done).
+    pub(crate) fn close_file(&self) {
+        let mut data = lock(&self.data);
+        if let Some(b) = data.as_ref()
+            && let SlotData::File(f) = &**b
+        {
+            let closed = SlotData::Closed(ClosedRange {
+                path: f.file.path().to_path_buf(),
+                offset: f.offset,
+                len: f.len,
+            });
+            *data = Some(SlotBytes(Arc::new(closed)));
+        }
+    }
+
+    /// Reopens a closed file-backed slot for a hit; false if its file cannot be opened (the
+    /// slot is then unusable and must be dropped).
+    pub(crate) fn reopen_file(&self) -> bool {
+        let mut data = lock(&self.data);
+        let Some(b) = data.as_ref() else {
+            return true;
+        };
+        let SlotData::Closed(c) = &**b else {
+            return true;
+        };
+        match std::fs::File::open(&c.path) {
+            Ok(file) => {
+                let open = SlotData::File(FileRange {
+                    file: insitubatch_runtime::fs::File::from_std(file, &c.path),
+                    offset: c.offset,
+                    len: c.len,
+                });
+                *data = Some(SlotBytes(Arc::new(open)));
+                true
+            }
+            Err(_) => false,
         }
     }
 

@@ -628,3 +628,48 @@ fn a_full_device_keeps_the_pass_going_and_logs_only_complete_files() {
         "{s:?}"
     );
 }
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn revived_slots_at_rest_hold_no_descriptor_and_a_vanished_file_is_refetched() {
+    let t = fixture("era5_v3", "t2m");
+    let cache = tempfile::tempdir().unwrap();
+    run(&era5(cache.path()).persist(true).build().unwrap(), "all");
+    // A budget that keeps the whole split resident: revived slots rest in the pool between
+    // passes, with their files closed.
+    let probe = era5(cache.path()).persist(true).build().unwrap();
+    let split = probe.split_bytes("train").unwrap();
+    drop(probe);
+    let ds = era5(cache.path())
+        .persist(true)
+        .cache_budget_bytes(split)
+        .build()
+        .unwrap();
+    let before = open_fds();
+    let s = run(&ds, "train");
+    assert_eq!(s.cache_revived, 6, "{s:?}");
+    assert!(
+        open_fds() <= before,
+        "{} descriptors open after the pass, {before} before",
+        open_fds()
+    );
+    // Resident hits reopen their files...
+    let s = run(&ds, "train");
+    assert_eq!(
+        (s.cache_hits, s.cache_revived, s.tiles_read),
+        (6, 0, 0),
+        "{s:?}"
+    );
+    // ...and a file deleted meanwhile is a miss, fetched again, with the right values.
+    for e in std::fs::read_dir(cache.path()).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(".npy") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    check_epoch(&ds, "train", &[("t", &t, 0)]);
+    let s = run(&ds, "train");
+    assert_eq!(s.cache_misses, 0, "rewritten by the pass before: {s:?}");
+}

@@ -165,6 +165,12 @@ impl CopyJob {
             let (base, _) = self.dst[r.label];
             match &*self.slots[r.slot] {
                 SlotData::File(f) => reads.push(self.read_run(f, r)),
+                SlotData::Closed(c) => {
+                    return Err(format!(
+                        "internal error: the cache file {} of a pinned slot is closed",
+                        c.path.display()
+                    ));
+                }
                 data => {
                     let mem = data.memory().expect("heap and mapped slots are in memory");
                     let src = &mem[r.src..r.src + r.len];
