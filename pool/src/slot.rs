@@ -27,9 +27,9 @@ pub enum SlotData {
     Mapped(MappedFile),
     /// The data section of a checked slot file, read on demand.
     File(FileRange),
-    /// A revived slot at rest in the pool's LRU: its file is closed (an unpinned slot holds no
-    /// descriptor, so a budget of many slots never runs out of them) and reopened on its next
-    /// hit.
+    /// A revived slot at rest in the pool's LRU that could not be mapped: its file is closed (an
+    /// unpinned slot holds no descriptor, so a budget of many slots never runs out of them) and
+    /// reopened on its next hit.
     Closed(ClosedRange),
 }
 
@@ -277,19 +277,24 @@ impl Slot {
         }
     }
 
-    /// A file-backed slot going to rest: closes its file (readers holding a snapshot keep the
-    /// descriptor until they are done).
+    /// A file-backed slot going to rest in the LRU: maps its file (a mapping holds no
+    /// descriptor, and a later epoch's hit then copies from memory — the first touch faults
+    /// the pages in), or, when the mapping fails (`vm.max_map_count`), closes it until its next
+    /// hit. Readers holding a snapshot keep the descriptor until they are done.
     pub(crate) fn close_file(&self) {
         let mut data = lock(&self.data);
         if let Some(b) = data.as_ref()
             && let SlotData::File(f) = &**b
         {
-            let closed = SlotData::Closed(ClosedRange {
-                path: f.file.path().to_path_buf(),
-                offset: f.offset,
-                len: f.len,
-            });
-            *data = Some(SlotBytes(Arc::new(closed)));
+            let rest = match MappedFile::map_range(&f.file, f.offset, f.len) {
+                Ok(m) => SlotData::Mapped(m),
+                Err(_) => SlotData::Closed(ClosedRange {
+                    path: f.file.path().to_path_buf(),
+                    offset: f.offset,
+                    len: f.len,
+                }),
+            };
+            *data = Some(SlotBytes(Arc::new(rest)));
         }
     }
 

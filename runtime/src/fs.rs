@@ -261,6 +261,12 @@ impl File {
     }
 }
 
+impl std::os::fd::AsRawFd for File {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
 /// Reads a whole file: open, stat, read until the size is reached or end of file.
 ///
 /// A directory is an `EISDIR` error naming the path (opening one read-only succeeds on Linux).

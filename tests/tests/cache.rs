@@ -83,8 +83,8 @@ fn a_warm_run_revives_every_chunk_and_decodes_nothing() {
             "{s:?}"
         );
         assert_eq!(ds.cache_stats().unwrap().writes, 0, "nothing rewritten");
-        // Revived rows were read from the files straight into the batches, once each.
-        assert_eq!(s.bytes_revived, s.bytes_delivered, "{s:?}");
+        // A second pass copies from the slots' mappings (mapped when they went to rest).
+        assert!(s.bytes_revived <= s.bytes_delivered, "{s:?}");
         // Self-deduplicating: the log still holds one line per chunk.
         assert_eq!(log_lines(cache.path()).len(), 6);
     }
@@ -92,6 +92,8 @@ fn a_warm_run_revives_every_chunk_and_decodes_nothing() {
     let ds = era5(cache.path()).persist(true).build().unwrap();
     let s = run(&ds, "all");
     assert_eq!((s.cache_hits, s.cache_revived, s.cache_misses), (6, 6, 0));
+    // Revived rows were read from the files straight into the batches, once each.
+    assert_eq!(s.bytes_revived, s.bytes_delivered, "{s:?}");
 }
 
 #[test]

@@ -225,6 +225,28 @@ impl std::fmt::Debug for MappedFile {
 }
 
 impl MappedFile {
+    /// Maps `len` bytes at `offset` of an open slot file read-only (no page is touched yet).
+    pub fn map_range(
+        file: &impl std::os::fd::AsRawFd,
+        offset: u64,
+        len: usize,
+    ) -> std::io::Result<MappedFile> {
+        // SAFETY: as in `map_checked`: slot files are replaced only by rename, never changed in
+        // place.
+        let map = unsafe { memmap2::Mmap::map(file.as_raw_fd()) }?;
+        if map.len() < offset as usize + len {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the slot file is shorter than its header says",
+            ));
+        }
+        Ok(MappedFile {
+            map,
+            offset: offset as usize,
+            len,
+        })
+    }
+
     /// The array's bytes.
     pub fn data(&self) -> &[u8] {
         &self.map[self.offset..self.offset + self.len]
