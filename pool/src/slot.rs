@@ -27,9 +27,8 @@ pub enum SlotData {
     Mapped(MappedFile),
     /// The data section of a checked slot file, read on demand.
     File(FileRange),
-    /// A revived slot at rest in the pool's LRU that could not be mapped: its file is closed (an
-    /// unpinned slot holds no descriptor, so a budget of many slots never runs out of them) and
-    /// reopened on its next hit.
+    /// A revived slot at rest in the pool's LRU: its file is closed (an unpinned slot holds no
+    /// descriptor, so a budget of many slots never runs out of them) and mapped on its next hit.
     Closed(ClosedRange),
 }
 
@@ -277,29 +276,26 @@ impl Slot {
         }
     }
 
-    /// A file-backed slot going to rest in the LRU: maps its file (a mapping holds no
-    /// descriptor, and a later epoch's hit then copies from memory — the first touch faults
-    /// the pages in), or, when the mapping fails (`vm.max_map_count`), closes it until its next
-    /// hit. Readers holding a snapshot keep the descriptor until they are done.
+    /// A file-backed slot going to rest in the LRU: closes its file (readers holding a
+    /// snapshot keep the descriptor until they are done), so resting slots hold no descriptor.
     pub(crate) fn close_file(&self) {
         let mut data = lock(&self.data);
         if let Some(b) = data.as_ref()
             && let SlotData::File(f) = &**b
         {
-            let rest = match MappedFile::map_range(&f.file, f.offset, f.len) {
-                Ok(m) => SlotData::Mapped(m),
-                Err(_) => SlotData::Closed(ClosedRange {
-                    path: f.file.path().to_path_buf(),
-                    offset: f.offset,
-                    len: f.len,
-                }),
-            };
-            *data = Some(SlotBytes(Arc::new(rest)));
+            let closed = SlotData::Closed(ClosedRange {
+                path: f.file.path().to_path_buf(),
+                offset: f.offset,
+                len: f.len,
+            });
+            *data = Some(SlotBytes(Arc::new(closed)));
         }
     }
 
-    /// Reopens a closed file-backed slot for a hit; false if its file cannot be opened (the
-    /// slot is then unusable and must be dropped).
+    /// A hit on a closed file-backed slot: maps its file (a mapping holds no descriptor, and this
+    /// and later epochs copy from memory — the first touch faults the pages in), or reopens it
+    /// when mapping fails (`vm.max_map_count`). False if the file cannot be opened (the slot is
+    /// then unusable and must be dropped).
     pub(crate) fn reopen_file(&self) -> bool {
         let mut data = lock(&self.data);
         let Some(b) = data.as_ref() else {
@@ -308,18 +304,19 @@ impl Slot {
         let SlotData::Closed(c) = &**b else {
             return true;
         };
-        match std::fs::File::open(&c.path) {
-            Ok(file) => {
-                let open = SlotData::File(FileRange {
-                    file: insitubatch_runtime::fs::File::from_std(file, &c.path),
-                    offset: c.offset,
-                    len: c.len,
-                });
-                *data = Some(SlotBytes(Arc::new(open)));
-                true
-            }
-            Err(_) => false,
-        }
+        let Ok(file) = std::fs::File::open(&c.path) else {
+            return false;
+        };
+        let open = match MappedFile::map_range(&file, c.offset, c.len) {
+            Ok(m) => SlotData::Mapped(m),
+            Err(_) => SlotData::File(FileRange {
+                file: insitubatch_runtime::fs::File::from_std(file, &c.path),
+                offset: c.offset,
+                len: c.len,
+            }),
+        };
+        *data = Some(SlotBytes(Arc::new(open)));
+        true
     }
 
     /// Why it failed, if it did.
