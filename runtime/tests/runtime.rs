@@ -27,6 +27,19 @@ fn runtime(choice: IoBackendChoice, name: &str) -> Runtime {
         .unwrap()
 }
 
+/// `threads_named(prefix)` once it equals `want`, or its value after 2 s: a joined thread can stay
+/// listed in `/proc/self/task` for a moment while the kernel finishes its exit.
+fn threads_named_settled(prefix: &str, want: usize) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let n = threads_named(prefix);
+        if n == want || std::time::Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Threads of this process whose name starts with `prefix`.
 fn threads_named(prefix: &str) -> usize {
     std::fs::read_dir("/proc/self/task")
@@ -263,7 +276,7 @@ fn shutdown_with_work_queued_resolves_every_task_and_joins_every_thread() {
             }
         }
         assert_eq!(
-            threads_named(&prefix),
+            threads_named_settled(&prefix, 0),
             0,
             "no runtime thread outlives shutdown ({choice:?})"
         );

@@ -164,6 +164,19 @@ pub fn threads_named(prefix: &str) -> usize {
         .count()
 }
 
+/// `threads_named(prefix)` once it equals `want`, or its value after 2 s: a thread that has been
+/// joined can stay listed in `/proc/self/task` for a moment while the kernel finishes its exit.
+pub fn threads_named_settled(prefix: &str, want: usize) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let n = threads_named(prefix);
+        if n == want || std::time::Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Copies the directory tree `from` into `to` (a store to damage without touching the
 /// fixtures).
 pub fn copy_dir(from: &Path, to: &Path) {

@@ -5,7 +5,9 @@
 use std::collections::BTreeSet;
 
 use insitubatch::{EngineError, InSituDataset, IoBackendChoice, OnBadChunk, split_by_chunk};
-use insitubatch_tests::{FixtureArray, copy_dir, fixture_arrays, sample_of, threads_named};
+use insitubatch_tests::{
+    FixtureArray, copy_dir, fixture_arrays, sample_of, threads_named, threads_named_settled,
+};
 
 mod common;
 use common::{check_epoch, fixture, sample_axis_of, sorted};
@@ -263,7 +265,11 @@ fn dropping_an_iterator_mid_epoch_unpins_everything_and_dataset_drop_leaves_no_t
         // The dataset is reusable after an abandoned pass.
         assert_eq!(ds.train().unwrap().count(), 61usize.div_ceil(2));
     }
-    assert_eq!(threads_named("isb"), before, "runtime threads joined");
+    assert_eq!(
+        threads_named_settled("isb", before),
+        before,
+        "runtime threads joined"
+    );
 }
 
 #[test]
