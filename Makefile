@@ -50,7 +50,7 @@ bench-harness: build
 	rm -f docs/harness/results.jsonl
 	mkdir -p docs/harness
 	$(PYTHON) bench-harness/run.py --out docs/harness/results.jsonl \
-	  --markdown docs/harness/table.md --plots docs/harness
+	  --markdown docs/harness/table.md --plots docs/harness --docs docs/benchmarks.md
 	rm -f docs/harness/variants.jsonl
 	$(PYTHON) bench-harness/run.py --variants fat-spatial,v2-blosc,sharded \
-	  --out docs/harness/variants.jsonl --markdown docs/harness/variants.md
+	  --out docs/harness/variants.jsonl --markdown docs/harness/variants.md --docs docs/benchmarks.md

@@ -10,12 +10,18 @@ HERE = Path(__file__).resolve().parent
 
 def test_every_engine_runs_once_and_reports(tmp_path):
     out = tmp_path / "results.jsonl"
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("intro\n<!-- harness:family:begin -->\nold table\n<!-- harness:family:end -->\noutro\n")
     subprocess.run(
         [sys.executable, str(HERE / "run.py"), "--smoke", "--dir", str(tmp_path / "stores"),
          "--out", str(out), "--markdown", str(tmp_path / "table.md"), "--plots", str(tmp_path),
-         "--train-step"],
+         "--train-step", "--docs", str(docs)],
         check=True, capture_output=True, text=True,
     )
+    # The docs region was regenerated from this run's table; the text around it is kept.
+    text = docs.read_text()
+    assert text.startswith("intro\n") and text.endswith("outro\n") and "old table" not in text
+    assert (tmp_path / "table.md").read_text().strip() in text
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     engines = {r["engine"] for r in rows}
     for needle in ["Rust API", "Python shim", "DataLoader, 0 workers", "DataLoader, 1 workers",
