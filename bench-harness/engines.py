@@ -3,7 +3,7 @@ the whole process tree's memory from outside.
 
     python engines.py ENGINE STORE [--epochs E] [--batch-size B] [--workers W]
 
-ENGINE: insitubatch-python | torch-dataloader | zarr-sequential | in-memory | raw-read
+ENGINE: insitubatch-python | torch-dataloader | xbatcher | zarr-sequential | in-memory | raw-read
 """
 
 import argparse
@@ -52,6 +52,19 @@ class PerSample:
         if self.arrays is None:  # opened in the worker, never inherited across a fork
             self.arrays = data_variables(self.store)
         return {k: torch.from_numpy(np.asarray(self.arrays[k][i])) for k in self.names}
+
+
+class SampleTensors:
+    """xbatcher MapDataset transform: one (1, *inner) xarray sample to one tensor
+    (variables, *inner) — MapDataset requires a single tensor."""
+
+    def __init__(self, names):
+        self.names = names
+
+    def __call__(self, x):
+        import torch
+
+        return torch.from_numpy(np.stack([np.asarray(x[k].values[0]) for k in self.names]))
 
 
 def latency_summary(intervals_s):
@@ -175,6 +188,30 @@ def main():
             gen.manual_seed(e)
             for b in dl:
                 yield len(b[names[0]]), b
+
+        epochs = timed_epochs(make_iter, a.epochs, sample_bytes, step)
+    elif a.engine == "xbatcher":
+        # xbatcher's BatchGenerator over xarray.open_zarr (dask), one sample per item, through
+        # its torch MapDataset and a shuffling DataLoader: the xarray-native way to train.
+        import torch
+        import xarray as xr
+        import xbatcher
+        from torch.utils.data import DataLoader
+        from xbatcher.loaders.torch import MapDataset
+
+        xds = xr.open_zarr(store, consolidated=False)[names]
+        dims = xds[names[0]].dims
+        sample = {d: xds.sizes[d] for d in dims} | {dims[0]: 1}
+        samples = xbatcher.BatchGenerator(xds, input_dims=sample)
+        extra = {"workers": a.workers, "start_method": "in-process"}
+        gen = torch.Generator()
+        dl = DataLoader(MapDataset(samples, transform=SampleTensors(names)), batch_size=bs,
+                        shuffle=True, num_workers=0, generator=gen)
+
+        def make_iter(e):
+            gen.manual_seed(e)
+            for b in dl:
+                yield len(b), {k: b[:, i] for i, k in enumerate(names)}
 
         epochs = timed_epochs(make_iter, a.epochs, sample_bytes, step)
     elif a.engine == "zarr-sequential":

@@ -96,6 +96,14 @@ def best_epoch(epochs):
     return max(pool, key=lambda e: e["samples_per_s"])
 
 
+try:  # xbatcher is measured when it installs (it needs xarray and dask)
+    import xbatcher  # noqa: F401
+
+    HAVE_XBATCHER = True
+except ImportError:
+    HAVE_XBATCHER = False
+
+
 def measure(store, epochs, workers, batch_size, train_step=False):
     rows = []
     out = subprocess.run([BIN, "bench-read", store, "--repeat", "1", "--json"],
@@ -128,6 +136,7 @@ def measure(store, epochs, workers, batch_size, train_step=False):
     for engine, extra, env in [
         ("insitubatch-python", [], shim_env),
         *[("torch-dataloader", ["--workers", str(w)], None) for w in workers],
+        *([("xbatcher", [], None)] if HAVE_XBATCHER else []),
         ("zarr-sequential", [], None),
         ("in-memory", [], None),
         ("raw-read", [], None),
@@ -138,7 +147,8 @@ def measure(store, epochs, workers, batch_size, train_step=False):
         name = {"insitubatch-python": "insitubatch (Python shim)",
                 "zarr-sequential": "zarr-python, sequential",
                 "in-memory": "in-memory ceiling",
-                "raw-read": "raw read ceiling"}.get(engine, engine)
+                "raw-read": "raw read ceiling",
+                "xbatcher": "xbatcher BatchGenerator + DataLoader, 0 workers"}.get(engine, engine)
         if engine == "torch-dataloader":
             name = f"torch DataLoader, {r['workers']} workers ({r['start_method']})"
         r.update(engine=name, peak_rss_bytes=peak, processes=procs)

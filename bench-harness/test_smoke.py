@@ -25,7 +25,7 @@ def test_every_engine_runs_once_and_reports(tmp_path):
     rows = [json.loads(l) for l in out.read_text().splitlines()]
     engines = {r["engine"] for r in rows}
     for needle in ["Rust API", "Python shim", "DataLoader, 0 workers", "DataLoader, 1 workers",
-                   "sequential", "in-memory", "raw read"]:
+                   "xbatcher", "sequential", "in-memory", "raw read"]:
         assert any(needle in e for e in engines), (needle, engines)
     for r in rows:
         assert r["best"]["samples_per_s"] > 0 and r["peak_rss_bytes"] > 0
