@@ -37,5 +37,11 @@ def test_every_engine_runs_once_and_reports(tmp_path):
     assert "× tuned DataLoader (steady)" in (tmp_path / "table.md").read_text()
     assert (tmp_path / "throughput.png").stat().st_size > 1000
     assert any(p.name.startswith("latency_cdf_") for p in tmp_path.iterdir())
+    # Every engine's batch-latency percentiles (HdrHistogram) are ordered and positive.
+    for r in rows:
+        for e in r["epochs"]:
+            if "latency_ms_p50" in e:
+                lat = [e[f"latency_ms_{q}"] for q in ("p50", "p90", "p99", "max")]
+                assert 0 < lat[0] <= lat[1] <= lat[2] <= lat[3], (r["engine"], lat)
     rust = next(r for r in rows if "Rust API" in r["engine"])
     assert rust["epochs"][0]["ttfb_from_process_start_ms"] > 0
