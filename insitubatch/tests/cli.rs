@@ -1,6 +1,7 @@
 //! The CLI answers bad input with a non-zero exit and a message naming the thing, and
 //! `make-dataset` + `inspect` round-trip.
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn cli() -> Command {
@@ -107,17 +108,18 @@ fn run_ok(cmd: &mut Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-#[test]
-fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_the_split() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = tmp.path().join("s.zarr");
+/// A 40-sample store (4 per chunk) in `dir` and its 0.6/0.2/0.2 split manifest: (store,
+/// manifest, what `split` printed).
+fn store_and_split(dir: &Path, make_args: &[&str]) -> (PathBuf, PathBuf, String) {
+    let store = dir.join("s.zarr");
     run_ok(
         cli()
             .args(["make-dataset", "--samples", "40", "--grid", "6x8"])
-            .args(["--sample-chunk", "4", "--inner-chunks", "3x8"])
+            .args(["--sample-chunk", "4"])
+            .args(make_args)
             .arg(&store),
     );
-    let manifest = tmp.path().join("m.json");
+    let manifest = dir.join("m.json");
     let out = run_ok(
         cli()
             .arg("split")
@@ -125,16 +127,26 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
             .args(["--fractions", "0.6,0.2,0.2", "-o"])
             .arg(&manifest),
     );
+    (store, manifest, out)
+}
+
+/// `insitubatch bench STORE --manifest MANIFEST`, to be completed.
+fn bench_with(store: &Path, manifest: &Path) -> Command {
+    let mut c = cli();
+    c.arg("bench").arg(store).arg("--manifest").arg(manifest);
+    c
+}
+
+#[test]
+fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_the_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, manifest, out) = store_and_split(tmp.path(), &["--inner-chunks", "3x8"]);
     assert!(out.contains("train 6 chunks"), "{out}");
     let m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
     assert_eq!(m["splits"]["train"], serde_json::json!([0, 1, 2, 3, 4, 5]));
     assert_eq!(m["splits"]["test"], serde_json::json!([8, 9]));
     let out = run_ok(
-        cli()
-            .arg("bench")
-            .arg(&store)
-            .arg("--manifest")
-            .arg(&manifest)
+        bench_with(&store, &manifest)
             .args([
                 "--epochs",
                 "2",
@@ -155,11 +167,7 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
     assert_eq!(e[0]["stats"]["tiles_read"], 24);
     assert_eq!(e[1]["stats"]["cache_hits"], 12);
     assert_eq!(e[1]["stats"]["tiles_read"], 0);
-    let out = cli()
-        .arg("bench")
-        .arg(&store)
-        .arg("--manifest")
-        .arg(&manifest)
+    let out = bench_with(&store, &manifest)
         .args(["--split", "holdout"])
         .output()
         .unwrap();
@@ -199,22 +207,8 @@ fn demo_runs_two_epochs_and_reports() {
 #[test]
 fn warm_fills_a_cache_that_readonly_benches_read_without_decoding() {
     let tmp = tempfile::tempdir().unwrap();
-    let store = tmp.path().join("s.zarr");
+    let (store, manifest, _) = store_and_split(tmp.path(), &[]);
     let cache = tmp.path().join("cache");
-    run_ok(
-        cli()
-            .args(["make-dataset", "--samples", "40", "--grid", "6x8"])
-            .args(["--sample-chunk", "4"])
-            .arg(&store),
-    );
-    let manifest = tmp.path().join("m.json");
-    run_ok(
-        cli()
-            .arg("split")
-            .arg(&store)
-            .args(["--fractions", "0.6,0.2,0.2", "-o"])
-            .arg(&manifest),
-    );
     let warm = |split: &str| {
         run_ok(
             cli()
@@ -236,11 +230,7 @@ fn warm_fills_a_cache_that_readonly_benches_read_without_decoding() {
         "{out}"
     );
     let bench = |split: &str| {
-        cli()
-            .arg("bench")
-            .arg(&store)
-            .arg("--manifest")
-            .arg(&manifest)
+        bench_with(&store, &manifest)
             .args([
                 "--split",
                 split,

@@ -78,14 +78,6 @@ impl SlotData {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// True for the NVMe tier (mapped or read on demand).
-    pub fn is_mapped(&self) -> bool {
-        matches!(
-            self,
-            SlotData::Mapped(_) | SlotData::File(_) | SlotData::Closed(_)
-        )
-    }
 }
 
 /// A ready slot's bytes, shared: whoever copies from a slot holds one, which keeps that memory
@@ -245,11 +237,6 @@ impl Slot {
     /// The assembled chunk, once ready.
     pub fn bytes(&self) -> Option<SlotBytes> {
         lock(&self.data).clone()
-    }
-
-    /// True when the ready slot lives in a mapped cache file.
-    pub fn is_mapped(&self) -> bool {
-        lock(&self.data).as_ref().is_some_and(|b| b.is_mapped())
     }
 
     /// True once every tile arrived.

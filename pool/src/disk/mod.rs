@@ -108,21 +108,24 @@ pub struct ArrayMeta {
 /// each transform's full identity (its parameters, never a hash of its source), in order.
 /// With no transforms it still changes with the log format.
 pub fn fingerprint(transforms: &[&str]) -> String {
-    // FNV-1a, 64 bit: stable across builds and platforms, unlike std's hasher.
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(1 + transforms.len());
+    let format = format!("{} v{FORMAT_VERSION}", log::FORMAT_NAME);
+    parts.push(format.as_bytes());
+    parts.extend(transforms.iter().map(|t| t.as_bytes()));
+    format!("{:016x}", fnv1a(&parts))
+}
+
+/// FNV-1a 64 over length-prefixed parts (so ["ab", "c"] and ["a", "bc"] differ): stable across
+/// builds and platforms, unlike std's hasher.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes {
+    for part in parts {
+        for &b in (part.len() as u64).to_le_bytes().iter().chain(part.iter()) {
             h ^= b as u64;
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
-    };
-    eat(format!("{} v{FORMAT_VERSION}", log::FORMAT_NAME).as_bytes());
-    for t in transforms {
-        // Length-prefixed, so ["ab", "c"] and ["a", "bc"] differ.
-        eat(&(t.len() as u64).to_le_bytes());
-        eat(t.as_bytes());
     }
-    format!("{h:016x}")
+    h
 }
 
 /// Cache-directory errors. Each names the directory or file and says what to do.
@@ -231,8 +234,9 @@ impl MappedFile {
         offset: u64,
         len: usize,
     ) -> std::io::Result<MappedFile> {
-        // SAFETY: as in `map_checked`: slot files are replaced only by rename, never changed in
-        // place.
+        // SAFETY: slot files are only ever replaced by rename, never modified in place, so the
+        // mapped inode does not change under us (a process truncating one by hand breaks that, as
+        // for any mapped file; the cache documents that its files are ours).
         let map = unsafe { memmap2::Mmap::map(file.as_raw_fd()) }?;
         if map.len() < offset as usize + len {
             return Err(std::io::Error::new(
@@ -430,7 +434,7 @@ impl DiskTier {
                 }
             })
             .collect();
-        let tag = &fingerprint(&[&key.path])[..8];
+        let tag = format!("{:08x}", fnv1a(&[key.path.as_bytes()]) >> 32);
         format!("{readable}.{tag}.{}.npy", key.chunk)
     }
 
@@ -508,11 +512,12 @@ impl DiskTier {
             let _ = std::fs::remove_file(&tmp);
             return Err(self.write_failed(&tmp, e));
         }
-        let Some(mapped) = map_checked(&path, &meta.descr, &meta.slot_shape, nbytes as u64) else {
-            return Err(self.write_failed(
-                &path,
-                std::io::Error::other("the file just written does not read back"),
-            ));
+        // The file was just written from `meta`: map it, without reading its header back.
+        let mapped = match std::fs::File::open(&path)
+            .and_then(|f| MappedFile::map_range(&f, HEADER_LEN as u64, nbytes))
+        {
+            Ok(m) => m,
+            Err(e) => return Err(self.write_failed(&path, e)),
         };
         let mut st = lock_mutex(&self.state);
         st.stats.writes += 1;
@@ -674,28 +679,6 @@ fn data_bytes(descr: &str, shape: &[u64]) -> Option<u64> {
 fn size_fits(len: u64, nbytes: u64) -> bool {
     let want = HEADER_LEN as u64 + nbytes;
     len == want || len == want.next_multiple_of(insitubatch_runtime::DIRECT_IO_ALIGN as u64)
-}
-
-/// Maps `path` and checks that it is an `.npy` of `descr` and `shape` holding `nbytes`.
-fn map_checked(path: &Path, descr: &str, shape: &[u64], nbytes: u64) -> Option<MappedFile> {
-    let file = std::fs::File::open(path).ok()?;
-    let len = file.metadata().ok()?.len();
-    if !size_fits(len, nbytes) {
-        return None;
-    }
-    // SAFETY: slot files are only ever replaced by rename, never modified in place, so the
-    // mapped inode does not change under us. A process that truncates one by hand breaks
-    // that, as it would for any mapped file; the cache documents that its files are ours.
-    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
-    let parsed = npy::parse(&map[..HEADER_LEN])?;
-    if parsed.descr != descr || parsed.shape != shape || parsed.data_offset != HEADER_LEN {
-        return None;
-    }
-    Some(MappedFile {
-        map,
-        offset: HEADER_LEN,
-        len: nbytes as usize,
-    })
 }
 
 /// Deletes temporaries a killed writer left (we hold the lock, so nobody is writing them).
