@@ -13,16 +13,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or(4);
     for round in 0..rounds {
         ds.clear_cache();
+        let (rss0, faults0) = (rss_kib(), minor_faults());
         let t = Instant::now();
         let mut pass = ds.train()?;
         let b = pass.next().ok_or("empty")??;
         println!(
-            "round {round}: first batch of {} in {:.1} ms",
+            "round {round}: first batch of {} in {:.1} ms; RSS +{} KiB, {} minor faults",
             b.len(),
-            t.elapsed().as_secs_f64() * 1e3
+            t.elapsed().as_secs_f64() * 1e3,
+            rss_kib() as i64 - rss0 as i64,
+            minor_faults() - faults0,
         );
     }
     Ok(())
+}
+
+/// Resident set size now (Linux), KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Minor page faults of the process so far (Linux).
+fn minor_faults() -> u64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct we own.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    ru.ru_minflt as u64
 }
 
 // The same allocator as the `insitubatch` command (see docs/benchmarks.md, "Allocator").

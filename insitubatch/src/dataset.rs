@@ -20,8 +20,11 @@ use insitubatch_store::{ArrayGeometry, Hierarchy, LocalStore, open_geometries, o
 pub const DEFAULT_BATCH_SIZE: usize = 32;
 /// Default chunks per shuffle block.
 pub const DEFAULT_BLOCK_CHUNKS: usize = 16;
-/// Default in-flight stored-chunk reads.
-pub const DEFAULT_MAX_INFLIGHT: usize = 32;
+/// Default in-flight stored-chunk reads per executor thread (`max_inflight` unset: this many
+/// times the executor count). A local store is decode-bound: a read or two queued behind each
+/// decoder keeps every core busy, and each read beyond that only holds one more encoded chunk
+/// in memory (docs/benchmarks.md, "Default read concurrency").
+pub const DEFAULT_INFLIGHT_PER_EXECUTOR: usize = 4;
 /// Default batches assembled ahead of the consumer.
 pub const DEFAULT_PREFETCH_DEPTH: usize = 2;
 
@@ -45,7 +48,7 @@ pub struct DatasetBuilder {
     manifest: Option<SplitManifest>,
     batch_size: usize,
     block_chunks: usize,
-    max_inflight: usize,
+    max_inflight: Option<usize>,
     prefetch_depth: usize,
     seed: u64,
     shuffle: bool,
@@ -118,9 +121,10 @@ impl DatasetBuilder {
         self
     }
 
-    /// Stored-chunk reads in flight across the dataset (default 32).
+    /// Stored-chunk reads in flight across the dataset (default
+    /// [`DEFAULT_INFLIGHT_PER_EXECUTOR`] per executor thread).
     pub fn max_inflight(mut self, n: usize) -> Self {
-        self.max_inflight = n;
+        self.max_inflight = Some(n);
         self
     }
 
@@ -224,7 +228,7 @@ impl DatasetBuilder {
         let knobs = [
             ("batch_size", self.batch_size),
             ("block_chunks", self.block_chunks),
-            ("max_inflight", self.max_inflight),
+            ("max_inflight", self.max_inflight.unwrap_or(1)),
             ("prefetch_depth", self.prefetch_depth),
         ];
         for (name, v) in knobs {
@@ -364,6 +368,9 @@ impl DatasetBuilder {
             .iter()
             .map(|v| (v.geom.path.clone(), hierarchy.arrays[&v.geom.path].clone()))
             .collect();
+        let max_inflight = self
+            .max_inflight
+            .unwrap_or(DEFAULT_INFLIGHT_PER_EXECUTOR * runtime.executor_threads());
         let budget = match self.cache_budget_bytes {
             Some(b) => Budget::Bytes(b),
             None => Budget::Auto,
@@ -387,10 +394,10 @@ impl DatasetBuilder {
             store: Arc::new(store),
             arrays,
             pool: ChunkPool::with_disk(budget, disk),
-            inflight: Semaphore::new("max_inflight", self.max_inflight as u64),
+            inflight: Semaphore::new("max_inflight", max_inflight as u64),
             buffers: BufferPool::new(),
             // One per read in flight, plus one per executor for reads being decoded.
-            read_buffers: Recycler::new(self.max_inflight + runtime.executor_threads()),
+            read_buffers: Recycler::new(max_inflight + runtime.executor_threads()),
         });
         let ds = InSituDataset {
             root: self.root,
@@ -502,7 +509,7 @@ impl InSituDataset {
             manifest: None,
             batch_size: DEFAULT_BATCH_SIZE,
             block_chunks: DEFAULT_BLOCK_CHUNKS,
-            max_inflight: DEFAULT_MAX_INFLIGHT,
+            max_inflight: None,
             prefetch_depth: DEFAULT_PREFETCH_DEPTH,
             seed: 0,
             shuffle: true,
@@ -597,6 +604,12 @@ impl InSituDataset {
     /// The IO backend in use.
     pub fn io_backend(&self) -> IoBackend {
         self.runtime.io_backend()
+    }
+
+    /// Stored-chunk reads allowed in flight (the `max_inflight` given, or the default for this
+    /// many executor threads).
+    pub fn max_inflight(&self) -> usize {
+        self.ctx.inflight.total() as usize
     }
 
     /// Pool counters (residency, evictions, hits across passes).

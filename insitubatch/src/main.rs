@@ -102,9 +102,9 @@ enum Command {
         /// Chunks per shuffle block.
         #[arg(long, default_value_t = insitubatch::DEFAULT_BLOCK_CHUNKS)]
         block_chunks: usize,
-        /// Stored-chunk reads in flight.
-        #[arg(long, default_value_t = insitubatch::DEFAULT_MAX_INFLIGHT)]
-        max_inflight: usize,
+        /// Stored-chunk reads in flight (default: 4 per executor thread).
+        #[arg(long)]
+        max_inflight: Option<usize>,
         /// Batches assembled ahead of the consumer.
         #[arg(long, default_value_t = insitubatch::DEFAULT_PREFETCH_DEPTH)]
         prefetch_depth: usize,
@@ -475,7 +475,7 @@ fn run(cli: Cli) -> CliResult {
                 epochs,
                 insitubatch::DEFAULT_BATCH_SIZE,
                 insitubatch::DEFAULT_BLOCK_CHUNKS,
-                insitubatch::DEFAULT_MAX_INFLIGHT,
+                ds.max_inflight(),
                 insitubatch::DEFAULT_PREFETCH_DEPTH,
                 ds.io_backend()
             );
@@ -550,10 +550,12 @@ fn run(cli: Cli) -> CliResult {
                         .sample_axis(sample_axis)
                         .batch_size(batch_size)
                         .block_chunks(block_chunks)
-                        .max_inflight(max_inflight)
                         .prefetch_depth(prefetch_depth)
                         .seed(seed)
                         .shuffle(!no_shuffle);
+                    if let Some(n) = max_inflight {
+                        b = b.max_inflight(n);
+                    }
                     for v in variables.iter().flatten() {
                         b = b.variable(v.clone(), v.clone());
                     }

@@ -436,6 +436,29 @@ fn a_budget_over_the_split_makes_later_epochs_all_hits() {
 }
 
 #[test]
+fn read_concurrency_defaults_to_a_few_reads_per_executor() {
+    let f = fixture("paired", "raw");
+    for threads in [1, 3] {
+        let ds = InSituDataset::builder(&f.store)
+            .variable("r", "raw")
+            .executor_threads(threads)
+            .build()
+            .unwrap();
+        assert_eq!(
+            ds.max_inflight(),
+            insitubatch::DEFAULT_INFLIGHT_PER_EXECUTOR * threads
+        );
+    }
+    let ds = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .executor_threads(3)
+        .max_inflight(5)
+        .build()
+        .unwrap();
+    assert_eq!(ds.max_inflight(), 5);
+}
+
+#[test]
 fn bad_arguments_are_errors_that_name_the_argument() {
     let f = fixture("paired", "raw");
     for (name, b) in [

@@ -362,7 +362,7 @@ class InSituDataset:
         *,
         batch_size: int = 32,
         block_chunks: int = 16,
-        max_inflight: int = 32,
+        max_inflight: int | None = None,
         seed: int = 0,
         shuffle: bool = True,
         prefetch_depth: int = 2,
@@ -383,7 +383,6 @@ class InSituDataset:
             "store": str(store),
             "batch_size": _check_int("batch_size", batch_size),
             "block_chunks": _check_int("block_chunks", block_chunks),
-            "max_inflight": _check_int("max_inflight", max_inflight),
             "prefetch_depth": _check_int("prefetch_depth", prefetch_depth),
             "seed": _check_int("seed", seed, minimum=0),
             "sample_axis": _check_int("sample_axis", sample_axis, minimum=0),
@@ -396,6 +395,8 @@ class InSituDataset:
                 f"invalid argument `on_bad_chunk` = {on_bad_chunk!r}: use 'raise' or 'nan'"
             )
         config["on_bad_chunk"] = on_bad_chunk
+        if max_inflight is not None:
+            config["max_inflight"] = _check_int("max_inflight", max_inflight)
         if cache_budget_bytes is not None:
             config["cache_budget_bytes"] = _check_int("cache_budget_bytes", cache_budget_bytes)
         for name, flag in (
