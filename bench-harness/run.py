@@ -106,7 +106,7 @@ except ImportError:
 
 def measure(store, epochs, workers, batch_size, train_step=False):
     rows = []
-    out = subprocess.run([BIN, "bench-read", store, "--repeat", "1", "--json"],
+    out = subprocess.run([BIN, "bench-read", store, "--repeat", "1", "--inflight", "1", "--json"],
                          check=True, capture_output=True, text=True).stdout
     ceiling = next(json.loads(l) for l in out.splitlines() if "std::fs::read + zarrs" in l)
     decode_mb_s = ceiling["decoded_mb_s"]

@@ -245,9 +245,9 @@ enum Command {
         /// Executor / plain threads (default: one per core).
         #[arg(long)]
         threads: Option<usize>,
-        /// Concurrent chunk reads per executor.
-        #[arg(long, default_value_t = 16)]
-        inflight: usize,
+        /// Concurrent chunk reads per executor; a comma-separated list measures each.
+        #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 16])]
+        inflight: Vec<usize>,
         /// Print JSON lines.
         #[arg(long)]
         json: bool,
@@ -768,10 +768,10 @@ fn run(cli: Cli) -> CliResult {
         } => {
             let threads = threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-            if threads == 0 || inflight == 0 {
+            if threads == 0 || inflight.contains(&0) {
                 return Err("--threads and --inflight must be at least 1".into());
             }
-            let results = bench_read(&path, repeat, threads, inflight)?;
+            let results = bench_read(&path, repeat, threads, &inflight)?;
             let baseline = results
                 .iter()
                 .find(|r| r.engine.starts_with("std::fs"))
@@ -788,12 +788,12 @@ fn run(cli: Cli) -> CliResult {
                     human_bytes(results[0].bytes_decoded)
                 );
                 println!(
-                    "{:<60} {:>9} {:>12} {:>10} {:>9}",
+                    "{:<76} {:>9} {:>12} {:>10} {:>9}",
                     "path", "seconds", "decoded MB/s", "read MB/s", "vs plain"
                 );
                 for r in &results {
                     println!(
-                        "{:<60} {:>9.3} {:>12.0} {:>10.0} {:>8.1}%",
+                        "{:<76} {:>9.3} {:>12.0} {:>10.0} {:>8.1}%",
                         r.engine,
                         r.seconds,
                         r.decoded_mb_s,

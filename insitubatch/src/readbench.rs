@@ -167,51 +167,52 @@ fn plain_pass(store: &LocalStore, work: &Work, threads: usize, decode: bool) -> 
 }
 
 /// Runs every path `repeat` times (after one warm-up pass that fills the page cache) and
-/// keeps each path's best time. `threads` is the executor / plain-thread count.
+/// keeps each path's best time. `threads` is the executor / plain-thread count; the runtime runs
+/// on each backend with each count of `inflight` reads per executor.
 pub fn bench_read(
     path: &Path,
     repeat: usize,
     threads: usize,
-    inflight: usize,
+    inflight: &[usize],
 ) -> Result<Vec<ReadResult>, StoreError> {
     let (store, work) = work_list(path)?;
     let work = Arc::new(work);
     let decoded_total: u64 = work.iter().map(|(a, _)| a.chunk_bytes_decoded()).sum();
     // Warm the page cache.
     let _ = plain_pass(&store, &work, threads, false);
-    let mut backends = vec![(
-        "insitubatch runtime, threads backend",
-        IoBackendChoice::Threads,
-    )];
+    let mut backends = vec![("threads", IoBackendChoice::Threads)];
     if probe().unavailable.is_none() {
-        backends.insert(
-            0,
-            (
-                "insitubatch runtime, io_uring backend",
-                IoBackendChoice::Uring,
-            ),
-        );
+        backends.insert(0, ("io_uring", IoBackendChoice::Uring));
     }
-    let mut best: Vec<Option<(f64, u64, u64)>> = vec![None; backends.len() + 2];
+    let runtime_paths: Vec<(String, IoBackendChoice, usize)> = backends
+        .iter()
+        .flat_map(|&(name, choice)| {
+            inflight.iter().map(move |&n| {
+                let reads = if n == 1 { "read" } else { "reads" };
+                (
+                    format!("insitubatch runtime, {name} backend, {n} {reads} in flight per executor"),
+                    choice,
+                    n,
+                )
+            })
+        })
+        .collect();
+    let n = runtime_paths.len();
+    let mut best: Vec<Option<(f64, u64, u64)>> = vec![None; n + 2];
+    let mut keep = |i: usize, r: (f64, u64, u64)| {
+        if best[i].is_none_or(|b| r.0 < b.0) {
+            best[i] = Some(r);
+        }
+    };
     for _ in 0..repeat.max(1) {
         // Interleave the paths so drift on a shared machine hits all of them alike.
-        for (i, (_, choice)) in backends.iter().enumerate() {
-            let r = runtime_pass(&store, &work, *choice, threads, inflight);
-            if best[i].is_none_or(|b| r.0 < b.0) {
-                best[i] = Some(r);
-            }
+        for (i, (_, choice, n)) in runtime_paths.iter().enumerate() {
+            keep(i, runtime_pass(&store, &work, *choice, threads, *n));
         }
-        let n = backends.len();
-        let r = plain_pass(&store, &work, threads, true);
-        if best[n].is_none_or(|b| r.0 < b.0) {
-            best[n] = Some(r);
-        }
-        let r = plain_pass(&store, &work, threads, false);
-        if best[n + 1].is_none_or(|b| r.0 < b.0) {
-            best[n + 1] = Some(r);
-        }
+        keep(n, plain_pass(&store, &work, threads, true));
+        keep(n + 1, plain_pass(&store, &work, threads, false));
     }
-    let mut names: Vec<String> = backends.iter().map(|(n, _)| n.to_string()).collect();
+    let mut names: Vec<String> = runtime_paths.into_iter().map(|(name, ..)| name).collect();
     names.push("std::fs::read + zarrs decode, one plain thread per core".into());
     names.push("raw read ceiling (std::fs::read, no decode)".into());
     Ok(names
