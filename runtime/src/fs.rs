@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::buf::{IoBuf, IoBufMut};
-use crate::op::Op;
+use crate::op::{Op, blocking};
 use crate::op::fsync::Fsync;
 use crate::op::open::OpenAt;
 use crate::op::read::ReadAt;
@@ -278,13 +278,15 @@ pub async fn read(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
 /// recycles buffers pays no allocation and no page faults per read.
 pub async fn read_into(path: impl AsRef<Path>, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
     let path = path.as_ref();
+    if blocking::on_threads_backend() == Some(true) {
+        // One trip to an IO thread for the whole file instead of one per system call.
+        let path = path.to_path_buf();
+        return blocking::run(move || read_whole_blocking(&path, buf)).await;
+    }
     let file = File::open(path, OpenOptions::read()).await?;
     let stat = file.stat().await?;
     if stat.is_dir {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::IsADirectory,
-            format!("{} is a directory, not a file", path.display()),
-        ));
+        return Err(is_a_directory(path));
     }
     let len = stat.len as usize;
     buf.clear();
@@ -306,6 +308,29 @@ pub async fn read_into(path: impl AsRef<Path>, mut buf: Vec<u8>) -> std::io::Res
             Err(e) => return Err(e),
         }
     }
+}
+
+/// [`read_into`] as plain system calls, for an IO thread: the same checks and the same result.
+fn read_whole_blocking(path: &Path, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    if meta.is_dir() {
+        return Err(is_a_directory(path));
+    }
+    let len = meta.len() as usize;
+    buf.clear();
+    buf.reserve_exact(len);
+    // A file that grew since the stat is read as it was.
+    file.take(len as u64).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+fn is_a_directory(path: &Path) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::IsADirectory,
+        format!("{} is a directory, not a file", path.display()),
+    )
 }
 
 /// Reads `len` bytes at `offset` of the file at `path` (fewer at end of file).

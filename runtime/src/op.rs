@@ -4,6 +4,7 @@
 //! [`Op`] future submits it to the current executor's driver, owns nothing while it is in flight
 //! (the driver or the blocking job owns the data), and gets the data back on completion.
 
+pub(crate) mod blocking;
 pub(crate) mod fsync;
 pub(crate) mod open;
 pub(crate) mod read;
