@@ -42,6 +42,7 @@ fn rss_kib() -> u64 {
 
 /// Minor page faults of the process so far (Linux).
 fn minor_faults() -> u64 {
+    // SAFETY: rusage is plain integers, for which all-zero bytes are a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage writes into the struct we own.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };

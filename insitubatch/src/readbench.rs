@@ -190,7 +190,9 @@ pub fn bench_read(
             inflight.iter().map(move |&n| {
                 let reads = if n == 1 { "read" } else { "reads" };
                 (
-                    format!("insitubatch runtime, {name} backend, {n} {reads} in flight per executor"),
+                    format!(
+                        "insitubatch runtime, {name} backend, {n} {reads} in flight per executor"
+                    ),
                     choice,
                     n,
                 )

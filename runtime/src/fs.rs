@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::buf::{IoBuf, IoBufMut};
-use crate::op::{Op, blocking};
 use crate::op::fsync::Fsync;
 use crate::op::open::OpenAt;
 use crate::op::read::ReadAt;
 pub use crate::op::statx::FileStat;
 use crate::op::statx::Statx;
 use crate::op::write::WriteAt;
+use crate::op::{Op, blocking};
 
 /// How to open a file.
 #[derive(Clone, Copy, Debug, Default)]

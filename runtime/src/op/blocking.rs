@@ -41,5 +41,7 @@ pub(crate) async fn run<T: Send + 'static>(
     if let Err(flume::SendError(job)) = pool.send_async(job).await {
         job(true);
     }
-    rx.recv_async().await.unwrap_or_else(|_| Err(super::shut_down()))
+    rx.recv_async()
+        .await
+        .unwrap_or_else(|_| Err(super::shut_down()))
 }
