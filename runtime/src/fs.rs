@@ -290,7 +290,10 @@ pub async fn read_into(path: impl AsRef<Path>, mut buf: Vec<u8>) -> std::io::Res
     }
     let len = stat.len as usize;
     buf.clear();
-    buf.reserve_exact(len);
+    // Amortised growth, not `reserve_exact`: stored chunks differ in size by a few bytes, and
+    // a recycled buffer grown to each larger one exactly would be reallocated (fresh, cold
+    // memory) on most reads.
+    buf.reserve(len);
     loop {
         let have = buf.len();
         if have >= len {
@@ -320,7 +323,7 @@ fn read_whole_blocking(path: &Path, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>
     }
     let len = meta.len() as usize;
     buf.clear();
-    buf.reserve_exact(len);
+    buf.reserve(len);
     // A file that grew since the stat is read as it was.
     file.take(len as u64).read_to_end(&mut buf)?;
     Ok(buf)

@@ -1,6 +1,7 @@
 //! Every stored chunk we decode equals zarr-python's read of the same region, on both IO
 //! backends, for every fixture layout (v2 blosc/zstd, '/' separator, F order, v3 zstd, inner
-//! chunks, sharded, 5-D, partial final chunks, never-written chunks with non-zero fill).
+//! chunks, sharded, 5-D, partial final chunks, never-written chunks with non-zero fill, big-endian
+//! v2 and v3 data).
 
 use insitubatch_runtime::{IoBackendChoice, RuntimeBuilder, probe};
 use insitubatch_store::{LocalStore, open_hierarchy};

@@ -212,6 +212,24 @@ fn corrupt_truncated_directory_and_unreadable_chunks() {
         errors[3]
     );
 
+    // A well-formed zstd frame of the wrong size (another array's chunk put in this one's
+    // place) is a corrupt chunk naming it, never a short or padded chunk.
+    let other = std::fs::read(fixtures_dir().join("v3_v2keys.zarr/0.0")).unwrap();
+    std::fs::write(store_dir.join("c/0/0/0"), &other).unwrap();
+    let dir = store_dir.clone();
+    let e = rt
+        .block_on(move || async move {
+            let store = LocalStore::new(&dir).unwrap();
+            let h = open_hierarchy(&store).await.unwrap();
+            h.arrays[""]
+                .read_chunk(&store, &[0, 0, 0])
+                .await
+                .unwrap_err()
+        })
+        .unwrap();
+    assert!(matches!(e, StoreError::CorruptChunk { .. }), "{e}");
+    assert!(e.to_string().contains("c/0/0/0"), "{e}");
+
     // Unreadable chunk file (permission denied). Root bypasses permissions, so only check when
     // the mode actually blocks us.
     use std::os::unix::fs::PermissionsExt;
