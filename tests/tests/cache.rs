@@ -217,6 +217,38 @@ fn one_writer_per_directory_and_readonly_readers_share() {
 }
 
 #[test]
+fn a_forked_child_does_not_keep_the_writer_lock() {
+    let cache = tempfile::tempdir().unwrap();
+    let writer = era5(cache.path()).persist(true).build().unwrap();
+    // A child made by fork (a fork-started DataLoader worker, say) that outlives the dataset.
+    // SAFETY: the child makes only async-signal-safe calls (sleep, _exit).
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork failed");
+    if child == 0 {
+        // SAFETY: see above.
+        unsafe {
+            libc::sleep(30);
+            libc::_exit(0);
+        }
+    }
+    drop(writer);
+    // SAFETY: waitpid on our own child, WNOHANG.
+    let alive = unsafe { libc::waitpid(child, std::ptr::null_mut(), libc::WNOHANG) } == 0;
+    let next = era5(cache.path()).persist(true).build();
+    // SAFETY: kill and reap our own child.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    assert!(
+        alive,
+        "the child was still running when the lock was taken again"
+    );
+    let next = next.expect("the writer lock is free once its dataset is dropped");
+    run(&next, "all");
+}
+
+#[test]
 fn a_readonly_miss_names_the_array_and_chunk() {
     let cache = tempfile::tempdir().unwrap();
     {

@@ -2,11 +2,19 @@
 //! pool's lifetime. The kernel drops it when the process dies (SIGKILL included), so there is
 //! never a stale lock to clean up; deleting the lock file releases nothing and lets the next two
 //! processes lock different inodes.
+//!
+//! A `flock` belongs to the open file, which a child made by `fork` shares (a `fork`-started
+//! DataLoader worker, a `multiprocessing` pool): the lock would then outlive the dataset that
+//! took it for as long as the child lives. So each held lock's descriptor is registered, and a
+//! `pthread_atfork` child handler points it at `/dev/null` in the child (`dup3`, a plain system
+//! call, async-signal-safe); the parent's lock is untouched and the child's copy of the
+//! descriptor stays valid, so nothing the child later does with it can touch another file.
 #![allow(unsafe_code)]
 
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::CacheError;
 
@@ -22,6 +30,8 @@ pub struct DirLock {
 
 impl Drop for DirLock {
     fn drop(&mut self) {
+        // Before the descriptor closes, so a fork from here on does not touch its number.
+        forget_on_fork(self.file.as_raw_fd());
         if self.exclusive {
             // Clear the holder record while still holding the lock, so a later conflict with
             // readers does not name a writer that has gone. (A killed writer leaves its record;
@@ -99,10 +109,61 @@ pub fn acquire(
             .and_then(|_| file.write_all(who.as_bytes()));
         write.map_err(|e| CacheError::io("record the lock holder in", &path, e))?;
     }
+    release_on_fork(file.as_raw_fd());
     Ok(DirLock {
         file,
         exclusive: !shared,
     })
+}
+
+/// Descriptors of held locks (-1: free). More locks than this in one process are simply not
+/// released in forked children.
+static HELD: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
+/// An open `/dev/null` the child handler points held descriptors at.
+static DEV_NULL: AtomicI32 = AtomicI32::new(-1);
+
+/// Registers a held lock's descriptor so a forked child lets go of it.
+fn release_on_fork(fd: i32) {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        // SAFETY: a NUL-terminated path; the descriptor is kept for the process's lifetime.
+        let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if null >= 0 {
+            DEV_NULL.store(null, Ordering::SeqCst);
+            // SAFETY: registers a handler that only makes dup3 system calls (async-signal-safe).
+            unsafe { libc::pthread_atfork(None, None, Some(let_go_in_child)) };
+        }
+    });
+    for slot in &HELD {
+        if slot
+            .compare_exchange(-1, fd, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+fn forget_on_fork(fd: i32) {
+    for slot in &HELD {
+        let _ = slot.compare_exchange(fd, -1, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
+/// Runs in a child right after `fork`: only async-signal-safe calls.
+extern "C" fn let_go_in_child() {
+    let null = DEV_NULL.load(Ordering::SeqCst);
+    if null < 0 {
+        return;
+    }
+    for slot in &HELD {
+        let fd = slot.load(Ordering::SeqCst);
+        if fd >= 0 {
+            // SAFETY: both are descriptors of this (child) process; dup3 replaces `fd`'s open
+            // file with /dev/null, dropping the child's reference to the lock.
+            unsafe { libc::dup3(null, fd, libc::O_CLOEXEC) };
+        }
+    }
 }
 
 fn hostname() -> String {
