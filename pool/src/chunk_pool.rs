@@ -410,7 +410,34 @@ impl Owner {
     /// Pins the slot for `key` if resident, or admits a new loading slot of `nbytes` made of
     /// `tiles` stored chunks, evicting unpinned slots (least recently used first) to make room.
     pub fn admit(&self, key: &SlotKey, nbytes: u64, tiles: u64) -> Result<Admission, PoolError> {
-        let mut g = lock(&self.pool.inner);
+        // A chunk that is not resident may be in the cache directory. Looking it up opens and
+        // reads its file, which must not happen under the pool's lock: probe with the lock
+        // released, then take it again and decide afresh (another admission may have made the
+        // chunk resident meanwhile, in which case the probe is simply dropped).
+        let mut probe: Option<Revive> = None;
+        loop {
+            let g = lock(&self.pool.inner);
+            let resident = g.index.contains_key(key);
+            if probe.is_none()
+                && !resident
+                && let Some(disk) = &self.pool.disk
+            {
+                drop(g);
+                probe = Some(disk.probe(key, nbytes));
+                continue;
+            }
+            return self.admit_locked(g, key, nbytes, tiles, probe.take());
+        }
+    }
+
+    fn admit_locked(
+        &self,
+        mut g: std::sync::MutexGuard<'_, Inner>,
+        key: &SlotKey,
+        nbytes: u64,
+        tiles: u64,
+        probe: Option<Revive>,
+    ) -> Result<Admission, PoolError> {
         let mut shadowed = false;
         if let Some(&id) = g.index.get(key) {
             let e = &g.entries[&id];
@@ -472,7 +499,11 @@ impl Owner {
         let id = g.next_slot;
         g.next_slot += 1;
         if let Some(disk) = &self.pool.disk {
-            match disk.revive(key, nbytes) {
+            // The chunk was resident when we looked (or loading, or failed) and is not now: look
+            // it up here, under the lock, rather than loop.
+            let probe = probe.unwrap_or_else(|| disk.probe(key, nbytes));
+            disk.settle_revival(key, &probe);
+            match probe {
                 Revive::File(cached) => {
                     let range = FileRange {
                         file: insitubatch_runtime::fs::File::from_std(cached.file, &cached.path),

@@ -438,36 +438,49 @@ impl DiskTier {
         format!("{readable}.{tag}.{}.npy", key.chunk)
     }
 
-    /// Maps `key`'s file if the log has it and it still matches the array.
-    pub(crate) fn revive(&self, key: &SlotKey, nbytes: u64) -> Revive {
-        let mut st = lock_mutex(&self.state);
-        let Some(entry) = st.index.get(key) else {
-            if st.dropped.remove(key) {
-                st.stats.rejected += 1;
-                return Revive::Rejected;
+    /// Looks `key` up in the log and, if it is there, opens its file and checks the header and
+    /// size — the IO happens with no lock held (the tier's state lock only for the lookup), and
+    /// nothing is counted: the caller commits the outcome with [`DiskTier::settle_revival`]
+    /// once it knows it will use it.
+    pub(crate) fn probe(&self, key: &SlotKey, nbytes: u64) -> Revive {
+        let (path, dtype, shape) = {
+            let st = lock_mutex(&self.state);
+            match st.index.get(key) {
+                Some(entry) => (
+                    self.config.dir.join(&entry.file),
+                    entry.dtype.clone(),
+                    entry.shape.clone(),
+                ),
+                None if st.dropped.contains(key) => return Revive::Rejected,
+                None => return Revive::Absent,
             }
-            return Revive::Absent;
         };
-        let path = self.config.dir.join(&entry.file);
-        let checked = (data_bytes(&entry.dtype, &entry.shape) == Some(nbytes))
-            .then(|| open_checked(&path, &entry.dtype, &entry.shape, nbytes))
+        let checked = (data_bytes(&dtype, &shape) == Some(nbytes))
+            .then(|| open_checked(&path, &dtype, &shape, nbytes))
             .flatten();
         match checked {
-            Some(file) => {
-                st.stats.revived += 1;
-                Revive::File(CachedFile {
-                    file,
-                    path,
-                    offset: HEADER_LEN as u64,
-                    len: nbytes as usize,
-                })
-            }
-            None => {
-                // Re-fetched and rewritten; the new line supersedes this one at the next load.
+            Some(file) => Revive::File(CachedFile {
+                file,
+                path,
+                offset: HEADER_LEN as u64,
+                len: nbytes as usize,
+            }),
+            None => Revive::Rejected,
+        }
+    }
+
+    /// Counts a probe's outcome that the pool acted on: a revival, or a rejection (the entry is
+    /// forgotten; a re-fetched chunk's new line supersedes it at the next load).
+    pub(crate) fn settle_revival(&self, key: &SlotKey, outcome: &Revive) {
+        let mut st = lock_mutex(&self.state);
+        match outcome {
+            Revive::File(_) => st.stats.revived += 1,
+            Revive::Rejected => {
                 st.index.remove(key);
+                st.dropped.remove(key);
                 st.stats.rejected += 1;
-                Revive::Rejected
             }
+            Revive::Absent => {}
         }
     }
 
@@ -867,13 +880,24 @@ mod tests {
 
         // A fresh tier revives it; a fingerprint change is stale until reset.
         let tier = DiskTier::open(cfg.clone(), meta(&fp)).unwrap();
-        let Revive::File(f) = tier.revive(&key, 24) else {
+        let probe = tier.probe(&key, 24);
+        assert_eq!(tier.stats().revived, 0, "a probe counts nothing");
+        tier.settle_revival(&key, &probe);
+        let Revive::File(f) = probe else {
             panic!("expected a revival")
         };
+        assert_eq!(tier.stats().revived, 1);
         let mut back = vec![0u8; f.len];
         std::os::unix::fs::FileExt::read_exact_at(&f.file, &mut back, f.offset).unwrap();
         assert_eq!(back, data);
-        assert!(matches!(tier.revive(&key, 25), Revive::Rejected));
+        let wrong_size = tier.probe(&key, 25);
+        assert!(matches!(wrong_size, Revive::Rejected));
+        tier.settle_revival(&key, &wrong_size);
+        assert_eq!(tier.stats().rejected, 1);
+        assert!(
+            matches!(tier.probe(&key, 24), Revive::Absent),
+            "a rejected entry is forgotten"
+        );
         drop((f, tier));
         let err = DiskTier::open(cfg.clone(), meta("other"))
             .unwrap_err()
