@@ -410,23 +410,33 @@ impl Owner {
     /// Pins the slot for `key` if resident, or admits a new loading slot of `nbytes` made of
     /// `tiles` stored chunks, evicting unpinned slots (least recently used first) to make room.
     pub fn admit(&self, key: &SlotKey, nbytes: u64, tiles: u64) -> Result<Admission, PoolError> {
-        // A chunk that is not resident may be in the cache directory. Looking it up opens and
-        // reads its file, which must not happen under the pool's lock: probe with the lock
-        // released, then take it again and decide afresh (another admission may have made the
-        // chunk resident meanwhile, in which case the probe is simply dropped).
+        // File IO must not happen under the pool's lock: a chunk that is not resident may be in
+        // the cache directory (looking it up opens and reads its file), and a revived slot at
+        // rest maps its file again on a hit. Both are prepared with the lock released; then the
+        // lock is taken again and the admission decided afresh (another admission may have
+        // changed the slot meanwhile, in which case what was prepared is simply dropped).
         let mut probe: Option<Revive> = None;
+        let mut reopened: Option<(u64, Option<SlotData>)> = None;
         loop {
             let g = lock(&self.pool.inner);
-            let resident = g.index.contains_key(key);
-            if probe.is_none()
-                && !resident
-                && let Some(disk) = &self.pool.disk
-            {
-                drop(g);
-                probe = Some(disk.probe(key, nbytes));
-                continue;
+            match g.index.get(key).map(|id| (*id, &g.entries[id])) {
+                Some((id, e)) if reopened.is_none() && e.pins == 0 && e.slot.is_ready() => {
+                    if let Some(closed) = e.slot.closed_range() {
+                        drop(g);
+                        reopened = Some((id, SlotData::reopen(&closed)));
+                        continue;
+                    }
+                }
+                None if probe.is_none() => {
+                    if let Some(disk) = &self.pool.disk {
+                        drop(g);
+                        probe = Some(disk.probe(key, nbytes));
+                        continue;
+                    }
+                }
+                _ => {}
             }
-            return self.admit_locked(g, key, nbytes, tiles, probe.take());
+            return self.admit_locked(g, key, nbytes, tiles, probe.take(), reopened.take());
         }
     }
 
@@ -437,6 +447,7 @@ impl Owner {
         nbytes: u64,
         tiles: u64,
         probe: Option<Revive>,
+        reopened: Option<(u64, Option<SlotData>)>,
     ) -> Result<Admission, PoolError> {
         let mut shadowed = false;
         if let Some(&id) = g.index.get(key) {
@@ -444,8 +455,10 @@ impl Owner {
             let (ready, loading, pins, loader) =
                 (e.slot.is_ready(), e.slot.is_loading(), e.pins, e.loader);
             if ready {
-                // A revived slot at rest reopens its file (a pinned one has it open).
-                if pins > 0 || e.slot.reopen_file() {
+                // A revived slot at rest reopens its file (a pinned one has it open), with what
+                // `admit` prepared for this very slot if it did.
+                let opened = reopened.and_then(|(rid, data)| (rid == id).then_some(data));
+                if pins > 0 || e.slot.reopen_file(opened) {
                     let slot = g.pin(self.id, id);
                     g.stats.hits += 1;
                     g.owners.get_mut(&self.id).expect("registered").hits += 1;

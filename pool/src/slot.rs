@@ -55,6 +55,21 @@ pub struct FileRange {
 }
 
 impl SlotData {
+    /// A closed slot file's data again: mapped (a mapping holds no descriptor, and this and later
+    /// epochs copy from memory — the first touch faults the pages in), or the file reopened when
+    /// mapping fails (`vm.max_map_count`). `None` if the file cannot be opened.
+    pub(crate) fn reopen(c: &ClosedRange) -> Option<SlotData> {
+        let file = std::fs::File::open(&c.path).ok()?;
+        Some(match MappedFile::map_range(&file, c.offset, c.len) {
+            Ok(m) => SlotData::Mapped(m),
+            Err(_) => SlotData::File(FileRange {
+                file: insitubatch_runtime::fs::File::from_std(file, &c.path),
+                offset: c.offset,
+                len: c.len,
+            }),
+        })
+    }
+
     /// The bytes, when they are in memory (heap or mapping); `None` for a file range.
     pub fn memory(&self) -> Option<&[u8]> {
         match self {
@@ -279,11 +294,20 @@ impl Slot {
         }
     }
 
-    /// A hit on a closed file-backed slot: maps its file (a mapping holds no descriptor, and this
-    /// and later epochs copy from memory — the first touch faults the pages in), or reopens it
-    /// when mapping fails (`vm.max_map_count`). False if the file cannot be opened (the slot is
-    /// then unusable and must be dropped).
-    pub(crate) fn reopen_file(&self) -> bool {
+    /// Where a closed file-backed slot's data is (`None` for any other slot).
+    pub(crate) fn closed_range(&self) -> Option<ClosedRange> {
+        match lock(&self.data).as_deref() {
+            Some(SlotData::Closed(c)) => Some(c.clone()),
+            _ => None,
+        }
+    }
+
+    /// A hit on a closed file-backed slot: `opened` is its file mapped or reopened (see
+    /// [`SlotData::reopen`]), prepared by the caller without the pool's lock; `None` there means
+    /// the caller did not prepare it, and it is done here. False if the file cannot be opened
+    /// (the slot is then unusable and must be dropped). A slot that is no longer closed keeps
+    /// its data and `opened` is dropped.
+    pub(crate) fn reopen_file(&self, opened: Option<Option<SlotData>>) -> bool {
         let mut data = lock(&self.data);
         let Some(b) = data.as_ref() else {
             return true;
@@ -291,16 +315,8 @@ impl Slot {
         let SlotData::Closed(c) = &**b else {
             return true;
         };
-        let Ok(file) = std::fs::File::open(&c.path) else {
+        let Some(open) = opened.unwrap_or_else(|| SlotData::reopen(c)) else {
             return false;
-        };
-        let open = match MappedFile::map_range(&file, c.offset, c.len) {
-            Ok(m) => SlotData::Mapped(m),
-            Err(_) => SlotData::File(FileRange {
-                file: insitubatch_runtime::fs::File::from_std(file, &c.path),
-                offset: c.offset,
-                len: c.len,
-            }),
         };
         *data = Some(SlotBytes(Arc::new(open)));
         true
