@@ -80,6 +80,9 @@ impl OpenOptions {
 pub struct File {
     fd: Arc<OwnedFd>,
     path: Arc<Path>,
+    /// Opened O_DIRECT and created or truncated: every write extends it, which a file system
+    /// cannot do without blocking, so writes go to io_uring's workers at once.
+    writes_block: bool,
 }
 
 fn path_cstring(path: &Path) -> std::io::Result<CString> {
@@ -104,6 +107,7 @@ impl File {
         Ok(File {
             fd: Arc::new(fd),
             path: Arc::from(path),
+            writes_block: options.direct && (options.create || options.truncate),
         })
     }
 
@@ -112,6 +116,7 @@ impl File {
         File {
             fd: Arc::new(OwnedFd::from(file)),
             path: Arc::from(path.as_ref()),
+            writes_block: false,
         }
     }
 
@@ -215,6 +220,7 @@ impl File {
             buf,
             offset,
             start: 0,
+            punt: self.writes_block,
         })
         .await
     }
@@ -230,6 +236,7 @@ impl File {
                 buf,
                 offset: offset + done as u64,
                 start: done,
+                punt: self.writes_block,
             })
             .await;
             buf = b;

@@ -17,10 +17,17 @@ impl OpKind for OpenAt {
     type Output = std::io::Result<OwnedFd>;
 
     fn uring_sqe(&mut self) -> squeue::Entry {
-        opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), self.path.as_ptr())
+        let sqe = opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), self.path.as_ptr())
             .flags(self.flags | libc::O_CLOEXEC)
             .mode(self.mode)
-            .build()
+            .build();
+        // Creating a file cannot be done without blocking: go straight to io_uring's workers
+        // rather than try inline first.
+        if self.flags & libc::O_CREAT != 0 {
+            sqe.flags(squeue::Flags::ASYNC)
+        } else {
+            sqe
+        }
     }
 
     fn blocking_call(&mut self) -> i32 {

@@ -14,6 +14,9 @@ pub(crate) struct WriteAt<B: IoBuf> {
     pub(crate) offset: u64,
     /// Bytes of `buf` already written (writes continue after them).
     pub(crate) start: usize,
+    /// The write cannot complete without blocking (an O_DIRECT write extending a new file):
+    /// submit it to io_uring's workers at once instead of trying inline first.
+    pub(crate) punt: bool,
 }
 
 impl<B: IoBuf> WriteAt<B> {
@@ -31,9 +34,14 @@ impl<B: IoBuf> OpKind for WriteAt<B> {
     fn uring_sqe(&mut self) -> squeue::Entry {
         let fd = types::Fd(self.fd.as_raw_fd());
         let (ptr, len) = self.src();
-        opcode::Write::new(fd, ptr, len as u32)
+        let sqe = opcode::Write::new(fd, ptr, len as u32)
             .offset(self.offset)
-            .build()
+            .build();
+        if self.punt {
+            sqe.flags(squeue::Flags::ASYNC)
+        } else {
+            sqe
+        }
     }
 
     fn blocking_call(&mut self) -> i32 {
