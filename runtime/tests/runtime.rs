@@ -116,6 +116,41 @@ fn read_range_write_and_fsync_roundtrip() {
 }
 
 #[test]
+fn direct_io_writes_to_a_new_file_where_the_file_system_allows() {
+    // Creating the file and extending it with O_DIRECT writes cannot complete without blocking:
+    // on io_uring both go to its workers at once. The bytes must land all the same.
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap_or_else(|_| tempfile::tempdir().unwrap());
+    let data: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8).collect();
+    for choice in backends() {
+        let rt = runtime(choice, "direct-write");
+        let p = dir.path().join(format!("{choice:?}.bin"));
+        let (p2, want) = (p.clone(), data.clone());
+        let written = rt
+            .block_on(move || async move {
+                let opts = fs::OpenOptions::write_create().truncate(true).direct(true);
+                match fs::File::open(&p2, opts).await {
+                    Ok(f) => {
+                        let mut buf = AlignedBuf::with_capacity(want.len());
+                        buf.as_mut_capacity()[..want.len()].copy_from_slice(&want);
+                        buf.set_len(want.len());
+                        let (r, _) = f.write_all_at(buf, 0).await;
+                        r.unwrap();
+                        true
+                    }
+                    Err(e) => {
+                        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
+                        false
+                    }
+                }
+            })
+            .unwrap();
+        if written {
+            assert_eq!(std::fs::read(&p).unwrap(), data, "{choice:?}");
+        }
+    }
+}
+
+#[test]
 fn direct_io_reads_where_the_file_system_allows() {
     // /var/tmp is usually a disk file system (tmpfs refuses O_DIRECT with EINVAL, which the
     // caller must be able to see and handle).
