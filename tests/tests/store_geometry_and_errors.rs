@@ -216,17 +216,7 @@ fn corrupt_truncated_directory_and_unreadable_chunks() {
     // place) is a corrupt chunk naming it, never a short or padded chunk.
     let other = std::fs::read(fixtures_dir().join("v3_v2keys.zarr/0.0")).unwrap();
     std::fs::write(store_dir.join("c/0/0/0"), &other).unwrap();
-    let dir = store_dir.clone();
-    let e = rt
-        .block_on(move || async move {
-            let store = LocalStore::new(&dir).unwrap();
-            let h = open_hierarchy(&store).await.unwrap();
-            h.arrays[""]
-                .read_chunk(&store, &[0, 0, 0])
-                .await
-                .unwrap_err()
-        })
-        .unwrap();
+    let e = chunk_error(&rt, &store_dir, [0, 0, 0]);
     assert!(matches!(e, StoreError::CorruptChunk { .. }), "{e}");
     assert!(e.to_string().contains("c/0/0/0"), "{e}");
 
@@ -236,17 +226,18 @@ fn corrupt_truncated_directory_and_unreadable_chunks() {
     let c3 = store_dir.join("c/1/0/0");
     std::fs::set_permissions(&c3, std::fs::Permissions::from_mode(0o000)).unwrap();
     if std::fs::read(&c3).is_err() {
-        let dir = store_dir.clone();
-        let e = rt
-            .block_on(move || async move {
-                let store = LocalStore::new(&dir).unwrap();
-                let h = open_hierarchy(&store).await.unwrap();
-                h.arrays[""]
-                    .read_chunk(&store, &[1, 0, 0])
-                    .await
-                    .unwrap_err()
-            })
-            .unwrap();
+        let e = chunk_error(&rt, &store_dir, [1, 0, 0]);
         assert!(e.to_string().contains("c/1/0/0"), "{e}");
     }
+}
+
+/// The error reading stored chunk `index` of the root array of the store at `dir`.
+fn chunk_error(rt: &Runtime, dir: &Path, index: [u64; 3]) -> StoreError {
+    let dir = dir.to_path_buf();
+    rt.block_on(move || async move {
+        let store = LocalStore::new(&dir).unwrap();
+        let h = open_hierarchy(&store).await.unwrap();
+        h.arrays[""].read_chunk(&store, &index).await.unwrap_err()
+    })
+    .unwrap()
 }
