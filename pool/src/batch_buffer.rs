@@ -148,6 +148,18 @@ impl PooledBuf {
     }
 }
 
+// SAFETY: the bytes are the heap allocation of the `AlignedBuf` inside, which does not move
+// with the value and stays allocated until drop; `len()` bytes are initialised.
+#[allow(unsafe_code)]
+unsafe impl insitubatch_runtime::IoBuf for PooledBuf {
+    fn stable_ptr(&self) -> *const u8 {
+        self.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.len()
+    }
+}
+
 impl Drop for PooledBuf {
     fn drop(&mut self) {
         let Some(buf) = self.buf.take() else { return };

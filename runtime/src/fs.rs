@@ -10,13 +10,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::buf::{IoBuf, IoBufMut};
+use crate::op::Op;
+use crate::op::blocking::BlockingPool;
 use crate::op::fsync::Fsync;
 use crate::op::open::OpenAt;
 use crate::op::read::ReadAt;
 pub use crate::op::statx::FileStat;
 use crate::op::statx::Statx;
 use crate::op::write::WriteAt;
-use crate::op::{Op, blocking};
 
 /// How to open a file.
 #[derive(Clone, Copy, Debug, Default)]
@@ -285,10 +286,10 @@ pub async fn read(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
 /// recycles buffers pays no allocation and no page faults per read.
 pub async fn read_into(path: impl AsRef<Path>, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
     let path = path.as_ref();
-    if blocking::on_threads_backend() == Some(true) {
+    if let Some(pool) = BlockingPool::current() {
         // One trip to an IO thread for the whole file instead of one per system call.
         let path = path.to_path_buf();
-        return blocking::run(move || read_whole_blocking(&path, buf)).await;
+        return pool.run(move || read_whole_blocking(&path, buf)).await;
     }
     let file = File::open(path, OpenOptions::read()).await?;
     let stat = file.stat().await?;

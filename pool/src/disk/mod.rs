@@ -27,11 +27,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use insitubatch_runtime::fs::{File, OpenOptions};
 use insitubatch_runtime::sync::Semaphore;
-use insitubatch_runtime::{AlignedBuf, DIRECT_IO_ALIGN, IoBuf};
+use insitubatch_runtime::{DIRECT_IO_ALIGN, IoBuf};
 
 pub use self::lock::LOCK_NAME;
 pub use self::log::{FORMAT_VERSION, LOG_NAME, LogEntry};
 pub use self::npy::HEADER_LEN;
+use crate::batch_buffer::BufferPool;
 use crate::lock as lock_mutex;
 use crate::slot::{SlotBytes, SlotKey};
 
@@ -316,9 +317,9 @@ pub struct DiskTier {
     tmp_counter: AtomicU64,
     write_attempts: AtomicU64,
     writes_in_flight: Semaphore,
-    /// Aligned write buffers of finished O_DIRECT writes, reused (at most one per write in
-    /// flight), so a write neither allocates nor faults in fresh pages.
-    write_buffers: Mutex<Vec<AlignedBuf>>,
+    /// Aligned buffers for O_DIRECT writes, reused (as many as were ever in flight at once,
+    /// which the write permits bound), so a write neither allocates nor faults in fresh pages.
+    write_buffers: BufferPool,
     _lock: lock::DirLock,
 }
 
@@ -390,7 +391,7 @@ impl DiskTier {
             tmp_counter: AtomicU64::new(0),
             write_attempts: AtomicU64::new(0),
             writes_in_flight: Semaphore::new("cache writes in flight", WRITES_IN_FLIGHT),
-            write_buffers: Mutex::new(Vec::new()),
+            write_buffers: BufferPool::new(),
             _lock: dir_lock,
         })
     }
@@ -589,16 +590,14 @@ impl DiskTier {
                     // the next page (numpy reads by shape; revival accepts it), which spares a
                     // truncate per file.
                     let padded = total.next_multiple_of(DIRECT_IO_ALIGN);
-                    let mut buf = self.take_write_buffer(padded);
-                    let dst = buf.as_mut_capacity();
+                    let mut buf = self.write_buffers.take(padded);
+                    let dst = buf.as_mut_slice();
                     dst[..HEADER_LEN].copy_from_slice(&header);
                     dst[HEADER_LEN..total].copy_from_slice(bytes.memory().unwrap_or_default());
-                    dst[total..padded].fill(0);
-                    buf.set_len(padded);
+                    dst[total..].fill(0);
                     drop(bytes);
-                    let (r, buf) = file.write_all_at(buf, 0).await;
-                    self.give_write_buffer(buf);
-                    return r;
+                    // The buffer goes back to the pool when the write hands it back.
+                    return file.write_all_at(buf, 0).await.0;
                 }
                 // The file system refuses O_DIRECT (tmpfs, some FUSE): buffered from now on.
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -610,26 +609,6 @@ impl DiskTier {
         let file = File::open(tmp, OpenOptions::write_create().truncate(true)).await?;
         file.write_all_at(header, 0).await.0?;
         file.write_all_at(bytes, HEADER_LEN as u64).await.0
-    }
-
-    /// An aligned buffer of at least `len` bytes: a free one that fits without being more than
-    /// twice as large, or a new one.
-    fn take_write_buffer(&self, len: usize) -> AlignedBuf {
-        let mut free = lock_mutex(&self.write_buffers);
-        let fit = free
-            .iter()
-            .position(|b| b.capacity() >= len && b.capacity() <= 2 * len);
-        match fit {
-            Some(i) => free.swap_remove(i),
-            None => AlignedBuf::with_capacity(len),
-        }
-    }
-
-    fn give_write_buffer(&self, buf: AlignedBuf) {
-        let mut free = lock_mutex(&self.write_buffers);
-        if free.len() < WRITES_IN_FLIGHT as usize {
-            free.push(buf);
-        }
     }
 
     /// Waits for room among the writes in flight ([`WRITES_IN_FLIGHT`]); `None` once the tier

@@ -2,46 +2,53 @@
 //! thread. Each trip costs two wake-ups (the IO thread's and the executor's); a whole-file read
 //! done op by op (open, statx, read) would pay three, serial with the task that waits for them.
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::driver::{BlockingJob, Driver};
 use crate::executor::current;
 
-/// Whether the current executor thread's IO goes through the blocking pool (`None` off the
-/// runtime).
-pub(crate) fn on_threads_backend() -> Option<bool> {
-    current().map(|exec| matches!(exec.driver, Driver::Threads(_)))
+/// The current executor's pool of IO threads.
+pub(crate) struct BlockingPool {
+    jobs: flume::Sender<BlockingJob>,
+    in_flight: Arc<AtomicUsize>,
 }
 
-/// Runs `f` on the current executor's IO pool and waits for its result. Only for the threads
-/// backend (an io_uring executor has no pool and gets an error).
-pub(crate) async fn run<T: Send + 'static>(
-    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
-) -> std::io::Result<T> {
-    let (pool, counter) = {
-        let Some(exec) = current() else {
-            return Err(super::not_on_runtime());
-        };
-        let Driver::Threads(t) = &exec.driver else {
-            return Err(std::io::Error::other(
-                "internal error: a blocking IO job was submitted on an io_uring executor",
-            ));
-        };
-        (t.pool.clone(), std::sync::Arc::clone(&t.in_flight))
-    };
-    let (tx, rx) = flume::bounded(1);
-    counter.fetch_add(1, Ordering::Relaxed);
-    let job: BlockingJob = Box::new(move |cancelled| {
-        // Cancelled at shutdown: drop `f` without doing IO; the receiver sees the channel close.
-        if !cancelled {
-            let _ = tx.send(f());
+impl BlockingPool {
+    /// The pool of this executor thread, if it runs the threads backend (`None` on an io_uring
+    /// executor and off the runtime).
+    pub(crate) fn current() -> Option<Self> {
+        let exec = current()?;
+        match &exec.driver {
+            Driver::Threads(t) => Some(Self {
+                jobs: t.pool.clone(),
+                in_flight: Arc::clone(&t.in_flight),
+            }),
+            Driver::Uring(_) => None,
         }
-        counter.fetch_sub(1, Ordering::Relaxed);
-    });
-    if let Err(flume::SendError(job)) = pool.send_async(job).await {
-        job(true);
     }
-    rx.recv_async()
-        .await
-        .unwrap_or_else(|_| Err(super::shut_down()))
+
+    /// Runs `f` on an IO thread and waits for its result.
+    pub(crate) async fn run<T: Send + 'static>(
+        self,
+        f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+    ) -> std::io::Result<T> {
+        let (tx, rx) = flume::bounded(1);
+        let in_flight = self.in_flight;
+        in_flight.fetch_add(1, Ordering::Relaxed);
+        let job: BlockingJob = Box::new(move |cancelled| {
+            // Cancelled at shutdown: drop `f` without doing IO; the receiver sees the channel
+            // close.
+            if !cancelled {
+                let _ = tx.send(f());
+            }
+            in_flight.fetch_sub(1, Ordering::Relaxed);
+        });
+        if let Err(flume::SendError(job)) = self.jobs.send_async(job).await {
+            job(true);
+        }
+        rx.recv_async()
+            .await
+            .unwrap_or_else(|_| Err(super::shut_down()))
+    }
 }
