@@ -467,6 +467,7 @@ impl LocalExec {
         wake.scheduled.store(false, Ordering::Release);
         let waker = Waker::from(Arc::clone(&wake));
         let mut cx = Context::from_waker(&waker);
+        self.driver.before_poll();
         // TaskFuture catches panics of user code, so this poll does not unwind.
         let done = future.as_mut().poll(&mut cx).is_ready();
         let mut tasks = self.tasks.borrow_mut();

@@ -4,7 +4,7 @@
 //! on the blocking pool depending on the runtime's backend.
 
 use std::ffi::CString;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,6 +13,7 @@ use crate::buf::{IoBuf, IoBufMut};
 use crate::op::Op;
 use crate::op::blocking::BlockingPool;
 use crate::op::fsync::Fsync;
+use crate::op::nowait;
 use crate::op::open::OpenAt;
 use crate::op::read::ReadAt;
 pub use crate::op::statx::FileStat;
@@ -84,6 +85,9 @@ pub struct File {
     /// Opened O_DIRECT and created or truncated: every write extends it, which a file system
     /// cannot do without blocking, so writes go to io_uring's workers at once.
     writes_block: bool,
+    /// Opened O_DIRECT: a read always waits for the device, so the thread fallback never tries
+    /// it inline as a page-cache hit.
+    direct: bool,
 }
 
 fn path_cstring(path: &Path) -> std::io::Result<CString> {
@@ -109,15 +113,21 @@ impl File {
             fd: Arc::new(fd),
             path: Arc::from(path),
             writes_block: options.direct && (options.create || options.truncate),
+            direct: options.direct,
         })
     }
 
     /// Takes over a file opened elsewhere (its IO then goes through the runtime).
     pub fn from_std(file: std::fs::File, path: impl AsRef<Path>) -> File {
+        use std::os::fd::AsRawFd;
+        // SAFETY: F_GETFL reads the status flags of a descriptor `file` owns.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
         File {
             fd: Arc::new(OwnedFd::from(file)),
             path: Arc::from(path.as_ref()),
             writes_block: false,
+            // Unknown flags count as O_DIRECT: never tried inline.
+            direct: flags < 0 || flags & libc::O_DIRECT != 0,
         }
     }
 
@@ -189,6 +199,7 @@ impl File {
             buf,
             offset,
             start,
+            cached: !self.direct,
         })
         .await
     }
@@ -287,12 +298,22 @@ pub async fn read(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
 pub async fn read_into(path: impl AsRef<Path>, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
     let path = path.as_ref();
     if let Some(pool) = BlockingPool::current() {
-        // One trip to an IO thread for the whole file instead of one per system call.
-        let path = path.to_path_buf();
-        return pool.run(move || read_whole_blocking(&path, buf)).await;
+        // What the page and dentry caches hold is read here; the rest in one trip to an IO
+        // thread for the whole file instead of one per system call.
+        pool.inline_turn().await;
+        let rest = match read_whole_nowait(path, buf) {
+            Ok(done) => return done,
+            Err(rest) => rest,
+        };
+        return pool.run(move || rest.finish()).await;
     }
     let file = File::open(path, OpenOptions::read()).await?;
-    let stat = file.stat().await?;
+    // io_uring runs every statx on its workers (a trip to a kernel thread and back per file);
+    // the attributes the open just fetched are at hand without one.
+    let stat = match nowait::stat(file.fd.as_raw_fd()) {
+        Some(stat) => stat,
+        None => file.stat().await?,
+    };
     if stat.is_dir {
         return Err(is_a_directory(path));
     }
@@ -337,6 +358,68 @@ fn read_whole_blocking(path: &Path, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>
     Ok(buf)
 }
 
+/// What is left of a whole-file read that could not finish without waiting for a device.
+enum Rest {
+    /// Not opened yet: everything.
+    Open(PathBuf, Vec<u8>),
+    /// Opened, `len` bytes long, `buf` holds the first of them.
+    Read(std::fs::File, usize, Vec<u8>),
+}
+
+impl Rest {
+    /// Finishes the read with plain system calls, on an IO thread.
+    fn finish(self) -> std::io::Result<Vec<u8>> {
+        use std::io::{Read, Seek, SeekFrom};
+        match self {
+            Rest::Open(path, buf) => read_whole_blocking(&path, buf),
+            Rest::Read(mut file, len, mut buf) => {
+                let have = buf.len();
+                file.seek(SeekFrom::Start(have as u64))?;
+                file.take((len - have) as u64).read_to_end(&mut buf)?;
+                Ok(buf)
+            }
+        }
+    }
+}
+
+/// [`read_into`] on the executor thread as far as the caches allow (`op::nowait`): `Ok` is the
+/// result, `Err` what is left for an IO thread.
+fn read_whole_nowait(path: &Path, mut buf: Vec<u8>) -> Result<std::io::Result<Vec<u8>>, Rest> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let Ok(c_path) = path_cstring(path) else {
+        return Err(Rest::Open(path.to_path_buf(), buf));
+    };
+    let fd = match nowait::open(&c_path, libc::O_RDONLY) {
+        None => return Err(Rest::Open(path.to_path_buf(), buf)),
+        Some(e) if e < 0 => return Ok(Err(std::io::Error::from_raw_os_error(-e))),
+        // SAFETY: a descriptor just opened, owned by nobody else.
+        Some(fd) => unsafe { std::fs::File::from_raw_fd(fd) },
+    };
+    let Some(stat) = nowait::stat(fd.as_raw_fd()) else {
+        return Err(Rest::Open(path.to_path_buf(), buf));
+    };
+    if stat.is_dir {
+        return Ok(Err(is_a_directory(path)));
+    }
+    let len = stat.len as usize;
+    buf.clear();
+    buf.reserve(len);
+    while buf.len() < len {
+        let have = buf.len();
+        // SAFETY: `reserve(len)` made room for `len` bytes, so `have..len` is spare capacity
+        // of `buf`.
+        let dst = unsafe { buf.as_mut_ptr().add(have) };
+        match nowait::pread(fd.as_raw_fd(), dst, len - have, have as u64) {
+            // The file is shorter than its size said: read as it is.
+            Some(0) => break,
+            // SAFETY: the kernel wrote `n` bytes after the `have` initialised ones.
+            Some(n) => unsafe { buf.set_len(have + n) },
+            None => return Err(Rest::Read(fd, len, buf)),
+        }
+    }
+    Ok(Ok(buf))
+}
+
 fn is_a_directory(path: &Path) -> std::io::Error {
     std::io::Error::new(
         std::io::ErrorKind::IsADirectory,
@@ -368,4 +451,66 @@ pub async fn write_atomic(path: impl AsRef<Path>, data: Vec<u8>) -> std::io::Res
     r?;
     drop(file);
     std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_an_io_thread_finishes_of_a_whole_file_read_is_the_rest_of_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        // Not opened yet (the lookup was not cached): everything, into a recycled buffer.
+        let got = Rest::Open(p.clone(), vec![9u8; 10]).finish().unwrap();
+        assert_eq!(got, data);
+        // Opened and partly read inline: the rest, after the bytes already there.
+        let got = Rest::Read(
+            std::fs::File::open(&p).unwrap(),
+            data.len(),
+            data[..777].to_vec(),
+        )
+        .finish()
+        .unwrap();
+        assert_eq!(got, data);
+        // A file shorter than its size said is read as it is.
+        let got = Rest::Read(
+            std::fs::File::open(&p).unwrap(),
+            data.len() + 50,
+            Vec::new(),
+        )
+        .finish()
+        .unwrap();
+        assert_eq!(got, data);
+        let err = Rest::Open(dir.path().to_path_buf(), Vec::new())
+            .finish()
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::IsADirectory, "{err}");
+    }
+
+    #[test]
+    fn a_whole_file_read_from_the_caches_matches_the_file_or_says_what_is_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        match read_whole_nowait(&p, Vec::new()) {
+            Ok(got) => assert_eq!(got.unwrap(), data),
+            // A kernel without cached lookups hands the whole read over.
+            Err(rest) => assert_eq!(rest.finish().unwrap(), data),
+        }
+        match read_whole_nowait(dir.path(), Vec::new()) {
+            Ok(r) => assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::IsADirectory),
+            Err(rest) => assert!(rest.finish().is_err()),
+        }
+        match read_whole_nowait(&dir.path().join("missing"), Vec::new()) {
+            Ok(r) => assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::NotFound),
+            Err(rest) => assert_eq!(
+                rest.finish().unwrap_err().kind(),
+                std::io::ErrorKind::NotFound
+            ),
+        }
+    }
 }

@@ -6,6 +6,7 @@
 
 pub(crate) mod blocking;
 pub(crate) mod fsync;
+pub(crate) mod nowait;
 pub(crate) mod open;
 pub(crate) mod read;
 pub(crate) mod statx;
@@ -35,6 +36,16 @@ pub(crate) trait OpKind: Send + 'static {
     /// The same operation as a blocking call, returning the kernel convention (`>= 0` or
     /// `-errno`).
     fn blocking_call(&mut self) -> i32;
+    /// For the thread fallback: the operation as a call that cannot wait for a device (see
+    /// [`nowait`]), made on the executor thread before it is handed to an IO thread. `Some` is
+    /// the result (kernel convention); `None` hands the operation over.
+    fn try_nonblocking(&mut self) -> Option<i32> {
+        None
+    }
+    /// Whether [`OpKind::try_nonblocking`] may succeed for this operation.
+    fn may_complete_nonblocking(&self) -> bool {
+        false
+    }
     /// Turns the result into the output, handing owned buffers back.
     fn complete(self, res: i32) -> Self::Output;
     /// Output when the operation could not be started or was cancelled at shutdown.
@@ -125,6 +136,19 @@ impl<K: OpKind> Future for Op<K> {
                             this.state = State::Uring(index);
                         }
                         Driver::Threads(t) => {
+                            let mut kind = kind;
+                            if kind.may_complete_nonblocking() {
+                                if !t.take_inline_turn() {
+                                    // This poll's inline budget is spent: yield, and try
+                                    // again when the task is polled next.
+                                    cx.waker().wake_by_ref();
+                                    this.state = State::Init(kind);
+                                    return Poll::Pending;
+                                }
+                                if let Some(res) = kind.try_nonblocking() {
+                                    return Poll::Ready((*kind).complete(res));
+                                }
+                            }
                             let slot = Arc::new(Mutex::new(BlockingSlot::<K> {
                                 done: None,
                                 waker: None,

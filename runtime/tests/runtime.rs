@@ -476,3 +476,99 @@ fn join_all_runs_reads_together_and_keeps_their_order() {
         );
     }
 }
+
+/// Drops the page-cache pages of `path` from `offset` on (clean pages only: the file is synced
+/// first), so the next read of them must wait for the device.
+fn drop_pages(path: &std::path::Path, offset: i64) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: advice on a descriptor we own; no memory is touched.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), offset, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0, "posix_fadvise");
+}
+
+#[test]
+fn reads_are_whole_and_exact_whether_or_not_the_page_cache_holds_the_file() {
+    // The thread fallback reads what the page cache holds on the executor and hands the rest to
+    // an IO thread: a file half in the cache, and one not in it at all, read as whole files and
+    // by range on both backends.
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..(3 << 20) as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    for choice in backends() {
+        for (name, from) in [("half", 3 << 19), ("none", 0i64)] {
+            let path = dir.path().join(format!("{name}-{choice:?}"));
+            std::fs::write(&path, &data).unwrap();
+            let rt = runtime(choice, "isb-cold");
+            for round in 0..2 {
+                drop_pages(&path, from);
+                let p = path.clone();
+                let (whole, range) = rt
+                    .block_on(move || async move {
+                        let whole = fs::read(&p).await.unwrap();
+                        let f = fs::File::open(&p, fs::OpenOptions::read()).await.unwrap();
+                        // Re-drop so the range read also starts uncached.
+                        drop_pages(&p, from);
+                        let range = f.read_exact_at(1_000_000, 2_000_000).await.unwrap();
+                        (whole, range)
+                    })
+                    .unwrap();
+                assert!(
+                    whole == data,
+                    "{choice:?} {name} round {round}: whole file differs"
+                );
+                assert!(
+                    range[..] == data[1_000_000..3_000_000],
+                    "{choice:?} {name} round {round}: range differs"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_task_reading_cached_files_in_a_loop_lets_other_tasks_run() {
+    // A page-cache hit completes inline on the thread fallback, so a loop of them never waits;
+    // the runtime must still make such a task yield now and then.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hot");
+    std::fs::write(&path, vec![7u8; 4096]).unwrap();
+    for choice in backends() {
+        let rt = RuntimeBuilder::new()
+            .executor_threads(1)
+            .io_backend(choice)
+            .name("isb-fair")
+            .build()
+            .unwrap();
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (t, d) = (Arc::clone(&ticks), Arc::clone(&done));
+        let other = rt.spawn("other", move || async move {
+            while !d.load(Ordering::SeqCst) {
+                t.fetch_add(1, Ordering::SeqCst);
+                insitubatch_runtime::yield_now().await;
+            }
+        });
+        let (t, d, p) = (Arc::clone(&ticks), Arc::clone(&done), path.clone());
+        let seen = rt
+            .spawn("reader", move || async move {
+                let start = t.load(Ordering::SeqCst);
+                for _ in 0..2_000 {
+                    assert_eq!(fs::read(&p).await.unwrap().len(), 4096);
+                    let f = fs::File::open(&p, fs::OpenOptions::read()).await.unwrap();
+                    assert_eq!(f.read_exact_at(0, 16).await.unwrap(), [7u8; 16]);
+                }
+                d.store(true, Ordering::SeqCst);
+                t.load(Ordering::SeqCst) - start
+            })
+            .join()
+            .unwrap();
+        other.join().unwrap();
+        assert!(
+            seen >= 20,
+            "{choice:?}: the other task ran {seen} times during 6,000 cached operations"
+        );
+    }
+}

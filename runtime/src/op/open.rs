@@ -43,6 +43,14 @@ impl OpKind for OpenAt {
         if fd < 0 { neg_errno() } else { fd }
     }
 
+    fn try_nonblocking(&mut self) -> Option<i32> {
+        super::nowait::open(&self.path, self.flags)
+    }
+
+    fn may_complete_nonblocking(&self) -> bool {
+        super::nowait::may_open(self.flags)
+    }
+
     fn complete(self, res: i32) -> Self::Output {
         let fd = res_to_io(res)?;
         // SAFETY: a successful open returned a descriptor nobody else owns.

@@ -14,15 +14,17 @@ pub(crate) struct ReadAt<B: IoBufMut> {
     pub(crate) offset: u64,
     /// Bytes already in `buf` (reads append after them).
     pub(crate) start: usize,
+    /// The thread fallback may try it as a page-cache read first (not for `O_DIRECT`).
+    pub(crate) cached: bool,
 }
 
 impl<B: IoBufMut> ReadAt<B> {
     fn dst(&mut self) -> (*mut u8, usize) {
         let total = self.buf.bytes_total();
         // SAFETY: start <= bytes_total (checked by the public API), so the pointer stays inside
-        // the buffer's allocation.
+        // the buffer's allocation. One read is capped so its count fits the i32 result.
         let ptr = unsafe { self.buf.stable_mut_ptr().add(self.start) };
-        (ptr, (total - self.start).min(u32::MAX as usize))
+        (ptr, (total - self.start).min(i32::MAX as usize))
     }
 }
 
@@ -51,6 +53,16 @@ impl<B: IoBufMut> OpKind for ReadAt<B> {
                 return e;
             }
         }
+    }
+
+    fn may_complete_nonblocking(&self) -> bool {
+        self.cached
+    }
+
+    fn try_nonblocking(&mut self) -> Option<i32> {
+        let (ptr, len) = self.dst();
+        let n = super::nowait::pread(self.fd.as_raw_fd(), ptr, len, self.offset)?;
+        Some(n as i32)
     }
 
     fn complete(mut self, res: i32) -> Self::Output {

@@ -18,12 +18,23 @@ pub struct FileStat {
     pub is_file: bool,
 }
 
+impl FileStat {
+    pub(crate) fn from_statx(st: &libc::statx) -> Self {
+        let mode = u32::from(st.stx_mode) & libc::S_IFMT;
+        FileStat {
+            len: st.stx_size,
+            is_dir: mode == libc::S_IFDIR,
+            is_file: mode == libc::S_IFREG,
+        }
+    }
+}
+
 pub(crate) struct Statx {
     pub(crate) fd: Arc<OwnedFd>,
     pub(crate) buf: Box<libc::statx>,
 }
 
-const EMPTY_PATH: &std::ffi::CStr = c"";
+pub(crate) const EMPTY_PATH: &std::ffi::CStr = c"";
 
 impl OpKind for Statx {
     type Output = std::io::Result<FileStat>;
@@ -56,12 +67,7 @@ impl OpKind for Statx {
 
     fn complete(self, res: i32) -> Self::Output {
         res_to_io(res)?;
-        let mode = u32::from(self.buf.stx_mode) & libc::S_IFMT;
-        Ok(FileStat {
-            len: self.buf.stx_size,
-            is_dir: mode == libc::S_IFDIR,
-            is_file: mode == libc::S_IFREG,
-        })
+        Ok(FileStat::from_statx(&self.buf))
     }
 
     fn fail(self, err: std::io::Error) -> Self::Output {
