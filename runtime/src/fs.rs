@@ -131,39 +131,47 @@ impl File {
         }
     }
 
-    /// Reads exactly `len` bytes at `offset` into `buf` (cleared first; its capacity is
-    /// reused). End of file before `len` bytes is an `UnexpectedEof` error.
-    pub async fn read_exact_into(
+    /// Fills `buf` after its initialised bytes, up to its capacity, from the file at `offset`
+    /// on: the whole range, or an `UnexpectedEof` error naming the file if it ends first. The
+    /// buffer comes back either way.
+    pub async fn read_exact_buf<B: IoBufMut>(
         &self,
+        buf: B,
         offset: u64,
-        len: usize,
-        mut buf: Vec<u8>,
-    ) -> std::io::Result<Vec<u8>> {
-        buf.clear();
-        buf.reserve_exact(len);
-        while buf.len() < len {
-            let have = buf.len();
-            let (r, mut b) = self.read_at(buf, offset + have as u64).await;
-            // A roomier recycled buffer may read past the range; only `len` bytes count.
-            b.truncate(len);
+    ) -> (std::io::Result<()>, B) {
+        let (first, want) = (buf.bytes_init(), buf.bytes_total());
+        let (r, buf) = self.fill(buf, offset).await;
+        if r.is_ok() && buf.bytes_init() < want {
+            let err = std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{} ends after {} of the {} bytes at offset {offset}",
+                    self.path.display(),
+                    buf.bytes_init() - first,
+                    want - first
+                ),
+            );
+            return (Err(err), buf);
+        }
+        (r, buf)
+    }
+
+    /// Reads into `buf` after its initialised bytes until it is full or the file ends (the one
+    /// read loop behind every "read this range" here).
+    async fn fill<B: IoBufMut>(&self, mut buf: B, offset: u64) -> (std::io::Result<()>, B) {
+        let first = buf.bytes_init();
+        while buf.bytes_init() < buf.bytes_total() {
+            let at = offset + (buf.bytes_init() - first) as u64;
+            let (r, b) = self.read_at(buf, at).await;
             buf = b;
             match r {
-                Ok(0) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        format!(
-                            "{} ends after {} of the {len} bytes at offset {offset}",
-                            self.path.display(),
-                            buf.len()
-                        ),
-                    ));
-                }
+                Ok(0) => break,
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+                Err(e) => return (Err(e), buf),
             }
         }
-        Ok(buf)
+        (Ok(()), buf)
     }
 
     /// The path this file was opened with.
@@ -206,23 +214,11 @@ impl File {
 
     /// Reads `len` bytes at `offset` (fewer only at end of file) into a new buffer.
     pub async fn read_exact_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
-        let mut buf = Vec::with_capacity(len);
-        loop {
-            let have = buf.len();
-            if have >= len {
-                buf.truncate(len);
-                return Ok(buf);
-            }
-            // Keep the capacity exactly `len` so one read never overshoots the range.
-            let (r, b) = self.read_at(buf, offset + have as u64).await;
-            buf = b;
-            match r {
-                Ok(0) => return Ok(buf),
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
+        let (r, mut buf) = self.fill(Vec::with_capacity(len), offset).await;
+        r?;
+        // The allocation may be roomier than asked; only `len` bytes belong to the range.
+        buf.truncate(len);
+        Ok(buf)
     }
 
     /// One write of `buf`'s initialised bytes at `offset`. Returns bytes written and the buffer.

@@ -572,3 +572,32 @@ fn a_task_reading_cached_files_in_a_loop_lets_other_tasks_run() {
         );
     }
 }
+
+#[test]
+fn an_exact_read_fills_the_buffer_or_names_the_file_that_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ten");
+    std::fs::write(&path, b"0123456789").unwrap();
+    for choice in backends() {
+        let rt = runtime(choice, "isb-exact");
+        let p = path.clone();
+        rt.block_on(move || async move {
+            let f = fs::File::open(&p, fs::OpenOptions::read()).await.unwrap();
+            // After bytes already in the buffer, up to its capacity.
+            let mut buf = Vec::with_capacity(6);
+            buf.extend_from_slice(b"ab");
+            assert_eq!(buf.capacity(), 6, "the test needs an exact capacity");
+            let (r, buf) = f.read_exact_buf(buf, 3).await;
+            r.unwrap();
+            assert_eq!(&buf[..], b"ab3456");
+            // Past the end: the bytes that were there, and an error naming the file.
+            let (r, buf) = f.read_exact_buf(Vec::with_capacity(8), 6).await;
+            let err = r.unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{choice:?}");
+            assert!(err.to_string().contains("ten"), "{err}");
+            assert!(err.to_string().contains("after 4 of the"), "{err}");
+            assert_eq!(&buf[..], b"6789");
+        })
+        .unwrap();
+    }
+}

@@ -190,7 +190,7 @@ impl CopyJob {
     /// Reads run `r` from a cache file into its destination range.
     async fn read_run(self: &Arc<Self>, f: &FileRange, r: &CopyRun) -> Result<(), String> {
         let (base, _) = self.dst[r.label];
-        let mut dst = DstRange {
+        let dst = DstRange {
             // SAFETY: in bounds, checked in `new`.
             ptr: unsafe { base.add(r.dst) },
             len: r.len,
@@ -198,32 +198,16 @@ impl CopyJob {
             _job: Arc::clone(self),
         };
         let at = f.offset + r.src as u64;
-        while dst.init < dst.len {
-            let done = dst.init;
-            let (res, back) = f.file.read_at(dst, at + done as u64).await;
-            dst = back;
-            match res {
-                Ok(0) => {
-                    return Err(format!(
-                        "{} ended after {} of the {} bytes at offset {}; the cache file was \
-                         truncated: delete it (it is fetched again from the store)",
-                        f.file.path().display(),
-                        dst.init,
-                        dst.len,
-                        at
-                    ));
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(format!(
-                        "cannot read the cache file {}: {e}",
-                        f.file.path().display()
-                    ));
-                }
-            }
+        match f.file.read_exact_buf(dst, at).await {
+            (Ok(()), _) => Ok(()),
+            (Err(e), _) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(format!(
+                "{e}; the cache file was truncated: delete it (it is fetched again from the store)"
+            )),
+            (Err(e), _) => Err(format!(
+                "cannot read the cache file {}: {e}",
+                f.file.path().display()
+            )),
         }
-        Ok(())
     }
 
     /// The filled buffers, once every part is done (the job is uniquely owned again).
