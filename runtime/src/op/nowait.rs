@@ -130,6 +130,12 @@ mod tests {
         std::fs::write(&p, b"0123456789").unwrap();
         // Written just now: its dentry and pages are cached.
         let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        if !cached_open_supported() {
+            // A kernel before 5.12, or a seccomp policy that refuses openat2: every open is
+            // handed over.
+            assert_eq!(open(&c, libc::O_RDONLY), None);
+            return;
+        }
         let fd = open(&c, libc::O_RDONLY).expect("a cached lookup");
         assert!(fd >= 0, "open failed: {fd}");
         // SAFETY: fd was opened above and is owned by this test.
@@ -142,9 +148,11 @@ mod tests {
             "O_NONBLOCK must not stay on the descriptor"
         );
         let mut buf = [0u8; 16];
-        let n = pread(f.as_raw_fd(), buf.as_mut_ptr(), buf.len(), 2).expect("a page-cache hit");
-        assert_eq!(&buf[..n], b"23456789");
-        assert_eq!(pread(f.as_raw_fd(), buf.as_mut_ptr(), 4, 10), Some(0));
+        // A file system without RWF_NOWAIT support answers every attempt with a hand-over.
+        if let Some(n) = pread(f.as_raw_fd(), buf.as_mut_ptr(), buf.len(), 2) {
+            assert_eq!(&buf[..n], b"23456789");
+            assert_eq!(pread(f.as_raw_fd(), buf.as_mut_ptr(), 4, 10), Some(0));
+        }
     }
 
     #[test]
