@@ -401,6 +401,13 @@ impl std::fmt::Debug for Owner {
     }
 }
 
+/// What an admission under the pool's lock came to.
+enum Locked {
+    Decided(Result<Admission, PoolError>),
+    /// The chunk's cache file must be looked up first (IO, so without the lock).
+    NeedsProbe,
+}
+
 impl Owner {
     /// The pool.
     pub fn pool(&self) -> &Arc<ChunkPool> {
@@ -436,7 +443,17 @@ impl Owner {
                 }
                 _ => {}
             }
-            return self.admit_locked(g, key, nbytes, tiles, probe.take(), reopened.take());
+            match self.admit_locked(g, key, nbytes, tiles, probe.take(), reopened.take()) {
+                Locked::Decided(admission) => return admission,
+                // The slot turned out to be another iteration's load, a failed one, or revived
+                // with its file gone since: look the chunk's cache file up with the lock
+                // released, then decide afresh.
+                Locked::NeedsProbe => {
+                    if let Some(disk) = &self.pool.disk {
+                        probe = Some(disk.probe(key, nbytes));
+                    }
+                }
+            }
         }
     }
 
@@ -448,7 +465,7 @@ impl Owner {
         tiles: u64,
         probe: Option<Revive>,
         reopened: Option<(u64, Option<SlotData>)>,
-    ) -> Result<Admission, PoolError> {
+    ) -> Locked {
         let mut shadowed = false;
         if let Some(&id) = g.index.get(key) {
             let e = &g.entries[&id];
@@ -462,14 +479,14 @@ impl Owner {
                     let slot = g.pin(self.id, id);
                     g.stats.hits += 1;
                     g.owners.get_mut(&self.id).expect("registered").hits += 1;
-                    return Ok(Admission::Hit(slot));
+                    return Locked::Decided(Ok(Admission::Hit(slot)));
                 }
                 // Its file went: forget the slot and admit the chunk afresh below.
                 g.remove_entry(id);
                 g.owners.get_mut(&self.id).expect("registered").rejected += 1;
             } else if loading {
                 if loader == self.id {
-                    return Ok(Admission::InFlight(g.pin(self.id, id)));
+                    return Locked::Decided(Ok(Admission::InFlight(g.pin(self.id, id))));
                 }
                 // Another iteration's in-flight load: its tasks may be cancelled with it, so we
                 // load our own private copy rather than wait on a delivery that may not come.
@@ -484,6 +501,12 @@ impl Owner {
                 }
             }
         }
+        // Nothing is changed past this point before the chunk's cache file has been looked up.
+        let cached = match (&self.pool.disk, probe) {
+            (Some(_), None) => return Locked::NeedsProbe,
+            (Some(disk), Some(probe)) => Some((disk, probe)),
+            (None, _) => None,
+        };
         while g.stats.resident_bytes + nbytes > g.budget {
             let Some((_, victim)) = g.lru.pop_first() else {
                 let pinned = g
@@ -492,12 +515,12 @@ impl Owner {
                     .filter(|e| e.pins > 0)
                     .map(|e| e.slot.nbytes())
                     .sum();
-                return Err(PoolError::OverBudget {
+                return Locked::Decided(Err(PoolError::OverBudget {
                     key: key.to_string(),
                     nbytes,
                     budget_bytes: g.budget,
                     pinned_bytes: pinned,
-                });
+                }));
             };
             if let Some(e) = g.entries.get_mut(&victim) {
                 e.lru_tick = None;
@@ -511,10 +534,7 @@ impl Owner {
         }
         let id = g.next_slot;
         g.next_slot += 1;
-        if let Some(disk) = &self.pool.disk {
-            // The chunk was resident when we looked (or loading, or failed) and is not now: look
-            // it up here, under the lock, rather than loop.
-            let probe = probe.unwrap_or_else(|| disk.probe(key, nbytes));
+        if let Some((disk, probe)) = cached {
             disk.settle_revival(key, &probe);
             match probe {
                 Revive::File(cached) => {
@@ -531,7 +551,7 @@ impl Owner {
                     o.hits += 1;
                     o.revived += 1;
                     g.pin(self.id, id);
-                    return Ok(Admission::Hit(slot));
+                    return Locked::Decided(Ok(Admission::Hit(slot)));
                 }
                 Revive::Rejected => {
                     g.owners.get_mut(&self.id).expect("registered").rejected += 1;
@@ -539,10 +559,10 @@ impl Owner {
                 Revive::Absent => {}
             }
             if disk.readonly() {
-                return Err(PoolError::ReadonlyMiss {
+                return Locked::Decided(Err(PoolError::ReadonlyMiss {
                     key: key.to_string(),
                     dir: disk.dir().display().to_string(),
-                });
+                }));
             }
         }
         let slot = Arc::new(Slot::new(id, key.clone(), nbytes, tiles));
@@ -550,7 +570,7 @@ impl Owner {
         g.stats.misses += 1;
         g.owners.get_mut(&self.id).expect("registered").misses += 1;
         g.pin(self.id, id);
-        Ok(Admission::Miss(slot))
+        Locked::Decided(Ok(Admission::Miss(slot)))
     }
 
     /// Releases one pin on `slot`. At zero pins a ready slot becomes evictable; anything else

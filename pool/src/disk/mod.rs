@@ -863,6 +863,43 @@ mod tests {
     }
 
     #[test]
+    fn an_admission_behind_another_iterations_load_revives_the_cached_file_privately() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = CacheConfig::new(dir.path());
+        cfg.persist = true;
+        let tier = DiskTier::open(cfg, meta(&fingerprint(&[]))).unwrap();
+        let pool = crate::ChunkPool::with_disk(crate::Budget::Bytes(1000), Some(tier));
+        let a = pool.register_owner("a", 100).unwrap();
+        let b = pool.register_owner("b", 100).unwrap();
+        let key = SlotKey::new("g/t2m", 7);
+        let crate::Admission::Miss(loading) = a.admit(&key, 24, 1).unwrap() else {
+            panic!("nothing is cached yet")
+        };
+        // The chunk's file lands (written by another run) while a's load is in flight.
+        let t = std::sync::Arc::clone(pool.disk().unwrap());
+        let k = key.clone();
+        block_on(move || async move {
+            let permit = t.reserve_write().await.unwrap();
+            t.write(&k, SlotBytes::heap((100..124).collect()), permit)
+                .await
+                .unwrap();
+        });
+        // b does not wait on a's load (a's tasks may be cancelled with it): it looks the file
+        // up and revives a private copy.
+        let crate::Admission::Hit(revived) = b.admit(&key, 24, 1).unwrap() else {
+            panic!("b must revive the cached file")
+        };
+        assert!(!std::sync::Arc::ptr_eq(&loading, &revived));
+        assert_eq!(pool.disk().unwrap().stats().revived, 1);
+        assert!(matches!(
+            a.admit(&key, 24, 1).unwrap(),
+            crate::Admission::InFlight(_)
+        ));
+        let st = pool.stats();
+        assert_eq!((st.hits, st.misses, st.revived), (1, 1, 1));
+    }
+
+    #[test]
     fn persist_write_revive_stale_and_reset() {
         let dir = tempfile::tempdir().unwrap();
         let fp = fingerprint(&[]);
