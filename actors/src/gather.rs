@@ -14,6 +14,7 @@ use insitubatch_runtime::{JoinHandle, yield_now};
 use insitubatch_store::Store;
 
 mod copy;
+pub mod stream;
 
 use self::copy::{CopyJob, CopyRun};
 use crate::batch::{Batch, BatchArray};

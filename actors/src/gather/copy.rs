@@ -155,8 +155,8 @@ impl CopyJob {
             .sum()
     }
 
-    /// Copies the runs in `range`: memory with `memcpy`, cache files with reads into the batch
-    /// buffer. An error names the file.
+    /// Copies the runs in `range`: memory with streaming stores (`stream`), cache files with
+    /// reads into the batch buffer. An error names the file.
     pub async fn copy_part(self: &Arc<Self>, range: std::ops::Range<usize>) -> Result<(), String> {
         // Reads from cache files go out together (they wait on the device when the page cache
         // lacks the pages); memory runs are copied meanwhile.
@@ -177,10 +177,11 @@ impl CopyJob {
                     // SAFETY: `new` checked that the destination range is inside the buffer and
                     // disjoint from every other run's; slot data is immutable once ready and is
                     // never a batch buffer; each run belongs to exactly one part.
-                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(r.dst), r.len) };
+                    unsafe { super::stream::copy_raw(base.add(r.dst), src.as_ptr(), r.len) };
                 }
             }
         }
+        super::stream::stores_done();
         insitubatch_runtime::join_all(reads)
             .await
             .into_iter()
