@@ -119,7 +119,6 @@ impl File {
 
     /// Takes over a file opened elsewhere (its IO then goes through the runtime).
     pub fn from_std(file: std::fs::File, path: impl AsRef<Path>) -> File {
-        use std::os::fd::AsRawFd;
         // SAFETY: F_GETFL reads the status flags of a descriptor `file` owns.
         let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
         File {
@@ -381,7 +380,7 @@ impl Rest {
 /// [`read_into`] on the executor thread as far as the caches allow (`op::nowait`): `Ok` is the
 /// result, `Err` what is left for an IO thread.
 fn read_whole_nowait(path: &Path, mut buf: Vec<u8>) -> Result<std::io::Result<Vec<u8>>, Rest> {
-    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::fd::FromRawFd;
     let Ok(c_path) = path_cstring(path) else {
         return Err(Rest::Open(path.to_path_buf(), buf));
     };
