@@ -44,13 +44,6 @@ impl Driver {
         }
     }
 
-    /// A task is about to be polled.
-    pub(crate) fn before_poll(&self) {
-        if let Driver::Threads(t) = self {
-            t.renew_inline_budget();
-        }
-    }
-
     /// Blocks until a completion or a remote wake arrives.
     pub(crate) fn park(&self) {
         match self {

@@ -5,7 +5,7 @@
 //! there, so IO futures (which are tied to the thread's ring) need not be `Send`. Wakers are
 //! `Send`: a wake from another thread goes through the executor's remote queue and an eventfd.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -22,6 +22,11 @@ use crate::task::{JoinHandle, JoinState, TaskError, TaskFuture, lock};
 /// Tasks polled per executor tick before IO is submitted and reaped again; keeps one busy task
 /// set from starving completions (and completions from starving tasks).
 const POLL_BUDGET_PER_TICK: usize = 256;
+
+/// Operations a task may complete inline (page-cache hits, see `op::nowait`) in one poll; past
+/// it the next one yields first, so a task reading a long run of cached data without ever
+/// waiting still lets the executor's other tasks and its loop run.
+const INLINE_OPS_PER_POLL: u32 = 32;
 
 type LocalFuture = Pin<Box<dyn Future<Output = ()>>>;
 type Spawn = Box<dyn FnOnce() -> LocalFuture + Send>;
@@ -393,6 +398,18 @@ pub(crate) struct LocalExec {
     free: RefCell<Vec<u32>>,
     ready: RefCell<VecDeque<TaskKey>>,
     pub(crate) driver: Driver,
+    /// Operations the task being polled may still complete inline (`op::nowait`).
+    inline_left: Cell<u32>,
+}
+
+impl LocalExec {
+    /// Takes a turn to complete an operation inline; `false` when the polled task has used its
+    /// budget and should yield before its next one.
+    pub(crate) fn take_inline_turn(&self) -> bool {
+        let left = self.inline_left.get();
+        self.inline_left.set(left.saturating_sub(1));
+        left > 0
+    }
 }
 
 thread_local! {
@@ -467,7 +484,7 @@ impl LocalExec {
         wake.scheduled.store(false, Ordering::Release);
         let waker = Waker::from(Arc::clone(&wake));
         let mut cx = Context::from_waker(&waker);
-        self.driver.before_poll();
+        self.inline_left.set(INLINE_OPS_PER_POLL);
         // TaskFuture catches panics of user code, so this poll does not unwind.
         let done = future.as_mut().poll(&mut cx).is_ready();
         let mut tasks = self.tasks.borrow_mut();
@@ -520,6 +537,7 @@ fn run_executor(rt: Arc<RuntimeShared>, index: usize, driver: Driver) {
         free: RefCell::new(Vec::new()),
         ready: RefCell::new(VecDeque::new()),
         driver,
+        inline_left: Cell::new(INLINE_OPS_PER_POLL),
     });
     CURRENT.with(|c| *c.borrow_mut() = Some(Rc::clone(&local)));
 

@@ -290,18 +290,28 @@ pub async fn read(path: impl AsRef<Path>) -> std::io::Result<Vec<u8>> {
 
 /// Reads a whole file into `buf` (cleared first; its capacity is reused), so a caller that
 /// recycles buffers pays no allocation and no page faults per read.
-pub async fn read_into(path: impl AsRef<Path>, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
+///
+/// What the dentry and page caches hold is read on this thread (`op::nowait`); the rest goes
+/// through the ring (io_uring) or in one trip to an IO thread (the fallback) rather than a trip
+/// per system call.
+pub async fn read_into(path: impl AsRef<Path>, buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
     let path = path.as_ref();
+    nowait::inline_turn().await?;
+    let rest = match read_whole_nowait(path, buf) {
+        Ok(done) => return done,
+        Err(rest) => rest,
+    };
     if let Some(pool) = BlockingPool::current() {
-        // What the page and dentry caches hold is read here; the rest in one trip to an IO
-        // thread for the whole file instead of one per system call.
-        pool.inline_turn().await;
-        let rest = match read_whole_nowait(path, buf) {
-            Ok(done) => return done,
-            Err(rest) => rest,
-        };
         return pool.run(move || rest.finish()).await;
     }
+    match rest {
+        Rest::Open(_, buf) => read_whole_ring(path, buf).await,
+        Rest::Read(file, len, buf) => read_to_len(&File::from_std(file, path), len, buf).await,
+    }
+}
+
+/// [`read_into`] through the ring: open, stat, read until the size is reached.
+async fn read_whole_ring(path: &Path, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
     let file = File::open(path, OpenOptions::read()).await?;
     // io_uring runs every statx on its workers (a trip to a kernel thread and back per file);
     // the attributes the open just fetched are at hand without one.
@@ -312,19 +322,23 @@ pub async fn read_into(path: impl AsRef<Path>, mut buf: Vec<u8>) -> std::io::Res
     if stat.is_dir {
         return Err(is_a_directory(path));
     }
-    let len = stat.len as usize;
     buf.clear();
+    read_to_len(&file, stat.len as usize, buf).await
+}
+
+/// Reads `file` from `buf.len()` on until `len` bytes are in `buf` or the file ends (a file
+/// that grew since its size was taken is read as it was).
+async fn read_to_len(file: &File, len: usize, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
     // Amortised growth, not `reserve_exact`: stored chunks differ in size by a few bytes, and
     // a recycled buffer grown to each larger one exactly would be reallocated (fresh, cold
     // memory) on most reads.
-    buf.reserve(len);
+    buf.reserve(len.saturating_sub(buf.len()));
     loop {
         let have = buf.len();
         if have >= len {
             return Ok(buf);
         }
-        // `read_at` fills up to the spare capacity, which a recycled buffer may have more of;
-        // a file that grew since the stat is read as it was.
+        // `read_at` fills up to the spare capacity, which a recycled buffer may have more of.
         let (r, mut b) = file.read_at(buf, have as u64).await;
         b.truncate(len);
         buf = b;
@@ -362,7 +376,7 @@ enum Rest {
 }
 
 impl Rest {
-    /// Finishes the read with plain system calls, on an IO thread.
+    /// Finishes the read with plain system calls, on an IO thread (the fallback).
     fn finish(self) -> std::io::Result<Vec<u8>> {
         use std::io::{Read, Seek, SeekFrom};
         match self {

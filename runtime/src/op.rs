@@ -36,9 +36,9 @@ pub(crate) trait OpKind: Send + 'static {
     /// The same operation as a blocking call, returning the kernel convention (`>= 0` or
     /// `-errno`).
     fn blocking_call(&mut self) -> i32;
-    /// For the thread fallback: the operation as a call that cannot wait for a device (see
-    /// [`nowait`]), made on the executor thread before it is handed to an IO thread. `Some` is
-    /// the result (kernel convention); `None` hands the operation over.
+    /// The operation as a call that cannot wait for a device (see [`nowait`]), made on the
+    /// executor thread before it goes to the ring or to an IO thread. `Some` is the result
+    /// (kernel convention); `None` hands the operation over.
     fn try_nonblocking(&mut self) -> Option<i32> {
         None
     }
@@ -99,7 +99,7 @@ impl<K: OpKind> Op<K> {
     }
 }
 
-fn not_on_runtime() -> std::io::Error {
+pub(crate) fn not_on_runtime() -> std::io::Error {
     std::io::Error::other(
         "insitubatch IO operations must run on a runtime executor thread (spawn the task on the runtime)",
     )
@@ -122,6 +122,22 @@ impl<K: OpKind> Future for Op<K> {
                     let Some(exec) = current() else {
                         return Poll::Ready((*kind).fail(not_on_runtime()));
                     };
+                    // On either backend, first the call that cannot wait for a device (a
+                    // cached lookup, a page-cache read) on this thread; what would wait goes to
+                    // the ring or to an IO thread.
+                    let mut kind = kind;
+                    if kind.may_complete_nonblocking() {
+                        if !exec.take_inline_turn() {
+                            // This poll's inline budget is spent: yield, and try again when
+                            // the task is polled next.
+                            cx.waker().wake_by_ref();
+                            this.state = State::Init(kind);
+                            return Poll::Pending;
+                        }
+                        if let Some(res) = kind.try_nonblocking() {
+                            return Poll::Ready((*kind).complete(res));
+                        }
+                    }
                     match &exec.driver {
                         Driver::Uring(d) => {
                             let mut d = d.borrow_mut();
@@ -130,25 +146,11 @@ impl<K: OpKind> Future for Op<K> {
                                 this.state = State::Init(kind);
                                 return Poll::Pending;
                             }
-                            let mut kind = kind;
                             let sqe = kind.uring_sqe();
                             let index = d.submit(|token| sqe.user_data(token), kind);
                             this.state = State::Uring(index);
                         }
                         Driver::Threads(t) => {
-                            let mut kind = kind;
-                            if kind.may_complete_nonblocking() {
-                                if !t.take_inline_turn() {
-                                    // This poll's inline budget is spent: yield, and try
-                                    // again when the task is polled next.
-                                    cx.waker().wake_by_ref();
-                                    this.state = State::Init(kind);
-                                    return Poll::Pending;
-                                }
-                                if let Some(res) = kind.try_nonblocking() {
-                                    return Poll::Ready((*kind).complete(res));
-                                }
-                            }
                             let slot = Arc::new(Mutex::new(BlockingSlot::<K> {
                                 done: None,
                                 waker: None,

@@ -1,6 +1,5 @@
 //! The blocking-thread fallback: a bounded pool of IO threads running plain system calls.
 
-use std::cell::Cell;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -13,11 +12,6 @@ pub(crate) type BlockingJob = Box<dyn FnOnce(bool) + Send>;
 
 /// Jobs queued per pool before submitters wait (the bound on queued fallback IO).
 const POOL_QUEUE_CAPACITY: usize = 1024;
-
-/// Operations a task may complete inline (page-cache hits, see `op::nowait`) in one poll; past
-/// it the next one yields first, so a task reading a long run of cached data without ever
-/// waiting still lets the executor's other tasks and its loop run.
-const INLINE_OPS_PER_POLL: u32 = 32;
 
 pub(crate) struct IoPool {
     tx: Option<flume::Sender<BlockingJob>>,
@@ -78,7 +72,6 @@ pub(crate) struct ThreadsDriver {
     pub(crate) pool: flume::Sender<BlockingJob>,
     exec: Arc<ExecShared>,
     pub(crate) in_flight: Arc<AtomicUsize>,
-    inline_left: Cell<u32>,
 }
 
 impl ThreadsDriver {
@@ -87,21 +80,7 @@ impl ThreadsDriver {
             pool,
             exec: Arc::clone(exec),
             in_flight: Arc::new(AtomicUsize::new(0)),
-            inline_left: Cell::new(INLINE_OPS_PER_POLL),
         }
-    }
-
-    /// A task is about to be polled: its inline budget is whole again.
-    pub(crate) fn renew_inline_budget(&self) {
-        self.inline_left.set(INLINE_OPS_PER_POLL);
-    }
-
-    /// Takes a turn to try an operation inline; `false` when the polled task has used its
-    /// budget and should yield before its next one.
-    pub(crate) fn take_inline_turn(&self) -> bool {
-        let left = self.inline_left.get();
-        self.inline_left.set(left.saturating_sub(1));
-        left > 0
     }
 
     /// Parks on the executor's eventfd until a remote wake (a completion wakes its task through

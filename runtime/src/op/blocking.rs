@@ -28,22 +28,6 @@ impl BlockingPool {
         }
     }
 
-    /// Takes a turn of the polled task's inline budget (`op::nowait`), yielding first if it
-    /// is spent.
-    pub(crate) async fn inline_turn(&self) {
-        std::future::poll_fn(|cx| {
-            let exec = current();
-            match exec.as_ref().map(|e| &e.driver) {
-                Some(Driver::Threads(t)) if !t.take_inline_turn() => {
-                    cx.waker().wake_by_ref();
-                    std::task::Poll::Pending
-                }
-                _ => std::task::Poll::Ready(()),
-            }
-        })
-        .await
-    }
-
     /// Runs `f` on an IO thread and waits for its result.
     pub(crate) async fn run<T: Send + 'static>(
         self,

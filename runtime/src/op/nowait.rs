@@ -1,18 +1,36 @@
-//! Calls that never wait for a device, for the thread fallback.
+//! Calls that never wait for a device, made on the executor thread on either backend.
 //!
 //! io_uring tries an open or a buffered read inline first (a lookup the dentry cache can answer,
 //! a read the page cache holds) and hands it to its kernel workers only when that would block.
-//! The fallback makes the same attempt on the executor thread: `openat2` with `RESOLVE_CACHED`
-//! and `preadv2` with `RWF_NOWAIT`. What succeeds costs no trip to an IO thread (two wake-ups)
-//! and lands in the cache of the core that decodes it; what would block goes to an IO thread as
-//! before. Each function returns `None` for "hand it over", so the blocking call stays the one
-//! authority on every error it is not sure of.
+//! The runtime makes the same attempt itself, with plain system calls: `openat2` with
+//! `RESOLVE_CACHED` and `preadv2` with `RWF_NOWAIT`. What succeeds costs neither a trip to an IO
+//! thread (the fallback: two wake-ups) nor a ring round trip (io_uring: a submission reaped on
+//! the loop's next turn, and more kernel work per operation than the system call it wraps), and
+//! lands in the cache of the core that asked for it; what would block goes to the ring or to an
+//! IO thread. Each function returns `None` for "hand it over", so the backend's own call stays
+//! the one authority on every error the attempt is not sure of. Measured in
+//! docs/benchmarks.md ("Read layer").
 
 use std::ffi::CStr;
 use std::os::fd::RawFd;
 use std::sync::OnceLock;
 
 use super::statx::{EMPTY_PATH, FileStat};
+
+/// Takes a turn of the polled task's inline budget, yielding first if it is spent (a task
+/// completes at most a few dozen operations inline per poll). Off the runtime it is the error
+/// every IO operation gives there.
+pub(crate) async fn inline_turn() -> std::io::Result<()> {
+    std::future::poll_fn(|cx| match crate::executor::current() {
+        None => std::task::Poll::Ready(Err(super::not_on_runtime())),
+        Some(exec) if !exec.take_inline_turn() => {
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+        Some(_) => std::task::Poll::Ready(Ok(())),
+    })
+    .await
+}
 
 /// Whether this kernel (and its seccomp policy) answers `openat2` with `RESOLVE_CACHED`
 /// (Linux 5.12+): probed once on a directory that always exists.
