@@ -406,6 +406,8 @@ enum Locked {
     Decided(Result<Admission, PoolError>),
     /// The chunk's cache file must be looked up first (IO, so without the lock).
     NeedsProbe,
+    /// A revived slot at rest must have its file mapped again first (IO, so without the lock).
+    NeedsReopen,
 }
 
 impl Owner {
@@ -453,6 +455,8 @@ impl Owner {
                         probe = Some(disk.probe(key, nbytes));
                     }
                 }
+                // The loop's first look prepares it.
+                Locked::NeedsReopen => {}
             }
         }
     }
@@ -473,9 +477,13 @@ impl Owner {
                 (e.slot.is_ready(), e.slot.is_loading(), e.pins, e.loader);
             if ready {
                 // A revived slot at rest reopens its file (a pinned one has it open), with what
-                // `admit` prepared for this very slot if it did.
+                // `admit` prepared for this very slot; if it prepared nothing for it (the slot
+                // came to rest since), that is done first, without the lock.
                 let opened = reopened.and_then(|(rid, data)| (rid == id).then_some(data));
-                if pins > 0 || e.slot.reopen_file(opened) {
+                if pins == 0 && opened.is_none() && e.slot.is_closed() {
+                    return Locked::NeedsReopen;
+                }
+                if pins > 0 || e.slot.reopen_file(opened.flatten()) {
                     let slot = g.pin(self.id, id);
                     g.stats.hits += 1;
                     g.owners.get_mut(&self.id).expect("registered").hits += 1;

@@ -294,6 +294,11 @@ impl Slot {
         }
     }
 
+    /// Whether this is a file-backed slot at rest (its file closed).
+    pub(crate) fn is_closed(&self) -> bool {
+        matches!(lock(&self.data).as_deref(), Some(SlotData::Closed(_)))
+    }
+
     /// Where a closed file-backed slot's data is (`None` for any other slot).
     pub(crate) fn closed_range(&self) -> Option<ClosedRange> {
         match lock(&self.data).as_deref() {
@@ -303,19 +308,15 @@ impl Slot {
     }
 
     /// A hit on a closed file-backed slot: `opened` is its file mapped or reopened (see
-    /// [`SlotData::reopen`]), prepared by the caller without the pool's lock; `None` there means
-    /// the caller did not prepare it, and it is done here. False if the file cannot be opened
-    /// (the slot is then unusable and must be dropped). A slot that is no longer closed keeps
-    /// its data and `opened` is dropped.
-    pub(crate) fn reopen_file(&self, opened: Option<Option<SlotData>>) -> bool {
+    /// [`SlotData::reopen`]), prepared by the caller without the pool's lock, `None` if the file
+    /// could not be opened. False then (the slot is unusable and must be dropped). A slot that
+    /// is not closed keeps its data and `opened` is dropped.
+    pub(crate) fn reopen_file(&self, opened: Option<SlotData>) -> bool {
         let mut data = lock(&self.data);
-        let Some(b) = data.as_ref() else {
+        if !matches!(data.as_deref(), Some(SlotData::Closed(_))) {
             return true;
-        };
-        let SlotData::Closed(c) = &**b else {
-            return true;
-        };
-        let Some(open) = opened.unwrap_or_else(|| SlotData::reopen(c)) else {
+        }
+        let Some(open) = opened else {
             return false;
         };
         *data = Some(SlotBytes(Arc::new(open)));

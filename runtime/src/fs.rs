@@ -302,10 +302,11 @@ pub async fn read_into(path: impl AsRef<Path>, buf: Vec<u8>) -> std::io::Result<
         Err(rest) => rest,
     };
     if let Some(pool) = BlockingPool::current() {
-        return pool.run(move || rest.finish()).await;
+        let path = path.to_path_buf();
+        return pool.run(move || rest.finish(&path)).await;
     }
     match rest {
-        Rest::Open(_, buf) => read_whole_ring(path, buf).await,
+        Rest::Open(buf) => read_whole_ring(path, buf).await,
         Rest::Read(file, len, buf) => read_to_len(&File::from_std(file, path), len, buf).await,
     }
 }
@@ -351,43 +352,40 @@ async fn read_to_len(file: &File, len: usize, mut buf: Vec<u8>) -> std::io::Resu
     }
 }
 
-/// [`read_into`] as plain system calls, for an IO thread: the same checks and the same result.
-fn read_whole_blocking(path: &Path, mut buf: Vec<u8>) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let file = std::fs::File::open(path)?;
-    let meta = file.metadata()?;
-    if meta.is_dir() {
-        return Err(is_a_directory(path));
-    }
-    let len = meta.len() as usize;
-    buf.clear();
-    buf.reserve(len);
-    // A file that grew since the stat is read as it was.
-    file.take(len as u64).read_to_end(&mut buf)?;
-    Ok(buf)
-}
-
 /// What is left of a whole-file read that could not finish without waiting for a device.
 enum Rest {
     /// Not opened yet: everything.
-    Open(PathBuf, Vec<u8>),
+    Open(Vec<u8>),
     /// Opened, `len` bytes long, `buf` holds the first of them.
     Read(std::fs::File, usize, Vec<u8>),
 }
 
 impl Rest {
-    /// Finishes the read with plain system calls, on an IO thread (the fallback).
-    fn finish(self) -> std::io::Result<Vec<u8>> {
+    /// Finishes the read of `path` with plain system calls, on an IO thread (the fallback): the
+    /// same checks and the same result as [`read_into`].
+    fn finish(self, path: &Path) -> std::io::Result<Vec<u8>> {
         use std::io::{Read, Seek, SeekFrom};
-        match self {
-            Rest::Open(path, buf) => read_whole_blocking(&path, buf),
-            Rest::Read(mut file, len, mut buf) => {
-                let have = buf.len();
-                file.seek(SeekFrom::Start(have as u64))?;
-                file.take((len - have) as u64).read_to_end(&mut buf)?;
-                Ok(buf)
+        let (mut file, len, mut buf) = match self {
+            Rest::Read(file, len, buf) => (file, len, buf),
+            Rest::Open(mut buf) => {
+                let file = std::fs::File::open(path)?;
+                let meta = file.metadata()?;
+                if meta.is_dir() {
+                    return Err(is_a_directory(path));
+                }
+                buf.clear();
+                (file, meta.len() as usize, buf)
             }
+        };
+        let have = buf.len();
+        if have > 0 {
+            file.seek(SeekFrom::Start(have as u64))?;
         }
+        buf.reserve(len.saturating_sub(have));
+        // A file that grew since its size was taken is read as it was.
+        file.take(len.saturating_sub(have) as u64)
+            .read_to_end(&mut buf)?;
+        Ok(buf)
     }
 }
 
@@ -396,16 +394,16 @@ impl Rest {
 fn read_whole_nowait(path: &Path, mut buf: Vec<u8>) -> Result<std::io::Result<Vec<u8>>, Rest> {
     use std::os::fd::FromRawFd;
     let Ok(c_path) = path_cstring(path) else {
-        return Err(Rest::Open(path.to_path_buf(), buf));
+        return Err(Rest::Open(buf));
     };
     let fd = match nowait::open(&c_path, libc::O_RDONLY) {
-        None => return Err(Rest::Open(path.to_path_buf(), buf)),
+        None => return Err(Rest::Open(buf)),
         Some(e) if e < 0 => return Ok(Err(std::io::Error::from_raw_os_error(-e))),
         // SAFETY: a descriptor just opened, owned by nobody else.
         Some(fd) => unsafe { std::fs::File::from_raw_fd(fd) },
     };
     let Some(stat) = nowait::stat(fd.as_raw_fd()) else {
-        return Err(Rest::Open(path.to_path_buf(), buf));
+        return Err(Rest::Open(buf));
     };
     if stat.is_dir {
         return Ok(Err(is_a_directory(path)));
@@ -473,7 +471,7 @@ mod tests {
         let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
         std::fs::write(&p, &data).unwrap();
         // Not opened yet (the lookup was not cached): everything, into a recycled buffer.
-        let got = Rest::Open(p.clone(), vec![9u8; 10]).finish().unwrap();
+        let got = Rest::Open(vec![9u8; 10]).finish(&p).unwrap();
         assert_eq!(got, data);
         // Opened and partly read inline: the rest, after the bytes already there.
         let got = Rest::Read(
@@ -481,7 +479,7 @@ mod tests {
             data.len(),
             data[..777].to_vec(),
         )
-        .finish()
+        .finish(&p)
         .unwrap();
         assert_eq!(got, data);
         // A file shorter than its size said is read as it is.
@@ -490,12 +488,10 @@ mod tests {
             data.len() + 50,
             Vec::new(),
         )
-        .finish()
+        .finish(&p)
         .unwrap();
         assert_eq!(got, data);
-        let err = Rest::Open(dir.path().to_path_buf(), Vec::new())
-            .finish()
-            .unwrap_err();
+        let err = Rest::Open(Vec::new()).finish(dir.path()).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::IsADirectory, "{err}");
     }
 
@@ -508,16 +504,16 @@ mod tests {
         match read_whole_nowait(&p, Vec::new()) {
             Ok(got) => assert_eq!(got.unwrap(), data),
             // A kernel without cached lookups hands the whole read over.
-            Err(rest) => assert_eq!(rest.finish().unwrap(), data),
+            Err(rest) => assert_eq!(rest.finish(&p).unwrap(), data),
         }
         match read_whole_nowait(dir.path(), Vec::new()) {
             Ok(r) => assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::IsADirectory),
-            Err(rest) => assert!(rest.finish().is_err()),
+            Err(rest) => assert!(rest.finish(dir.path()).is_err()),
         }
         match read_whole_nowait(&dir.path().join("missing"), Vec::new()) {
             Ok(r) => assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::NotFound),
             Err(rest) => assert_eq!(
-                rest.finish().unwrap_err().kind(),
+                rest.finish(&dir.path().join("missing")).unwrap_err().kind(),
                 std::io::ErrorKind::NotFound
             ),
         }

@@ -66,9 +66,7 @@ fn openat2_cached(path: &CStr, flags: i32) -> Result<RawFd, i32> {
     if r >= 0 {
         Ok(r as RawFd)
     } else {
-        Err(std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO))
+        Err(-super::neg_errno())
     }
 }
 
