@@ -8,6 +8,10 @@
 //! larger than most of the last-level cache, which a row run (one or a few samples, ~100 KB to a
 //! few MB) never is. Measured in docs/benchmarks.md ("Streaming stores into batch buffers").
 
+/// Set to any value to copy with `memcpy` only (to compare, or on a platform where streaming
+/// stores measure slower).
+pub const NO_STREAMING_STORES_ENV: &str = "INSITUBATCH_NO_STREAMING_STORES";
+
 /// Runs shorter than this are copied with `memcpy`: a small destination is cheap to own, and
 /// the head and tail a streaming copy does with ordinary stores would be most of it.
 pub const STREAM_MIN_BYTES: usize = 64 * 1024;
@@ -28,13 +32,19 @@ pub fn copy_to_batch(dst: &mut [u8], src: &[u8]) {
 /// not overlap.
 pub(crate) unsafe fn copy_raw(dst: *mut u8, src: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    if len >= STREAM_MIN_BYTES {
+    if len >= STREAM_MIN_BYTES && streaming_stores_on() {
         // SAFETY: the caller's contract is this function's.
         unsafe { stream_x86_64(dst, src, len) };
         return;
     }
     // SAFETY: the caller's contract.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+}
+
+/// False when [`NO_STREAMING_STORES_ENV`] is set (read once per process).
+fn streaming_stores_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os(NO_STREAMING_STORES_ENV).is_none())
 }
 
 /// Orders the streaming stores this thread has made before anything it does next (such as
