@@ -2,9 +2,11 @@
 //! into its slot, adopting the buffer when the layout allows and copying the tile's rectangle
 //! when the field is inner-chunked or the sample axis is not first.
 //!
-//! One decoder worker runs per executor, all draining one shared mailbox, and each decodes one
-//! chunk at a time: decode is the CPU-bound stage, one per core is the thread-per-core answer
-//! to it, and the shared mailbox keeps a core that also gathers from holding up a block.
+//! A chunk the page cache held is decoded by the fetcher worker that read it, at once and on
+//! the same core ([`decode`]), while the read has left its bytes in that core's cache. A chunk
+//! whose read had to wait for the device comes here instead: one decoder worker per executor,
+//! all draining one shared mailbox, so whichever core is free decodes it (see
+//! `docs/architecture.md`, "Departures").
 
 use std::sync::Arc;
 
@@ -46,34 +48,45 @@ pub(crate) fn spawn<S: Store>(
                     actor: "decoder",
                 };
                 while let Some(DecodeJob { job, bytes }) = inbox.recv().await {
-                    if shared.is_cancelled() {
-                        job.cancel();
-                        continue;
-                    }
-                    if shared.config.panic_on_tile == Some(job.ordinal) {
-                        panic!("injected decoder panic on tile {}", job.ordinal);
-                    }
-                    let array = &shared.arrays[job.path];
-                    let decoded = array.decode_chunk_from(&job.index, bytes.as_deref(), || {
-                        ctx.store.locate(&job.key)
-                    });
-                    if let Some(b) = bytes {
-                        ctx.read_buffers.give(b);
-                    }
-                    match decoded {
-                        Ok(chunk) => {
-                            Counters::add(&shared.counters.bytes_decoded, chunk.bytes.len() as u64);
-                            deliver(&ctx, job, chunk.bytes, true).await;
-                        }
-                        Err(e) => bad_chunk(&ctx, job, e).await,
-                    }
-                    // A decode holds the core for a while; let IO completions and other tasks
-                    // on this executor run before the next one.
-                    yield_now().await;
+                    decode(&ctx, &shared, job, bytes).await;
                 }
             }
         },
     )
+}
+
+/// Decodes one stored chunk's bytes (`None`: the key does not exist, so the chunk is the fill
+/// value), returns the read buffer for reuse and delivers the tile into its slot, or handles the
+/// chunk as bad.
+pub(crate) async fn decode<S: Store>(
+    ctx: &EngineContext<S>,
+    shared: &PassShared,
+    job: TileJob,
+    bytes: Option<Vec<u8>>,
+) {
+    if shared.is_cancelled() {
+        job.cancel();
+        return;
+    }
+    if shared.config.panic_on_tile == Some(job.ordinal) {
+        panic!("injected decoder panic on tile {}", job.ordinal);
+    }
+    let array = &shared.arrays[job.path];
+    let decoded =
+        array.decode_chunk_from(&job.index, bytes.as_deref(), || ctx.store.locate(&job.key));
+    if let Some(b) = bytes {
+        ctx.read_buffers.give(b);
+    }
+    match decoded {
+        Ok(chunk) => {
+            Counters::add(&shared.counters.bytes_decoded, chunk.bytes.len() as u64);
+            deliver(ctx, job, chunk.bytes, true).await;
+        }
+        Err(e) => bad_chunk(ctx, job, e).await,
+    }
+    // A decode holds the core for a while; let IO completions and other tasks on this executor
+    // run before the next one.
+    yield_now().await;
 }
 
 /// Puts a decoded tile into its slot and completes the job. With a cache directory the

@@ -1,17 +1,23 @@
-//! The fetcher: reads stored chunks (tiles) from the store and hands the bytes to the decoder
-//! on the same core.
+//! The fetcher: reads stored chunks (tiles) from the store; decodes at once what the page
+//! cache answered, and hands what had to wait for the device to the decoder.
 //!
-//! One fetcher worker runs per executor, all draining one shared mailbox, so a core busy with
-//! decode or gather takes fewer jobs. Each job becomes a read task on the worker's executor, so
-//! reads overlap (io_uring, or the blocking pool) while the mailbox is drained;
-//! every job carries one `max_inflight` permit, so the number of reads in flight across the
-//! dataset is bounded by that one dial.
+//! Its workers all drain one shared mailbox, `⌈max_inflight / executors⌉` of them on each
+//! executor. A worker takes a job and reads the chunk. A read the page cache answers completes
+//! within that first poll, and the worker decodes the bytes right away on this core, while the
+//! read has left them in its cache (`decoder::decode`); a core busy decoding or gathering polls
+//! its workers less and so takes fewer jobs. A read that must wait for the device parks the
+//! worker while the executor's other workers take jobs, so reads overlap up to `max_inflight`;
+//! its bytes then go to the decoder's shared mailbox, where whichever core is free decodes
+//! them. Every job carries one `max_inflight` permit, so the number of chunks read and not yet
+//! delivered across the dataset is bounded by that one dial.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 
 use insitubatch_pool::{Slot, SlotFailure};
 use insitubatch_runtime::sync::Permit;
-use insitubatch_runtime::{ActorPool, ActorSender, JoinHandle, Mailbox};
+use insitubatch_runtime::{ActorPool, ActorSender, Mailbox};
 use insitubatch_store::Store;
 
 use crate::decoder::{self, DecodeJob};
@@ -62,14 +68,14 @@ impl Drop for TileJob {
         // never fill, so fail it, and fail the pass so the consumer hears why.
         let why = if std::thread::panicking() {
             EngineError::ActorPanicked {
-                actor: "decoder".into(),
-                message: format!("while handling chunk `{}`", self.key),
+                actor: "fetcher".into(),
+                message: format!("while reading or decoding chunk `{}`", self.key),
             }
         } else if self.shared.is_cancelled() {
             EngineError::Cancelled
         } else {
             EngineError::ActorPanicked {
-                actor: "decoder".into(),
+                actor: "fetcher".into(),
                 message: format!("its mailbox closed with chunk `{}` undelivered", self.key),
             }
         };
@@ -91,55 +97,63 @@ pub(crate) fn spawn<S: Store>(
     let ctx = Arc::clone(ctx);
     let shared = Arc::clone(shared);
     let rt = ctx.runtime.clone();
-    let workers = rt.executor_threads();
+    let executors = rt.executor_threads().max(1);
+    let per_executor = ctx.inflight.total().div_ceil(executors as u64).max(1) as usize;
     rt.spawn_actor_pool(
         "fetcher",
         FETCHER_MAILBOX,
-        workers,
-        move |index, mut inbox: Mailbox<TileJob>| {
+        executors * per_executor,
+        move |_, mut inbox: Mailbox<TileJob>| {
             let (ctx, shared, decoder) = (Arc::clone(&ctx), Arc::clone(&shared), decoder.clone());
             async move {
                 let _guard = PanicGuard {
                     shared: &shared,
                     actor: "fetcher",
                 };
-                let mut reads: Vec<JoinHandle<()>> = Vec::new();
                 while let Some(job) = inbox.recv().await {
                     if shared.is_cancelled() {
                         job.cancel();
                         continue;
                     }
-                    let ctx2 = Arc::clone(&ctx);
-                    let dec = decoder.clone();
-                    reads.retain(|h| !h.is_finished());
-                    reads.push(
-                        ctx.runtime
-                            .spawn_on(index, "fetch", move || read(ctx2, job, dec)),
-                    );
-                }
-                // Every read ends (its job is delivered or failed); wait so the pass can join us.
-                for h in reads {
-                    let _ = h.await;
+                    fetch(&ctx, &shared, &decoder, job).await;
                 }
             }
         },
     )
 }
 
-async fn read<S: Store>(ctx: Arc<EngineContext<S>>, job: TileJob, decoder: ActorSender<DecodeJob>) {
-    // A recycled buffer: its pages are already faulted in.
-    let r = ctx.store.get_into(&job.key, ctx.read_buffers.take()).await;
-    match r {
+/// Reads one stored chunk, then decodes it here if the read did not wait, or hands it to the
+/// decoder if it did.
+async fn fetch<S: Store>(
+    ctx: &EngineContext<S>,
+    shared: &PassShared,
+    decoder: &ActorSender<DecodeJob>,
+    job: TileJob,
+) {
+    // A recycled buffer: its pages are already faulted in, and the last one returned is the
+    // likeliest to be in the cache.
+    let (result, waited) = {
+        let mut read = std::pin::pin!(ctx.store.get_into(&job.key, ctx.read_buffers.take()));
+        match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+            Poll::Ready(r) => (r, false),
+            Poll::Pending => (read.await, true),
+        }
+    };
+    match result {
         Ok(bytes) => {
-            let shared = Arc::clone(&job.shared);
             Counters::add(&shared.counters.tiles_read, 1);
             Counters::add(
                 &shared.counters.bytes_read,
                 bytes.as_ref().map_or(0, |b| b.len() as u64),
             );
-            // If the decoder is gone the job is dropped unfinished, which fails the pass.
-            let _ = decoder.send(DecodeJob { job, bytes }).await;
+            if waited {
+                Counters::add(&shared.counters.tiles_read_waited, 1);
+                // If the decoder is gone the job is dropped unfinished, which fails the pass.
+                let _ = decoder.send(DecodeJob { job, bytes }).await;
+            } else {
+                decoder::decode(ctx, shared, job, bytes).await;
+            }
         }
-        Err(e) => decoder::bad_chunk(&ctx, job, e).await,
+        Err(e) => decoder::bad_chunk(ctx, job, e).await,
     }
 }

@@ -6,7 +6,8 @@
 //! - [`planner`]: splits ([`split_by_chunk`], [`SplitManifest`]), the per-epoch order keyed on
 //!   (seed, epoch), the deduplicated read plan, and the actor that admits slots under the
 //!   computed read-ahead bound;
-//! - [`fetcher`]: stored-chunk reads under one `max_inflight` budget;
+//! - [`fetcher`]: stored-chunk reads under one `max_inflight` budget (a page-cache hit is
+//!   decoded at once by the worker that read it);
 //! - [`decoder`]: codec decode and delivery into the pool's slots;
 //! - [`gather`]: rows into pooled batch buffers, block release, the prefetch channel.
 //!

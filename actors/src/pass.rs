@@ -1,7 +1,8 @@
 //! One pass (an epoch over one split): the state its actors share, how it starts, how it ends.
 //!
 //! ```text
-//! planner ──TileJob──► fetcher[i] ──DecodeJob──► decoder[i] ──► slot (pool)
+//! planner ──TileJob──► fetcher workers ──(page-cache hit: decoded on the spot)──► slot (pool)
+//!    │                       └──(the read waited: DecodeJob)──► decoder[i] ──┘
 //!    │ read-ahead permits (bytes)    max_inflight permit rides along, dropped after delivery
 //!    └── slot table ◄──────────────────────────────── gather ──Batch──► prefetch channel
 //! ```
@@ -319,7 +320,8 @@ impl Pass {
             cache_writes: Mutex::new(Vec::new()),
         });
 
-        // One fetcher and one decoder worker per executor, each kind sharing one mailbox.
+        // Fetcher workers on every executor and one decoder worker per executor, each kind
+        // sharing one mailbox.
         let decoders = decoder::spawn(ctx, &shared);
         let fetchers = fetcher::spawn(ctx, &shared, decoders.sender());
         let mut tasks = Vec::new();
@@ -357,6 +359,7 @@ impl Pass {
         s.cache_misses = misses;
         (s.cache_revived, s.cache_rejected) = self.shared.owner.revived_rejected();
         s.tiles_read = Counters::get(&c.tiles_read);
+        s.tiles_read_waited = Counters::get(&c.tiles_read_waited);
         s.bytes_read = Counters::get(&c.bytes_read);
         s.bytes_decoded = Counters::get(&c.bytes_decoded);
         s.bytes_revived = Counters::get(&c.bytes_revived);

@@ -23,6 +23,7 @@ pub(crate) struct Counters {
     pub bytes_read: AtomicU64,
     pub bytes_decoded: AtomicU64,
     pub tiles_read: AtomicU64,
+    pub tiles_read_waited: AtomicU64,
     pub bytes_revived: AtomicU64,
 }
 
@@ -61,6 +62,9 @@ pub struct PassStats {
     pub cache_rejected: u64,
     /// Stored chunks read.
     pub tiles_read: u64,
+    /// Of those, reads the page cache could not answer at once (they waited for the device;
+    /// whichever core was free decoded them). The rest were decoded by the core that read them.
+    pub tiles_read_waited: u64,
     /// Encoded bytes read from the store.
     pub bytes_read: u64,
     /// Bytes produced by decoding.

@@ -377,7 +377,7 @@ fn print_epoch(r: &EpochReport) {
     let s = &r.stats;
     println!(
         "epoch {}: {} samples in {} batches, {:.2} s = {:.0} samples/s, {:.0} MB/s; first batch {:.1} ms; \
-         batch latency p50 {:.2} ms p99 {:.2} ms; chunks: {} misses, {} hits; read {}, decoded {}",
+         batch latency p50 {:.2} ms p99 {:.2} ms; chunks: {} misses, {} hits; read {}, decoded {}{}",
         s.epoch,
         s.samples,
         s.batches,
@@ -391,6 +391,13 @@ fn print_epoch(r: &EpochReport) {
         s.cache_hits,
         human_bytes(s.bytes_read),
         human_bytes(s.bytes_decoded),
+        match s.tiles_read_waited {
+            0 => String::new(),
+            n => format!(
+                "; {n} of {} chunk reads waited for the device",
+                s.tiles_read
+            ),
+        },
     );
 }
 

@@ -550,3 +550,68 @@ fn bad_arguments_are_errors_that_name_the_argument() {
         .to_string();
     assert!(e.contains("/definitely/not/here"), "{e}");
 }
+
+/// Drops the page-cache pages of every file under `dir` (synced first, so they are clean and
+/// the kernel lets them go): the next read of each must wait for the device.
+fn drop_pages_under(dir: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            drop_pages_under(&path);
+            continue;
+        }
+        let f = std::fs::File::open(&path).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: advice on a descriptor we own; no memory is touched.
+        let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(r, 0, "posix_fadvise {}", path.display());
+    }
+}
+
+#[test]
+fn chunks_read_from_the_device_give_the_batches_page_cache_hits_give() {
+    // A read the page cache answers is decoded at once by the fetcher worker that made it; one
+    // that waits for the device goes to the decoder's mailbox. Both paths, same batches (the
+    // suite runs once per IO backend).
+    let f = fixture("era5_v3", "t2m");
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&f.store, dir.path());
+    let ds = InSituDataset::builder(dir.path())
+        .variable("v", "t2m")
+        .batch_size(3)
+        .block_chunks(2)
+        .build()
+        .unwrap();
+    let epoch = |ds: &InSituDataset| {
+        ds.clear_cache();
+        let mut pass = ds.train().unwrap();
+        let batches: Vec<(Vec<u64>, Vec<u8>)> = pass
+            .by_ref()
+            .map(|b| {
+                let b = b.unwrap();
+                let bytes = b.array("v").unwrap().bytes().to_vec();
+                (b.sample_indices().to_vec(), bytes)
+            })
+            .collect();
+        (batches, pass.stats())
+    };
+    let (warm, _) = epoch(&ds);
+    // Every sample once, each equal to zarr-python's value.
+    assert_eq!(
+        sorted(check_epoch(&ds, "train", &[("v", &f, 0)])),
+        (0..12).collect::<Vec<_>>()
+    );
+    drop_pages_under(dir.path());
+    let (cold, stats) = epoch(&ds);
+    assert!(
+        stats.tiles_read_waited > 0,
+        "with the pages dropped some reads must wait for the device: {stats:?}"
+    );
+    assert!(stats.tiles_read_waited <= stats.tiles_read);
+    assert_eq!(cold.len(), warm.len());
+    for (i, (c, w)) in cold.iter().zip(&warm).enumerate() {
+        assert_eq!(c.0, w.0, "batch {i}: the same samples in the same order");
+        assert!(c.1 == w.1, "batch {i}: bytes read from the device differ");
+    }
+}
