@@ -104,13 +104,19 @@ except ImportError:
     HAVE_XBATCHER = False
 
 
-def measure(store, epochs, workers, batch_size, train_step=False):
+def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0):
+    """Every engine on `store`, each in its own process. Before each process starts, `settle`
+    seconds pass, so that each starts with the machine's memory in the same state: on a VM that
+    hands freed memory back to its host, an engine started right after another process exits
+    would otherwise reuse that process's memory cheaply, or find it being taken away."""
     rows = []
-    out = subprocess.run([BIN, "bench-read", store, "--repeat", "1", "--inflight", "1", "--json"],
+    time.sleep(settle)
+    out = subprocess.run([BIN, "bench-read", store, "--repeat", "3", "--inflight", "1", "--json"],
                          check=True, capture_output=True, text=True).stdout
     ceiling = next(json.loads(l) for l in out.splitlines() if "std::fs::read + zarrs" in l)
     decode_mb_s = ceiling["decoded_mb_s"]
 
+    time.sleep(settle)
     out, peak, procs, cpu = run_tree([BIN, "bench", store, "--epochs", str(epochs),
                                       "--batch-size", str(batch_size), "--json"])
     rust = json.loads(out)
@@ -141,6 +147,7 @@ def measure(store, epochs, workers, batch_size, train_step=False):
         ("in-memory", [], None),
         ("raw-read", [], None),
     ]:
+        time.sleep(settle)
         out, peak, procs, cpu = run_tree(py + [engine, str(store)] + common + extra, env)
         r = json.loads(out)
         r["cpu_s"] = cpu
@@ -278,11 +285,14 @@ def main():
                     help="the region to replace (default: family, or variants with --variants)")
     ap.add_argument("--variants", default=None,
                     help="comma-separated store variants instead of the family: " + ", ".join(VARIANTS))
+    ap.add_argument("--settle", type=float, default=3.0,
+                    help="seconds of idle before each engine's process starts (the same start "
+                         "state for every engine; 0 with --smoke)")
     ap.add_argument("--train-step", action="store_true",
                     help="run a small torch model step per batch and report the data-stall fraction")
     a = ap.parse_args()
     if a.smoke:
-        a.spc, a.samples, a.grid, a.epochs, a.workers = "8", 64, "16x32", 1, "0,1"
+        a.spc, a.samples, a.grid, a.epochs, a.workers, a.settle = "8", 64, "16x32", 1, "0,1", 0.0
     cores = os.cpu_count() or 1
     workers = [int(w) for w in a.workers.split(",")] if a.workers else sorted({0, 1, cores, 2 * cores})
     rows = []
@@ -290,7 +300,7 @@ def main():
             else [(int(s), None) for s in a.spc.split(",")])
     for spc, variant in jobs:
         store = make_store(a.dir, spc, a.samples, a.grid, variant)
-        for r in measure(store, a.epochs, workers, a.batch_size, a.train_step):
+        for r in measure(store, a.epochs, workers, a.batch_size, a.train_step, a.settle):
             r["samples_per_chunk"] = spc
             r["variant"] = variant or "family"
             rows.append(r)
