@@ -216,18 +216,28 @@ pub fn write_rates(
     let rt_err = |e: insitubatch_runtime::RuntimeError| EngineError::Runtime(e.to_string());
     let data: Vec<u8> = (0..slot_bytes).map(|i| (i * 31 % 251) as u8).collect();
     let bytes = SlotBytes::heap(data);
-    let mut out = Vec::new();
-    for (name, choice) in [
+    let runtimes = [
         ("io_uring", IoBackendChoice::Uring),
         ("threads", IoBackendChoice::Threads),
-    ] {
-        let rt = RuntimeBuilder::new()
+    ]
+    .into_iter()
+    .map(|(name, choice)| {
+        RuntimeBuilder::new()
             .io_backend(choice)
             .build()
-            .map_err(rt_err)?;
-        for direct in [true, false] {
-            let mut best = 0.0f64;
-            for r in 0..repeat {
+            .map(|rt| (name, rt))
+            .map_err(rt_err)
+    })
+    .collect::<Result<Vec<_>, _>>()?;
+    let mut out = Vec::new();
+    for direct in [true, false] {
+        let mut best = vec![0.0f64; runtimes.len()];
+        // The backends take turns within each repeat, so drift of the device (and of the
+        // machine) hits both alike; a `sync` first, so one run's writeback is not the next's.
+        for r in 0..repeat {
+            for ((name, rt), best) in runtimes.iter().zip(best.iter_mut()) {
+                // SAFETY: sync(2) takes no arguments and cannot fail.
+                unsafe { libc::sync() };
                 let dir: PathBuf = work.join(format!("writes-{name}-{direct}-{r}"));
                 let mut config = CacheConfig::new(&dir);
                 config.direct_io = direct;
@@ -262,15 +272,17 @@ pub fn write_rates(
                         .map_err(EngineError::Runtime)?;
                 }
                 let secs = start.elapsed().as_secs_f64();
-                best = best.max((files * (slot_bytes + 4096)) as f64 / secs / 1e6);
+                *best = best.max((files * (slot_bytes + 4096)) as f64 / secs / 1e6);
                 drop(tier); // ephemeral: unlinks its files
                 let _ = std::fs::remove_dir_all(&dir);
             }
+        }
+        for ((name, _), mb_s) in runtimes.iter().zip(best) {
             out.push(WriteRate {
                 backend: name.to_string(),
                 direct,
                 files,
-                mb_s: best,
+                mb_s,
             });
         }
     }
