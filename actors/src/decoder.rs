@@ -3,7 +3,7 @@
 //! when the field is inner-chunked or the sample axis is not first.
 //!
 //! A chunk the page cache held is decoded by the fetcher worker that read it, at once and on
-//! the same core ([`decode`]), while the read has left its bytes in that core's cache. A chunk
+//! the same core (`decode`), while the read has left its bytes in that core's cache. A chunk
 //! whose read had to wait for the device comes here instead: one decoder worker per executor,
 //! all draining one shared mailbox, so whichever core is free decodes it (see
 //! `docs/architecture.md`, "Departures").
