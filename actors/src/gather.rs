@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use insitubatch_pool::Slot;
 use insitubatch_runtime::{JoinHandle, yield_now};
@@ -88,6 +89,27 @@ const PARALLEL_COPY_MIN_BYTES: usize = 4 << 20;
 /// costs more per byte than a `memcpy`, so sharing it pays off sooner.
 const PARALLEL_READ_MIN_BYTES: usize = 1 << 20;
 
+/// Parts a shared batch copy is cut into per executor. Measured on revived slots (kernel copies
+/// out of the page cache): with one part per executor the gather waited 30–40 ms per epoch of
+/// 128 batches for the other core's part, with four 5–8 ms (`docs/benchmarks.md`, "NVMe
+/// tier").
+const PARTS_PER_EXECUTOR: usize = 4;
+
+/// Copies the parts of `job` not yet taken, one at a time, until none is left.
+async fn copy_parts(
+    job: &Arc<CopyJob>,
+    parts: &[std::ops::Range<usize>],
+    next: &AtomicUsize,
+) -> Result<(), String> {
+    let mut outcome = Ok(());
+    loop {
+        let Some(part) = parts.get(next.fetch_add(1, Ordering::Relaxed)) else {
+            return outcome;
+        };
+        outcome = outcome.and(job.copy_part(part.clone()).await);
+    }
+}
+
 /// Copies a batch — on every executor when it is large and nothing is being decoded — and hands
 /// back the filled buffers.
 async fn copy_batch<S: Store>(
@@ -111,25 +133,25 @@ async fn copy_batch<S: Store>(
     let copied = if n_exec == 1 || job.bytes() < min_bytes || !decoders_idle {
         job.copy_part(job.parts(1).remove(0)).await
     } else {
-        let mut parts = job.parts(n_exec).into_iter();
-        let mine = parts.next().expect("at least one part");
-        // The gather runs on executor 0 (see `spawn`); the other parts go to the others. Each
-        // helper drops its handle on the job before it finishes, so once all are joined the
-        // job is ours alone again; if this future is dropped first, the helpers (and reads in
-        // flight) keep the buffers alive until they are done writing.
-        let helpers: Vec<_> = parts
-            .enumerate()
-            .map(|(k, part)| {
-                let job = Arc::clone(&job);
-                ctx.runtime
-                    .spawn_on(k + 1, "gather-copy", move || async move {
-                        let r = job.copy_part(part).await;
-                        drop(job);
-                        r
-                    })
+        // More parts than cores, taken in turn: a core that is slower for a while (other work
+        // on it, such as the planner's admissions) takes fewer of them. The gather runs
+        // on executor 0 (see `spawn`), helpers on the others. Each helper drops its handle on
+        // the job before it finishes, so once all are joined the job is ours alone again; if
+        // this future is dropped first, the helpers (and reads in flight) keep the buffers alive
+        // until they are done writing.
+        let parts = Arc::new(job.parts(n_exec * PARTS_PER_EXECUTOR));
+        let next = Arc::new(AtomicUsize::new(0));
+        let helpers: Vec<_> = (1..n_exec.min(parts.len()))
+            .map(|k| {
+                let (job, parts, next) = (Arc::clone(&job), Arc::clone(&parts), Arc::clone(&next));
+                ctx.runtime.spawn_on(k, "gather-copy", move || async move {
+                    let r = copy_parts(&job, &parts, &next).await;
+                    drop(job);
+                    r
+                })
             })
             .collect();
-        let mut outcome = job.copy_part(mine).await;
+        let mut outcome = copy_parts(&job, &parts, &next).await;
         for h in helpers {
             let r = h.await.map_err(|e| EngineError::ActorPanicked {
                 actor: "gather".into(),
