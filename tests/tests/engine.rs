@@ -630,3 +630,79 @@ fn chunks_read_from_the_device_give_the_batches_page_cache_hits_give() {
         "with the pages dropped, some reads must wait for the device"
     );
 }
+
+#[test]
+fn batches_copied_by_every_core_equal_batches_copied_by_one() {
+    // A batch of ≥ 4 MiB from resident slots (≥ 1 MiB from revived cache files) is copied by
+    // every executor, each taking parts in turn; with one executor it is one copy. Same bytes.
+    use insitubatch::synth::{SynthSpec, make_dataset};
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("big.zarr");
+    let spec = SynthSpec {
+        samples: 64,
+        grid: (121, 240), // 116 KB a sample: a batch of 32 × 2 variables is 7.4 MB
+        sample_chunk: 4,
+        ..SynthSpec::default()
+    };
+    make_dataset(&store, &spec, false, &|_, _| {}).unwrap();
+    let cache = dir.path().join("cache");
+    let epoch_of = |threads: usize, revive: bool| {
+        let mut b = InSituDataset::builder(&store)
+            .executor_threads(threads)
+            .cache_budget_bytes(1 << 30);
+        if revive {
+            b = b.cache_dir(&cache).persist(true);
+        }
+        let ds = b.build().unwrap();
+        if !revive {
+            // Fill the pool: the next epoch's slots are all resident hits.
+            for b in ds.train().unwrap() {
+                b.unwrap();
+            }
+        }
+        ds.set_epoch(1);
+        let mut pass = ds.train().unwrap();
+        let batches: Vec<Vec<(String, Vec<u8>)>> = pass
+            .by_ref()
+            .map(|b| {
+                let b = b.unwrap();
+                b.arrays()
+                    .map(|(l, a)| (l.to_string(), a.bytes().to_vec()))
+                    .collect()
+            })
+            .collect();
+        (batches, pass.stats())
+    };
+    let (one, _) = epoch_of(1, false);
+    let (two, s) = epoch_of(2, false);
+    assert_eq!(s.cache_misses, 0, "every slot resident");
+    assert_eq!(one.len(), 2);
+    assert!(
+        one == two,
+        "resident slots: a shared copy differs from a single one"
+    );
+    // Fill a persistent cache, then revive it with one and with two executors.
+    {
+        let ds = InSituDataset::builder(&store)
+            .cache_dir(&cache)
+            .persist(true)
+            .cache_budget_bytes(1 << 30)
+            .build()
+            .unwrap();
+        for b in ds.train().unwrap() {
+            b.unwrap();
+        }
+    }
+    let (one_rev, s1) = epoch_of(1, true);
+    let (two_rev, s2) = epoch_of(2, true);
+    assert_eq!((s1.tiles_read, s2.tiles_read), (0, 0), "revived, not read");
+    assert!(s2.cache_revived > 0);
+    assert!(
+        one_rev == one,
+        "revived slots copied by one core differ from resident ones"
+    );
+    assert!(
+        two_rev == one,
+        "revived slots copied by every core differ from resident ones"
+    );
+}
