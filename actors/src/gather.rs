@@ -141,8 +141,12 @@ async fn copy_batch<S: Store>(
         // until they are done writing.
         let parts = Arc::new(job.parts(n_exec * PARTS_PER_EXECUTOR));
         let next = Arc::new(AtomicUsize::new(0));
-        let helpers: Vec<_> = (1..n_exec.min(parts.len()))
-            .map(|k| {
+        // As many takers as parts per executor, on every executor: from the page cache a part
+        // completes within its first poll, so an executor's takers run one after another; when
+        // reads wait for the device, every part's reads are in flight at once.
+        let helpers: Vec<_> = (1..(n_exec * PARTS_PER_EXECUTOR).min(parts.len()))
+            .map(|t| {
+                let k = t % n_exec;
                 let (job, parts, next) = (Arc::clone(&job), Arc::clone(&parts), Arc::clone(&next));
                 ctx.runtime.spawn_on(k, "gather-copy", move || async move {
                     let r = copy_parts(&job, &parts, &next).await;

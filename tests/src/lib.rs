@@ -177,6 +177,26 @@ pub fn threads_named_settled(prefix: &str, want: usize) -> usize {
     }
 }
 
+/// `threads_named(prefix)` once it has not changed for 50 ms (at most 2 s): the count of
+/// threads that stay, right after others were joined (a joined thread can stay listed for a
+/// moment).
+pub fn threads_named_stable(prefix: &str) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let (mut last, mut since) = (threads_named(prefix), std::time::Instant::now());
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let n = threads_named(prefix);
+        if n != last {
+            (last, since) = (n, std::time::Instant::now());
+        }
+        if since.elapsed() >= std::time::Duration::from_millis(50)
+            || std::time::Instant::now() > deadline
+        {
+            return last;
+        }
+    }
+}
+
 /// Copies the directory tree `from` into `to` (a store to damage without touching the
 /// fixtures).
 pub fn copy_dir(from: &Path, to: &Path) {
