@@ -89,10 +89,11 @@ const PARALLEL_COPY_MIN_BYTES: usize = 4 << 20;
 /// costs more per byte than a `memcpy`, so sharing it pays off sooner.
 const PARALLEL_READ_MIN_BYTES: usize = 1 << 20;
 
-/// Parts a shared batch copy is cut into per executor. Measured on revived slots (kernel copies
-/// out of the page cache): with one part per executor the gather waited 30–40 ms per epoch of
-/// 128 batches for the other core's part, with four 5–8 ms (`docs/benchmarks.md`, "NVMe
-/// tier").
+/// Parts a shared batch copy is cut into per executor, and part-takers per executor. Measured
+/// on revived slots (kernel copies out of the page cache): with one part per executor the
+/// gather waited 30–40 ms per epoch of 128 batches for the other core's part, with four 5–8 ms;
+/// four takers per executor keep every part's reads in flight when they wait for the device
+/// (`docs/benchmarks.md`, "NVMe tier").
 const PARTS_PER_EXECUTOR: usize = 4;
 
 /// Copies the parts of `job` not yet taken, one at a time, until none is left.
