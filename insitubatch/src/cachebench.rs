@@ -77,15 +77,27 @@ pub struct CacheBenchReport {
 /// Drops the page-cache pages of every slot file in `dir` (after `sync`, so dirty pages are
 /// written first and can be dropped).
 pub fn drop_file_pages(dir: &Path) -> std::io::Result<usize> {
+    drop_pages_where(dir, &|p| p.extension().is_some_and(|e| e == "npy"))
+}
+
+/// Drops the page-cache pages of every file under `dir` (recursively) that `keep` selects, after
+/// `sync`; returns how many files the kernel took the advice for. A page it still holds (one
+/// referenced from a per-CPU batch, say) may stay.
+pub fn drop_pages_where(dir: &Path, keep: &dyn Fn(&Path) -> bool) -> std::io::Result<usize> {
     use std::os::fd::AsRawFd;
     // SAFETY: sync has no preconditions.
     unsafe { libc::sync() };
     let mut n = 0;
     for e in std::fs::read_dir(dir)?.flatten() {
-        if !e.file_name().to_string_lossy().ends_with(".npy") {
+        let path = e.path();
+        if e.file_type()?.is_dir() {
+            n += drop_pages_where(&path, keep)?;
             continue;
         }
-        let f = std::fs::File::open(e.path())?;
+        if !keep(&path) {
+            continue;
+        }
+        let f = std::fs::File::open(&path)?;
         // SAFETY: advice on a descriptor we own; no memory is passed.
         let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         if rc == 0 {

@@ -74,8 +74,8 @@ pub fn run_epoch(
 
 /// Baseline (b): every slot of `split` decoded into RAM first (not timed), then the batches
 /// of the epoch order copied out of RAM exactly as gather copies them (same rows, same
-/// coalescing, the same streaming copy, one reused buffer per label), on one thread. Returns (seconds, bytes copied),
-/// best of `repeat`.
+/// coalescing, the same streaming copy, one reused buffer per label), on one thread. Returns
+/// (seconds, bytes copied), best of `repeat`.
 pub fn gather_ceiling(
     ds: &InSituDataset,
     split: &str,

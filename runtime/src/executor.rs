@@ -403,11 +403,15 @@ pub(crate) struct LocalExec {
 }
 
 impl LocalExec {
-    /// Takes a turn to complete an operation inline; `false` when the polled task has used its
-    /// budget and should yield before its next one.
-    pub(crate) fn take_inline_turn(&self) -> bool {
+    /// Takes a turn to complete an operation inline. `false` when the polled task has used its
+    /// budget: the task is then scheduled again, and the caller returns `Pending` (yields) and
+    /// tries on its next poll.
+    pub(crate) fn take_inline_turn(&self, cx: &Context<'_>) -> bool {
         let left = self.inline_left.get();
         self.inline_left.set(left.saturating_sub(1));
+        if left == 0 {
+            cx.waker().wake_by_ref();
+        }
         left > 0
     }
 }

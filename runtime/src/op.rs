@@ -127,10 +127,9 @@ impl<K: OpKind> Future for Op<K> {
                     // the ring or to an IO thread.
                     let mut kind = kind;
                     if kind.may_complete_nonblocking() {
-                        if !exec.take_inline_turn() {
+                        if !exec.take_inline_turn(cx) {
                             // This poll's inline budget is spent: yield, and try again when
                             // the task is polled next.
-                            cx.waker().wake_by_ref();
                             this.state = State::Init(kind);
                             return Poll::Pending;
                         }

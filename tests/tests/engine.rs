@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 
+use insitubatch::cachebench::drop_pages_where;
 use insitubatch::{EngineError, InSituDataset, IoBackendChoice, OnBadChunk, split_by_chunk};
 use insitubatch_tests::{
     FixtureArray, copy_dir, fixture_arrays, sample_of, threads_named, threads_named_settled,
@@ -553,24 +554,6 @@ fn bad_arguments_are_errors_that_name_the_argument() {
     assert!(e.contains("/definitely/not/here"), "{e}");
 }
 
-/// Drops the page-cache pages of every file under `dir` (synced first, so they are clean and
-/// the kernel lets them go): the next read of each must wait for the device.
-fn drop_pages_under(dir: &std::path::Path) {
-    use std::os::fd::AsRawFd;
-    for e in std::fs::read_dir(dir).unwrap() {
-        let path = e.unwrap().path();
-        if path.is_dir() {
-            drop_pages_under(&path);
-            continue;
-        }
-        let f = std::fs::File::open(&path).unwrap();
-        f.sync_all().unwrap();
-        // SAFETY: advice on a descriptor we own; no memory is touched.
-        let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        assert_eq!(r, 0, "posix_fadvise {}", path.display());
-    }
-}
-
 #[test]
 fn chunks_read_from_the_device_give_the_batches_page_cache_hits_give() {
     // A read the page cache answers is decoded at once by the fetcher worker that made it; one
@@ -608,7 +591,13 @@ fn chunks_read_from_the_device_give_the_batches_page_cache_hits_give() {
     // batch, say), so try a few times; every attempt must give the same batches.
     let mut waited = None;
     for attempt in 0..5 {
-        drop_pages_under(dir.path());
+        let files = std::cell::Cell::new(0);
+        let dropped = drop_pages_where(dir.path(), &|_| {
+            files.set(files.get() + 1);
+            true
+        })
+        .unwrap();
+        assert_eq!(dropped, files.get(), "posix_fadvise failed on some file");
         let (cold, stats) = epoch(&ds);
         assert!(stats.tiles_read_waited <= stats.tiles_read);
         assert_eq!(cold.len(), warm.len());

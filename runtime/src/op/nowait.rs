@@ -23,10 +23,7 @@ use super::statx::{EMPTY_PATH, FileStat};
 pub(crate) async fn inline_turn() -> std::io::Result<()> {
     std::future::poll_fn(|cx| match crate::executor::current() {
         None => std::task::Poll::Ready(Err(super::not_on_runtime())),
-        Some(exec) if !exec.take_inline_turn() => {
-            cx.waker().wake_by_ref();
-            std::task::Poll::Pending
-        }
+        Some(exec) if !exec.take_inline_turn(cx) => std::task::Poll::Pending,
         Some(_) => std::task::Poll::Ready(Ok(())),
     })
     .await
