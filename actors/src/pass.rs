@@ -400,7 +400,9 @@ impl Pass {
         let (_, rejected) = owner.revived_rejected();
         if disk.persist() && hits == 0 && rejected > 0 {
             let msg = format!(
-                "the persistent cache at {} served 0 hits in {} epoch {}: {rejected} entries were                  consulted and rejected (files missing or damaged, or written for another                  geometry); they are being rewritten",
+                "the persistent cache at {} served 0 hits in {} epoch {}: {rejected} entries were \
+                 consulted and rejected (files missing or damaged, or written for another \
+                 geometry); they are being rewritten",
                 disk.dir().display(),
                 self.shared.config.split,
                 self.shared.config.epoch
@@ -442,16 +444,43 @@ impl Pass {
     }
 }
 
-impl Iterator for Pass {
-    type Item = BatchResult;
+/// [`Pass::next_timeout`] returned before a batch was ready; nothing was lost, ask again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimedOut;
 
-    fn next(&mut self) -> Option<BatchResult> {
+impl Pass {
+    /// The next batch, waiting at most `timeout` for it: `Err(TimedOut)` when none came in time
+    /// (the pass goes on; call again), otherwise what [`Iterator::next`] would return. A host
+    /// that must react to something while it waits (the Python shim checks for Ctrl-C) calls
+    /// this in a loop.
+    pub fn next_timeout(
+        &mut self,
+        timeout: std::time::Duration,
+    ) -> Result<Option<BatchResult>, TimedOut> {
         if self.done {
-            return None;
+            return Ok(None);
         }
-        let rx = self.rx.as_ref()?;
+        let Some(rx) = self.rx.as_ref() else {
+            return Ok(None);
+        };
         let t0 = Instant::now();
-        let got = rx.recv();
+        let got = match rx.recv_timeout(timeout) {
+            Ok(item) => Ok(item),
+            Err(flume::RecvTimeoutError::Disconnected) => Err(flume::RecvError::Disconnected),
+            Err(flume::RecvTimeoutError::Timeout) => {
+                self.stats.consumer_stall_us += t0.elapsed().as_micros() as u64;
+                return Err(TimedOut);
+            }
+        };
+        Ok(self.received(t0, got))
+    }
+
+    /// Accounts for what the prefetch channel gave after a wait that began at `t0`.
+    fn received(
+        &mut self,
+        t0: Instant,
+        got: Result<BatchResult, flume::RecvError>,
+    ) -> Option<BatchResult> {
         let now = Instant::now();
         self.stats.consumer_stall_us += (now - t0).as_micros() as u64;
         self.stats.elapsed_us = (now - self.started).as_micros() as u64;
@@ -494,6 +523,20 @@ impl Iterator for Pass {
                 }
             }
         }
+    }
+}
+
+impl Iterator for Pass {
+    type Item = BatchResult;
+
+    fn next(&mut self) -> Option<BatchResult> {
+        if self.done {
+            return None;
+        }
+        let rx = self.rx.as_ref()?;
+        let t0 = Instant::now();
+        let got = rx.recv();
+        self.received(t0, got)
     }
 }
 

@@ -18,7 +18,7 @@ pub use dataset::{
 pub use insitubatch_actors as actors;
 pub use insitubatch_actors::{
     BadChunk, Batch, BatchArray, EngineError, EpochOrder, OnBadChunk, Pass, PassStats,
-    SplitManifest, Variable, shuffle_quality, split_by_chunk,
+    SplitManifest, TimedOut, Variable, shuffle_quality, split_by_chunk,
 };
 pub use insitubatch_pool as pool;
 pub use insitubatch_pool::PoolStats;

@@ -211,3 +211,37 @@ pub fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A write lease on a file: while it is held, any other open of the file waits (until the lease
+/// is dropped, or until the kernel breaks it after `/proc/sys/fs/lease-break-time`, 45 s by
+/// default). It stands in for a store that stops answering.
+pub struct Lease(std::fs::File);
+
+impl Lease {
+    /// Takes the lease on `path`, which nobody else may have open.
+    pub fn take(path: &Path) -> Lease {
+        use std::os::fd::AsRawFd;
+        // A holder is told with SIGIO that an open waits; its default action ends the process.
+        // SAFETY: installs the "ignore" disposition, which needs no handler code.
+        unsafe { libc::signal(libc::SIGIO, libc::SIG_IGN) };
+        let file = std::fs::File::open(path).expect("open the file to lease");
+        // SAFETY: `file` is an open descriptor; F_SETLEASE takes an integer argument.
+        let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_WRLCK) };
+        assert_eq!(
+            r,
+            0,
+            "a write lease on {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+        Lease(file)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: as in `take`; closing the file below would release the lease too.
+        unsafe { libc::fcntl(self.0.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    }
+}

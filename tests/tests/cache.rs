@@ -386,6 +386,12 @@ fn damage_raises_but_a_missing_file_or_other_geometry_is_a_loud_miss() {
     assert_eq!((s.cache_hits, s.cache_rejected, s.cache_misses), (0, 6, 6));
     assert_eq!(s.warnings.len(), 1, "{s:?}");
     assert!(s.warnings[0].contains("served 0 hits"), "{:?}", s.warnings);
+    assert!(
+        s.warnings[0].contains("6 entries were consulted and rejected")
+            && !s.warnings[0].contains("  "),
+        "one readable sentence: {:?}",
+        s.warnings
+    );
     assert_eq!(log_lines(cache.path()).len(), 6, "compacted and rewritten");
 }
 

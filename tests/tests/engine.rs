@@ -5,9 +5,11 @@
 use std::collections::BTreeSet;
 
 use insitubatch::cachebench::drop_pages_where;
-use insitubatch::{EngineError, InSituDataset, IoBackendChoice, OnBadChunk, split_by_chunk};
+use insitubatch::{
+    EngineError, InSituDataset, IoBackendChoice, OnBadChunk, TimedOut, split_by_chunk,
+};
 use insitubatch_tests::{
-    FixtureArray, copy_dir, fixture_arrays, sample_of, threads_named, threads_named_settled,
+    FixtureArray, Lease, copy_dir, fixture_arrays, sample_of, threads_named, threads_named_settled,
     threads_named_stable,
 };
 
@@ -341,6 +343,61 @@ fn corrupt_chunk_raises_naming_the_key_or_becomes_nan_and_is_listed() {
     assert_eq!(s.bad_chunks.len(), 1);
     assert_eq!(s.bad_chunks[0].key, "c/1/0/0");
     assert_eq!(s.bad_chunks[0].chunk_index, vec![1, 0, 0]);
+}
+
+#[test]
+fn a_bounded_wait_for_a_batch_times_out_while_the_store_stalls_and_loses_nothing() {
+    use std::time::Duration;
+    let f = fixture("v3_zstd", "");
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&f.store, dir.path());
+    // The first batch needs this chunk; until the lease goes, opening it waits.
+    let lease = Lease::take(&dir.path().join("c/0/0/0"));
+    let ds = InSituDataset::builder(dir.path())
+        .variable("v", "")
+        .batch_size(3)
+        .build()
+        .unwrap();
+    let mut pass = ds.all().unwrap();
+    for _ in 0..3 {
+        assert!(
+            matches!(pass.next_timeout(Duration::from_millis(20)), Err(TimedOut)),
+            "no batch can come while the store stalls"
+        );
+    }
+    assert!(
+        pass.stats().consumer_stall_us >= 60_000,
+        "the timed-out waits count as stall"
+    );
+    drop(lease);
+    let item = 8;
+    let sb = 4 * 5 * item;
+    let mut anchors = Vec::new();
+    loop {
+        let batch = match pass.next_timeout(Duration::from_secs(60)) {
+            Ok(None) => break,
+            Ok(Some(b)) => b.unwrap(),
+            Err(TimedOut) => panic!("no batch within 60 s of the store answering again"),
+        };
+        let v = batch.array("v").unwrap();
+        for (r, idx) in batch.sample_indices().iter().enumerate() {
+            assert_eq!(
+                &v.bytes()[r * sb..(r + 1) * sb],
+                &sample_of(&f.reference, &f.shape, 0, *idx, item)[..],
+                "sample {idx}"
+            );
+        }
+        anchors.extend_from_slice(batch.sample_indices());
+    }
+    assert_eq!(
+        anchors,
+        (0..f.shape[0]).collect::<Vec<_>>(),
+        "every sample once, in order"
+    );
+    assert!(matches!(
+        pass.next_timeout(Duration::from_millis(1)),
+        Ok(None)
+    ));
 }
 
 #[test]

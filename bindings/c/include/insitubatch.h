@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 1
+#define ISB_ABI_VERSION 2
 
 /*
  DLPack version of the exported structs.
@@ -112,6 +112,11 @@ enum IsbStatus
    `readonly_cache`: a chunk the pass needs is not in the cache; the message names it.
    */
   ISB_CACHE_MISS = 15,
+  /*
+   `isb_iter_next_timeout`: no batch came within the timeout; the iteration goes on and
+   nothing was lost (call again).
+   */
+  ISB_TIMED_OUT = 16,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -346,12 +351,27 @@ IsbStatus isb_iter_start(const struct IsbDataset *ds,
 /*
  The next batch into `*out` (`ISB_OK`), or `ISB_END_OF_EPOCH` with `*out` set to NULL. After
  an error every later call returns the same error again. Free batches with `isb_batch_free`.
+ Waits for as long as the batch takes; `isb_iter_next_timeout` bounds the wait.
 
  # Safety
  `it` is NULL or a live iteration used by one thread at a time; `out` is writable; `err` is
  NULL or writable.
  */
 IsbStatus isb_iter_next(struct IsbIter *it, struct IsbBatch **out, struct IsbError **err);
+
+/*
+ `isb_iter_next` waiting at most `timeout_ms` milliseconds: `ISB_TIMED_OUT` with `*out` set
+ to NULL when no batch came in time. The iteration goes on and nothing is lost; call again.
+ A host that must notice something while it waits (a signal, a shutdown request) loops on
+ this; the Python shim does, so that Ctrl-C interrupts a wait for a batch.
+
+ # Safety
+ As `isb_iter_next`.
+ */
+IsbStatus isb_iter_next_timeout(struct IsbIter *it,
+                                uint64_t timeout_ms,
+                                struct IsbBatch **out,
+                                struct IsbError **err);
 
 /*
  The iteration's report as JSON (hits, misses, bytes, TTFB, latency percentiles, bad chunks…).

@@ -12,7 +12,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 1;
+pub const ISB_ABI_VERSION: u32 = 2;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -467,6 +467,7 @@ pub unsafe extern "C" fn isb_iter_start(
 
 /// The next batch into `*out` (`ISB_OK`), or `ISB_END_OF_EPOCH` with `*out` set to NULL. After
 /// an error every later call returns the same error again. Free batches with `isb_batch_free`.
+/// Waits for as long as the batch takes; `isb_iter_next_timeout` bounds the wait.
 ///
 /// # Safety
 /// `it` is NULL or a live iteration used by one thread at a time; `out` is writable; `err` is
@@ -474,6 +475,37 @@ pub unsafe extern "C" fn isb_iter_start(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn isb_iter_next(
     it: *mut IsbIter,
+    out: *mut *mut IsbBatch,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    // SAFETY: forwarded contract.
+    unsafe { next_batch(it, None, out, err) }
+}
+
+/// `isb_iter_next` waiting at most `timeout_ms` milliseconds: `ISB_TIMED_OUT` with `*out` set
+/// to NULL when no batch came in time. The iteration goes on and nothing is lost; call again.
+/// A host that must notice something while it waits (a signal, a shutdown request) loops on
+/// this; the Python shim does, so that Ctrl-C interrupts a wait for a batch.
+///
+/// # Safety
+/// As `isb_iter_next`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_iter_next_timeout(
+    it: *mut IsbIter,
+    timeout_ms: u64,
+    out: *mut *mut IsbBatch,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    let timeout = std::time::Duration::from_millis(timeout_ms);
+    // SAFETY: forwarded contract.
+    unsafe { next_batch(it, Some(timeout), out, err) }
+}
+
+/// # Safety
+/// As `isb_iter_next`.
+unsafe fn next_batch(
+    it: *mut IsbIter,
+    timeout: Option<std::time::Duration>,
     out: *mut *mut IsbBatch,
     err: *mut *mut IsbError,
 ) -> IsbStatus {
@@ -492,7 +524,14 @@ pub unsafe extern "C" fn isb_iter_next(
                 format!("this iteration failed earlier and is over: {m}"),
             ));
         }
-        match it.pass.next() {
+        let next = match timeout {
+            None => it.pass.next(),
+            Some(t) => match it.pass.next_timeout(t) {
+                Ok(next) => next,
+                Err(insitubatch::TimedOut) => return Ok(IsbStatus::IsbTimedOut),
+            },
+        };
+        match next {
             None => Ok(IsbStatus::IsbEndOfEpoch),
             Some(Err(e)) => {
                 it.failed = Some(e.to_string());

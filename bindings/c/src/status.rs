@@ -45,6 +45,9 @@ pub enum IsbStatus {
     IsbCacheStale = 14,
     /// `readonly_cache`: a chunk the pass needs is not in the cache; the message names it.
     IsbCacheMiss = 15,
+    /// `isb_iter_next_timeout`: no batch came within the timeout; the iteration goes on and
+    /// nothing was lost (call again).
+    IsbTimedOut = 16,
 }
 
 /// An owned error: a status and the full message. Free it with `isb_error_free`.

@@ -22,11 +22,15 @@ from . import errors
 from ._lib import DATA_OFFSET, lib
 
 _END_OF_EPOCH = 1
+_TIMED_OUT = 16
+# How long one wait for a batch lasts inside the library before Python gets control back, so
+# that Ctrl-C (or any signal handler) runs within this many milliseconds while a batch is slow.
+_WAIT_SLICE_MS = 100
 
 
 def _check(status: int, err: ctypes.c_void_p) -> int:
     """Raises the error a failed call reported, with the Rust message."""
-    if status in (0, _END_OF_EPOCH):
+    if status in (0, _END_OF_EPOCH, _TIMED_OUT):
         return status
     if err.value:
         message = lib.isb_error_message(err).decode("utf-8", "replace")
@@ -299,16 +303,27 @@ class _Epoch:
         if self._ds._handle is None:
             self.close()
             raise errors.Closed("the dataset was closed during iteration")
-        try:
-            status = _check(lib.isb_iter_next(self._it, *self._refs), self._err)
-        except errors.Error as e:
-            self._failed = str(e)
-            self.close()
-            raise
-        if status == _END_OF_EPOCH:
-            self.close()
-            raise StopIteration
-        batch = self._reader.read(self._b)
+        # A batch that arrived in a wait Ctrl-C interrupted is still in `_b`: deliver it first.
+        if not self._b.value:
+            try:
+                # Waits in slices: between two, Python runs its signal handlers, so Ctrl-C raises
+                # KeyboardInterrupt here while the batch is on its way, and the iteration stays
+                # usable.
+                status = _TIMED_OUT
+                while status == _TIMED_OUT:
+                    status = _check(
+                        lib.isb_iter_next_timeout(self._it, _WAIT_SLICE_MS, *self._refs), self._err
+                    )
+            except errors.Error as e:
+                self._failed = str(e)
+                self.close()
+                raise
+            if status == _END_OF_EPOCH:
+                self.close()
+                raise StopIteration
+        handle = ctypes.c_void_p(self._b.value)
+        self._b.value = None
+        batch = self._reader.read(handle)
         for t in self._ds._transforms:
             batch = t(batch)
         return batch
@@ -316,6 +331,9 @@ class _Epoch:
     def close(self) -> None:
         """Stops the epoch early and frees what it held (idempotent)."""
         it, self._it = self._it, None
+        if self._b.value:  # received by a wait that Ctrl-C interrupted, never delivered
+            lib.isb_batch_free(self._b)
+            self._b.value = None
         if it is not None:
             try:
                 self._ds._last_stats = _json_call(lib.isb_iter_stats_json, it)

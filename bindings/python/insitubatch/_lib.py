@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 _LIB_NAME = "libinsitubatch.so"
 
 
@@ -102,6 +102,7 @@ def _load() -> ctypes.CDLL:
         "isb_dataset_stats_json": (U32, [P, OUT_STR, ERR]),
         "isb_iter_start": (U32, [P, S, ctypes.POINTER(P), ERR]),
         "isb_iter_next": (U32, [P, ctypes.POINTER(P), ERR]),
+        "isb_iter_next_timeout": (U32, [P, ctypes.c_uint64, ctypes.POINTER(P), ERR]),
         "isb_iter_stats_json": (U32, [P, OUT_STR, ERR]),
         "isb_iter_free": (None, [P]),
         "isb_batch_len": (U32, [P, ctypes.POINTER(ctypes.c_size_t), ERR]),

@@ -183,3 +183,41 @@ def test_a_corrupt_chunk_raises_naming_the_key_then_next_says_it_failed_or_nan_f
                 else:
                     np.testing.assert_array_equal(row, ref[idx])
         assert ds.bad_chunks == [("", (1, 0, 0), "c/1/0/0")]
+
+
+def test_ctrl_c_interrupts_a_wait_for_a_batch_and_the_iteration_goes_on(fixtures, tmp_path):
+    import fcntl
+    import shutil
+    import signal
+    import threading
+    import time
+
+    src = fixtures[0] / "v3_zstd.zarr"
+    store = tmp_path / "stalled.zarr"
+    shutil.copytree(src, store)
+    ref = zarr.open_array(src, mode="r")[...]
+    # A write lease on the first chunk: opening it waits until the lease is released, as a
+    # store that stops answering would (the kernel breaks a lease after lease-break-time, 45 s).
+    f_setlease = getattr(fcntl, "F_SETLEASE", 1024)
+    old_sigio = signal.signal(signal.SIGIO, signal.SIG_IGN)  # the holder's "someone waits" signal
+    fd = os.open(store / "c" / "0" / "0" / "0", os.O_RDONLY)
+    try:
+        fcntl.fcntl(fd, f_setlease, fcntl.F_WRLCK)
+        with isb.InSituDataset(store, batch_size=2, shuffle=False) as ds:
+            it = iter(ds.all)
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            t0 = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                next(it)
+            # Interrupted while the store stalled, not when the kernel broke the lease.
+            assert time.monotonic() - t0 < 30
+            fcntl.fcntl(fd, f_setlease, fcntl.F_UNLCK)
+            rows = []
+            for b in it:
+                for r, idx in enumerate(b.sample_indices):
+                    np.testing.assert_array_equal(b.arrays[""][r], ref[idx])
+                rows.extend(b.sample_indices.tolist())
+            assert rows == list(range(ref.shape[0])), "every sample once, in order"
+    finally:
+        os.close(fd)
+        signal.signal(signal.SIGIO, old_sigio)
