@@ -132,12 +132,25 @@ async fn fetch<S: Store>(
 ) {
     // A recycled buffer: its pages are already faulted in, and the last one returned is the
     // likeliest to be in the cache.
-    let (result, waited) = {
+    let read = {
         let mut read = std::pin::pin!(ctx.store.get_into(&job.key, ctx.read_buffers.take()));
         match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
-            Poll::Ready(r) => (r, false),
-            Poll::Pending => (read.await, true),
+            Poll::Ready(r) => Some((r, false)),
+            Poll::Pending => {
+                // A read stuck in the kernel (a hung file system) must not hold up a pass that
+                // stops: it is dropped then, which abandons it to the runtime (the runtime keeps
+                // the buffer until the kernel lets go of it).
+                let mut stopped = std::pin::pin!(shared.stopped());
+                std::future::poll_fn(|cx| match read.as_mut().poll(cx) {
+                    Poll::Ready(r) => Poll::Ready(Some((r, true))),
+                    Poll::Pending => stopped.as_mut().poll(cx).map(|()| None),
+                })
+                .await
+            }
         }
+    };
+    let Some((result, waited)) = read else {
+        return job.cancel();
     };
     match result {
         Ok(bytes) => {

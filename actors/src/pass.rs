@@ -126,6 +126,8 @@ pub(crate) struct PassShared {
     pub slots: Mutex<Vec<SlotEntry>>,
     pub notify: Notify,
     cancelled: AtomicBool,
+    /// Notified once, when the pass stops (for tasks that wait on something else meanwhile).
+    stop: Notify,
     error: Mutex<Option<EngineError>>,
     pub counters: Counters,
     pub bad_chunks: Mutex<Vec<BadChunk>>,
@@ -140,6 +142,17 @@ impl PassShared {
 
     pub fn error(&self) -> Option<EngineError> {
         lock(&self.error).clone()
+    }
+
+    /// Completes once the pass has stopped (failed or cancelled).
+    pub async fn stopped(&self) {
+        loop {
+            let generation = self.stop.generation();
+            if self.is_cancelled() {
+                return;
+            }
+            self.stop.changed_since(generation).await;
+        }
     }
 
     /// Stops the pass with `err` (the first error wins) and wakes everyone who waits.
@@ -163,6 +176,7 @@ impl PassShared {
             s.fail(self.cancel_failure());
         }
         self.notify.notify_all();
+        self.stop.notify_all();
     }
 
     pub fn cancel_failure(&self) -> SlotFailure {
@@ -314,6 +328,7 @@ impl Pass {
             slots: Mutex::new((0..n_slots).map(|_| SlotEntry::Pending).collect()),
             notify: Notify::new(),
             cancelled: AtomicBool::new(false),
+            stop: Notify::new(),
             error: Mutex::new(None),
             counters: Counters::default(),
             bad_chunks: Mutex::new(Vec::new()),

@@ -401,6 +401,51 @@ fn a_bounded_wait_for_a_batch_times_out_while_the_store_stalls_and_loses_nothing
 }
 
 #[test]
+fn stopping_a_pass_does_not_wait_for_a_read_the_store_never_answers() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, mpsc};
+    use std::time::Duration;
+    let f = fixture("v3_zstd", "");
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&f.store, dir.path());
+    let lease = Lease::take(&dir.path().join("c/0/0/0"));
+    // The store answers again when the test says so, or on its own after 20 s: a stop that
+    // waited for the stuck read would return only then.
+    let (release, released) = mpsc::channel::<()>();
+    let gave_up = Arc::new(AtomicBool::new(false));
+    let holder = {
+        let gave_up = Arc::clone(&gave_up);
+        std::thread::spawn(move || {
+            if released.recv_timeout(Duration::from_secs(20)).is_err() {
+                gave_up.store(true, Ordering::SeqCst);
+            }
+            drop(lease);
+        })
+    };
+    let ds = InSituDataset::builder(dir.path())
+        .variable("v", "")
+        .batch_size(3)
+        .build()
+        .unwrap();
+    let mut pass = ds.all().unwrap();
+    assert!(matches!(
+        pass.next_timeout(Duration::from_millis(50)),
+        Err(TimedOut)
+    ));
+    drop(pass);
+    assert!(
+        !gave_up.load(Ordering::SeqCst),
+        "dropping the pass waited for the stalled read"
+    );
+    assert_eq!(ds.pool_stats().pinned_slots, 0);
+    release.send(()).unwrap();
+    holder.join().unwrap();
+    // The dataset is whole: the next epoch reads the chunk the stopped pass gave up on.
+    let anchors = check_epoch(&ds, "all", &[("v", &f, 0)]);
+    assert_eq!(anchors, (0..f.shape[0]).collect::<Vec<_>>());
+}
+
+#[test]
 fn a_panicking_decoder_reaches_the_consumer_as_an_error() {
     let f = fixture("paired", "raw");
     let ds = InSituDataset::builder(&f.store)
