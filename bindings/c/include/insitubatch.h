@@ -354,8 +354,8 @@ IsbStatus isb_iter_start(const struct IsbDataset *ds,
  Waits for as long as the batch takes; `isb_iter_next_timeout` bounds the wait.
 
  # Safety
- `it` is NULL or a live iteration used by one thread at a time; `out` is writable; `err` is
- NULL or writable.
+ `it` is NULL or a live iteration (a call while another thread is inside one on the same
+ iteration returns `ISB_INVALID_ARGUMENT`); `out` is writable; `err` is NULL or writable.
  */
 IsbStatus isb_iter_next(struct IsbIter *it, struct IsbBatch **out, struct IsbError **err);
 

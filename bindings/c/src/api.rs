@@ -22,11 +22,33 @@ pub struct IsbDataset {
 
 /// One epoch over one split. One thread at a time.
 pub struct IsbIter {
-    pass: Pass,
+    /// Locked by each call, so that two threads using one iteration at once get an error
+    /// instead of a data race.
+    state: std::sync::Mutex<IterState>,
     pid: u32,
-    failed: Option<String>,
     /// The dataset's labels as C strings, made once and shared by every batch.
     labels: Arc<[CString]>,
+}
+
+struct IterState {
+    pass: Pass,
+    failed: Option<String>,
+}
+
+impl IsbIter {
+    /// The iteration's state, or an error if another thread is inside a call on it.
+    fn state(&self) -> Result<std::sync::MutexGuard<'_, IterState>, IsbError> {
+        match self.state.try_lock() {
+            Ok(st) => Ok(st),
+            // A panic inside an earlier call was reported by it; the state is still whole.
+            Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => Err(IsbError::new(
+                IsbStatus::IsbInvalidArgument,
+                "this iteration is in use by another thread (an IsbIter is used by one thread \
+                 at a time; give each thread its own, or serialise the calls)",
+            )),
+        }
+    }
 }
 
 /// One batch: immutable; arrays are exported as DLPack tensors that keep it alive.
@@ -454,9 +476,8 @@ pub unsafe extern "C" fn isb_iter_start(
                 .map(|v| CString::new(v.label.as_str()).unwrap_or_default())
                 .collect();
         let it = Box::new(IsbIter {
-            pass,
+            state: std::sync::Mutex::new(IterState { pass, failed: None }),
             pid: d.pid,
-            failed: None,
             labels,
         });
         // SAFETY: checked non-NULL.
@@ -470,8 +491,8 @@ pub unsafe extern "C" fn isb_iter_start(
 /// Waits for as long as the batch takes; `isb_iter_next_timeout` bounds the wait.
 ///
 /// # Safety
-/// `it` is NULL or a live iteration used by one thread at a time; `out` is writable; `err` is
-/// NULL or writable.
+/// `it` is NULL or a live iteration (a call while another thread is inside one on the same
+/// iteration returns `ISB_INVALID_ARGUMENT`); `out` is writable; `err` is NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn isb_iter_next(
     it: *mut IsbIter,
@@ -515,18 +536,20 @@ unsafe fn next_batch(
         }
         // SAFETY: checked non-NULL.
         unsafe { *out = std::ptr::null_mut() };
-        // SAFETY: per the contract.
-        let it = unsafe { it.as_mut() }.ok_or_else(|| null("it"))?;
+        // SAFETY: per the contract (a shared reference: calls from two threads meet at the
+        // lock).
+        let it = unsafe { it.as_ref() }.ok_or_else(|| null("it"))?;
         same_process(it.pid)?;
-        if let Some(m) = &it.failed {
+        let mut st = it.state()?;
+        if let Some(m) = &st.failed {
             return Err(IsbError::new(
                 IsbStatus::IsbCancelled,
                 format!("this iteration failed earlier and is over: {m}"),
             ));
         }
         let next = match timeout {
-            None => it.pass.next(),
-            Some(t) => match it.pass.next_timeout(t) {
+            None => st.pass.next(),
+            Some(t) => match st.pass.next_timeout(t) {
                 Ok(next) => next,
                 Err(insitubatch::TimedOut) => return Ok(IsbStatus::IsbTimedOut),
             },
@@ -534,7 +557,7 @@ unsafe fn next_batch(
         match next {
             None => Ok(IsbStatus::IsbEndOfEpoch),
             Some(Err(e)) => {
-                it.failed = Some(e.to_string());
+                st.failed = Some(e.to_string());
                 Err(e.into())
             }
             Some(Ok(batch)) => {
@@ -564,7 +587,7 @@ pub unsafe extern "C" fn isb_iter_stats_json(
         // SAFETY: per the contract.
         let it = unsafe { it.as_ref() }.ok_or_else(|| null("it"))?;
         same_process(it.pid)?;
-        let s = serde_json::to_string(&it.pass.stats())
+        let s = serde_json::to_string(&it.state()?.pass.stats())
             .map_err(|e| IsbError::new(IsbStatus::IsbInternal, e.to_string()))?;
         out_string(out_json, s)
     })

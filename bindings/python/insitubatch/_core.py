@@ -9,8 +9,9 @@ is referenced is safe.
 from __future__ import annotations
 
 import ctypes
-import os
 import json
+import os
+import threading
 import numbers
 import warnings
 from dataclasses import dataclass, field, replace
@@ -291,17 +292,32 @@ class _Epoch:
         self._err = ctypes.c_void_p()
         self._refs = (ctypes.byref(self._b), ctypes.byref(self._err))
         self._failed: str | None = None
+        # Held while a thread advances the epoch; `close` from another thread sets `_closing`,
+        # which the wait checks between slices, then takes the lock.
+        self._lock = threading.Lock()
+        self._closing = False
 
     def __iter__(self) -> "_Epoch":
         return self
 
     def __next__(self) -> Batch:
+        if not self._lock.acquire(blocking=False):
+            raise errors.InvalidArgument(
+                "this epoch's iterator is being advanced by another thread; "
+                "iterate one epoch from one thread at a time"
+            )
+        try:
+            return self._next()
+        finally:
+            self._lock.release()
+
+    def _next(self) -> Batch:
         if self._failed is not None:
             raise errors.Cancelled(f"this iteration failed earlier and is over: {self._failed}")
         if self._it is None:
             raise StopIteration
         if self._ds._handle is None:
-            self.close()
+            self._close()
             raise errors.Closed("the dataset was closed during iteration")
         # A batch that arrived in a wait Ctrl-C interrupted is still in `_b`: deliver it first.
         if not self._b.value:
@@ -310,16 +326,19 @@ class _Epoch:
                 # KeyboardInterrupt here while the batch is on its way, and the iteration stays
                 # usable.
                 status = _TIMED_OUT
-                while status == _TIMED_OUT:
+                while status == _TIMED_OUT and not self._closing:
                     status = _check(
                         lib.isb_iter_next_timeout(self._it, _WAIT_SLICE_MS, *self._refs), self._err
                     )
             except errors.Error as e:
                 self._failed = str(e)
-                self.close()
+                self._close()
                 raise
+            if status == _TIMED_OUT:
+                self._close()
+                raise errors.Closed("this epoch was closed by another thread while it waited")
             if status == _END_OF_EPOCH:
-                self.close()
+                self._close()
                 raise StopIteration
         handle = ctypes.c_void_p(self._b.value)
         self._b.value = None
@@ -329,7 +348,13 @@ class _Epoch:
         return batch
 
     def close(self) -> None:
-        """Stops the epoch early and frees what it held (idempotent)."""
+        """Stops the epoch early and frees what it held (idempotent). From another thread, it
+        ends a `next()` that is waiting there (which raises `Closed`)."""
+        self._closing = True
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         it, self._it = self._it, None
         if self._b.value:  # received by a wait that Ctrl-C interrupted, never delivered
             lib.isb_batch_free(self._b)

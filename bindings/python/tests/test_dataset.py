@@ -1,6 +1,7 @@
 """The engine through Python: values against zarr-python, sample-once, determinism, zero copy,
 lifetimes under adversarial drop orders, errors, fork."""
 
+import contextlib
 import gc
 import os
 
@@ -185,8 +186,28 @@ def test_a_corrupt_chunk_raises_naming_the_key_then_next_says_it_failed_or_nan_f
         assert ds.bad_chunks == [("", (1, 0, 0), "c/1/0/0")]
 
 
-def test_ctrl_c_interrupts_a_wait_for_a_batch_and_the_iteration_goes_on(fixtures, tmp_path):
+F_SETLEASE = 1024  # fcntl.F_SETLEASE on Linux (the module has it from Python 3.12 on)
+
+
+@contextlib.contextmanager
+def stalled_chunk(store, key):
+    """A write lease on a chunk file: opening it waits until the lease is released, as a store
+    that stops answering would (the kernel breaks a lease after lease-break-time, 45 s). Yields
+    a function that releases it."""
     import fcntl
+    import signal
+
+    old_sigio = signal.signal(signal.SIGIO, signal.SIG_IGN)  # the holder's "someone waits" signal
+    fd = os.open(store / key, os.O_RDONLY)
+    try:
+        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_WRLCK)
+        yield lambda: fcntl.fcntl(fd, F_SETLEASE, fcntl.F_UNLCK)
+    finally:
+        os.close(fd)
+        signal.signal(signal.SIGIO, old_sigio)
+
+
+def test_ctrl_c_interrupts_a_wait_for_a_batch_and_the_iteration_goes_on(fixtures, tmp_path):
     import shutil
     import signal
     import threading
@@ -196,13 +217,7 @@ def test_ctrl_c_interrupts_a_wait_for_a_batch_and_the_iteration_goes_on(fixtures
     store = tmp_path / "stalled.zarr"
     shutil.copytree(src, store)
     ref = zarr.open_array(src, mode="r")[...]
-    # A write lease on the first chunk: opening it waits until the lease is released, as a
-    # store that stops answering would (the kernel breaks a lease after lease-break-time, 45 s).
-    f_setlease = getattr(fcntl, "F_SETLEASE", 1024)
-    old_sigio = signal.signal(signal.SIGIO, signal.SIG_IGN)  # the holder's "someone waits" signal
-    fd = os.open(store / "c" / "0" / "0" / "0", os.O_RDONLY)
-    try:
-        fcntl.fcntl(fd, f_setlease, fcntl.F_WRLCK)
+    with stalled_chunk(store, "c/0/0/0") as release:
         with isb.InSituDataset(store, batch_size=2, shuffle=False) as ds:
             it = iter(ds.all)
             threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
@@ -211,13 +226,55 @@ def test_ctrl_c_interrupts_a_wait_for_a_batch_and_the_iteration_goes_on(fixtures
                 next(it)
             # Interrupted while the store stalled, not when the kernel broke the lease.
             assert time.monotonic() - t0 < 30
-            fcntl.fcntl(fd, f_setlease, fcntl.F_UNLCK)
+            release()
             rows = []
             for b in it:
                 for r, idx in enumerate(b.sample_indices):
                     np.testing.assert_array_equal(b.arrays[""][r], ref[idx])
                 rows.extend(b.sample_indices.tolist())
             assert rows == list(range(ref.shape[0])), "every sample once, in order"
-    finally:
-        os.close(fd)
-        signal.signal(signal.SIGIO, old_sigio)
+
+
+def test_one_epoch_from_two_threads_is_an_error_and_close_ends_a_waiting_next(fixtures, tmp_path):
+    import ctypes
+    import shutil
+    import threading
+
+    from insitubatch._lib import lib
+
+    src = fixtures[0] / "v3_zstd.zarr"
+    store = tmp_path / "stalled.zarr"
+    shutil.copytree(src, store)
+    with stalled_chunk(store, "c/0/0/0") as release:
+        with isb.InSituDataset(store, batch_size=2, shuffle=False) as ds:
+            it = iter(ds.all)
+            raised = []
+            waiting = threading.Thread(target=lambda: raised.append(_raised_by(next, it)))
+            waiting.start()
+            while not it._lock.locked():
+                waiting.join(0.01)
+            with pytest.raises(isb.InvalidArgument, match="another thread"):
+                next(it)
+            # The library refuses a second caller too (no data race), whatever the shim does.
+            b, err = ctypes.c_void_p(), ctypes.c_void_p()
+            status = lib.isb_iter_next_timeout(it._it, 0, ctypes.byref(b), ctypes.byref(err))
+            assert status == 2 and not b.value
+            assert b"in use by another thread" in lib.isb_error_message(err)
+            lib.isb_error_free(err)
+            # Closing from here ends the waiting next() and does not wait for the stalled read.
+            it.close()
+            waiting.join(30)
+            assert not waiting.is_alive()
+            assert len(raised) == 1 and isinstance(raised[0], isb.Closed), raised
+            with pytest.raises(StopIteration):
+                next(it)
+            # Before the dataset closes: the thread fallback's shutdown waits for a stuck read.
+            release()
+
+
+def _raised_by(f, *args):
+    try:
+        f(*args)
+    except BaseException as e:  # noqa: BLE001 - the test inspects it
+        return e
+    return None
