@@ -55,6 +55,15 @@ fn compile(source: &Path, name: &str) -> PathBuf {
     exe
 }
 
+/// A command running a compiled C program against the release library it was linked with. The
+/// test runner's `LD_LIBRARY_PATH` (searched before the program's run path) may list a directory
+/// with another build of `libinsitubatch.so`, so it is set to the release directory.
+fn c_program(exe: &Path) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.env("LD_LIBRARY_PATH", root().join("target/release"));
+    cmd
+}
+
 #[test]
 fn the_c_example_prints_the_checksum_the_rust_api_computes() {
     let f = fixture_arrays()
@@ -62,7 +71,7 @@ fn the_c_example_prints_the_checksum_the_rust_api_computes() {
         .find(|f| f.case == "era5_v3")
         .expect("era5_v3 fixture");
     let exe = compile(&root().join("examples/c/loader.c"), "isb-loader");
-    let out = Command::new(&exe).arg(&f.store).output().unwrap();
+    let out = c_program(&exe).arg(&f.store).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -121,7 +130,7 @@ fn bad_input_through_the_c_abi_is_a_status_and_a_message() {
     copy_dir(&zstd.store, corrupt.path());
     std::fs::write(corrupt.path().join("c/1/0/0"), b"this is not zstd").unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let out = Command::new(&exe)
+    let out = c_program(&exe)
         .arg(&f.store)
         .arg(corrupt.path())
         .arg(cache.path())

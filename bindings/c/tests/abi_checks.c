@@ -76,6 +76,7 @@ int main(int argc, char **argv) {
     CHECK("empty split", isb_iter_start(ds, "val", &it, &err), ISB_INVALID_ARGUMENT, "val");
     CHECK("NULL dataset", isb_iter_start(NULL, "train", &it, &err), ISB_NULL_POINTER, "ds");
     CHECK("NULL iter", isb_iter_next(NULL, NULL, &err), ISB_NULL_POINTER, "out");
+    CHECK("NULL iter, bounded wait", isb_iter_next_timeout(NULL, 10, NULL, &err), ISB_NULL_POINTER, "out");
 
     if (isb_iter_start(ds, "train", &it, &err) != ISB_OK) return 1;
     IsbBatch *b = NULL;
@@ -110,10 +111,27 @@ int main(int argc, char **argv) {
     }
     if (isb_iter_start(ds, "all", &it, &err) != ISB_OK) return 1;
     IsbStatus st;
-    while ((st = isb_iter_next(it, &b, &err)) == ISB_OK) isb_batch_free(b);
+    /* Bounded waits: a slice that ends before its batch is ISB_TIMED_OUT and loses nothing. */
+    size_t rows = 0;
+    while ((st = isb_iter_next_timeout(it, 5, &b, &err)) == ISB_OK || st == ISB_TIMED_OUT) {
+        if (st == ISB_OK) {
+            size_t n = 0;
+            isb_batch_len(b, &n, NULL);
+            rows += n;
+            isb_batch_free(b);
+        } else if (b != NULL) {
+            fprintf(stderr, "FAIL a timed-out wait handed out a batch\n");
+            failures++;
+        }
+    }
     expect("corrupt chunk", st, ISB_BAD_DATA, err, "c/1/0/0");
     err = NULL; /* freed by expect */
+    if (rows > 4) { /* at most samples 0..4 precede the corrupt chunk c/1/0/0 (samples 4..8) */
+        fprintf(stderr, "FAIL %zu rows before the corrupt chunk, at most 4 exist\n", rows);
+        failures++;
+    }
     CHECK("next after an error", isb_iter_next(it, &b, &err), ISB_CANCELLED, "failed earlier");
+    CHECK("bounded next after an error", isb_iter_next_timeout(it, 0, &b, &err), ISB_CANCELLED, "failed earlier");
     isb_iter_free(it);
     isb_dataset_free(ds);
 
