@@ -578,7 +578,8 @@ fn run_executor(rt: Arc<RuntimeShared>, index: usize, driver: Driver) {
 }
 
 /// A running runtime. Dropping it (or calling [`Runtime::shutdown`]) stops every executor,
-/// cancels in-flight IO, and joins every thread it started.
+/// cancels in-flight IO, and joins every thread it started (but a fallback IO thread still
+/// inside a system call after a grace period, which is left to finish on its own).
 pub struct Runtime {
     handle: Handle,
     shared: Arc<RuntimeShared>,

@@ -438,9 +438,37 @@ fn stopping_a_pass_does_not_wait_for_a_read_the_store_never_answers() {
         "dropping the pass waited for the stalled read"
     );
     assert_eq!(ds.pool_stats().pinned_slots, 0);
+    // While it stalls, an epoch that does not need the stalled chunk runs.
+    let rest = split_by_chunk(
+        &ds.variables()[0].geom,
+        &[1.0],
+        0,
+        true,
+        Some((4, f.shape[0])),
+    )
+    .unwrap();
+    let tail = InSituDataset::builder(dir.path())
+        .variable("v", "")
+        .manifest(rest)
+        .batch_size(3)
+        .build()
+        .unwrap();
+    assert!(!check_epoch(&tail, "train", &[("v", &f, 0)]).is_empty());
+    // Nor does dropping the dataset wait for it: io_uring cancels the read, and the thread
+    // fallback leaves an IO thread stuck in a system call to finish on its own.
+    drop(tail);
+    drop(ds);
+    assert!(
+        !gave_up.load(Ordering::SeqCst),
+        "dropping the dataset waited for the stalled read"
+    );
     release.send(()).unwrap();
     holder.join().unwrap();
-    // The dataset is whole: the next epoch reads the chunk the stopped pass gave up on.
+    let ds = InSituDataset::builder(dir.path())
+        .variable("v", "")
+        .batch_size(3)
+        .build()
+        .unwrap();
     let anchors = check_epoch(&ds, "all", &[("v", &f, 0)]);
     assert_eq!(anchors, (0..f.shape[0]).collect::<Vec<_>>());
 }

@@ -13,23 +13,34 @@ pub(crate) type BlockingJob = Box<dyn FnOnce(bool) + Send>;
 /// Jobs queued per pool before submitters wait (the bound on queued fallback IO).
 const POOL_QUEUE_CAPACITY: usize = 1024;
 
+/// How long shutdown waits for IO threads still inside a system call. A file system that stopped
+/// answering must not hang the host's exit: past this, such threads are left to finish on their
+/// own (they own everything they touch, and exit when their call returns).
+const STUCK_IO_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub(crate) struct IoPool {
     tx: Option<flume::Sender<BlockingJob>>,
     shutdown: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// Every thread holds a sender and never sends: the channel disconnects when the last one
+    /// has left its loop.
+    exited: flume::Receiver<()>,
 }
 
 impl IoPool {
     pub(crate) fn start(name: &str, threads: usize) -> std::io::Result<Self> {
         let (tx, rx) = flume::bounded::<BlockingJob>(POOL_QUEUE_CAPACITY);
+        let (alive, exited) = flume::bounded::<()>(1);
         let shutdown = Arc::new(AtomicBool::new(false));
         let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
             let rx = rx.clone();
             let flag = Arc::clone(&shutdown);
+            let thread_alive = alive.clone();
             let h = std::thread::Builder::new()
                 .name(format!("{name}-io-{i}"))
                 .spawn(move || {
+                    let _alive = thread_alive;
                     while let Ok(job) = rx.recv() {
                         job(flag.load(Ordering::SeqCst));
                     }
@@ -37,10 +48,12 @@ impl IoPool {
             match h {
                 Ok(h) => handles.push(h),
                 Err(e) => {
+                    drop(alive);
                     let pool = IoPool {
                         tx: Some(tx),
                         shutdown,
                         threads: handles,
+                        exited,
                     };
                     pool.shutdown();
                     return Err(e);
@@ -51,6 +64,7 @@ impl IoPool {
             tx: Some(tx),
             shutdown,
             threads: handles,
+            exited,
         })
     }
 
@@ -58,12 +72,32 @@ impl IoPool {
         self.tx.clone().expect("pool is running")
     }
 
-    /// Queued jobs complete as cancelled; running ones finish; every thread is joined.
+    /// Queued jobs complete as cancelled; running ones finish; every thread is joined, except
+    /// one still inside a system call after [`STUCK_IO_GRACE`], which is left to finish on its
+    /// own (with a warning).
     pub(crate) fn shutdown(mut self) {
         self.shutdown.store(true, Ordering::SeqCst);
         self.tx = None;
-        for t in self.threads.drain(..) {
+        let all_left = matches!(
+            self.exited.recv_timeout(STUCK_IO_GRACE),
+            Err(flume::RecvTimeoutError::Disconnected)
+        );
+        let (done, stuck): (Vec<_>, Vec<_>) = self
+            .threads
+            .drain(..)
+            .partition(|t| all_left || t.is_finished());
+        for t in done {
             let _ = t.join();
+        }
+        if !stuck.is_empty() {
+            let names: Vec<&str> = stuck.iter().filter_map(|t| t.thread().name()).collect();
+            eprintln!(
+                "insitubatch: warning: IO thread(s) {} still inside a system call {} s after \
+                 shutdown began (a file system that stopped answering?); they are left to \
+                 finish on their own",
+                names.join(", "),
+                STUCK_IO_GRACE.as_secs()
+            );
         }
     }
 }
