@@ -142,7 +142,7 @@ typedef struct IsbDataset IsbDataset;
 typedef struct IsbError IsbError;
 
 /*
- One epoch over one split. One thread at a time.
+ One epoch over one split, used by one thread at a time (a second caller gets an error).
  */
 typedef struct IsbIter IsbIter;
 
@@ -375,6 +375,7 @@ IsbStatus isb_iter_next_timeout(struct IsbIter *it,
 
 /*
  The iteration's report as JSON (hits, misses, bytes, TTFB, latency percentiles, bad chunks…).
+ `ISB_INVALID_ARGUMENT` while another thread is inside a call on the same iteration.
 
  # Safety
  `it` is NULL or a live iteration; `out_json` is writable; `err` is NULL or writable.

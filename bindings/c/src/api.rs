@@ -20,7 +20,7 @@ pub struct IsbDataset {
     pid: u32,
 }
 
-/// One epoch over one split. One thread at a time.
+/// One epoch over one split, used by one thread at a time (a second caller gets an error).
 pub struct IsbIter {
     /// Locked by each call, so that two threads using one iteration at once get an error
     /// instead of a data race.
@@ -574,6 +574,7 @@ unsafe fn next_batch(
 }
 
 /// The iteration's report as JSON (hits, misses, bytes, TTFB, latency percentiles, bad chunks…).
+/// `ISB_INVALID_ARGUMENT` while another thread is inside a call on the same iteration.
 ///
 /// # Safety
 /// `it` is NULL or a live iteration; `out_json` is writable; `err` is NULL or writable.
