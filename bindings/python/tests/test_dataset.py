@@ -278,3 +278,20 @@ def _raised_by(f, *args):
     except BaseException as e:  # noqa: BLE001 - the test inspects it
         return e
     return None
+
+
+def test_a_batch_an_interrupted_wait_received_is_the_next_one_delivered(fixtures):
+    import ctypes
+
+    from insitubatch._lib import lib
+
+    src = fixtures[0] / "v3_zstd.zarr"
+    n = zarr.open_array(src, mode="r").shape[0]
+    with isb.InSituDataset(src, batch_size=2, shuffle=False) as ds:
+        it = iter(ds.all)
+        # What Ctrl-C right after the library returned a batch leaves in the iterator.
+        status = lib.isb_iter_next_timeout(it._it, 60_000, ctypes.byref(it._b), ctypes.byref(it._err))
+        assert status == 0 and it._b.value
+        rows = [b.sample_indices.tolist() for b in it]
+        assert rows[0] == [0, 1]
+        assert sum(rows, []) == list(range(n)), "nothing lost, nothing twice"
