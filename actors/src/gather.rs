@@ -10,7 +10,7 @@ use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use insitubatch_pool::Slot;
+use insitubatch_pool::{PooledBuf, Slot};
 use insitubatch_runtime::{JoinHandle, yield_now};
 use insitubatch_store::Store;
 
@@ -172,6 +172,29 @@ async fn copy_batch<S: Store>(
     })
 }
 
+/// A buffer for `rows` samples of `sample_bytes` each, or an error that names the batch size when
+/// the allocator refuses it (a size from user input must not abort the host process).
+fn take_batch_buffer<S: Store>(
+    ctx: &EngineContext<S>,
+    batch_size: usize,
+    rows: usize,
+    sample_bytes: usize,
+    label: &str,
+) -> Result<PooledBuf, EngineError> {
+    rows.checked_mul(sample_bytes)
+        .and_then(|bytes| ctx.buffers.take(bytes))
+        .ok_or_else(|| {
+            EngineError::arg(
+                "batch_size",
+                batch_size,
+                format!(
+                    "a batch of label `{label}` needs {rows} × {sample_bytes} bytes, which cannot \
+                     be allocated; lower batch_size"
+                ),
+            )
+        })
+}
+
 async fn run<S: Store>(
     ctx: &EngineContext<S>,
     shared: &PassShared,
@@ -214,8 +237,9 @@ async fn run<S: Store>(
         let mut runs = Vec::new();
         for (l, info) in plan.labels.iter().enumerate() {
             let sb = info.sample_bytes as usize;
-            // Full-size buffer, then a prefix: the short final batch costs no other buffer.
-            let mut buf = ctx.buffers.take(bs * sb);
+            // The largest batch of this pass, then a prefix: the short final batch costs no
+            // other buffer.
+            let mut buf = take_batch_buffer(ctx, bs, bs.min(n_rows), sb, &labels[l])?;
             buf.truncate(n * sb);
             bufs.push(buf);
             for (r, s, w, run) in row_runs(&locs[l * n..(l + 1) * n]) {

@@ -20,6 +20,9 @@ use insitubatch_store::{ArrayGeometry, Hierarchy, LocalStore, open_geometries, o
 pub const DEFAULT_BATCH_SIZE: usize = 32;
 /// Default chunks per shuffle block.
 pub const DEFAULT_BLOCK_CHUNKS: usize = 16;
+/// The most stored-chunk reads `max_inflight` may allow in flight.
+pub const MAX_INFLIGHT: usize = 4096;
+
 /// Default in-flight stored-chunk reads per executor thread (`max_inflight` unset: this many
 /// times the executor count). A local store is decode-bound: a read or two queued behind each
 /// decoder keeps every core busy, and each read beyond that only holds one more encoded chunk
@@ -239,6 +242,16 @@ impl DatasetBuilder {
                     hint: "must be at least 1".into(),
                 });
             }
+        }
+        if let Some(n) = self.max_inflight.filter(|&n| n > MAX_INFLIGHT) {
+            return Err(EngineError::InvalidArgument {
+                name: "max_inflight",
+                value: n.to_string(),
+                hint: format!(
+                    "at most {MAX_INFLIGHT}: every read in flight has a fetcher task and a buffer \
+                     of its own, and local storage gains nothing past a few dozen per core"
+                ),
+            });
         }
         if self.cache_dir.is_none() {
             let needs_dir = [

@@ -13,7 +13,7 @@ pub mod synth;
 
 pub use dataset::{
     DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_INFLIGHT_PER_EXECUTOR,
-    DEFAULT_PREFETCH_DEPTH, DatasetBuilder, InSituDataset, geometries, geometry_json,
+    DEFAULT_PREFETCH_DEPTH, DatasetBuilder, InSituDataset, MAX_INFLIGHT, geometries, geometry_json,
 };
 pub use insitubatch_actors as actors;
 pub use insitubatch_actors::{

@@ -70,32 +70,37 @@ impl BufferPool {
     }
 
     /// A buffer of exactly `len` initialised bytes (contents unspecified: the caller overwrites
-    /// what it hands out).
-    pub fn take(&self, len: usize) -> PooledBuf {
+    /// what it hands out), or `None` when the allocator refuses `len` bytes.
+    pub fn take(&self, len: usize) -> Option<PooledBuf> {
         let reused = if self.shared.reuse {
             let mut free = lock(&self.shared.free);
             // Best fit among buffers no more than twice the size, so a small batch does not
             // pin a huge buffer.
+            let most = len.max(1).saturating_mul(2).saturating_add(4096);
             free.iter()
                 .enumerate()
-                .filter(|(_, b)| b.capacity() >= len && b.capacity() <= len.max(1) * 2 + 4096)
+                .filter(|(_, b)| b.capacity() >= len && b.capacity() <= most)
                 .min_by_key(|(_, b)| b.capacity())
                 .map(|(i, _)| i)
                 .map(|i| free.swap_remove(i))
         } else {
             None
         };
-        let mut buf = reused.unwrap_or_else(|| {
-            self.shared
-                .allocated
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            AlignedBuf::with_capacity(len)
-        });
+        let mut buf = match reused {
+            Some(buf) => buf,
+            None => {
+                let buf = AlignedBuf::try_with_capacity(len)?;
+                self.shared
+                    .allocated
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                buf
+            }
+        };
         buf.set_len(len);
-        PooledBuf {
+        Some(PooledBuf {
             buf: Some(buf),
             home: Arc::downgrade(&self.shared),
-        }
+        })
     }
 }
 
@@ -181,20 +186,29 @@ mod tests {
     #[test]
     fn buffers_come_back_when_dropped_and_a_retained_one_is_not_reused() {
         let pool = BufferPool::with_reuse(true);
-        let mut a = pool.take(1000);
+        let mut a = pool.take(1000).unwrap();
         a.as_mut_slice().fill(7);
         let a_ptr = a.as_ptr();
         drop(a);
-        let b = pool.take(900);
+        let b = pool.take(900).unwrap();
         assert_eq!(b.as_ptr(), a_ptr, "the dropped buffer is reused");
         assert_eq!(b.len(), 900);
         // `b` is retained: the next take must not alias it.
-        let c = pool.take(900);
+        let c = pool.take(900).unwrap();
         assert_ne!(c.as_ptr(), b.as_ptr());
         assert_eq!(pool.allocated(), 2);
         let off = BufferPool::with_reuse(false);
-        drop(off.take(10));
-        drop(off.take(10));
+        drop(off.take(10).unwrap());
+        drop(off.take(10).unwrap());
         assert_eq!(off.allocated(), 2);
+    }
+
+    #[test]
+    fn a_size_the_allocator_refuses_is_none_not_an_abort() {
+        let pool = BufferPool::with_reuse(true);
+        assert!(pool.take(usize::MAX).is_none(), "not representable");
+        assert!(pool.take(1 << 62).is_none(), "refused by the allocator");
+        assert_eq!(pool.allocated(), 0);
+        assert_eq!(pool.take(64).unwrap().len(), 64, "the pool still works");
     }
 }

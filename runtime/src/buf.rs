@@ -84,17 +84,29 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     /// Allocates `capacity` bytes rounded up to [`DIRECT_IO_ALIGN`], all zero, with length 0.
+    /// Aborts the process if the allocator refuses, as `Vec` does; see
+    /// [`AlignedBuf::try_with_capacity`].
     pub fn with_capacity(capacity: usize) -> Self {
-        let capacity = capacity.max(1).next_multiple_of(DIRECT_IO_ALIGN);
-        let layout = Self::layout(capacity);
+        match Self::try_with_capacity(capacity) {
+            Some(buf) => buf,
+            None => std::alloc::handle_alloc_error(Self::layout(
+                capacity.max(1).next_multiple_of(DIRECT_IO_ALIGN),
+            )),
+        }
+    }
+
+    /// [`AlignedBuf::with_capacity`], or `None` when the size is not representable or the
+    /// allocator refuses it (for sizes that come from user input).
+    pub fn try_with_capacity(capacity: usize) -> Option<Self> {
+        let capacity = capacity.max(1).checked_next_multiple_of(DIRECT_IO_ALIGN)?;
+        let layout = Layout::from_size_align(capacity, DIRECT_IO_ALIGN).ok()?;
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Self {
-            ptr,
+        Some(Self {
+            ptr: NonNull::new(raw)?,
             capacity,
             len: 0,
-        }
+        })
     }
 
     /// Copies `data` into a new aligned buffer whose length is `data.len()`.

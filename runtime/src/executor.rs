@@ -19,6 +19,10 @@ use crate::backend::{self, FallbackReason, IoBackend, IoBackendChoice};
 use crate::driver::{Driver, IoPool};
 use crate::task::{JoinHandle, JoinState, TaskError, TaskFuture, lock};
 
+/// The most executor threads a runtime may start (a bound on a user's knob: one per core is
+/// the design).
+pub const MAX_EXECUTOR_THREADS: usize = 1024;
+
 /// Tasks polled per executor tick before IO is submitted and reaped again; keeps one busy task
 /// set from starving completions (and completions from starving tasks).
 const POLL_BUDGET_PER_TICK: usize = 256;
@@ -136,6 +140,16 @@ impl RuntimeBuilder {
                 return Err(RuntimeError::InvalidArgument {
                     argument: "executor_threads",
                     message: "must be at least 1".into(),
+                });
+            }
+            Some(n) if n > MAX_EXECUTOR_THREADS => {
+                return Err(RuntimeError::InvalidArgument {
+                    argument: "executor_threads",
+                    message: format!(
+                        "{n} is more than {MAX_EXECUTOR_THREADS}; an executor is a thread with an \
+                         IO ring of its own, meant one per core ({} here)",
+                        std::thread::available_parallelism().map_or(1, |n| n.get())
+                    ),
                 });
             }
             Some(n) => n,

@@ -428,6 +428,16 @@ fn invalid_builder_arguments_are_errors() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("executor_threads"), "{e}");
+    // An absurd thread count is refused up front rather than spawned until something fails.
+    let e = RuntimeBuilder::new()
+        .executor_threads(1_000_000)
+        .build()
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string().contains("executor_threads") && e.to_string().contains("1024"),
+        "{e}"
+    );
     let e = RuntimeBuilder::new().ring_entries(1).build().err().unwrap();
     assert!(e.to_string().contains("ring_entries"), "{e}");
 }

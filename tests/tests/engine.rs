@@ -474,6 +474,21 @@ fn stopping_a_pass_does_not_wait_for_a_read_the_store_never_answers() {
 }
 
 #[test]
+fn a_batch_size_beyond_the_split_gives_one_batch_of_the_whole_split() {
+    // Batch buffers are sized by the rows a batch can have, not by the knob: a huge batch_size
+    // is one batch, not an allocation that aborts the process.
+    let f = fixture("v3_zstd", "");
+    let ds = InSituDataset::builder(&f.store)
+        .variable("v", "")
+        .batch_size(usize::MAX)
+        .build()
+        .unwrap();
+    let anchors = check_epoch(&ds, "all", &[("v", &f, 0)]);
+    assert_eq!(sorted(anchors), (0..f.shape[0]).collect::<Vec<_>>());
+    assert_eq!(ds.all().unwrap().count(), 1);
+}
+
+#[test]
 fn a_panicking_decoder_reaches_the_consumer_as_an_error() {
     let f = fixture("paired", "raw");
     let ds = InSituDataset::builder(&f.store)
@@ -612,6 +627,24 @@ fn bad_arguments_are_errors_that_name_the_argument() {
         let e = b.variable("r", "raw").build().unwrap_err().to_string();
         assert!(e.contains(&format!("`{name}`")), "{e}");
     }
+    // Every read in flight costs a task and a buffer: an absurd bound is refused, not spawned.
+    let e = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .max_inflight(insitubatch::MAX_INFLIGHT + 1)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`max_inflight`") && e.contains("at most 4096"),
+        "{e}"
+    );
+    assert!(
+        InSituDataset::builder(&f.store)
+            .variable("r", "raw")
+            .max_inflight(insitubatch::MAX_INFLIGHT)
+            .build()
+            .is_ok()
+    );
     let raw = InSituDataset::builder(&f.store)
         .variable("r", "raw")
         .build()

@@ -246,7 +246,7 @@ mod tests {
             slots.push(s);
         }
         let buffers = BufferPool::with_reuse(false);
-        let bufs = vec![buffers.take(96), buffers.take(32)];
+        let bufs = vec![buffers.take(96).unwrap(), buffers.take(32).unwrap()];
         let runs = vec![
             run(0, 0, 2, 8, 32),
             run(0, 32, 0, 0, 64),
@@ -288,6 +288,6 @@ mod tests {
         s.adopt(vec![0; 64]).unwrap();
         let buffers = BufferPool::with_reuse(false);
         let runs = vec![run(0, 0, 0, 0, 32), run(0, 16, 0, 0, 32)];
-        let _ = CopyJob::new(vec![buffers.take(64)], vec![s], runs);
+        let _ = CopyJob::new(vec![buffers.take(64).unwrap()], vec![s], runs);
     }
 }

@@ -590,7 +590,12 @@ impl DiskTier {
                     // the next page (numpy reads by shape; revival accepts it), which spares a
                     // truncate per file.
                     let padded = total.next_multiple_of(DIRECT_IO_ALIGN);
-                    let mut buf = self.write_buffers.take(padded);
+                    let mut buf = self.write_buffers.take(padded).ok_or_else(|| {
+                        std::io::Error::new(
+                            std::io::ErrorKind::OutOfMemory,
+                            format!("no memory for a {padded}-byte aligned write buffer"),
+                        )
+                    })?;
                     let dst = buf.as_mut_slice();
                     dst[..HEADER_LEN].copy_from_slice(&header);
                     dst[HEADER_LEN..total].copy_from_slice(bytes.memory().unwrap_or_default());
