@@ -13,7 +13,7 @@ use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
 };
 use insitubatch_runtime::sync::Semaphore;
-use insitubatch_runtime::{IoBackend, IoBackendChoice, Runtime, RuntimeBuilder};
+use insitubatch_runtime::{IoBackend, IoBackendChoice, Runtime, RuntimeBuilder, RuntimeError};
 use insitubatch_store::{ArrayGeometry, Hierarchy, LocalStore, open_geometries, open_hierarchy};
 
 /// Default rows per batch.
@@ -285,9 +285,20 @@ impl DatasetBuilder {
         if let Some(n) = self.executor_threads {
             rb = rb.executor_threads(n);
         }
-        let runtime = rb
-            .build()
-            .map_err(|e| EngineError::Runtime(e.to_string()))?;
+        let runtime = rb.build().map_err(|e| match e {
+            // A knob the runtime refused is the user's argument, like the engine's own.
+            RuntimeError::InvalidArgument { argument, message } => EngineError::InvalidArgument {
+                name: argument,
+                value: match argument {
+                    "executor_threads" => self
+                        .executor_threads
+                        .map_or_else(|| "?".into(), |n| n.to_string()),
+                    _ => "?".into(),
+                },
+                hint: message,
+            },
+            other => EngineError::Runtime(other.to_string()),
+        })?;
         let hierarchy = load_hierarchy(&runtime, &store)?;
         let axis = self.sample_axis;
         let mut variables: Vec<Variable> = Vec::new();

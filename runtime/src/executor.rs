@@ -146,8 +146,8 @@ impl RuntimeBuilder {
                 return Err(RuntimeError::InvalidArgument {
                     argument: "executor_threads",
                     message: format!(
-                        "{n} is more than {MAX_EXECUTOR_THREADS}; an executor is a thread with an \
-                         IO ring of its own, meant one per core ({} here)",
+                        "{n} is over the limit of {MAX_EXECUTOR_THREADS}: an executor is a thread \
+                         with an IO ring of its own, meant one per core ({} here)",
                         std::thread::available_parallelism().map_or(1, |n| n.get())
                     ),
                 });

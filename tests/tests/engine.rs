@@ -638,6 +638,21 @@ fn bad_arguments_are_errors_that_name_the_argument() {
         e.contains("`max_inflight`") && e.contains("at most 4096"),
         "{e}"
     );
+    let e = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .executor_threads(1_000_000)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EngineError::InvalidArgument {
+                name: "executor_threads",
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(
         InSituDataset::builder(&f.store)
             .variable("r", "raw")

@@ -176,6 +176,8 @@ def _check_int(name: str, value, minimum: int = 1) -> int:
         raise TypeError(f"`{name}` must be an int, not {type(value).__name__}")
     if value < minimum:
         raise errors.InvalidArgument(f"invalid argument `{name}` = {value}: must be at least {minimum}")
+    if value >= 2**64:  # the library takes 64-bit integers
+        raise errors.InvalidArgument(f"invalid argument `{name}` = {value}: must be below 2**64")
     return int(value)
 
 

@@ -106,6 +106,17 @@ def test_bad_arguments_are_named(fixtures):
         isb.InSituDataset(store, batch_size=0)
     with pytest.raises(isb.InvalidArgument, match="max_inflight"):
         isb.InSituDataset(store, max_inflight=-1)
+    # Out-of-range knobs are refused by name, never spawned or allocated until something breaks.
+    with pytest.raises(isb.InvalidArgument, match="`max_inflight` = 1000000: at most 4096"):
+        isb.InSituDataset(store, max_inflight=10**6)
+    with pytest.raises(isb.InvalidArgument, match="`executor_threads` = 1000000"):
+        isb.InSituDataset(store, executor_threads=10**6)
+    with pytest.raises(isb.InvalidArgument, match="`batch_size` .* below 2\\*\\*64"):
+        isb.InSituDataset(store, batch_size=2**70)
+    with isb.InSituDataset(store) as ds:
+        n_train = sum(len(b) for b in ds.train)
+    with isb.InSituDataset(store, batch_size=2**63) as ds:  # over the split: one batch of it all
+        assert [len(b) for b in ds.train] == [n_train]
     with pytest.raises(TypeError, match="prefetch_depth"):
         isb.InSituDataset(store, prefetch_depth="2")
     with pytest.raises(ValueError, match="on_bad_chunk"):
