@@ -29,8 +29,8 @@ pub enum PoolError {
     /// An iteration's working set does not fit next to the ones already running.
     #[error(
         "the chunk pool's budget of {budget_bytes} bytes cannot hold iteration `{owner}`: it needs \
-         {needed_bytes} bytes (its working set) and {reserved_bytes} bytes are already reserved by \
-         [{others}]; set cache_budget_bytes to at least {suggest_bytes}"
+         {needed_bytes} bytes (its working set), and {others}; set cache_budget_bytes to at least \
+         {suggest_bytes}"
     )]
     BudgetTooSmall {
         /// The iteration that could not start.
@@ -41,7 +41,7 @@ pub enum PoolError {
         budget_bytes: u64,
         /// Reserved by running iterations.
         reserved_bytes: u64,
-        /// Their names.
+        /// Who holds the reserved bytes, as a clause of the message.
         others: String,
         /// A budget that would hold them all.
         suggest_bytes: u64,
@@ -231,17 +231,25 @@ impl ChunkPool {
         }
         let reserved = g.stats.reserved_bytes;
         if reserved + working_set_bytes > g.budget {
-            let others: Vec<String> = g
+            let holders: Vec<String> = g
                 .owners
                 .values()
                 .map(|o| format!("{} ({} bytes)", o.name, o.reserved))
                 .collect();
+            let others = if holders.is_empty() {
+                "no other iteration is running".to_string()
+            } else {
+                format!(
+                    "{reserved} bytes are already reserved by {}",
+                    holders.join(", ")
+                )
+            };
             return Err(PoolError::BudgetTooSmall {
                 owner: name.to_string(),
                 needed_bytes: working_set_bytes,
                 budget_bytes: g.budget,
                 reserved_bytes: reserved,
-                others: others.join(", "),
+                others,
                 suggest_bytes: reserved + working_set_bytes,
             });
         }
