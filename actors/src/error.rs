@@ -36,6 +36,16 @@ pub enum EngineError {
         /// What it was used with.
         found: String,
     },
+    /// A manifest file could not be read or written.
+    #[error("cannot {action} the split manifest {path}: {message}")]
+    ManifestIo {
+        /// "read" or "write".
+        action: &'static str,
+        /// The file.
+        path: String,
+        /// The operating system's reason.
+        message: String,
+    },
     /// A manifest file could not be parsed.
     #[error("split manifest {source_name} is not valid: {message}")]
     BadManifest {

@@ -48,7 +48,7 @@ enum Command {
         #[arg(long, default_value_t = 4)]
         sample_chunk: u64,
         /// Epochs to run.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
         epochs: u64,
     },
     /// Split a store's sample-axis chunks into train/val/test and write the manifest.
@@ -88,7 +88,7 @@ enum Command {
         #[arg(long, default_value = "train")]
         split: String,
         /// Epochs.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
         epochs: u64,
         /// Variables (comma-separated; default: every data variable).
         #[arg(long, value_delimiter = ',')]
@@ -134,7 +134,7 @@ enum Command {
         #[arg(long, conflicts_with = "cache_dir")]
         ceilings: bool,
         /// Repeats of each ceiling (best kept).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = at_least_one())]
         repeat: usize,
         /// Print JSON.
         #[arg(long)]
@@ -175,7 +175,7 @@ enum Command {
         #[arg(long, default_value = "train")]
         split: String,
         /// Repeats (best kept).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = at_least_one())]
         repeat: usize,
         /// Where the cache directories go (default: a temporary directory beside the store,
         /// on the same file system); removed afterwards.
@@ -240,7 +240,7 @@ enum Command {
         /// Store directory.
         path: PathBuf,
         /// Repeats per path (best kept).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = at_least_one())]
         repeat: usize,
         /// Executor / plain threads (default: one per core).
         #[arg(long)]
@@ -399,6 +399,11 @@ fn print_epoch(r: &EpochReport) {
             ),
         },
     );
+}
+
+/// A clap parser for counts that must be at least 1.
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
 fn run_epochs_with_bar(

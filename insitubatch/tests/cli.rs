@@ -42,6 +42,51 @@ fn bad_paths_and_arguments_exit_non_zero_with_the_name() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("sample_chunk"));
+
+    // A manifest that cannot be written or read is an IO error naming the file, not "invalid".
+    run_ok(
+        cli()
+            .args(["make-dataset", "--samples", "64", "--grid", "4x5"])
+            .arg(&store),
+    );
+    let unwritable = tmp.path().join("no-dir").join("split.json");
+    let out = cli()
+        .arg("split")
+        .arg(&store)
+        .arg("-o")
+        .arg(&unwritable)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("cannot write the split manifest") && err.contains("no-dir"),
+        "{err}"
+    );
+    let out = cli()
+        .arg("bench")
+        .arg(&store)
+        .arg("--manifest")
+        .arg(&unwritable)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("cannot read the split manifest") && err.contains("no-dir"),
+        "{err}"
+    );
+    // Counts of zero are refused by name, not run as nothing.
+    for (cmd, flag) in [("bench", "--epochs"), ("bench-read", "--repeat")] {
+        let out = cli()
+            .arg(cmd)
+            .arg(&store)
+            .args([flag, "0"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{cmd} {flag} 0");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(flag));
+    }
 }
 
 #[test]

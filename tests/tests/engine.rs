@@ -526,7 +526,10 @@ fn train_and_val_iterate_together_when_the_budget_holds_both() {
     let train = ds.train().unwrap();
     let err = ds.val().unwrap_err().to_string();
     assert!(err.contains("cache_budget_bytes to at least"), "{err}");
-    assert!(err.contains("already reserved by train#"), "names the holder: {err}");
+    assert!(
+        err.contains("already reserved by train#"),
+        "names the holder: {err}"
+    );
     drop(train);
     let ds = InSituDataset::builder(&f.store)
         .variable("r", "raw")

@@ -237,18 +237,20 @@ impl SplitManifest {
 
     /// Writes the manifest to `path`.
     pub fn save(&self, path: &Path) -> Result<(), EngineError> {
-        std::fs::write(path, self.to_json()).map_err(|e| EngineError::BadManifest {
-            source_name: path.display().to_string(),
-            message: format!("cannot write: {e}"),
+        std::fs::write(path, self.to_json()).map_err(|e| EngineError::ManifestIo {
+            action: "write",
+            path: path.display().to_string(),
+            message: e.to_string(),
         })
     }
 
     /// Reads a manifest from `path`.
     pub fn load(path: &Path) -> Result<Self, EngineError> {
         let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| EngineError::BadManifest {
-            source_name: name.clone(),
-            message: format!("cannot read: {e}"),
+        let text = std::fs::read_to_string(path).map_err(|e| EngineError::ManifestIo {
+            action: "read",
+            path: name.clone(),
+            message: e.to_string(),
         })?;
         let m: Self = serde_json::from_str(&text).map_err(|e| EngineError::BadManifest {
             source_name: name.clone(),

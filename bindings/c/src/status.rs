@@ -88,6 +88,7 @@ pub(crate) fn status_of(e: &EngineError) -> IsbStatus {
             | StoreError::ChunkIndex { .. } => IsbStatus::IsbInvalidArgument,
             StoreError::Runtime(_) => IsbStatus::IsbInternal,
         },
+        EngineError::ManifestIo { .. } => IsbStatus::IsbIo,
         EngineError::Pool(PoolError::BudgetTooSmall { .. }) => IsbStatus::IsbBudget,
         EngineError::Pool(PoolError::ReadonlyMiss { .. }) => IsbStatus::IsbCacheMiss,
         EngineError::Pool(_) => IsbStatus::IsbInternal,
