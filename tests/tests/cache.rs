@@ -474,6 +474,16 @@ fn an_unwritable_cache_dir_is_a_clear_error() {
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("needs a cache_dir"), "{err}");
+    // A file where the directory should be, or on its path.
+    let file = parent.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    for target in [file.clone(), file.join("cache")] {
+        let msg = build_err(era5(&target).persist(true));
+        assert!(
+            msg.contains(&*target.to_string_lossy()) && msg.contains("a file is in the way"),
+            "{msg}"
+        );
+    }
 }
 
 #[test]

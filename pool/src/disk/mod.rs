@@ -202,6 +202,9 @@ impl CacheError {
                 "; permission denied: choose a cache_dir this user may write"
             }
             Some(libc::ENOSPC) => "; the device is full: free space or lower the budget",
+            Some(libc::EEXIST | libc::ENOTDIR) => {
+                "; a file is in the way: cache_dir must be a directory (or a path to create one)"
+            }
             _ => "",
         };
         CacheError::Io {
