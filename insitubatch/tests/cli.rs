@@ -50,32 +50,16 @@ fn bad_paths_and_arguments_exit_non_zero_with_the_name() {
             .arg(&store),
     );
     let unwritable = tmp.path().join("no-dir").join("split.json");
-    let out = cli()
-        .arg("split")
-        .arg(&store)
-        .arg("-o")
-        .arg(&unwritable)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("cannot write the split manifest") && err.contains("no-dir"),
-        "{err}"
-    );
-    let out = cli()
+    let mut split = cli();
+    split.arg("split").arg(&store).arg("-o").arg(&unwritable);
+    fails_with(&mut split, &["cannot write the split manifest", "no-dir"]);
+    let mut bench = cli();
+    bench
         .arg("bench")
         .arg(&store)
         .arg("--manifest")
-        .arg(&unwritable)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("cannot read the split manifest") && err.contains("no-dir"),
-        "{err}"
-    );
+        .arg(&unwritable);
+    fails_with(&mut bench, &["cannot read the split manifest", "no-dir"]);
     // Counts of zero are refused by name, not run as nothing.
     for (cmd, flag) in [("bench", "--epochs"), ("bench-read", "--repeat")] {
         let out = cli()
@@ -141,6 +125,14 @@ fn make_dataset_then_inspect_json() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("sample_axis 3"));
+}
+
+/// Runs `cmd`, which must fail with every one of `needles` in its stderr.
+fn fails_with(cmd: &mut Command, needles: &[&str]) {
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{cmd:?} succeeded");
+    assert!(needles.iter().all(|n| err.contains(n)), "{cmd:?}: {err}");
 }
 
 fn run_ok(cmd: &mut Command) -> String {

@@ -345,19 +345,29 @@ fn corrupt_chunk_raises_naming_the_key_or_becomes_nan_and_is_listed() {
     assert_eq!(s.bad_chunks[0].chunk_index, vec![1, 0, 0]);
 }
 
+/// A copy of `f`'s store whose first chunk stalls: until the lease goes, opening it waits, as
+/// on a file system that stopped answering. The first batch of a sequential pass needs it.
+fn stalled_copy(f: &FixtureArray) -> (tempfile::TempDir, Lease) {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&f.store, dir.path());
+    let lease = Lease::take(&dir.path().join("c/0/0/0"));
+    (dir, lease)
+}
+
+fn in_batches_of_3(store: &std::path::Path) -> InSituDataset {
+    InSituDataset::builder(store)
+        .variable("v", "")
+        .batch_size(3)
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn a_bounded_wait_for_a_batch_times_out_while_the_store_stalls_and_loses_nothing() {
     use std::time::Duration;
     let f = fixture("v3_zstd", "");
-    let dir = tempfile::tempdir().unwrap();
-    copy_dir(&f.store, dir.path());
-    // The first batch needs this chunk; until the lease goes, opening it waits.
-    let lease = Lease::take(&dir.path().join("c/0/0/0"));
-    let ds = InSituDataset::builder(dir.path())
-        .variable("v", "")
-        .batch_size(3)
-        .build()
-        .unwrap();
+    let (dir, lease) = stalled_copy(&f);
+    let ds = in_batches_of_3(dir.path());
     let mut pass = ds.all().unwrap();
     for _ in 0..3 {
         assert!(
@@ -406,9 +416,7 @@ fn stopping_a_pass_does_not_wait_for_a_read_the_store_never_answers() {
     use std::sync::{Arc, mpsc};
     use std::time::Duration;
     let f = fixture("v3_zstd", "");
-    let dir = tempfile::tempdir().unwrap();
-    copy_dir(&f.store, dir.path());
-    let lease = Lease::take(&dir.path().join("c/0/0/0"));
+    let (dir, lease) = stalled_copy(&f);
     // The store answers again when the test says so, or on its own after 20 s: a stop that
     // waited for the stuck read would return only then.
     let (release, released) = mpsc::channel::<()>();
@@ -422,11 +430,7 @@ fn stopping_a_pass_does_not_wait_for_a_read_the_store_never_answers() {
             drop(lease);
         })
     };
-    let ds = InSituDataset::builder(dir.path())
-        .variable("v", "")
-        .batch_size(3)
-        .build()
-        .unwrap();
+    let ds = in_batches_of_3(dir.path());
     let mut pass = ds.all().unwrap();
     assert!(matches!(
         pass.next_timeout(Duration::from_millis(50)),
@@ -464,11 +468,7 @@ fn stopping_a_pass_does_not_wait_for_a_read_the_store_never_answers() {
     );
     release.send(()).unwrap();
     holder.join().unwrap();
-    let ds = InSituDataset::builder(dir.path())
-        .variable("v", "")
-        .batch_size(3)
-        .build()
-        .unwrap();
+    let ds = in_batches_of_3(dir.path());
     let anchors = check_epoch(&ds, "all", &[("v", &f, 0)]);
     assert_eq!(anchors, (0..f.shape[0]).collect::<Vec<_>>());
 }
