@@ -294,9 +294,12 @@ class _Epoch:
         self._err = ctypes.c_void_p()
         self._refs = (ctypes.byref(self._b), ctypes.byref(self._err))
         self._failed: str | None = None
-        # Held while a thread advances the epoch; `close` from another thread sets `_closing`,
-        # which the wait checks between slices, then takes the lock.
-        self._lock = threading.Lock()
+        # Held while a thread advances the epoch (`_owner` names it). `close` sets `_closing`,
+        # which the wait checks between slices; from another thread it then takes the lock and
+        # frees the epoch, from inside the owner's `next` (a signal handler) it leaves that to
+        # `next`. Reentrant, so that a handler running before `_owner` is set cannot deadlock.
+        self._lock = threading.RLock()
+        self._owner: int | None = None
         self._closing = False
 
     def __iter__(self) -> "_Epoch":
@@ -308,12 +311,17 @@ class _Epoch:
                 "this epoch's iterator is being advanced by another thread; "
                 "iterate one epoch from one thread at a time"
             )
+        self._owner = threading.get_ident()
         try:
             return self._next()
         finally:
+            self._owner = None
             self._lock.release()
 
     def _next(self) -> Batch:
+        if self._closing:  # closed from a signal handler during the previous next()
+            self._close()
+            raise StopIteration
         if self._failed is not None:
             raise errors.Cancelled(f"this iteration failed earlier and is over: {self._failed}")
         if self._it is None:
@@ -336,9 +344,11 @@ class _Epoch:
                 self._failed = str(e)
                 self._close()
                 raise
-            if status == _TIMED_OUT:
+            if self._closing:
+                # Closed while it waited, by another thread or by a signal handler in this one
+                # (closing frees a batch the wait received).
                 self._close()
-                raise errors.Closed("this epoch was closed by another thread while it waited")
+                raise errors.Closed("this epoch was closed while it waited")
             if status == _END_OF_EPOCH:
                 self._close()
                 raise StopIteration
@@ -353,6 +363,8 @@ class _Epoch:
         """Stops the epoch early and frees what it held (idempotent). From another thread, it
         ends a `next()` that is waiting there (which raises `Closed`)."""
         self._closing = True
+        if self._owner == threading.get_ident():
+            return  # a signal handler inside this thread's next(): next() frees the epoch
         with self._lock:
             self._close()
 

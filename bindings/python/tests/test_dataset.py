@@ -262,7 +262,7 @@ def test_one_epoch_from_two_threads_is_an_error_and_close_ends_a_waiting_next(fi
             raised = []
             waiting = threading.Thread(target=lambda: raised.append(_raised_by(next, it)))
             waiting.start()
-            while not it._lock.locked():
+            while it._owner is None:  # until the other thread is inside next()
                 waiting.join(0.01)
             with pytest.raises(isb.InvalidArgument, match="another thread"):
                 next(it)
@@ -306,3 +306,27 @@ def test_a_batch_an_interrupted_wait_received_is_the_next_one_delivered(fixtures
         rows = [b.sample_indices.tolist() for b in it]
         assert rows[0] == [0, 1]
         assert sum(rows, []) == list(range(n)), "nothing lost, nothing twice"
+
+
+def test_a_signal_handler_may_close_the_epoch_this_thread_is_waiting_on(fixtures, tmp_path):
+    import shutil
+    import signal
+    import threading
+
+    src = fixtures[0] / "v3_zstd.zarr"
+    store = tmp_path / "stalled.zarr"
+    shutil.copytree(src, store)
+    with stalled_chunk(store, "c/0/0/0") as release:
+        with isb.InSituDataset(store, batch_size=2, shuffle=False) as ds:
+            it = iter(ds.all)
+            # A graceful-shutdown handler (SLURM preemption, say) that stops the data first.
+            old = signal.signal(signal.SIGUSR1, lambda *_: it.close())
+            try:
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+                with pytest.raises(isb.Closed, match="closed while it waited"):
+                    next(it)
+            finally:
+                signal.signal(signal.SIGUSR1, old)
+            with pytest.raises(StopIteration):
+                next(it)
+            release()
