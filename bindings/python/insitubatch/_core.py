@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import threading
 import numbers
@@ -137,9 +138,23 @@ class SplitManifest:
 
     @classmethod
     def from_json(cls, text: str) -> "SplitManifest":
-        data = json.loads(text)
-        if not isinstance(data, dict) or "splits" not in data:
-            raise errors.InvalidArgument("not a split manifest: no `splits`")
+        """A manifest from `to_json` text. Its shape is checked here; whether it fits an array
+        is checked by the dataset it is given to."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise errors.InvalidArgument(f"not a split manifest: not JSON ({e})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("splits"), dict):
+            raise errors.InvalidArgument("not a split manifest: no `splits` object")
+        for name, chunks in data["splits"].items():
+            if not isinstance(chunks, list) or not all(
+                isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in chunks
+            ):
+                raise errors.InvalidArgument(
+                    f"not a split manifest: split `{name}` must list chunk indices (integers >= 0)"
+                )
+        if not isinstance(data.get("array"), str):
+            raise errors.InvalidArgument("not a split manifest: no `array` name")
         return cls(data)
 
 
@@ -153,8 +168,13 @@ def split_by_chunk(
     """Assigns whole chunks of `geom`'s sample axis to train/val/test by `fractions` (of chunks)."""
     if not isinstance(geom, ArrayGeometry):
         raise TypeError(f"split_by_chunk: geom must be an ArrayGeometry, not {type(geom).__name__}")
+    fractions = [float(f) for f in fractions]
+    if not all(math.isfinite(f) for f in fractions):
+        raise errors.InvalidArgument(
+            f"invalid argument `fractions` = {fractions}: every fraction must be a finite number"
+        )
     params = {
-        "fractions": [float(f) for f in fractions],
+        "fractions": fractions,
         "seed": _check_int("seed", seed, minimum=0),
         "contiguous": bool(contiguous),
         "sample_axis": geom.sample_axis,
@@ -478,10 +498,20 @@ class InSituDataset:
         if geometries is not None:
             if not isinstance(geometries, Mapping):
                 raise TypeError("`geometries` must map labels to ArrayGeometry")
+            if not geometries:
+                raise errors.InvalidArgument(
+                    "`geometries` is empty: map at least one label to an ArrayGeometry, or pass "
+                    "None for every data variable"
+                )
             views = []
             for label, g in geometries.items():
                 if not isinstance(g, ArrayGeometry):
                     raise TypeError(f"geometries[{label!r}] must be an ArrayGeometry, not {type(g).__name__}")
+                if not -(2**63) <= g.offset < 2**63:
+                    raise errors.InvalidArgument(
+                        f"the window offset of label {label!r} is {g.offset}: shift(k) takes a "
+                        "64-bit sample count"
+                    )
                 if g.sample_axis != sample_axis:
                     config["sample_axis"] = g.sample_axis
                 views.append({"label": str(label), "path": g.path, "offset": g.offset})

@@ -128,6 +128,22 @@ def test_bad_arguments_are_named(fixtures):
         isb.split_by_chunk(g["t2m"], (0.9, 0.3))
     with pytest.raises(ValueError, match="sample_range"):
         isb.split_by_chunk(g["t2m"], (1.0,), sample_range=(5, 99))
+    with pytest.raises(isb.InvalidArgument, match="`fractions` .* finite"):
+        isb.split_by_chunk(g["t2m"], (float("nan"),))
+    with pytest.raises(isb.InvalidArgument, match="window offset of label 'y'"):
+        isb.InSituDataset(store, geometries={"x": g["t2m"], "y": g["t2m"].shift(2**70)})
+    with pytest.raises(isb.InvalidArgument, match="`geometries` is empty"):
+        isb.InSituDataset(store, geometries={})
+    good = isb.split_by_chunk(g["t2m"], (1.0,))
+    assert isb.SplitManifest.from_json(good.to_json()).data == good.data
+    for text, needle in [
+        ("{]", "not JSON"),
+        ('{"splits": 5}', "no `splits` object"),
+        ('{"splits": {"train": [0, -1]}, "array": "t2m"}', "chunk indices"),
+        ('{"splits": {"train": [0]}}', "no `array`"),
+    ]:
+        with pytest.raises(isb.InvalidArgument, match=needle):
+            isb.SplitManifest.from_json(text)
     other = isb.split_by_chunk(isb.open_geometries(fixtures[0] / "paired.zarr")["raw"], (1.0,))
     with pytest.raises(ValueError, match="made for array `raw`"):
         isb.InSituDataset(store, other)
