@@ -198,12 +198,25 @@ enum VarConfig {
     },
 }
 
+/// One entry of the config's `variables`.
+fn var_config(v: serde_json::Value) -> Result<VarConfig, insitubatch::EngineError> {
+    serde_json::from_value(v.clone()).map_err(|_| {
+        insitubatch::EngineError::arg(
+            "variables",
+            v,
+            "each entry is an array path (a string) or an object {\"label\": ..., \"path\": ..., \
+             \"offset\": <integer>}",
+        )
+    })
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DatasetConfig {
     store: String,
+    /// Checked one by one (`var_config`), so that a bad entry gets a message naming it.
     #[serde(default)]
-    variables: Vec<VarConfig>,
+    variables: Option<Vec<serde_json::Value>>,
     #[serde(default)]
     sample_axis: usize,
     #[serde(default)]
@@ -229,8 +242,17 @@ fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
     let c: DatasetConfig =
         serde_json::from_str(json).map_err(|e| invalid(format!("dataset config: {e}")))?;
     let mut b = InSituDataset::builder(&c.store).sample_axis(c.sample_axis);
-    for v in c.variables {
-        b = match v {
+    if c.variables.as_ref().is_some_and(|v| v.is_empty()) {
+        return Err(insitubatch::EngineError::arg(
+            "variables",
+            "[]",
+            "list at least one array path or {\"label\", \"path\", \"offset\"} view, or omit \
+             `variables` for every data variable",
+        )
+        .into());
+    }
+    for v in c.variables.unwrap_or_default() {
+        b = match var_config(v)? {
             VarConfig::Path(p) => b.variable(p.clone(), p),
             VarConfig::View {
                 label,

@@ -43,6 +43,10 @@ int main(int argc, char **argv) {
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"max_inflight\": 0}", store);
     CHECK("zero max_inflight", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "max_inflight");
     CHECK("missing store", isb_dataset_open("{\"store\": \"/no/such/store.zarr\"}", &ds, &err), ISB_NOT_FOUND, "/no/such/store.zarr");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [5]}", store);
+    CHECK("bad variable entry", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "`variables` = 5");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": []}", store);
+    CHECK("empty variables", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "`variables` = []");
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"on_bad_chunk\": \"ignore\"}", store);
     CHECK("bad policy", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "on_bad_chunk");
     char *out = NULL;
