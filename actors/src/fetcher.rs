@@ -8,8 +8,9 @@
 //! its workers less and so takes fewer jobs. A read that must wait for the device parks the
 //! worker while the executor's other workers take jobs, so reads overlap up to `max_inflight`;
 //! its bytes then go to the decoder's shared mailbox, where whichever core is free decodes
-//! them. Every job carries one `max_inflight` permit, so the number of chunks read and not yet
-//! delivered across the dataset is bounded by that one dial.
+//! them; if the pass stops first, the worker drops the read rather than wait for a store that
+//! may never answer. Every job carries one `max_inflight` permit, so the number of chunks read
+//! and not yet delivered across the dataset is bounded by that one dial.
 
 use std::future::Future;
 use std::sync::Arc;
