@@ -248,7 +248,7 @@ pub fn plan_order(
     n_samples: u64,
     variables: &[Variable],
     config: &PassConfig,
-) -> EpochOrder {
+) -> Result<EpochOrder, EngineError> {
     let offsets: Vec<i64> = variables.iter().map(|v| v.geom.offset).collect();
     epoch_order(&OrderSpec {
         chunks,
@@ -274,7 +274,7 @@ impl Pass {
         config: PassConfig,
     ) -> Result<Self, EngineError> {
         let started = Instant::now();
-        let order = plan_order(chunks, samples_per_chunk, n_samples, variables, &config);
+        let order = plan_order(chunks, samples_per_chunk, n_samples, variables, &config)?;
         if order.rows.is_empty() {
             return Err(EngineError::EmptySplit {
                 split: config.split.clone(),

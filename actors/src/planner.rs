@@ -10,6 +10,39 @@ mod order;
 mod read_plan;
 mod split;
 
+/// An empty vector with room for `n` entries of a plan, or an error when they would not fit in
+/// this machine's memory: an array whose metadata claims an absurd sample count must get an
+/// error, not a process killed for memory (an allocator that reserves address space without
+/// committing it succeeds at any size, so the check is against physical memory).
+pub(crate) fn plan_vec<T>(n: u64, what: &str) -> Result<Vec<T>, crate::error::EngineError> {
+    let bytes = u128::from(n) * std::mem::size_of::<T>() as u128;
+    let fits = physical_memory_bytes().is_none_or(|total| bytes <= u128::from(total));
+    let mut v = Vec::new();
+    usize::try_from(n)
+        .ok()
+        .filter(|_| fits)
+        .and_then(|n| v.try_reserve_exact(n).ok())
+        .ok_or_else(|| {
+            crate::error::EngineError::arg(
+                "sample_range",
+                n,
+                format!(
+                    "{what} would need {n} entries ({bytes} bytes), more than this machine's \
+                     memory; plan over a smaller sample_range"
+                ),
+            )
+        })?;
+    Ok(v)
+}
+
+/// `MemTotal` of `/proc/meminfo`, if it can be read.
+fn physical_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 use std::sync::Arc;
 
 use insitubatch_pool::{Admission, SlotKey};

@@ -672,13 +672,13 @@ impl InSituDataset {
     /// The order `split` would draw this epoch, without reading anything.
     pub fn order(&self, split: &str) -> Result<EpochOrder, EngineError> {
         let chunks = self.manifest.split_chunks(split)?;
-        Ok(plan_order(
+        plan_order(
             &chunks,
             self.manifest.samples_per_chunk(),
             self.manifest.n_samples(),
             &self.variables,
             &self.pass_config(split),
-        ))
+        )
     }
 
     /// Starts an iteration over `split` (`train`, `val`, `test` or `all`) at the current

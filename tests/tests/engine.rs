@@ -489,6 +489,47 @@ fn a_batch_size_beyond_the_split_gives_one_batch_of_the_whole_split() {
 }
 
 #[test]
+fn an_array_too_long_to_plan_in_memory_is_an_error_and_a_sample_range_plans_part_of_it() {
+    // Hand-written metadata (a bad-input case, not conformance): 10^11 samples of one row
+    // each, no chunk on disk (every read is the fill value).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("zarr.json"),
+        r#"{"zarr_format":3,"node_type":"array","shape":[100000000000,4],"data_type":"float32",
+            "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[1,4]}},
+            "chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
+            "fill_value":2.5,"codecs":[{"name":"bytes","configuration":{"endian":"little"}}]}"#,
+    )
+    .unwrap();
+    let e = InSituDataset::builder(dir.path())
+        .build()
+        .map(|_| ())
+        .expect_err("planning 10^11 chunks cannot fit")
+        .to_string();
+    assert!(
+        e.contains("`sample_range`") && e.contains("more than this machine's memory"),
+        "{e}"
+    );
+    let geoms = insitubatch::geometries(dir.path(), None, 0).unwrap();
+    let geom = geoms.values().next().expect("the array");
+    let part = split_by_chunk(geom, &[1.0], 0, true, Some((1000, 1100))).unwrap();
+    let ds = InSituDataset::builder(dir.path())
+        .manifest(part)
+        .batch_size(16)
+        .build()
+        .unwrap();
+    let mut seen = Vec::new();
+    for b in ds.train().unwrap() {
+        let b = b.unwrap();
+        for (_, a) in b.arrays() {
+            assert!(a.values::<f32>().unwrap().iter().all(|&v| v == 2.5));
+        }
+        seen.extend_from_slice(b.sample_indices());
+    }
+    assert_eq!(sorted(seen), (1000..1100).collect::<Vec<_>>());
+}
+
+#[test]
 fn a_panicking_decoder_reaches_the_consumer_as_an_error() {
     let f = fixture("paired", "raw");
     let ds = InSituDataset::builder(&f.store)

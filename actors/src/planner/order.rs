@@ -6,6 +6,7 @@
 
 use std::ops::Range;
 
+use crate::error::EngineError;
 use crate::rng::Rng;
 
 /// Stream tag for epoch orders.
@@ -69,8 +70,8 @@ pub struct OrderSpec<'a> {
     pub block_chunks: usize,
 }
 
-/// Builds the epoch order.
-pub fn epoch_order(spec: &OrderSpec<'_>) -> EpochOrder {
+/// Builds the epoch order; an error only when it cannot be held in memory.
+pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
     assert!(spec.block_chunks > 0 && spec.samples_per_chunk > 0);
     let spc = spec.samples_per_chunk;
     let n = spec.n_samples as i128;
@@ -85,7 +86,10 @@ pub fn epoch_order(spec: &OrderSpec<'_>) -> EpochOrder {
     if spec.shuffle {
         rng.shuffle(&mut chunks);
     }
-    let mut rows = Vec::new();
+    let n_rows = (spec.chunks.len() as u64)
+        .saturating_mul(spc)
+        .min(spec.n_samples);
+    let mut rows = super::plan_vec(n_rows, "the epoch's sample order")?;
     let mut blocks = Vec::new();
     let mut dropped = 0u64;
     for block in chunks.chunks(spec.block_chunks) {
@@ -113,12 +117,12 @@ pub fn epoch_order(spec: &OrderSpec<'_>) -> EpochOrder {
             blocks.push(start..rows.len());
         }
     }
-    EpochOrder {
+    Ok(EpochOrder {
         samples_per_chunk: spc,
         rows,
         blocks,
         dropped_anchors: dropped,
-    }
+    })
 }
 
 /// How close `order` (sample indices in emission order) comes to a perfect global shuffle:
@@ -181,18 +185,18 @@ mod tests {
     fn every_valid_anchor_once_with_partial_final_chunk_and_windows() {
         let chunks: Vec<u64> = (0..10).collect();
         for shuffle in [false, true] {
-            let o = epoch_order(&spec(&chunks, &[0], shuffle));
+            let o = epoch_order(&spec(&chunks, &[0], shuffle)).unwrap();
             let mut a = o.anchors();
             a.sort_unstable();
             assert_eq!(a, (0..38).collect::<Vec<_>>(), "shuffle={shuffle}");
             assert_eq!(o.dropped_anchors, 0);
-            let w = epoch_order(&spec(&chunks, &[0, 5, -2], shuffle));
+            let w = epoch_order(&spec(&chunks, &[0, 5, -2], shuffle)).unwrap();
             let mut a = w.anchors();
             a.sort_unstable();
             assert_eq!(a, (2..33).collect::<Vec<_>>());
             assert_eq!(w.dropped_anchors, 38 - 31);
         }
-        let seq = epoch_order(&spec(&chunks, &[0], false));
+        let seq = epoch_order(&spec(&chunks, &[0], false)).unwrap();
         assert_eq!(seq.anchors(), (0..38).collect::<Vec<_>>());
         assert_eq!(seq.blocks.len(), 4);
     }
@@ -201,16 +205,20 @@ mod tests {
     fn blocks_hold_exactly_their_chunks_and_epochs_differ() {
         let chunks: Vec<u64> = (0..10).collect();
         let mut s = spec(&chunks, &[0], true);
-        let e0 = epoch_order(&s);
+        let e0 = epoch_order(&s).unwrap();
         for b in &e0.blocks {
             let mut cs: Vec<u64> = e0.rows[b.clone()].iter().map(|r| r.chunk).collect();
             cs.sort_unstable();
             cs.dedup();
             assert!(cs.len() <= 3);
         }
-        assert_eq!(e0, epoch_order(&s), "same (seed, epoch), same order");
+        assert_eq!(
+            e0,
+            epoch_order(&s).unwrap(),
+            "same (seed, epoch), same order"
+        );
         s.epoch = 1;
-        assert_ne!(e0.rows, epoch_order(&s).rows);
+        assert_ne!(e0.rows, epoch_order(&s).unwrap().rows);
     }
 
     #[test]
@@ -230,7 +238,8 @@ mod tests {
             epoch: 0,
             shuffle: true,
             block_chunks: 16,
-        });
+        })
+        .unwrap();
         let q = shuffle_quality(&o.anchors(), 8);
         assert!(q > 0.8, "block shuffle over permuted chunks scores {q}");
     }

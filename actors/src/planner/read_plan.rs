@@ -65,9 +65,9 @@ pub struct ReadPlan {
     pub labels: Vec<LabelInfo>,
     /// Slots in admission order: by first block, then by first row that reads them.
     pub slots: Vec<PlanSlot>,
-    /// Per path, per chunk: index into `slots` of its first use (`u32::MAX` when the pass
-    /// never reads it); later uses follow [`PlanSlot::next_use`].
-    pub slot_of: Vec<Vec<u32>>,
+    /// Per path, per chunk the pass spans: index into `slots` of its first use (`u32::MAX`
+    /// when the pass never reads it); later uses follow [`PlanSlot::next_use`].
+    pub slot_of: Vec<ChunkSlots>,
     /// The block of every row of the order.
     pub block_of_row: Vec<u32>,
     /// Per block: the slots whose last read is in that block (released after it drains).
@@ -82,6 +82,40 @@ pub struct ReadPlan {
     pub read_ahead_bytes: u64,
 }
 
+/// A dense map from the chunks of one array that a pass spans to plan slots: sized by the
+/// span of the split, not by the array (a short `sample_range` of a long array stays small).
+#[derive(Clone, Debug)]
+pub struct ChunkSlots {
+    first_chunk: u64,
+    slots: Vec<u32>,
+}
+
+impl ChunkSlots {
+    /// Chunks `span` (inclusive), none used yet.
+    fn new(span: Option<(u64, u64)>) -> Result<Self, EngineError> {
+        let Some((first, last)) = span else {
+            return Ok(Self {
+                first_chunk: 0,
+                slots: Vec::new(),
+            });
+        };
+        let mut slots = super::plan_vec(last - first + 1, "the read plan's chunk table")?;
+        slots.resize((last - first + 1) as usize, u32::MAX);
+        Ok(Self {
+            first_chunk: first,
+            slots,
+        })
+    }
+
+    fn get(&self, chunk: u64) -> u32 {
+        self.slots[(chunk - self.first_chunk) as usize]
+    }
+
+    fn set(&mut self, chunk: u64, slot: u32) {
+        self.slots[(chunk - self.first_chunk) as usize] = slot;
+    }
+}
+
 impl ReadPlan {
     /// The slot and the row within it that label `label` reads for anchor `anchor` in block
     /// `block`.
@@ -90,7 +124,7 @@ impl ReadPlan {
         let p = &self.paths[l.path];
         let sample = (anchor as i128 + l.offset as i128) as u64;
         let chunk = sample / p.samples_per_chunk;
-        let mut slot = self.slot_of[l.path][chunk as usize];
+        let mut slot = self.slot_of[l.path].get(chunk);
         // Uses are in block order; each covers a run of blocks.
         while self.slots[slot as usize].last_block < block {
             slot = self.slots[slot as usize].next_use;
@@ -186,10 +220,22 @@ pub fn read_plan(
             sample_bytes: v.geom.sample_bytes(),
         });
     }
-    let mut slot_of: Vec<Vec<u32>> = paths
+    // The chunks each path's labels read: the anchors' span shifted by each label's offset.
+    let anchors = (0..order.rows.len()).map(|i| order.anchor(i));
+    let anchor_span = anchors.clone().min().zip(anchors.max());
+    let mut spans: Vec<Option<(u64, u64)>> = vec![None; paths.len()];
+    for l in &labels {
+        let Some((lo, hi)) = anchor_span else { break };
+        let spc = paths[l.path].samples_per_chunk;
+        let chunk = |a: u64| ((a as i128 + l.offset as i128).max(0) as u64) / spc;
+        let (lo, hi) = (chunk(lo), chunk(hi));
+        let span = &mut spans[l.path];
+        *span = Some(span.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
+    }
+    let mut slot_of = spans
         .iter()
-        .map(|p| vec![u32::MAX; p.geom.n_sample_chunks() as usize])
-        .collect();
+        .map(|&span| ChunkSlots::new(span))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut latest = slot_of.clone();
     let mut slots: Vec<PlanSlot> = Vec::new();
     for (b, range) in order.blocks.iter().enumerate() {
@@ -201,7 +247,7 @@ pub fn read_plan(
                 debug_assert!(sample >= 0 && (sample as u64) < p.geom.n_samples());
                 let chunk = sample as u64 / p.samples_per_chunk;
                 let b = b as u32;
-                let cur = latest[l.path][chunk as usize];
+                let cur = latest[l.path].get(chunk);
                 let extend = cur != u32::MAX
                     && (!release_each_block || slots[cur as usize].last_block + 1 >= b);
                 if extend {
@@ -218,11 +264,11 @@ pub fn read_plan(
                     next_use: u32::MAX,
                 });
                 if cur == u32::MAX {
-                    slot_of[l.path][chunk as usize] = new;
+                    slot_of[l.path].set(chunk, new);
                 } else {
                     slots[cur as usize].next_use = new;
                 }
-                latest[l.path][chunk as usize] = new;
+                latest[l.path].set(chunk, new);
             }
         }
     }
@@ -356,7 +402,8 @@ mod tests {
                 epoch: 2,
                 shuffle: true,
                 block_chunks: bc,
-            });
+            })
+            .unwrap();
             let plan = read_plan(&order, &vars, bs, false).unwrap();
             assert_eq!(plan.paths.len(), 2, "x and y decode once");
             // Every chunk of `a` is read once, and both chunks of `b`.
@@ -404,7 +451,8 @@ mod tests {
                 epoch: 0,
                 shuffle: true,
                 block_chunks: 3,
-            });
+            })
+            .unwrap();
             let slot = 4 * 2 * 3 * 4;
             let held = read_plan(&order, &vars, 12, false).unwrap();
             let released = read_plan(&order, &vars, 12, true).unwrap();
