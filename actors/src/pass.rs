@@ -291,6 +291,34 @@ impl Pass {
             config.batch_size,
             config.release_each_block,
         )?;
+        // What must be resident at once cannot exceed the machine: fail now, naming the knob,
+        // rather than be killed for memory halfway through the first block.
+        if let Some(total) = crate::planner::physical_memory_bytes()
+            && plan.read_ahead_bytes > total
+        {
+            let largest = plan.paths.iter().max_by_key(|p| p.slot_bytes);
+            let fix = match largest {
+                Some(p) if p.slot_bytes > total => format!(
+                    "one decoded chunk of {} alone is {} bytes: re-chunk that array smaller",
+                    if p.path.is_empty() {
+                        "the store's root array".to_string()
+                    } else {
+                        format!("`{}`", p.path)
+                    },
+                    p.slot_bytes
+                ),
+                _ => "lower block_chunks or read fewer variables".into(),
+            };
+            return Err(EngineError::arg(
+                "block_chunks",
+                config.block_chunks,
+                format!(
+                    "this pass must hold {} bytes of decoded chunks at once (its working set), \
+                     more than this machine's {total} bytes of memory; {fix}",
+                    plan.read_ahead_bytes
+                ),
+            ));
+        }
         let owner = ctx.pool.register_owner(
             &format!("{}#{}", config.split, config.epoch),
             plan.read_ahead_bytes,

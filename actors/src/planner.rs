@@ -36,7 +36,7 @@ pub(crate) fn plan_vec<T>(n: u64, what: &str) -> Result<Vec<T>, crate::error::En
 }
 
 /// `MemTotal` of `/proc/meminfo`, if it can be read.
-fn physical_memory_bytes() -> Option<u64> {
+pub(crate) fn physical_memory_bytes() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -529,6 +529,59 @@ fn an_array_too_long_to_plan_in_memory_is_an_error_and_a_sample_range_plans_part
     assert_eq!(sorted(seen), (1000..1100).collect::<Vec<_>>());
 }
 
+/// A root array of `samples` samples of `width` float32 values, one sample per chunk, no chunk
+/// on disk (hand-written metadata: a bad-input case, not conformance).
+fn wide_array(dir: &std::path::Path, samples: u64, width: u64) {
+    std::fs::write(
+        dir.join("zarr.json"),
+        format!(
+            r#"{{"zarr_format":3,"node_type":"array","shape":[{samples},{width}],
+                "data_type":"float32",
+                "chunk_grid":{{"name":"regular","configuration":{{"chunk_shape":[1,{width}]}}}},
+                "chunk_key_encoding":{{"name":"default","configuration":{{"separator":"/"}}}},
+                "fill_value":0.0,"codecs":[{{"name":"bytes","configuration":{{"endian":"little"}}}}]}}"#
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_pass_whose_working_set_exceeds_the_machine_is_refused_naming_what_to_change() {
+    let total: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap()
+        * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    // Chunks of a quarter of the memory: 16 of them per block cannot be held.
+    wide_array(dir.path(), 64, total / 4 / 4);
+    let ds = InSituDataset::builder(dir.path()).build().unwrap();
+    let e = ds
+        .all()
+        .map(|_| ())
+        .expect_err("64 quarters of memory")
+        .to_string();
+    assert!(
+        e.contains("`block_chunks` = 16") && e.contains("lower block_chunks"),
+        "{e}"
+    );
+    // One chunk larger than the memory: no knob helps.
+    let dir = tempfile::tempdir().unwrap();
+    wide_array(dir.path(), 4, total / 4 * 2);
+    let ds = InSituDataset::builder(dir.path())
+        .block_chunks(1)
+        .build()
+        .unwrap();
+    let e = ds
+        .all()
+        .map(|_| ())
+        .expect_err("a chunk over memory")
+        .to_string();
+    assert!(e.contains("re-chunk that array smaller"), "{e}");
+}
+
 #[test]
 fn a_panicking_decoder_reaches_the_consumer_as_an_error() {
     let f = fixture("paired", "raw");
