@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from . import errors
+
 
 def to_torch(batch, device=None) -> dict:
     """label -> torch.Tensor aliasing the batch (moved to `device` if given)."""
@@ -36,6 +38,12 @@ def as_torch(view, device=None):
 
     class _Iterable(torch.utils.data.IterableDataset):
         def __iter__(self) -> Iterator[dict]:
+            if torch.utils.data.get_worker_info() is not None:
+                raise errors.WrongProcess(
+                    "as_torch(...) runs inside a DataLoader worker process, where the dataset "
+                    "opened in the parent cannot be used; pass num_workers=0 (insitubatch reads "
+                    "and decodes in parallel itself)"
+                )
             for batch in view:
                 yield to_torch(batch, device)
 

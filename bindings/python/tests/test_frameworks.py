@@ -41,3 +41,16 @@ def test_jax_import_shares_the_buffer(fixtures):
             np.testing.assert_array_equal(np.asarray(j[label]), arr)
             ptr = j[label].unsafe_buffer_pointer()
             assert ptr == arr.__array_interface__["data"][0]
+
+
+def test_as_torch_in_a_dataloader_worker_says_to_use_num_workers_0(fixtures, monkeypatch):
+    torch = pytest.importorskip("torch")
+    store = fixtures[0] / "era5_v3.zarr"
+    with isb.InSituDataset(store, batch_size=4) as ds:
+        # Inside a worker process (simulated: forking a real worker here would fork JAX's and
+        # the runtime's threads too), iterating says what to do instead of failing obscurely.
+        monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+        with pytest.raises(isb.WrongProcess, match="num_workers=0"):
+            next(iter(as_torch(ds.train)))
+        monkeypatch.undo()
+        assert sum(len(b["t2m"]) for b in as_torch(ds.train)) > 0
