@@ -56,10 +56,15 @@ def _json_call(fn, *args) -> Any:
     return json.loads(_take_string(out))
 
 
-def _path(store) -> bytes:
-    import os
+def _store_str(store) -> str:
+    """A store path as text; a store is a local directory path (str, bytes or os.PathLike)."""
+    if isinstance(store, (str, bytes, os.PathLike)):
+        return os.fsdecode(os.fspath(store))
+    raise TypeError(f"`store` must be a path (str or os.PathLike), not {type(store).__name__}")
 
-    return os.fsencode(os.fspath(store))
+
+def _path(store) -> bytes:
+    return os.fsencode(_store_str(store))
 
 
 @dataclass(frozen=True)
@@ -97,10 +102,12 @@ class ArrayGeometry:
 def open_geometries(store, variables: Sequence[str] | None = None, sample_axis: int = 0) -> dict:
     """Geometries of a store's data variables (coordinates and 0-D arrays skipped), by path."""
     _check_int("sample_axis", sample_axis, minimum=0)
+    if isinstance(variables, str):  # one name, not its characters
+        variables = [variables]
     raw = _json_call(lib.isb_open_geometries, _path(store), sample_axis)
     out = {
         p: ArrayGeometry(
-            store=str(store),
+            store=_store_str(store),
             path=p,
             shape=tuple(g["shape"]),
             chunks=tuple(g["chunks"]),
@@ -254,6 +261,9 @@ class Batch:
     def stack(self, labels: Sequence[str] | None = None, axis: int = 1) -> np.ndarray:
         """The arrays of `labels` (default: all) stacked along a new `axis` (a copy)."""
         labels = list(self.arrays) if labels is None else list(labels)
+        missing = [l for l in labels if l not in self.arrays]
+        if missing:
+            raise KeyError(f"no label(s) {missing}; the batch has {list(self.arrays)}")
         return np.stack([self.arrays[l] for l in labels], axis=axis)
 
 
@@ -457,7 +467,7 @@ class InSituDataset:
     ):
         self._handle = None
         config: dict[str, Any] = {
-            "store": str(store),
+            "store": _store_str(store),
             "batch_size": _check_int("batch_size", batch_size),
             "block_chunks": _check_int("block_chunks", block_chunks),
             "prefetch_depth": _check_int("prefetch_depth", prefetch_depth),

@@ -123,6 +123,14 @@ def test_bad_arguments_are_named(fixtures):
         isb.InSituDataset(store, on_bad_chunk="skip")
     with pytest.raises(FileNotFoundError, match="no-such.zarr"):
         isb.InSituDataset(store.parent / "no-such.zarr")
+    with pytest.raises(TypeError, match="`store` must be a path"):
+        isb.InSituDataset(5)
+    with isb.InSituDataset(os.fsencode(store)) as ds:  # bytes paths are paths too
+        assert ds.geometries
+    assert list(isb.open_geometries(store, "t2m")) == ["t2m"], "one name, not its letters"
+    with isb.InSituDataset(store) as ds:
+        with pytest.raises(KeyError, match="no label"):
+            next(iter(ds.train)).stack(["nope"])
     g = isb.open_geometries(store)
     with pytest.raises(ValueError, match="fractions"):
         isb.split_by_chunk(g["t2m"], (0.9, 0.3))
