@@ -242,69 +242,109 @@ def stalled_chunk(store, key):
         signal.signal(signal.SIGIO, old_sigio)
 
 
-def test_ctrl_c_interrupts_a_wait_for_a_batch_and_the_iteration_goes_on(fixtures, tmp_path):
+@pytest.fixture
+def stalled_store(fixtures, tmp_path):
+    """A copy of the v3_zstd store whose first chunk stalls (a sequential pass needs it first):
+    yields the store and a function that lets the chunk be read."""
     import shutil
+
+    store = tmp_path / "stalled.zarr"
+    shutil.copytree(fixtures[0] / "v3_zstd.zarr", store)
+    with stalled_chunk(store, "c/0/0/0") as release:
+        yield store, release
+
+
+def test_ctrl_c_interrupts_a_wait_for_a_batch_and_the_iteration_goes_on(fixtures, stalled_store):
     import signal
     import threading
     import time
 
-    src = fixtures[0] / "v3_zstd.zarr"
-    store = tmp_path / "stalled.zarr"
-    shutil.copytree(src, store)
-    ref = zarr.open_array(src, mode="r")[...]
-    with stalled_chunk(store, "c/0/0/0") as release:
-        with isb.InSituDataset(store, batch_size=2, shuffle=False) as ds:
-            it = iter(ds.all)
-            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-            t0 = time.monotonic()
-            with pytest.raises(KeyboardInterrupt):
-                next(it)
-            # Interrupted while the store stalled, not when the kernel broke the lease.
-            assert time.monotonic() - t0 < 30
-            release()
-            rows = []
-            for b in it:
-                for r, idx in enumerate(b.sample_indices):
-                    np.testing.assert_array_equal(b.arrays[""][r], ref[idx])
-                rows.extend(b.sample_indices.tolist())
-            assert rows == list(range(ref.shape[0])), "every sample once, in order"
+    store, release = stalled_store
+    ref = zarr.open_array(fixtures[0] / "v3_zstd.zarr", mode="r")[...]
+    with isb.InSituDataset(store, batch_size=2, shuffle=False) as ds:
+        it = iter(ds.all)
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+        # Interrupted while the store stalled, not when the kernel broke the lease.
+        assert time.monotonic() - t0 < 30
+        release()
+        rows = []
+        for b in it:
+            for r, idx in enumerate(b.sample_indices):
+                np.testing.assert_array_equal(b.arrays[""][r], ref[idx])
+            rows.extend(b.sample_indices.tolist())
+        assert rows == list(range(ref.shape[0])), "every sample once, in order"
 
 
-def test_one_epoch_from_two_threads_is_an_error_and_close_ends_a_waiting_next(fixtures, tmp_path):
+def test_one_epoch_from_two_threads_is_an_error_and_close_ends_a_waiting_next(stalled_store):
+    import threading
+
+    store, release = stalled_store
+    with isb.InSituDataset(store, batch_size=2, shuffle=False) as ds:
+        it = iter(ds.all)
+        raised = []
+        waiting = threading.Thread(target=lambda: raised.append(_raised_by(next, it)))
+        waiting.start()
+        while it._owner is None:  # until the other thread is inside next()
+            waiting.join(0.01)
+        with pytest.raises(isb.InvalidArgument, match="another thread"):
+            next(it)
+        # Closing from here ends the waiting next() and does not wait for the stalled read.
+        it.close()
+        waiting.join(30)
+        assert not waiting.is_alive()
+        assert len(raised) == 1 and isinstance(raised[0], isb.Closed), raised
+        with pytest.raises(StopIteration):
+            next(it)
+        # Before the dataset closes: the thread fallback's shutdown waits for a stuck read.
+        release()
+
+
+def test_the_library_refuses_a_second_thread_inside_an_iteration(stalled_store):
     import ctypes
-    import shutil
     import threading
 
     from insitubatch._lib import lib
 
-    src = fixtures[0] / "v3_zstd.zarr"
-    store = tmp_path / "stalled.zarr"
-    shutil.copytree(src, store)
-    with stalled_chunk(store, "c/0/0/0") as release:
-        with isb.InSituDataset(store, batch_size=2, shuffle=False) as ds:
-            it = iter(ds.all)
-            raised = []
-            waiting = threading.Thread(target=lambda: raised.append(_raised_by(next, it)))
-            waiting.start()
-            while it._owner is None:  # until the other thread is inside next()
-                waiting.join(0.01)
-            with pytest.raises(isb.InvalidArgument, match="another thread"):
-                next(it)
-            # The library refuses a second caller too (no data race), whatever the shim does.
-            b, err = ctypes.c_void_p(), ctypes.c_void_p()
-            status = lib.isb_iter_next_timeout(it._it, 0, ctypes.byref(b), ctypes.byref(err))
-            assert status == 2 and not b.value
-            assert b"in use by another thread" in lib.isb_error_message(err)
-            lib.isb_error_free(err)
-            # Closing from here ends the waiting next() and does not wait for the stalled read.
-            it.close()
-            waiting.join(30)
-            assert not waiting.is_alive()
-            assert len(raised) == 1 and isinstance(raised[0], isb.Closed), raised
-            with pytest.raises(StopIteration):
-                next(it)
-            # Before the dataset closes: the thread fallback's shutdown waits for a stuck read.
-            release()
+    store, release = stalled_store
+
+    def call(it, timeout_ms):
+        b, err = ctypes.c_void_p(), ctypes.c_void_p()
+        status = lib.isb_iter_next_timeout(it, timeout_ms, ctypes.byref(b), ctypes.byref(err))
+        message = lib.isb_error_message(err) if err.value else b""
+        lib.isb_error_free(err)
+        if b.value:
+            lib.isb_batch_free(b)
+        return status, message
+
+    with isb.InSituDataset(store, batch_size=2, shuffle=False) as ds:
+        epoch = iter(ds.all)  # kept alive: it owns the handle
+        it = epoch._it  # the raw handle, called without the shim's own lock
+        waited = []
+
+        def long_wait():  # one call that holds the iteration until the chunk can be read
+            while True:
+                status, _ = call(it, 60_000)
+                if status != 2:  # 2: the probe below held it at that instant; go again
+                    waited.append(status)
+                    return
+
+        waiter = threading.Thread(target=long_wait)
+        waiter.start()
+        refused = []
+        for _ in range(500):  # until the probe meets the waiter inside its call
+            status, message = call(it, 0)
+            assert status in (2, 16), status  # refused, or timed out with no batch taken
+            if status == 2:
+                refused.append(message)
+                break
+            waiter.join(0.01)
+        assert refused and b"in use by another thread" in refused[0]
+        release()
+        waiter.join(60)
+        assert waited == [0], "the waiter got the first batch once the chunk was readable"
 
 
 def _raised_by(f, *args):
@@ -332,25 +372,21 @@ def test_a_batch_an_interrupted_wait_received_is_the_next_one_delivered(fixtures
         assert sum(rows, []) == list(range(n)), "nothing lost, nothing twice"
 
 
-def test_a_signal_handler_may_close_the_epoch_this_thread_is_waiting_on(fixtures, tmp_path):
-    import shutil
+def test_a_signal_handler_may_close_the_epoch_this_thread_is_waiting_on(stalled_store):
     import signal
     import threading
 
-    src = fixtures[0] / "v3_zstd.zarr"
-    store = tmp_path / "stalled.zarr"
-    shutil.copytree(src, store)
-    with stalled_chunk(store, "c/0/0/0") as release:
-        with isb.InSituDataset(store, batch_size=2, shuffle=False) as ds:
-            it = iter(ds.all)
-            # A graceful-shutdown handler (SLURM preemption, say) that stops the data first.
-            old = signal.signal(signal.SIGUSR1, lambda *_: it.close())
-            try:
-                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()
-                with pytest.raises(isb.Closed, match="closed while it waited"):
-                    next(it)
-            finally:
-                signal.signal(signal.SIGUSR1, old)
-            with pytest.raises(StopIteration):
+    store, release = stalled_store
+    with isb.InSituDataset(store, batch_size=2, shuffle=False) as ds:
+        it = iter(ds.all)
+        # A graceful-shutdown handler (SLURM preemption, say) that stops the data first.
+        old = signal.signal(signal.SIGUSR1, lambda *_: it.close())
+        try:
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+            with pytest.raises(isb.Closed, match="closed while it waited"):
                 next(it)
-            release()
+        finally:
+            signal.signal(signal.SIGUSR1, old)
+        with pytest.raises(StopIteration):
+            next(it)
+        release()
