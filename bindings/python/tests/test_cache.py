@@ -72,7 +72,7 @@ def test_lock_readonly_and_readonly_miss(fixtures, tmp_path):
     cache = tmp_path / "cache"
     g = isb.open_geometries(store, ["t2m"])
     writer = isb.InSituDataset(store, None, g, cache_dir=cache, persist=True)
-    with pytest.raises(isb.CacheLocked, match=f"pid {os.getpid()}"):
+    with pytest.raises(isb.CacheLocked, match=f"another dataset in this process \\(pid {os.getpid()}"):
         isb.InSituDataset(store, None, g, cache_dir=cache, persist=True)
     drain(writer.all)
     writer.close()
@@ -154,3 +154,26 @@ with isb.InSituDataset(sys.argv[1], None, g, batch_size=1, block_chunks=1, max_i
             for r, idx in enumerate(b.read_indices("raw")):
                 np.testing.assert_array_equal(b.arrays["raw"][r], ref[idx])
         assert (ds.cache_revived, ds.cache_misses) == (logged, 61 - logged)
+
+
+def test_a_writer_in_another_process_is_named_as_such(fixtures, tmp_path):
+    store = era5(fixtures)
+    cache = tmp_path / "cache"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, insitubatch as isb\n"
+         f"ds = isb.InSituDataset({str(store)!r}, cache_dir={str(cache)!r}, persist=True)\n"
+         "print('ready', flush=True)\n"
+         "sys.stdin.readline()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(isb.CacheLocked, match=rf"another process \(pid {holder.pid} on host"):
+            isb.InSituDataset(store, cache_dir=cache, persist=True)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    # Once it has exited, the lock is free (the kernel released it).
+    with isb.InSituDataset(store, cache_dir=cache, persist=True):
+        pass

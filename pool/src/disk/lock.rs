@@ -85,8 +85,13 @@ pub fn acquire(
                     },
                     holder: if holder.is_empty() {
                         "readonly_cache readers (they record no PID)".to_string()
+                    } else if holder == holder_record().trim() {
+                        format!(
+                            "another dataset in this process ({holder}): close it first, or \
+                             give this one a cache_dir of its own"
+                        )
                     } else {
-                        holder.to_string()
+                        format!("another process ({holder})")
                     },
                 });
             }
@@ -102,7 +107,7 @@ pub fn acquire(
         }
     }
     if !shared {
-        let who = format!("pid {} on host {}\n", std::process::id(), hostname());
+        let who = holder_record();
         let write = file
             .set_len(0)
             .and_then(|_| file.rewind())
@@ -166,6 +171,11 @@ extern "C" fn let_go_in_child() {
     }
 }
 
+/// What a writer records in the lock file: who holds it.
+fn holder_record() -> String {
+    format!("pid {} on host {}\n", std::process::id(), hostname())
+}
+
 fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most `len` bytes into our buffer.
@@ -223,6 +233,7 @@ mod tests {
             err.contains(&format!("pid {}", std::process::id())) && err.contains("host"),
             "{err}"
         );
+        assert!(err.contains("another dataset in this process"), "{err}");
         let err = acquire(dir.path(), true, &mut w).unwrap_err().to_string();
         assert!(err.contains("shared (readonly_cache)"), "{err}");
         drop(held);

@@ -144,9 +144,9 @@ pub enum CacheError {
         /// What to do about it.
         hint: &'static str,
     },
-    /// Another process holds the directory's lock.
+    /// Another process, or another dataset of this one, holds the directory's lock.
     #[error(
-        "cache_dir {dir} is locked by another process ({holder}); the {wanted} lock cannot be \
+        "cache_dir {dir} is locked by {holder}; the {wanted} lock cannot be \
          taken. One writer per cache_dir: wait for it to finish, give this job its own cache_dir, \
          or pass readonly_cache=True to read a finished cache beside other readers. Do not delete \
          {LOCK_NAME}: that releases nothing"
@@ -156,7 +156,7 @@ pub enum CacheError {
         dir: PathBuf,
         /// The lock we wanted.
         wanted: &'static str,
-        /// Who holds it.
+        /// Who holds it, as words ("another process (pid 7 on host n1)").
         holder: String,
     },
     /// Arrays whose cached chunks were made by a different pipeline or log format.
