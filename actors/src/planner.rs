@@ -35,12 +35,15 @@ pub(crate) fn plan_vec<T>(n: u64, what: &str) -> Result<Vec<T>, crate::error::En
     Ok(v)
 }
 
-/// `MemTotal` of `/proc/meminfo`, if it can be read.
+/// `MemTotal` of `/proc/meminfo`, if it can be read (read once per process).
 pub(crate) fn physical_memory_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    static TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        kib.checked_mul(1024)
+    })
 }
 
 use std::sync::Arc;
