@@ -35,6 +35,16 @@ pub(crate) fn plan_vec<T>(n: u64, what: &str) -> Result<Vec<T>, crate::error::En
     Ok(v)
 }
 
+/// The chunk indices `range`, in a vector reserved with [`plan_vec`].
+pub(crate) fn plan_chunks(
+    range: std::ops::Range<u64>,
+    what: &str,
+) -> Result<Vec<u64>, crate::error::EngineError> {
+    let mut chunks = plan_vec(range.end.saturating_sub(range.start), what)?;
+    chunks.extend(range);
+    Ok(chunks)
+}
+
 /// `MemTotal` of `/proc/meminfo`, if it can be read (read once per process).
 pub(crate) fn physical_memory_bytes() -> Option<u64> {
     static TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();

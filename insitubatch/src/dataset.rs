@@ -13,7 +13,9 @@ use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
 };
 use insitubatch_runtime::sync::Semaphore;
-use insitubatch_runtime::{IoBackend, IoBackendChoice, Runtime, RuntimeBuilder, RuntimeError};
+use insitubatch_runtime::{
+    IoBackend, IoBackendChoice, MAX_EXECUTOR_THREADS, Runtime, RuntimeBuilder,
+};
 use insitubatch_store::{ArrayGeometry, Hierarchy, LocalStore, open_geometries, open_hierarchy};
 
 /// Default rows per batch.
@@ -228,29 +230,41 @@ impl DatasetBuilder {
     }
 
     fn check_knobs(&self) -> Result<(), EngineError> {
+        // (name, value, most allowed with the reason): a bound on what one knob can make the
+        // engine spawn or allocate.
         let knobs = [
-            ("batch_size", self.batch_size),
-            ("block_chunks", self.block_chunks),
-            ("max_inflight", self.max_inflight.unwrap_or(1)),
-            ("prefetch_depth", self.prefetch_depth),
+            ("batch_size", Some(self.batch_size), None),
+            ("block_chunks", Some(self.block_chunks), None),
+            (
+                "max_inflight",
+                self.max_inflight,
+                Some((
+                    MAX_INFLIGHT,
+                    "every read in flight has a fetcher task and a buffer of its own, and local \
+                     storage gains nothing past a few dozen per core",
+                )),
+            ),
+            ("prefetch_depth", Some(self.prefetch_depth), None),
+            (
+                "executor_threads",
+                self.executor_threads,
+                Some((
+                    MAX_EXECUTOR_THREADS,
+                    "an executor is a thread with an IO ring of its own, meant one per core",
+                )),
+            ),
         ];
-        for (name, v) in knobs {
-            if v == 0 {
-                return Err(EngineError::InvalidArgument {
-                    name,
-                    value: "0".into(),
-                    hint: "must be at least 1".into(),
-                });
-            }
-        }
-        if let Some(n) = self.max_inflight.filter(|&n| n > MAX_INFLIGHT) {
+        for (name, v, most) in knobs {
+            let Some(v) = v else { continue };
+            let hint = match most {
+                _ if v == 0 => "must be at least 1".to_string(),
+                Some((most, why)) if v > most => format!("at most {most}: {why}"),
+                _ => continue,
+            };
             return Err(EngineError::InvalidArgument {
-                name: "max_inflight",
-                value: n.to_string(),
-                hint: format!(
-                    "at most {MAX_INFLIGHT}: every read in flight has a fetcher task and a buffer \
-                     of its own, and local storage gains nothing past a few dozen per core"
-                ),
+                name,
+                value: v.to_string(),
+                hint,
             });
         }
         if self.cache_dir.is_none() {
@@ -285,20 +299,9 @@ impl DatasetBuilder {
         if let Some(n) = self.executor_threads {
             rb = rb.executor_threads(n);
         }
-        let runtime = rb.build().map_err(|e| match e {
-            // A knob the runtime refused is the user's argument, like the engine's own.
-            RuntimeError::InvalidArgument { argument, message } => EngineError::InvalidArgument {
-                name: argument,
-                value: match argument {
-                    "executor_threads" => self
-                        .executor_threads
-                        .map_or_else(|| "?".into(), |n| n.to_string()),
-                    _ => "?".into(),
-                },
-                hint: message,
-            },
-            other => EngineError::Runtime(other.to_string()),
-        })?;
+        let runtime = rb
+            .build()
+            .map_err(|e| EngineError::Runtime(e.to_string()))?;
         let hierarchy = load_hierarchy(&runtime, &store)?;
         let axis = self.sample_axis;
         let mut variables: Vec<Variable> = Vec::new();

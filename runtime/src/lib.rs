@@ -30,7 +30,9 @@ mod task;
 pub use actor::{ActorHandle, ActorPool, ActorSender, Mailbox, SendError};
 pub use backend::{FallbackReason, IO_ENV, IoBackend, IoBackendChoice, ProbeReport, probe};
 pub use buf::{AlignedBuf, DIRECT_IO_ALIGN, IoBuf, IoBufMut};
-pub use executor::{Handle, Runtime, RuntimeBuilder, RuntimeError, on_executor_thread};
+pub use executor::{
+    Handle, MAX_EXECUTOR_THREADS, Runtime, RuntimeBuilder, RuntimeError, on_executor_thread,
+};
 pub use task::{JoinHandle, TaskError};
 
 /// Operations currently in flight on the calling executor thread (`None` off the runtime).

@@ -488,19 +488,28 @@ fn a_batch_size_beyond_the_split_gives_one_batch_of_the_whole_split() {
     assert_eq!(ds.all().unwrap().count(), 1);
 }
 
-#[test]
-fn an_array_too_long_to_plan_in_memory_is_an_error_and_a_sample_range_plans_part_of_it() {
-    // Hand-written metadata (a bad-input case, not conformance): 10^11 samples of one row
-    // each, no chunk on disk (every read is the fill value).
-    let dir = tempfile::tempdir().unwrap();
+/// A root array of `samples` samples of `width` float32 values, one sample per chunk, no chunk
+/// on disk, so every value is `fill` (hand-written metadata: a bad-input case, not
+/// conformance).
+fn wide_array(dir: &std::path::Path, samples: u64, width: u64, fill: f32) {
     std::fs::write(
-        dir.path().join("zarr.json"),
-        r#"{"zarr_format":3,"node_type":"array","shape":[100000000000,4],"data_type":"float32",
-            "chunk_grid":{"name":"regular","configuration":{"chunk_shape":[1,4]}},
-            "chunk_key_encoding":{"name":"default","configuration":{"separator":"/"}},
-            "fill_value":2.5,"codecs":[{"name":"bytes","configuration":{"endian":"little"}}]}"#,
+        dir.join("zarr.json"),
+        format!(
+            r#"{{"zarr_format":3,"node_type":"array","shape":[{samples},{width}],
+                "data_type":"float32",
+                "chunk_grid":{{"name":"regular","configuration":{{"chunk_shape":[1,{width}]}}}},
+                "chunk_key_encoding":{{"name":"default","configuration":{{"separator":"/"}}}},
+                "fill_value":{fill:?},"codecs":[{{"name":"bytes","configuration":{{"endian":"little"}}}}]}}"#
+        ),
     )
     .unwrap();
+}
+
+#[test]
+fn an_array_too_long_to_plan_in_memory_is_an_error_and_a_sample_range_plans_part_of_it() {
+    // 10^11 samples of four values each, no chunk on disk (every read is the fill value).
+    let dir = tempfile::tempdir().unwrap();
+    wide_array(dir.path(), 100_000_000_000, 4, 2.5);
     let e = InSituDataset::builder(dir.path())
         .build()
         .map(|_| ())
@@ -529,22 +538,6 @@ fn an_array_too_long_to_plan_in_memory_is_an_error_and_a_sample_range_plans_part
     assert_eq!(sorted(seen), (1000..1100).collect::<Vec<_>>());
 }
 
-/// A root array of `samples` samples of `width` float32 values, one sample per chunk, no chunk
-/// on disk (hand-written metadata: a bad-input case, not conformance).
-fn wide_array(dir: &std::path::Path, samples: u64, width: u64) {
-    std::fs::write(
-        dir.join("zarr.json"),
-        format!(
-            r#"{{"zarr_format":3,"node_type":"array","shape":[{samples},{width}],
-                "data_type":"float32",
-                "chunk_grid":{{"name":"regular","configuration":{{"chunk_shape":[1,{width}]}}}},
-                "chunk_key_encoding":{{"name":"default","configuration":{{"separator":"/"}}}},
-                "fill_value":0.0,"codecs":[{{"name":"bytes","configuration":{{"endian":"little"}}}}]}}"#
-        ),
-    )
-    .unwrap();
-}
-
 #[test]
 fn a_pass_whose_working_set_exceeds_the_machine_is_refused_naming_what_to_change() {
     let total: u64 = std::fs::read_to_string("/proc/meminfo")
@@ -556,7 +549,7 @@ fn a_pass_whose_working_set_exceeds_the_machine_is_refused_naming_what_to_change
         * 1024;
     let dir = tempfile::tempdir().unwrap();
     // Chunks of a quarter of the memory: 16 of them per block cannot be held.
-    wide_array(dir.path(), 64, total / 4 / 4);
+    wide_array(dir.path(), 64, total / 4 / 4, 0.0);
     let ds = InSituDataset::builder(dir.path()).build().unwrap();
     let e = ds
         .all()
@@ -569,7 +562,7 @@ fn a_pass_whose_working_set_exceeds_the_machine_is_refused_naming_what_to_change
     );
     // One chunk larger than the memory: no knob helps.
     let dir = tempfile::tempdir().unwrap();
-    wide_array(dir.path(), 4, total / 4 * 2);
+    wide_array(dir.path(), 4, total / 4 * 2, 0.0);
     let ds = InSituDataset::builder(dir.path())
         .block_chunks(1)
         .build()

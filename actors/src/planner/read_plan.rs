@@ -99,8 +99,9 @@ impl ChunkSlots {
                 slots: Vec::new(),
             });
         };
-        let mut slots = super::plan_vec(last - first + 1, "the read plan's chunk table")?;
-        slots.resize((last - first + 1) as usize, u32::MAX);
+        let n = last - first + 1;
+        let mut slots = super::plan_vec(n, "the read plan's chunk table")?;
+        slots.resize(n as usize, u32::MAX);
         Ok(Self {
             first_chunk: first,
             slots,
@@ -221,8 +222,11 @@ pub fn read_plan(
         });
     }
     // The chunks each path's labels read: the anchors' span shifted by each label's offset.
-    let anchors = (0..order.rows.len()).map(|i| order.anchor(i));
-    let anchor_span = anchors.clone().min().zip(anchors.max());
+    let anchor_span = (0..order.rows.len())
+        .map(|i| order.anchor(i))
+        .fold(None, |span: Option<(u64, u64)>, a| {
+            Some(span.map_or((a, a), |(lo, hi)| (lo.min(a), hi.max(a))))
+        });
     let mut spans: Vec<Option<(u64, u64)>> = vec![None; paths.len()];
     for l in &labels {
         let Some((lo, hi)) = anchor_span else { break };

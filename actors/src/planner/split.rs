@@ -93,8 +93,7 @@ pub fn split_by_chunk(
     let spc = geom.samples_per_chunk();
     let first = start / spc;
     let last = (stop - 1) / spc;
-    let mut chunks: Vec<u64> = super::plan_vec(last - first + 1, "the split's chunk list")?;
-    chunks.extend(first..=last);
+    let mut chunks = super::plan_chunks(first..last + 1, "the split's chunk list")?;
     if !contiguous {
         Rng::keyed(&[seed, SPLIT_STREAM]).shuffle(&mut chunks);
     }
@@ -205,9 +204,7 @@ impl SplitManifest {
             "all" => {
                 let spc = self.samples_per_chunk();
                 let range = self.sample_range[0] / spc..self.sample_range[1].div_ceil(spc);
-                let mut all = super::plan_vec(range.end - range.start, "the chunk list of `all`")?;
-                all.extend(range);
-                all
+                super::plan_chunks(range, "the chunk list of `all`")?
             }
             "train" | "val" | "test" => self.splits.get(split).cloned().unwrap_or_default(),
             other => return Err(EngineError::UnknownSplit(other.to_string())),
