@@ -130,18 +130,18 @@ async fn persist_in_background<S: Store>(ctx: &EngineContext<S>, job: &TileJob) 
     let Some(bytes) = job.slot.bytes() else {
         return;
     };
+    // From here the pool knows the write is coming: if the pass unpins and the budget evicts
+    // the slot before its file lands, a re-admission takes it from memory instead of fetching
+    // and decoding it again (it is not in the log yet).
+    let pending = ctx.pool.begin_write(&job.slot);
     let Some(permit) = disk.reserve_write().await else {
         return;
     };
-    let (disk, pool, slot) = (
-        Arc::clone(disk),
-        Arc::clone(&ctx.pool),
-        Arc::clone(&job.slot),
-    );
+    let disk = Arc::clone(disk);
     let handle = ctx.runtime.spawn("cache-write", move || async move {
         // A failure is warned about by the tier; the slot stays on the heap.
-        if let Ok(mapped) = disk.write(slot.key(), bytes, permit).await {
-            pool.file_landed(&slot, mapped);
+        if let Ok(mapped) = disk.write(pending.slot().key(), bytes, permit).await {
+            pending.landed(mapped);
         }
     });
     let mut writes = lock(&job.shared.cache_writes);

@@ -5,7 +5,7 @@
 //! [`Owner`] that reserves its working set when it starts, so a second iteration the budget
 //! cannot hold fails at once instead of starving later.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::disk::{DiskTier, Revive};
@@ -143,6 +143,13 @@ struct Inner {
     next_owner: u64,
     owners: HashMap<u64, OwnerInfo>,
     stats: PoolStats,
+    /// Slots whose cache file is being written (ids).
+    writing: HashSet<u64>,
+    /// Slots evicted while their file was being written. The write holds their bytes until it
+    /// lands, so a chunk admitted again meanwhile is taken from here — a hit — rather than
+    /// fetched and decoded a second time (it is not in the log yet). At most one per write in
+    /// flight.
+    evicted_writing: HashMap<SlotKey, Arc<Slot>>,
 }
 
 /// Residency and cache in one byte budget. Share it with `Arc`.
@@ -187,16 +194,41 @@ impl ChunkPool {
                     budget_bytes: bytes,
                     ..PoolStats::default()
                 },
+                writing: HashSet::new(),
+                evicted_writing: HashMap::new(),
             }),
             disk: disk.map(Arc::new),
         })
     }
 
-    /// `slot`'s cache file landed: the slot moves onto the mapping now if nothing pins it (else
-    /// at its last unpin). If the slot was evicted while its file was being written, an
-    /// ephemeral file goes at once, so spilled files stay bounded by the budget.
-    pub fn file_landed(&self, slot: &Slot, mapped: crate::disk::MappedFile) {
-        let g = lock(&self.inner);
+    /// `slot` is complete and about to be written to the cache directory. Until the returned
+    /// [`PendingWrite`] lands (or is dropped: a failed or abandoned write), evicting the slot
+    /// keeps it aside so that a re-admission takes it from memory.
+    pub fn begin_write(self: &Arc<Self>, slot: &Arc<Slot>) -> PendingWrite {
+        lock(&self.inner).writing.insert(slot.id);
+        PendingWrite {
+            pool: Arc::clone(self),
+            slot: Arc::clone(slot),
+            landed: None,
+        }
+    }
+
+    /// `slot`'s write ended, with its file `landed` or not. A landed slot moves onto the
+    /// mapping now if nothing pins it (else at its last unpin). If the slot was evicted while
+    /// its file was being written, an ephemeral file goes at once, so spilled files stay bounded
+    /// by the budget; a persisted one is in the log now and revives from there.
+    fn end_write(&self, slot: &Slot, landed: Option<crate::disk::MappedFile>) {
+        let mut g = lock(&self.inner);
+        g.writing.remove(&slot.id);
+        if g.evicted_writing
+            .get(slot.key())
+            .is_some_and(|s| s.id == slot.id)
+        {
+            g.evicted_writing.remove(slot.key());
+        }
+        let Some(mapped) = landed else {
+            return;
+        };
         match g.entries.get(&slot.id) {
             Some(e) => {
                 slot.offer_mapping(mapped);
@@ -292,7 +324,7 @@ impl ChunkPool {
     pub fn clear_unpinned(&self) {
         let mut g = lock(&self.inner);
         while let Some((_, id)) = g.lru.pop_first() {
-            if let Some(key) = g.remove_entry(id)
+            if let Some(key) = g.evict(id)
                 && let Some(d) = &self.disk
             {
                 d.evicted(&key);
@@ -302,6 +334,17 @@ impl ChunkPool {
 }
 
 impl Inner {
+    /// Evicts an unpinned entry; returns its key (its cache file, if any, may now go). A slot
+    /// whose file is still being written is kept aside until the write ends.
+    fn evict(&mut self, id: u64) -> Option<SlotKey> {
+        let slot = self.entries.get(&id).map(|e| Arc::clone(&e.slot))?;
+        let key = self.remove_entry(id)?;
+        if self.writing.contains(&id) {
+            self.evicted_writing.insert(key.clone(), slot);
+        }
+        Some(key)
+    }
+
     /// Drops an entry; returns its key (its cache file, if any, may now go).
     fn remove_entry(&mut self, id: u64) -> Option<SlotKey> {
         let e = self.entries.remove(&id)?;
@@ -523,30 +566,20 @@ impl Owner {
             (Some(disk), Some(probe)) => Some((disk, probe)),
             (None, _) => None,
         };
-        while g.stats.resident_bytes + nbytes > g.budget {
-            let Some((_, victim)) = g.lru.pop_first() else {
-                let pinned = g
-                    .entries
-                    .values()
-                    .filter(|e| e.pins > 0)
-                    .map(|e| e.slot.nbytes())
-                    .sum();
-                return Locked::Decided(Err(PoolError::OverBudget {
-                    key: key.to_string(),
-                    nbytes,
-                    budget_bytes: g.budget,
-                    pinned_bytes: pinned,
-                }));
-            };
-            if let Some(e) = g.entries.get_mut(&victim) {
-                e.lru_tick = None;
+        if !shadowed && let Some(slot) = g.evicted_writing.remove(key) {
+            // Evicted while its file was being written, needed again before it landed.
+            if let Err(e) = self.make_room(&mut g, key, nbytes) {
+                g.evicted_writing.insert(key.clone(), slot);
+                return Locked::Decided(Err(e));
             }
-            if let Some(k) = g.remove_entry(victim)
-                && let Some(d) = &self.pool.disk
-            {
-                d.evicted(&k);
-            }
-            g.stats.evictions += 1;
+            g.insert(slot.id, &slot, true, self.id, nbytes);
+            g.stats.hits += 1;
+            g.owners.get_mut(&self.id).expect("registered").hits += 1;
+            let slot = g.pin(self.id, slot.id);
+            return Locked::Decided(Ok(Admission::Hit(slot)));
+        }
+        if let Err(e) = self.make_room(&mut g, key, nbytes) {
+            return Locked::Decided(Err(e));
         }
         let id = g.next_slot;
         g.next_slot += 1;
@@ -589,6 +622,36 @@ impl Owner {
         Locked::Decided(Ok(Admission::Miss(slot)))
     }
 
+    /// Evicts unpinned slots, least recently used first, until `nbytes` more fit the budget.
+    fn make_room(&self, g: &mut Inner, key: &SlotKey, nbytes: u64) -> Result<(), PoolError> {
+        while g.stats.resident_bytes + nbytes > g.budget {
+            let Some((_, victim)) = g.lru.pop_first() else {
+                let pinned = g
+                    .entries
+                    .values()
+                    .filter(|e| e.pins > 0)
+                    .map(|e| e.slot.nbytes())
+                    .sum();
+                return Err(PoolError::OverBudget {
+                    key: key.to_string(),
+                    nbytes,
+                    budget_bytes: g.budget,
+                    pinned_bytes: pinned,
+                });
+            };
+            if let Some(e) = g.entries.get_mut(&victim) {
+                e.lru_tick = None;
+            }
+            if let Some(k) = g.evict(victim)
+                && let Some(d) = &self.pool.disk
+            {
+                d.evicted(&k);
+            }
+            g.stats.evictions += 1;
+        }
+        Ok(())
+    }
+
     /// Releases one pin on `slot`. At zero pins a ready slot becomes evictable; anything else
     /// (failed, abandoned mid-load) is dropped.
     pub fn unpin(&self, slot: &Slot) {
@@ -623,6 +686,32 @@ impl Owner {
     /// Slots this iteration has pinned now.
     pub fn pinned_slots(&self) -> usize {
         lock(&self.pool.inner).owners[&self.id].pins.len()
+    }
+}
+
+/// A slot's cache file being written ([`ChunkPool::begin_write`]). [`PendingWrite::landed`]
+/// hands the pool the written file; dropping it instead says the write failed or never ran.
+pub struct PendingWrite {
+    pool: Arc<ChunkPool>,
+    slot: Arc<Slot>,
+    landed: Option<crate::disk::MappedFile>,
+}
+
+impl PendingWrite {
+    /// The slot being written.
+    pub fn slot(&self) -> &Arc<Slot> {
+        &self.slot
+    }
+
+    /// The file landed: the slot may move onto its mapping.
+    pub fn landed(mut self, mapped: crate::disk::MappedFile) {
+        self.landed = Some(mapped);
+    }
+}
+
+impl Drop for PendingWrite {
+    fn drop(&mut self) {
+        self.pool.end_write(&self.slot, self.landed.take());
     }
 }
 
@@ -661,6 +750,45 @@ mod tests {
             }
             other => panic!("expected a miss, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_slot_evicted_while_its_file_is_written_is_readmitted_from_memory() {
+        let pool = ChunkPool::new(Budget::Bytes(10));
+        let o = pool.register_owner("a", 10).unwrap();
+        let s0 = o.admit(&key(0), 10, 1).unwrap();
+        let Admission::Miss(s0) = s0 else {
+            panic!("a cold pool misses")
+        };
+        s0.adopt((0..10).collect()).unwrap();
+        let write = pool.begin_write(&s0);
+        o.unpin(&s0);
+        let s1 = fill(o.admit(&key(1), 10, 1).unwrap());
+        assert_eq!(pool.stats().evictions, 1, "chunk 0 made room for chunk 1");
+        o.unpin(&s1);
+        // Needed again before its file landed: the same bytes, no second fetch.
+        match o.admit(&key(0), 10, 1).unwrap() {
+            Admission::Hit(s) => {
+                assert!(Arc::ptr_eq(&s, &s0));
+                assert_eq!(
+                    s.bytes().unwrap().memory().unwrap(),
+                    &(0..10).collect::<Vec<u8>>()[..]
+                );
+                o.unpin(&s);
+            }
+            other => panic!("expected a hit from the pending write, got {other:?}"),
+        }
+        assert_eq!(pool.stats().resident_bytes, 10);
+        // Evicted again, and this time the write fails: the bytes are gone, so a miss.
+        let s1 = fill(o.admit(&key(1), 10, 1).unwrap());
+        o.unpin(&s1);
+        drop(write);
+        assert!(matches!(
+            o.admit(&key(0), 10, 1).unwrap(),
+            Admission::Miss(_)
+        ));
+        let st = pool.stats();
+        assert_eq!((st.hits, st.misses), (1, 4));
     }
 
     #[test]

@@ -1,0 +1,783 @@
+//! The engine over hundreds of random geometries and knob settings, each checked against values
+//! computed from an element's own coordinates: every emitted row equals the array at its read
+//! index, every valid anchor comes once per split and epoch, in the order the planner promised,
+//! each slot is admitted once per pass (read-once), and another thread count and IO backend
+//! emit the same order.
+//!
+//! A case is a store of one to three arrays (zarr v2 or v3; C or F order; little- or big-endian
+//! uint16/32/64; 2 to 4 dimensions of their own; any sample axis; each chunked its own way,
+//! partial edge chunks, a few chunks never written) read through variables and windows with
+//! negative and positive offsets, with or without a split manifest and a sample range.
+//!
+//! The stores are written here, uncompressed, rather than by zarr-python: this test is about the
+//! planner, fetcher, decoder and gather over many geometries, and a Python process per store
+//! would take minutes. Whether our decoded bytes equal zarr-python's for every codec and layout
+//! is `store_conformance.rs`'s question. A failure names its case number; `ISB_RANDOM_CASE=n`
+//! runs that case alone, and `ISB_RANDOM_CASES=n` runs the first `n` (a longer soak than CI's).
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::Path;
+
+use insitubatch::{
+    EngineError, InSituDataset, IoBackendChoice, PassStats, SplitManifest, split_by_chunk,
+};
+use serde_json::json;
+
+/// Number of random cases per run (each a store and two epochs over every split).
+const CASES: u64 = 160;
+
+/// SplitMix64: small, seedable, and good enough to pick test shapes.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Dt {
+    U16,
+    U32,
+    U64,
+}
+
+impl Dt {
+    fn size(self) -> usize {
+        match self {
+            Dt::U16 => 2,
+            Dt::U32 => 4,
+            Dt::U64 => 8,
+        }
+    }
+
+    fn mask(self) -> u64 {
+        match self {
+            Dt::U16 => 0xffff,
+            Dt::U32 => 0xffff_ffff,
+            Dt::U64 => u64::MAX,
+        }
+    }
+
+    fn v3_name(self) -> &'static str {
+        match self {
+            Dt::U16 => "uint16",
+            Dt::U32 => "uint32",
+            Dt::U64 => "uint64",
+        }
+    }
+
+    fn encode(self, value: u64, big_endian: bool, out: &mut Vec<u8>) {
+        let bytes = value.to_le_bytes();
+        let mut item = bytes[..self.size()].to_vec();
+        if big_endian {
+            item.reverse();
+        }
+        out.extend_from_slice(&item);
+    }
+}
+
+/// One array of a case's store, and the value of every element.
+#[derive(Debug)]
+struct ArrayCase {
+    name: String,
+    id: u64,
+    shape: Vec<u64>,
+    chunks: Vec<u64>,
+    dt: Dt,
+    fill: u64,
+    big_endian: bool,
+    f_order: bool,
+    unwritten: HashSet<Vec<u64>>,
+}
+
+impl ArrayCase {
+    fn grid(&self) -> Vec<u64> {
+        self.shape
+            .iter()
+            .zip(&self.chunks)
+            .map(|(s, c)| s.div_ceil(*c))
+            .collect()
+    }
+
+    /// The element at `idx`: the fill value inside a chunk never written, else a value unique
+    /// to (array, position) up to the dtype's width.
+    fn value(&self, idx: &[u64]) -> u64 {
+        let chunk: Vec<u64> = idx.iter().zip(&self.chunks).map(|(i, c)| i / c).collect();
+        if self.unwritten.contains(&chunk) {
+            return self.fill;
+        }
+        let linear = idx
+            .iter()
+            .zip(&self.shape)
+            .fold(0u64, |acc, (i, s)| acc * s + i);
+        (self.id * 1_000_003 + linear + 1) & self.dt.mask()
+    }
+
+    /// The sample at index `s` along `axis`, C order over the other axes, native-endian bytes.
+    fn sample(&self, axis: usize, s: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        for_each_index(&self.shape, false, |idx| {
+            if idx[axis] == s {
+                let v = self.value(idx);
+                out.extend_from_slice(&v.to_ne_bytes()[..self.dt.size()]);
+            }
+        });
+        out
+    }
+
+    fn write(&self, root: &Path, v3: bool, sep: &str) {
+        let dir = root.join(&self.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let meta = if v3 {
+            let mut codecs = Vec::new();
+            if self.f_order {
+                let order: Vec<usize> = (0..self.shape.len()).rev().collect();
+                codecs.push(json!({"name": "transpose", "configuration": {"order": order}}));
+            }
+            let endian = if self.big_endian { "big" } else { "little" };
+            codecs.push(json!({"name": "bytes", "configuration": {"endian": endian}}));
+            json!({"zarr_format": 3, "node_type": "array", "shape": self.shape,
+                "data_type": self.dt.v3_name(),
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": self.chunks}},
+                "chunk_key_encoding": {"name": "default", "configuration": {"separator": sep}},
+                "fill_value": self.fill, "codecs": codecs, "attributes": {}})
+        } else {
+            let dtype = format!(
+                "{}u{}",
+                if self.big_endian { ">" } else { "<" },
+                self.dt.size()
+            );
+            json!({"zarr_format": 2, "shape": self.shape, "chunks": self.chunks, "dtype": dtype,
+                "compressor": null, "fill_value": self.fill,
+                "order": if self.f_order { "F" } else { "C" }, "filters": null,
+                "dimension_separator": sep})
+        };
+        let meta_file = if v3 { "zarr.json" } else { ".zarray" };
+        std::fs::write(dir.join(meta_file), meta.to_string()).unwrap();
+        for_each_index(&self.grid(), false, |chunk| {
+            if self.unwritten.contains(chunk) {
+                return;
+            }
+            let mut bytes = Vec::new();
+            for_each_index(&self.chunks, self.f_order, |local| {
+                let idx: Vec<u64> = chunk
+                    .iter()
+                    .zip(&self.chunks)
+                    .zip(local)
+                    .map(|((c, n), l)| c * n + l)
+                    .collect();
+                let inside = idx.iter().zip(&self.shape).all(|(i, s)| i < s);
+                // Past the array's edge a partial chunk holds bytes no reader may deliver.
+                let v = if inside {
+                    self.value(&idx)
+                } else {
+                    0xa5a5_a5a5_a5a5_a5a5
+                };
+                self.dt
+                    .encode(v & self.dt.mask(), self.big_endian, &mut bytes);
+            });
+            let parts: Vec<String> = chunk.iter().map(u64::to_string).collect();
+            let key = if v3 {
+                format!("c{sep}{}", parts.join(sep))
+            } else {
+                parts.join(sep)
+            };
+            let file = dir.join(key);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(file, bytes).unwrap();
+        });
+    }
+}
+
+/// Calls `f` with every index of `shape`, the last axis fastest (C order) or the first (F).
+fn for_each_index(shape: &[u64], f_order: bool, mut f: impl FnMut(&[u64])) {
+    if shape.contains(&0) {
+        return;
+    }
+    let n = shape.len();
+    let mut idx = vec![0u64; n];
+    loop {
+        f(&idx);
+        let axes: Vec<usize> = if f_order {
+            (0..n).collect()
+        } else {
+            (0..n).rev().collect()
+        };
+        let mut carried = true;
+        for a in axes {
+            idx[a] += 1;
+            if idx[a] < shape[a] {
+                carried = false;
+                break;
+            }
+            idx[a] = 0;
+        }
+        if carried {
+            return;
+        }
+    }
+}
+
+/// A view the dataset reads: a label over an array at a sample offset.
+#[derive(Debug)]
+struct View {
+    label: String,
+    array: usize,
+    offset: i64,
+}
+
+/// The arguments of `split_by_chunk` a case draws.
+#[derive(Debug)]
+struct SplitCase {
+    fractions: Vec<f64>,
+    contiguous: bool,
+    sample_range: Option<(u64, u64)>,
+}
+
+/// Everything one case draws.
+#[derive(Debug)]
+struct Case {
+    v3: bool,
+    sep: &'static str,
+    axis: usize,
+    n_samples: u64,
+    arrays: Vec<ArrayCase>,
+    views: Vec<View>,
+    /// A manifest from `split_by_chunk` over the first view's array, or none.
+    split: Option<SplitCase>,
+    batch_size: usize,
+    block_chunks: usize,
+    max_inflight: usize,
+    prefetch_depth: usize,
+    shuffle: bool,
+    seed: u64,
+    executor_threads: usize,
+    budget_holds_everything: bool,
+    /// Read through a persisted cache, then revive it in a fresh dataset.
+    persist: bool,
+}
+
+impl Case {
+    fn draw(n: u64) -> Case {
+        let mut r = Rng::new(n);
+        let axis = r.range(0, 2) as usize;
+        let n_samples = r.range(1, 40);
+        let v3 = r.chance(0.5);
+        let sep = if r.chance(0.5) { "/" } else { "." };
+        let arrays = (0..r.range(1, 3))
+            .map(|id| {
+                let ndim = r.range((axis as u64 + 1).max(2), 4) as usize;
+                let shape: Vec<u64> = (0..ndim)
+                    .map(|a| if a == axis { n_samples } else { r.range(1, 5) })
+                    .collect();
+                let chunks: Vec<u64> = shape.iter().map(|s| r.range(1, s + 1)).collect();
+                let dt = [Dt::U16, Dt::U32, Dt::U64][r.range(0, 2) as usize];
+                let mut a = ArrayCase {
+                    name: format!("a{id}"),
+                    id,
+                    shape,
+                    chunks,
+                    dt,
+                    fill: r.next() & dt.mask(),
+                    big_endian: r.chance(0.3),
+                    f_order: r.chance(0.3),
+                    unwritten: HashSet::new(),
+                };
+                for_each_index(&a.grid(), false, |c| {
+                    if r.chance(0.1) {
+                        a.unwritten.insert(c.to_vec());
+                    }
+                });
+                a
+            })
+            .collect::<Vec<_>>();
+        let mut views: Vec<View> = (0..arrays.len())
+            .map(|i| View {
+                label: format!("v{i}"),
+                array: i,
+                offset: 0,
+            })
+            .collect();
+        for w in 0..r.range(0, 2) {
+            let offset = r.range(1, 3) as i64 * if r.chance(0.5) { -1 } else { 1 };
+            views.push(View {
+                label: format!("w{w}"),
+                array: r.range(0, arrays.len() as u64 - 1) as usize,
+                offset,
+            });
+        }
+        if r.chance(0.3) {
+            // The first view need not read at offset 0.
+            views[0].offset = r.range(1, 2) as i64;
+        }
+        let split = r.chance(0.6).then(|| {
+            let fractions = match r.range(0, 3) {
+                0 => vec![1.0],
+                1 => vec![0.5, 0.5],
+                2 => vec![0.6, 0.2, 0.2],
+                _ => vec![0.3, 0.3],
+            };
+            let range = r.chance(0.4).then(|| {
+                let start = r.range(0, n_samples - 1);
+                (start, r.range(start + 1, n_samples))
+            });
+            SplitCase {
+                fractions,
+                contiguous: r.chance(0.5),
+                sample_range: range,
+            }
+        });
+        Case {
+            v3,
+            sep,
+            axis,
+            n_samples,
+            arrays,
+            views,
+            split,
+            batch_size: r.range(1, 12) as usize,
+            block_chunks: r.range(1, 4) as usize,
+            max_inflight: r.range(1, 5) as usize,
+            prefetch_depth: r.range(1, 3) as usize,
+            shuffle: r.chance(0.7),
+            seed: r.next() % 1000,
+            executor_threads: r.range(1, 2) as usize,
+            budget_holds_everything: r.chance(0.3),
+            persist: r.chance(0.3),
+        }
+    }
+
+    fn builder(&self, root: &Path) -> insitubatch::DatasetBuilder {
+        let mut b = InSituDataset::builder(root)
+            .sample_axis(self.axis)
+            .batch_size(self.batch_size)
+            .block_chunks(self.block_chunks)
+            .max_inflight(self.max_inflight)
+            .prefetch_depth(self.prefetch_depth)
+            .shuffle(self.shuffle)
+            .seed(self.seed);
+        for v in &self.views {
+            b = b.window(v.label.clone(), self.arrays[v.array].name.clone(), v.offset);
+        }
+        if self.budget_holds_everything {
+            b = b.cache_budget_bytes(1 << 30);
+        }
+        b
+    }
+}
+
+/// The anchors a split of `chunks` on the reference grid must emit: every sample of those
+/// chunks inside the array whose every view reads inside it too.
+fn expected_anchors(case: &Case, reference_chunk: u64, chunks: &[u64]) -> Vec<u64> {
+    let mut out = Vec::new();
+    for c in chunks {
+        for a in c * reference_chunk..((c + 1) * reference_chunk).min(case.n_samples) {
+            let inside = case.views.iter().all(|v| {
+                let s = a as i64 + v.offset;
+                s >= 0 && (s as u64) < case.n_samples
+            });
+            if inside {
+                out.push(a);
+            }
+        }
+    }
+    out
+}
+
+/// The manifest's splits are disjoint sets of the reference chunks overlapping its sample range
+/// (each contiguous when asked; all of them when the fractions sum to 1), checked without the
+/// engine.
+fn check_manifest(case: &Case, m: &SplitManifest, reference: &ArrayCase) {
+    let spc = reference.chunks[case.axis];
+    let (start, stop) = case
+        .split
+        .as_ref()
+        .and_then(|s| s.sample_range)
+        .unwrap_or((0, case.n_samples));
+    let want: BTreeSet<u64> = (start / spc..stop.div_ceil(spc)).collect();
+    let mut seen = BTreeSet::new();
+    for (name, chunks) in &m.splits {
+        for c in chunks {
+            assert!(seen.insert(*c), "chunk {c} in two splits (again in {name})");
+        }
+        if case.split.as_ref().is_some_and(|s| s.contiguous) && !chunks.is_empty() {
+            assert_eq!(
+                chunks.last().unwrap() - chunks[0] + 1,
+                chunks.len() as u64,
+                "contiguous split {name} is one run: {chunks:?}"
+            );
+        }
+    }
+    // Fractions summing under 1 leave the rest of the chunks out.
+    let total: f64 = case
+        .split
+        .as_ref()
+        .map_or(1.0, |s| s.fractions.iter().sum());
+    let covered = (total * want.len() as f64).round() as usize;
+    assert!(
+        seen.is_subset(&want),
+        "the splits stay inside the sample range"
+    );
+    assert_eq!(
+        seen.len(),
+        covered,
+        "the splits cover their fractions of it"
+    );
+}
+
+/// Runs one pass of `split` and checks every row; returns the anchors in emission order and
+/// the pass's stats.
+fn check_pass(case: &Case, ds: &InSituDataset, split: &str, want: &[u64]) -> (Vec<u64>, PassStats) {
+    let planned = ds.order(split).unwrap();
+    let mut pass = ds.iter(split).unwrap();
+    let mut anchors = Vec::new();
+    let mut batches = 0usize;
+    for batch in pass.by_ref() {
+        let batch = batch.unwrap();
+        batches += 1;
+        assert!(!batch.is_empty() && batch.len() <= case.batch_size);
+        for v in &case.views {
+            let a = &case.arrays[v.array];
+            let got = batch.array(&v.label).unwrap();
+            let mut shape = vec![batch.len()];
+            shape.extend(
+                (0..a.shape.len())
+                    .filter(|x| *x != case.axis)
+                    .map(|x| a.shape[x] as usize),
+            );
+            assert_eq!(got.shape(), &shape[..], "label {}", v.label);
+            let sample_bytes = got.bytes().len() / batch.len();
+            let reads = batch.read_indices(&v.label).unwrap();
+            for (row, (anchor, read)) in batch.sample_indices().iter().zip(&reads).enumerate() {
+                assert_eq!(*read as i64, *anchor as i64 + v.offset, "read index");
+                let want_row = a.sample(case.axis, *read);
+                assert!(
+                    got.bytes()[row * sample_bytes..(row + 1) * sample_bytes] == want_row[..],
+                    "label {} ({}) anchor {anchor}: row differs from the array at {read}",
+                    v.label,
+                    a.name
+                );
+            }
+        }
+        anchors.extend_from_slice(batch.sample_indices());
+    }
+    // The batches are the planner's order cut every batch_size rows, only the last one short.
+    assert_eq!(
+        anchors,
+        planned.anchors(),
+        "emitted order is the planned order"
+    );
+    assert_eq!(batches, anchors.len().div_ceil(case.batch_size));
+    let mut sorted = anchors.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, want, "every valid anchor once");
+    if split != "train" || !case.shuffle {
+        assert_eq!(
+            anchors, want,
+            "sequential passes keep chunk and sample order"
+        );
+    }
+    // A shuffle block draws from at most block_chunks reference chunks, and blocks are disjoint.
+    let spc = planned.samples_per_chunk;
+    let mut used = HashSet::new();
+    for block in &planned.blocks {
+        let chunks: HashSet<u64> = anchors[block.clone()].iter().map(|a| a / spc).collect();
+        assert!(chunks.len() <= case.block_chunks, "block {block:?}");
+        assert!(
+            chunks.iter().all(|c| used.insert(*c)),
+            "a chunk in two blocks"
+        );
+    }
+    // Read-once: each slot (array, sample-axis chunk) the pass needs is fetched at most once
+    // and admitted once, except that a shuffled train pass over a persisted cache hands each
+    // block's slots back as it drains and admits them again (from the pool or the cache file)
+    // when a later block needs them.
+    let mut slots = HashSet::new();
+    for v in &case.views {
+        let a = &case.arrays[v.array];
+        for anchor in &anchors {
+            slots.insert((
+                v.array,
+                (*anchor as i64 + v.offset) as u64 / a.chunks[case.axis],
+            ));
+        }
+    }
+    let stats = pass.stats();
+    let distinct = slots.len() as u64;
+    let admitted = stats.cache_hits + stats.cache_misses;
+    assert!(
+        stats.cache_misses <= distinct,
+        "a slot fetched twice: {slots:?} {anchors:?} {stats:?}"
+    );
+    if case.persist && case.shuffle && split == "train" {
+        assert!(admitted >= distinct, "{distinct} slots: {stats:?}");
+    } else {
+        assert_eq!(
+            admitted, distinct,
+            "every slot admitted exactly once: {stats:?}"
+        );
+    }
+    assert!(stats.resident_peak_bytes <= stats.budget_bytes, "{stats:?}");
+    assert!(
+        stats.pinned_peak_bytes <= pass.read_ahead_bytes(),
+        "{stats:?}"
+    );
+    assert_eq!(stats.samples, anchors.len() as u64);
+    (anchors, stats)
+}
+
+/// What the cases exercised, so that a change to the generator cannot quietly narrow them.
+#[derive(Debug, Default)]
+struct Coverage {
+    passes: u64,
+    empty_splits: u64,
+    windows: u64,
+    manifests: u64,
+    sample_ranges: u64,
+    unwritten_chunks: u64,
+    f_order: u64,
+    big_endian: u64,
+    sample_axis_nonzero: u64,
+    chunked_differently: u64,
+    multi_tile_slots: u64,
+    persisted: u64,
+}
+
+fn run_case(n: u64, cov: &mut Coverage) {
+    let case = Case::draw(n);
+    cov.windows += case.views.iter().any(|v| v.offset != 0) as u64;
+    cov.sample_ranges += case
+        .split
+        .as_ref()
+        .is_some_and(|s| s.sample_range.is_some()) as u64;
+    cov.unwritten_chunks += case.arrays.iter().any(|a| !a.unwritten.is_empty()) as u64;
+    cov.f_order += case.arrays.iter().any(|a| a.f_order) as u64;
+    cov.big_endian += case.arrays.iter().any(|a| a.big_endian) as u64;
+    cov.sample_axis_nonzero += (case.axis > 0) as u64;
+    let axis_chunks: HashSet<u64> = case.arrays.iter().map(|a| a.chunks[case.axis]).collect();
+    cov.chunked_differently += (axis_chunks.len() > 1) as u64;
+    cov.multi_tile_slots += case.arrays.iter().any(|a| {
+        a.grid()
+            .iter()
+            .enumerate()
+            .any(|(x, g)| x != case.axis && *g > 1)
+    }) as u64;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("store.zarr");
+    std::fs::create_dir_all(&root).unwrap();
+    let group = if case.v3 {
+        ("zarr.json", json!({"zarr_format": 3, "node_type": "group"}))
+    } else {
+        (".zgroup", json!({"zarr_format": 2}))
+    };
+    std::fs::write(root.join(group.0), group.1.to_string()).unwrap();
+    for a in &case.arrays {
+        a.write(&root, case.v3, case.sep);
+    }
+    let reference = &case.arrays[case.views[0].array];
+
+    let mut builder = case.builder(&root);
+    if let Some(split) = &case.split {
+        let probe = InSituDataset::builder(&root)
+            .sample_axis(case.axis)
+            .variable("r", reference.name.clone())
+            .build()
+            .unwrap();
+        match split_by_chunk(
+            &probe.variables()[0].geom,
+            &split.fractions,
+            case.seed,
+            split.contiguous,
+            split.sample_range,
+        ) {
+            Ok(m) => {
+                check_manifest(&case, &m, reference);
+                cov.manifests += 1;
+                builder = builder.manifest(m);
+            }
+            // Too few chunks for every fraction to get one: the error says which split.
+            Err(EngineError::EmptySplit { split, why }) => {
+                assert!(why.contains("rounds to none"), "{split}: {why}");
+            }
+            Err(e) => panic!("split_by_chunk: {e}"),
+        }
+    }
+    let cache = tmp.path().join("cache");
+    if case.persist {
+        builder = builder.cache_dir(&cache).persist(true);
+        cov.persisted += 1;
+    }
+    let ds = builder
+        .executor_threads(case.executor_threads)
+        .build()
+        .unwrap();
+    let m = ds.manifest().clone();
+    assert_eq!(m.samples_per_chunk(), reference.chunks[case.axis]);
+    let train_orders = run_epochs(&case, &ds, 0..2, Reads::Some, cov);
+    let backend = ds.io_backend();
+    drop(ds);
+
+    // The same (seed, epoch) gives the same order with another thread count and IO backend.
+    if !train_orders.is_empty() {
+        let uring = insitubatch::runtime::probe().unavailable.is_none();
+        let other_backend = match backend {
+            insitubatch::IoBackend::Threads if uring => IoBackendChoice::Uring,
+            _ => IoBackendChoice::Threads,
+        };
+        let ds2 = case
+            .builder(&root)
+            .manifest(m.clone())
+            .executor_threads(3 - case.executor_threads)
+            .io_backend(other_backend)
+            .build()
+            .unwrap();
+        for (epoch, want) in train_orders.iter().enumerate() {
+            ds2.set_epoch(epoch as u64);
+            let got: Vec<u64> = ds2
+                .train()
+                .unwrap()
+                .flat_map(|b| b.unwrap().sample_indices().to_vec())
+                .collect();
+            assert_eq!(&got, want, "epoch {epoch} order on another runtime");
+        }
+    }
+
+    // A fresh dataset over the persisted cache revives every slot the first one finished:
+    // the same values, nothing read from the store.
+    if case.persist {
+        let ds3 = case
+            .builder(&root)
+            .manifest(m)
+            .cache_dir(&cache)
+            .persist(true)
+            .readonly_cache(case.seed.is_multiple_of(2))
+            .build()
+            .unwrap();
+        run_epochs(&case, &ds3, 2..3, Reads::None, cov);
+    }
+}
+
+/// Whether the passes of [`run_epochs`] may read the store.
+#[derive(Clone, Copy, PartialEq)]
+enum Reads {
+    Some,
+    /// Every slot is already in the pool or the persisted cache.
+    None,
+}
+
+/// Runs `epochs` over every split, checking each pass (an empty split must refuse to start);
+/// returns the train orders.
+fn run_epochs(
+    case: &Case,
+    ds: &InSituDataset,
+    epochs: std::ops::Range<u64>,
+    reads: Reads,
+    cov: &mut Coverage,
+) -> Vec<Vec<u64>> {
+    let m = ds.manifest();
+    let spc = m.samples_per_chunk();
+    let mut train_orders = Vec::new();
+    for epoch in epochs.clone() {
+        ds.set_epoch(epoch);
+        for split in ["train", "val", "test", "all"] {
+            let chunks = match split {
+                "all" => (m.sample_range[0] / spc..m.sample_range[1].div_ceil(spc)).collect(),
+                s => m.splits.get(s).cloned().unwrap_or_default(),
+            };
+            let want = expected_anchors(case, spc, &chunks);
+            if want.is_empty() {
+                match ds.iter(split) {
+                    Err(EngineError::EmptySplit { split: s, .. }) => {
+                        assert_eq!(s, split);
+                        cov.empty_splits += 1;
+                    }
+                    Err(e) => panic!("{split}: wrong error for an empty split: {e}"),
+                    Ok(_) => panic!("{split}: a split with no valid anchor started a pass"),
+                }
+                continue;
+            }
+            let (anchors, stats) = check_pass(case, ds, split, &want);
+            cov.passes += 1;
+            // After a first epoch over every split into a pool that keeps everything, or from a
+            // persisted cache, nothing is read or decoded.
+            let warm = epoch > epochs.start && case.budget_holds_everything;
+            if warm || reads == Reads::None {
+                assert_eq!(
+                    (stats.cache_misses, stats.tiles_read, stats.bytes_decoded),
+                    (0, 0, 0),
+                    "epoch {epoch} {split}: {stats:?}"
+                );
+            }
+            if split == "train" {
+                train_orders.push(anchors);
+            }
+        }
+    }
+    train_orders
+}
+
+#[test]
+fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values() {
+    let cases: Vec<u64> = match std::env::var("ISB_RANDOM_CASE") {
+        Ok(n) => vec![n.parse().expect("ISB_RANDOM_CASE is a case number")],
+        Err(_) => match std::env::var("ISB_RANDOM_CASES") {
+            Ok(n) => (0..n.parse().expect("ISB_RANDOM_CASES is a count")).collect(),
+            Err(_) => (0..CASES).collect(),
+        },
+    };
+    let single = cases.len() == 1;
+    let mut cov = Coverage::default();
+    for n in cases {
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(n, &mut cov)));
+        if let Err(e) = result {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panic!(
+                "case {n} failed (rerun alone with ISB_RANDOM_CASE={n}): {msg}\n{:#?}",
+                Case::draw(n)
+            );
+        }
+    }
+    if !single {
+        eprintln!("{cov:#?}");
+        let c = &cov;
+        for (what, count) in [
+            ("passes", c.passes / 20),
+            ("empty splits", c.empty_splits),
+            ("windows", c.windows),
+            ("manifests", c.manifests),
+            ("sample ranges", c.sample_ranges),
+            ("unwritten chunks", c.unwritten_chunks),
+            ("F order", c.f_order),
+            ("big-endian", c.big_endian),
+            ("sample axis > 0", c.sample_axis_nonzero),
+            ("chunked differently", c.chunked_differently),
+            ("multi-tile slots", c.multi_tile_slots),
+            ("a persisted cache", c.persisted),
+        ] {
+            assert!(count >= 10, "only {count} cases with {what}: {cov:?}");
+        }
+    }
+}
