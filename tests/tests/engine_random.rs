@@ -19,12 +19,12 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
 use insitubatch::{
-    EngineError, InSituDataset, IoBackendChoice, PassStats, SplitManifest, split_by_chunk,
+    Batch, EngineError, InSituDataset, IoBackendChoice, PassStats, SplitManifest, split_by_chunk,
 };
 use serde_json::json;
 
 /// Number of random cases per run (each a store and two epochs over every split).
-const CASES: u64 = 160;
+const CASES: u64 = 200;
 
 /// SplitMix64: small, seedable, and good enough to pick test shapes.
 struct Rng(u64);
@@ -328,7 +328,7 @@ impl Case {
             // The first view need not read at offset 0.
             views[0].offset = r.range(1, 2) as i64;
         }
-        let split = r.chance(0.6).then(|| {
+        let split = r.chance(0.75).then(|| {
             let fractions = match r.range(0, 3) {
                 0 => vec![1.0],
                 1 => vec![0.5, 0.5],
@@ -443,6 +443,34 @@ fn check_manifest(case: &Case, m: &SplitManifest, reference: &ArrayCase) {
     );
 }
 
+/// Checks a batch's shape per label and every row against the array at its read index.
+fn check_batch(case: &Case, batch: &Batch) {
+    assert!(!batch.is_empty() && batch.len() <= case.batch_size);
+    for v in &case.views {
+        let a = &case.arrays[v.array];
+        let got = batch.array(&v.label).unwrap();
+        let mut shape = vec![batch.len()];
+        shape.extend(
+            (0..a.shape.len())
+                .filter(|x| *x != case.axis)
+                .map(|x| a.shape[x] as usize),
+        );
+        assert_eq!(got.shape(), &shape[..], "label {}", v.label);
+        let sample_bytes = got.bytes().len() / batch.len();
+        let reads = batch.read_indices(&v.label).unwrap();
+        for (row, (anchor, read)) in batch.sample_indices().iter().zip(&reads).enumerate() {
+            assert_eq!(*read as i64, *anchor as i64 + v.offset, "read index");
+            let want_row = a.sample(case.axis, *read);
+            assert!(
+                got.bytes()[row * sample_bytes..(row + 1) * sample_bytes] == want_row[..],
+                "label {} ({}) anchor {anchor}: row differs from the array at {read}",
+                v.label,
+                a.name
+            );
+        }
+    }
+}
+
 /// Runs one pass of `split` and checks every row; returns the anchors in emission order and
 /// the pass's stats.
 fn check_pass(case: &Case, ds: &InSituDataset, split: &str, want: &[u64]) -> (Vec<u64>, PassStats) {
@@ -453,30 +481,7 @@ fn check_pass(case: &Case, ds: &InSituDataset, split: &str, want: &[u64]) -> (Ve
     for batch in pass.by_ref() {
         let batch = batch.unwrap();
         batches += 1;
-        assert!(!batch.is_empty() && batch.len() <= case.batch_size);
-        for v in &case.views {
-            let a = &case.arrays[v.array];
-            let got = batch.array(&v.label).unwrap();
-            let mut shape = vec![batch.len()];
-            shape.extend(
-                (0..a.shape.len())
-                    .filter(|x| *x != case.axis)
-                    .map(|x| a.shape[x] as usize),
-            );
-            assert_eq!(got.shape(), &shape[..], "label {}", v.label);
-            let sample_bytes = got.bytes().len() / batch.len();
-            let reads = batch.read_indices(&v.label).unwrap();
-            for (row, (anchor, read)) in batch.sample_indices().iter().zip(&reads).enumerate() {
-                assert_eq!(*read as i64, *anchor as i64 + v.offset, "read index");
-                let want_row = a.sample(case.axis, *read);
-                assert!(
-                    got.bytes()[row * sample_bytes..(row + 1) * sample_bytes] == want_row[..],
-                    "label {} ({}) anchor {anchor}: row differs from the array at {read}",
-                    v.label,
-                    a.name
-                );
-            }
-        }
+        check_batch(case, &batch);
         anchors.extend_from_slice(batch.sample_indices());
     }
     // The batches are the planner's order cut every batch_size rows, only the last one short.
@@ -559,6 +564,9 @@ struct Coverage {
     chunked_differently: u64,
     multi_tile_slots: u64,
     persisted: u64,
+    abandoned: u64,
+    zipped: u64,
+    zip_refused: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
@@ -632,6 +640,7 @@ fn run_case(n: u64, cov: &mut Coverage) {
     let m = ds.manifest().clone();
     assert_eq!(m.samples_per_chunk(), reference.chunks[case.axis]);
     let train_orders = run_epochs(&case, &ds, 0..2, Reads::Some, cov);
+    abandon_and_zip(&case, &ds, n, cov);
     let backend = ds.io_backend();
     drop(ds);
 
@@ -675,6 +684,80 @@ fn run_case(n: u64, cov: &mut Coverage) {
     }
 }
 
+/// The reference chunks a split names in the manifest (`all`: every chunk of its range).
+fn split_chunks(m: &SplitManifest, split: &str) -> Vec<u64> {
+    let spc = m.samples_per_chunk();
+    match split {
+        "all" => (m.sample_range[0] / spc..m.sample_range[1].div_ceil(spc)).collect(),
+        s => m.splits.get(s).cloned().unwrap_or_default(),
+    }
+}
+
+/// A train pass dropped after a few batches leaves nothing pinned or reserved, and the dataset
+/// goes on; two iterations at once (train and val zipped) each emit exactly their split when
+/// the budget holds both, and otherwise the second one fails at its start saying what budget it
+/// needs.
+fn abandon_and_zip(case: &Case, ds: &InSituDataset, n: u64, cov: &mut Coverage) {
+    let m = ds.manifest();
+    let spc = m.samples_per_chunk();
+    let want_train = expected_anchors(case, spc, &split_chunks(m, "train"));
+    let want_val = expected_anchors(case, spc, &split_chunks(m, "val"));
+    if want_train.is_empty() {
+        return;
+    }
+    let batches = want_train.len().div_ceil(case.batch_size) as u64;
+    let keep = Rng::new(n ^ 0xab4d_0e5d).range(0, batches - 1) as usize;
+    let mut pass = ds.train().unwrap();
+    for batch in pass.by_ref().take(keep) {
+        check_batch(case, &batch.unwrap());
+    }
+    drop(pass);
+    let st = ds.pool_stats();
+    assert_eq!(
+        (st.pinned_slots, st.reserved_bytes),
+        (0, 0),
+        "after a pass dropped at batch {keep} of {batches}: {st:?}"
+    );
+    cov.abandoned += 1;
+
+    if want_val.is_empty() {
+        return;
+    }
+    let train = ds.train().unwrap();
+    let val = match ds.val() {
+        Ok(val) => val,
+        Err(e) => {
+            assert!(!case.budget_holds_everything, "val next to train: {e}");
+            assert!(
+                e.to_string().contains("set cache_budget_bytes to at least"),
+                "{e}"
+            );
+            cov.zip_refused += 1;
+            return;
+        }
+    };
+    let mut got = [Vec::new(), Vec::new()];
+    let mut passes = [Some(train), Some(val)];
+    while passes.iter().any(Option::is_some) {
+        for (i, slot) in passes.iter_mut().enumerate() {
+            let Some(pass) = slot else { continue };
+            match pass.next() {
+                Some(batch) => {
+                    let batch = batch.unwrap();
+                    check_batch(case, &batch);
+                    got[i].extend_from_slice(batch.sample_indices());
+                }
+                None => *slot = None,
+            }
+        }
+    }
+    for (g, want) in got.iter_mut().zip([&want_train, &want_val]) {
+        g.sort_unstable();
+        assert_eq!(g, want, "zipped passes each emit their own split");
+    }
+    cov.zipped += 1;
+}
+
 /// Whether the passes of [`run_epochs`] may read the store.
 #[derive(Clone, Copy, PartialEq)]
 enum Reads {
@@ -698,11 +781,7 @@ fn run_epochs(
     for epoch in epochs.clone() {
         ds.set_epoch(epoch);
         for split in ["train", "val", "test", "all"] {
-            let chunks = match split {
-                "all" => (m.sample_range[0] / spc..m.sample_range[1].div_ceil(spc)).collect(),
-                s => m.splits.get(s).cloned().unwrap_or_default(),
-            };
-            let want = expected_anchors(case, spc, &chunks);
+            let want = expected_anchors(case, spc, &split_chunks(m, split));
             if want.is_empty() {
                 match ds.iter(split) {
                     Err(EngineError::EmptySplit { split: s, .. }) => {
@@ -776,6 +855,9 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("chunked differently", c.chunked_differently),
             ("multi-tile slots", c.multi_tile_slots),
             ("a persisted cache", c.persisted),
+            ("a pass abandoned", c.abandoned),
+            ("train and val zipped", c.zipped),
+            ("val refused next to train", c.zip_refused),
         ] {
             assert!(count >= 10, "only {count} cases with {what}: {cov:?}");
         }
