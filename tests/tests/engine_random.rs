@@ -17,11 +17,14 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 
 use insitubatch::{
     Batch, EngineError, InSituDataset, IoBackendChoice, PassStats, SplitManifest, split_by_chunk,
 };
 use serde_json::json;
+use zarrs::array::{Array, ArrayMetadata};
+use zarrs::filesystem::FilesystemStore;
 
 /// Number of random cases per run (each a store and two epochs over every split).
 const CASES: u64 = 200;
@@ -94,6 +97,39 @@ impl Dt {
     }
 }
 
+/// A compressor after the `bytes` codec (or as the v2 `compressor`).
+#[derive(Clone, Copy, Debug)]
+enum Codec {
+    None,
+    Zstd,
+    Gzip,
+    BloscLz4,
+}
+
+impl Codec {
+    fn v3(self, dt: Dt) -> Option<serde_json::Value> {
+        match self {
+            Codec::None => None,
+            Codec::Zstd => {
+                Some(json!({"name": "zstd", "configuration": {"level": 1, "checksum": false}}))
+            }
+            Codec::Gzip => Some(json!({"name": "gzip", "configuration": {"level": 1}})),
+            Codec::BloscLz4 => Some(json!({"name": "blosc", "configuration": {"cname": "lz4",
+                "clevel": 5, "shuffle": "shuffle", "typesize": dt.size(), "blocksize": 0}})),
+        }
+    }
+
+    fn v2(self, _dt: Dt) -> serde_json::Value {
+        match self {
+            Codec::None => serde_json::Value::Null,
+            Codec::Zstd => json!({"id": "zstd", "level": 1}),
+            Codec::Gzip => json!({"id": "gzip", "level": 1}),
+            Codec::BloscLz4 => json!({"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1,
+                "blocksize": 0}),
+        }
+    }
+}
+
 /// One array of a case's store, and the value of every element.
 #[derive(Debug)]
 struct ArrayCase {
@@ -105,10 +141,27 @@ struct ArrayCase {
     fill: u64,
     big_endian: bool,
     f_order: bool,
+    codec: Codec,
+    /// The inner chunk shape when the stored chunk is a shard (v3 only).
+    inner: Option<Vec<u64>>,
+    /// Units (chunks, or inner chunks of a shard) never written: they read as the fill value.
     unwritten: HashSet<Vec<u64>>,
 }
 
 impl ArrayCase {
+    /// The unit a never-written region covers: the inner chunk of a shard, else the chunk.
+    fn unit(&self) -> &[u64] {
+        self.inner.as_deref().unwrap_or(&self.chunks)
+    }
+
+    fn unit_grid(&self) -> Vec<u64> {
+        self.shape
+            .iter()
+            .zip(self.unit())
+            .map(|(s, c)| s.div_ceil(*c))
+            .collect()
+    }
+
     fn grid(&self) -> Vec<u64> {
         self.shape
             .iter()
@@ -120,8 +173,8 @@ impl ArrayCase {
     /// The element at `idx`: the fill value inside a chunk never written, else a value unique
     /// to (array, position) up to the dtype's width.
     fn value(&self, idx: &[u64]) -> u64 {
-        let chunk: Vec<u64> = idx.iter().zip(&self.chunks).map(|(i, c)| i / c).collect();
-        if self.unwritten.contains(&chunk) {
+        let unit: Vec<u64> = idx.iter().zip(self.unit()).map(|(i, c)| i / c).collect();
+        if self.unwritten.contains(&unit) {
             return self.fill;
         }
         let linear = idx
@@ -143,33 +196,76 @@ impl ArrayCase {
         out
     }
 
-    fn write(&self, root: &Path, v3: bool, sep: &str) {
-        let dir = root.join(&self.name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let meta = if v3 {
-            let mut codecs = Vec::new();
-            if self.f_order {
-                let order: Vec<usize> = (0..self.shape.len()).rev().collect();
-                codecs.push(json!({"name": "transpose", "configuration": {"order": order}}));
-            }
-            let endian = if self.big_endian { "big" } else { "little" };
-            codecs.push(json!({"name": "bytes", "configuration": {"endian": endian}}));
-            json!({"zarr_format": 3, "node_type": "array", "shape": self.shape,
-                "data_type": self.dt.v3_name(),
-                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": self.chunks}},
-                "chunk_key_encoding": {"name": "default", "configuration": {"separator": sep}},
-                "fill_value": self.fill, "codecs": codecs, "attributes": {}})
-        } else {
+    /// The array's metadata document.
+    fn metadata(&self, v3: bool, sep: &str) -> serde_json::Value {
+        if !v3 {
             let dtype = format!(
                 "{}u{}",
                 if self.big_endian { ">" } else { "<" },
                 self.dt.size()
             );
-            json!({"zarr_format": 2, "shape": self.shape, "chunks": self.chunks, "dtype": dtype,
-                "compressor": null, "fill_value": self.fill,
+            return json!({"zarr_format": 2, "shape": self.shape, "chunks": self.chunks,
+                "dtype": dtype, "compressor": self.codec.v2(self.dt), "fill_value": self.fill,
                 "order": if self.f_order { "F" } else { "C" }, "filters": null,
-                "dimension_separator": sep})
-        };
+                "dimension_separator": sep});
+        }
+        let mut codecs = Vec::new();
+        if self.f_order {
+            let order: Vec<usize> = (0..self.shape.len()).rev().collect();
+            codecs.push(json!({"name": "transpose", "configuration": {"order": order}}));
+        }
+        let endian = if self.big_endian { "big" } else { "little" };
+        codecs.push(json!({"name": "bytes", "configuration": {"endian": endian}}));
+        codecs.extend(self.codec.v3(self.dt));
+        if let Some(inner) = &self.inner {
+            codecs = vec![json!({"name": "sharding_indexed", "configuration": {
+                "chunk_shape": inner, "codecs": codecs,
+                "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                    {"name": "crc32c"}],
+                "index_location": if self.id.is_multiple_of(2) { "end" } else { "start" }}})];
+        }
+        json!({"zarr_format": 3, "node_type": "array", "shape": self.shape,
+            "data_type": self.dt.v3_name(),
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": self.chunks}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": sep}},
+            "fill_value": self.fill, "codecs": codecs, "attributes": {}})
+    }
+
+    fn write(&self, root: &Path, v3: bool, sep: &str) {
+        if matches!(self.codec, Codec::None) && self.inner.is_none() {
+            self.write_by_hand(root, v3, sep);
+        } else {
+            self.write_with_zarrs(root, v3, sep);
+        }
+    }
+
+    /// Compressed or sharded arrays go through zarrs, which leaves out chunks (and a shard's
+    /// inner chunks) that hold only the fill value.
+    fn write_with_zarrs(&self, root: &Path, v3: bool, sep: &str) {
+        let store = Arc::new(FilesystemStore::new(root).unwrap());
+        let md: ArrayMetadata = serde_json::from_value(self.metadata(v3, sep)).unwrap();
+        let array = Array::new_with_metadata(store, &format!("/{}", self.name), md).unwrap();
+        array.store_metadata().unwrap();
+        let mut values = Vec::new();
+        for_each_index(&self.shape, false, |idx| values.push(self.value(idx)));
+        let all = array.subset_all();
+        match self.dt {
+            Dt::U16 => {
+                array.store_array_subset(&all, values.iter().map(|v| *v as u16).collect::<Vec<_>>())
+            }
+            Dt::U32 => {
+                array.store_array_subset(&all, values.iter().map(|v| *v as u32).collect::<Vec<_>>())
+            }
+            Dt::U64 => array.store_array_subset(&all, values),
+        }
+        .unwrap();
+    }
+
+    /// Uncompressed arrays are written here, byte by byte, with garbage past the array's edge.
+    fn write_by_hand(&self, root: &Path, v3: bool, sep: &str) {
+        let dir = root.join(&self.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let meta = self.metadata(v3, sep);
         let meta_file = if v3 { "zarr.json" } else { ".zarray" };
         std::fs::write(dir.join(meta_file), meta.to_string()).unwrap();
         for_each_index(&self.grid(), false, |chunk| {
@@ -299,9 +395,22 @@ impl Case {
                     fill: r.next() & dt.mask(),
                     big_endian: r.chance(0.3),
                     f_order: r.chance(0.3),
+                    codec: Codec::None,
+                    inner: None,
                     unwritten: HashSet::new(),
                 };
-                for_each_index(&a.grid(), false, |c| {
+                if r.chance(0.4) {
+                    a.codec = [Codec::Zstd, Codec::Gzip, Codec::BloscLz4][r.range(0, 2) as usize];
+                }
+                if v3 && r.chance(0.35) {
+                    // Inner chunks divide the shard.
+                    let inner = a.chunks.iter().map(|c| {
+                        let divisors: Vec<u64> = (1..=*c).filter(|d| c % d == 0).collect();
+                        divisors[r.range(0, divisors.len() as u64 - 1) as usize]
+                    });
+                    a.inner = Some(inner.collect());
+                }
+                for_each_index(&a.unit_grid(), false, |c| {
                     if r.chance(0.1) {
                         a.unwritten.insert(c.to_vec());
                     }
@@ -567,6 +676,8 @@ struct Coverage {
     abandoned: u64,
     zipped: u64,
     zip_refused: u64,
+    compressed: u64,
+    sharded: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
@@ -578,6 +689,8 @@ fn run_case(n: u64, cov: &mut Coverage) {
         .is_some_and(|s| s.sample_range.is_some()) as u64;
     cov.unwritten_chunks += case.arrays.iter().any(|a| !a.unwritten.is_empty()) as u64;
     cov.f_order += case.arrays.iter().any(|a| a.f_order) as u64;
+    cov.compressed += case.arrays.iter().any(|a| !matches!(a.codec, Codec::None)) as u64;
+    cov.sharded += case.arrays.iter().any(|a| a.inner.is_some()) as u64;
     cov.big_endian += case.arrays.iter().any(|a| a.big_endian) as u64;
     cov.sample_axis_nonzero += (case.axis > 0) as u64;
     let axis_chunks: HashSet<u64> = case.arrays.iter().map(|a| a.chunks[case.axis]).collect();
@@ -858,6 +971,8 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("a pass abandoned", c.abandoned),
             ("train and val zipped", c.zipped),
             ("val refused next to train", c.zip_refused),
+            ("a compressor", c.compressed),
+            ("sharding", c.sharded),
         ] {
             assert!(count >= 10, "only {count} cases with {what}: {cov:?}");
         }

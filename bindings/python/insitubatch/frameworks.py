@@ -20,11 +20,23 @@ def to_torch(batch, device=None) -> dict:
 
 
 def to_jax(batch, device=None) -> dict:
-    """label -> jax.Array (on `device`, default jax.devices()[0]); a CPU import aliases."""
+    """label -> jax.Array (on `device`, default jax.devices()[0]); a CPU import aliases.
+
+    JAX without 64-bit types (its default) narrows int64, uint64, float64 and complex128 on
+    import without a word (2**40 becomes 0, 1e300 becomes inf); such a label is an
+    `Unsupported` error instead, saying to enable `jax_enable_x64` or cast in a batch
+    transform."""
     import jax
 
     out = {}
     for label, arr in batch.arrays.items():
+        narrowed = jax.dtypes.canonicalize_dtype(arr.dtype)
+        if narrowed != arr.dtype:
+            raise errors.Unsupported(
+                f"label {label!r} is {arr.dtype}, which JAX would silently narrow to {narrowed} "
+                f"(64-bit types are disabled): call jax.config.update('jax_enable_x64', True) "
+                f"before importing batches, or cast it in a batch transform"
+            )
         x = jax.dlpack.from_dlpack(arr)
         out[label] = jax.device_put(x, device) if device is not None else x
     return out

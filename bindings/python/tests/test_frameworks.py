@@ -54,3 +54,68 @@ def test_as_torch_in_a_dataloader_worker_says_to_use_num_workers_0(fixtures, mon
             next(iter(as_torch(ds.train)))
         monkeypatch.undo()
         assert sum(len(b["t2m"]) for b in as_torch(ds.train)) > 0
+
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+
+
+@pytest.fixture(scope="module")
+def every_dtype(tmp_path_factory):
+    """One small array per dtype, in a v2 and a v3 store written by zarr-python, with values
+    that need every bit of their type (and a NaN in the float ones)."""
+    zarr = pytest.importorskip("zarr")
+    rng = np.random.default_rng(7)
+    stores = []
+    for fmt in (2, 3):
+        root = tmp_path_factory.mktemp(f"dtypes-v{fmt}") / "s.zarr"
+        g = zarr.open_group(root, mode="w", zarr_format=fmt)
+        ref = {}
+        for dt in DTYPES:
+            d = np.dtype(dt)
+            if d.kind == "b":
+                v = rng.random((10, 3, 4)) > 0.5
+            elif d.kind in "iu":
+                info = np.iinfo(d)
+                v = rng.integers(info.min, info.max, (10, 3, 4), dtype=d, endpoint=True)
+            elif d.kind == "f":
+                v = (np.clip(rng.standard_normal((10, 3, 4)), -4, 4) * (float(np.finfo(d).max) / 8)).astype(d)
+                v[0, 0, 0] = np.nan
+            else:
+                v = (rng.standard_normal((10, 3, 4)) * 1e30
+                     + 1j * rng.standard_normal((10, 3, 4))).astype(d)
+            a = g.create_array(dt, shape=v.shape, chunks=(3, 2, 4), dtype=d, fill_value=0)
+            a[...] = v
+            ref[dt] = v
+        stores.append((root, ref))
+    return stores
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_every_dtype_reaches_numpy_torch_and_jax_bit_for_bit(every_dtype, dt):
+    for root, ref in every_dtype:
+        geoms = isb.open_geometries(root, [dt])
+        with isb.InSituDataset(root, geometries={"x": geoms[dt]}, batch_size=4,
+                               shuffle=False) as ds:
+            batches = list(ds.all)
+            got = np.concatenate([b.arrays["x"] for b in batches])
+            assert got.dtype == ref[dt].dtype
+            assert got.tobytes() == ref[dt].tobytes(), f"{root}: {dt} differs from zarr-python"
+            b = batches[0]
+            arr = b.arrays["x"]
+            torch = pytest.importorskip("torch")
+            t = to_torch(b)["x"]
+            assert str(t.dtype) == f"torch.{dt}"
+            assert t.data_ptr() == arr.__array_interface__["data"][0]
+            jax = pytest.importorskip("jax")
+            narrowed = jax.dtypes.canonicalize_dtype(arr.dtype) != arr.dtype
+            if narrowed:
+                # JAX without x64 would turn 2**40 into 0 and 1e300 into inf: an error instead.
+                with pytest.raises(isb.Unsupported, match="jax_enable_x64"):
+                    to_jax(b)
+                with jax.enable_x64(True):
+                    j = to_jax(b)["x"]
+            else:
+                j = to_jax(b)["x"]
+            assert j.dtype == arr.dtype
+            assert np.asarray(j).tobytes() == arr.tobytes()
