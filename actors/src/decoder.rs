@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use insitubatch_pool::SlotFailure;
+use insitubatch_pool::{PendingWrite, SlotFailure};
 use insitubatch_runtime::{ActorPool, Mailbox, yield_now};
 use insitubatch_store::{DType, Store, StoreError, ZarrArray};
 
@@ -104,6 +104,12 @@ pub(crate) async fn deliver<S: Store>(
     if !cacheable {
         job.slot.mark_uncacheable();
     }
+    // The pool must know the slot's file is coming before the slot is ready: from that moment
+    // the gather may drain and unpin it and the budget evict it, and a re-admission before the
+    // file lands must take it from memory rather than fetch and decode it again (it is not in
+    // the log yet). Dropped unwritten if this tile does not complete the slot.
+    let writable = ctx.pool.disk().is_some_and(|d| !d.readonly());
+    let pending = (writable && job.slot.is_cacheable()).then(|| ctx.pool.begin_write(&job.slot));
     // An error below means the slot is no longer loading (the pass failed); nothing to deliver
     // to.
     let completed = if layout.can_adopt() {
@@ -113,8 +119,11 @@ pub(crate) async fn deliver<S: Store>(
             .deliver_tile(|buf| layout.copy_into_slot(job.tile, &bytes, buf))
             .unwrap_or(false)
     };
-    if completed && job.slot.is_cacheable() {
-        persist_in_background(ctx, &job).await;
+    if let Some(pending) = pending
+        && completed
+        && job.slot.is_cacheable()
+    {
+        persist_in_background(ctx, &job, pending).await;
     }
     job.finish();
 }
@@ -123,17 +132,17 @@ pub(crate) async fn deliver<S: Store>(
 /// ends. Waits first for room among the tier's writes in flight (holding this job's
 /// `max_inflight` permit meanwhile), so a device slower than decoding slows decoding down
 /// instead of piling up slots' bytes in pending writes.
-async fn persist_in_background<S: Store>(ctx: &EngineContext<S>, job: &TileJob) {
-    let Some(disk) = ctx.pool.disk().filter(|d| !d.readonly()) else {
+async fn persist_in_background<S: Store>(
+    ctx: &EngineContext<S>,
+    job: &TileJob,
+    pending: PendingWrite,
+) {
+    let Some(disk) = ctx.pool.disk() else {
         return;
     };
     let Some(bytes) = job.slot.bytes() else {
         return;
     };
-    // From here the pool knows the write is coming: if the pass unpins and the budget evicts
-    // the slot before its file lands, a re-admission takes it from memory instead of fetching
-    // and decoding it again (it is not in the log yet).
-    let pending = ctx.pool.begin_write(&job.slot);
     let Some(permit) = disk.reserve_write().await else {
         return;
     };

@@ -5,12 +5,12 @@
 //! [`Owner`] that reserves its working set when it starts, so a second iteration the budget
 //! cannot hold fails at once instead of starving later.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use crate::disk::{DiskTier, Revive};
 use crate::lock;
-use crate::slot::{FileRange, Slot, SlotData, SlotKey};
+use crate::slot::{FileRange, Phase, Slot, SlotData, SlotKey};
 
 /// How many bytes the pool may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,8 +143,8 @@ struct Inner {
     next_owner: u64,
     owners: HashMap<u64, OwnerInfo>,
     stats: PoolStats,
-    /// Slots whose cache file is being written (ids).
-    writing: HashSet<u64>,
+    /// Slots whose cache file is (or may be about to be) written: id → pending writes.
+    writing: HashMap<u64, u32>,
     /// Slots evicted while their file was being written. The write holds their bytes until it
     /// lands, so a chunk admitted again meanwhile is taken from here — a hit — rather than
     /// fetched and decoded a second time (it is not in the log yet). At most one per write in
@@ -194,18 +194,19 @@ impl ChunkPool {
                     budget_bytes: bytes,
                     ..PoolStats::default()
                 },
-                writing: HashSet::new(),
+                writing: HashMap::new(),
                 evicted_writing: HashMap::new(),
             }),
             disk: disk.map(Arc::new),
         })
     }
 
-    /// `slot` is complete and about to be written to the cache directory. Until the returned
-    /// [`PendingWrite`] lands (or is dropped: a failed or abandoned write), evicting the slot
-    /// keeps it aside so that a re-admission takes it from memory.
+    /// `slot`'s cache file is about to be written (call it before the slot becomes ready, so
+    /// that no eviction can come first). Until the returned [`PendingWrite`] lands or is dropped
+    /// (a failed or abandoned write, or a tile that did not complete the slot), evicting the
+    /// slot keeps it aside so that a re-admission takes it from memory.
     pub fn begin_write(self: &Arc<Self>, slot: &Arc<Slot>) -> PendingWrite {
-        lock(&self.inner).writing.insert(slot.id);
+        *lock(&self.inner).writing.entry(slot.id).or_insert(0) += 1;
         PendingWrite {
             pool: Arc::clone(self),
             slot: Arc::clone(slot),
@@ -219,12 +220,21 @@ impl ChunkPool {
     /// by the budget; a persisted one is in the log now and revives from there.
     fn end_write(&self, slot: &Slot, landed: Option<crate::disk::MappedFile>) {
         let mut g = lock(&self.inner);
-        g.writing.remove(&slot.id);
-        if g.evicted_writing
-            .get(slot.key())
-            .is_some_and(|s| s.id == slot.id)
-        {
-            g.evicted_writing.remove(slot.key());
+        let left = match g.writing.get_mut(&slot.id) {
+            Some(n) => {
+                *n -= 1;
+                *n
+            }
+            None => 0,
+        };
+        if left == 0 {
+            g.writing.remove(&slot.id);
+            if g.evicted_writing
+                .get(slot.key())
+                .is_some_and(|s| s.id == slot.id)
+            {
+                g.evicted_writing.remove(slot.key());
+            }
         }
         let Some(mapped) = landed else {
             return;
@@ -339,7 +349,7 @@ impl Inner {
     fn evict(&mut self, id: u64) -> Option<SlotKey> {
         let slot = self.entries.get(&id).map(|e| Arc::clone(&e.slot))?;
         let key = self.remove_entry(id)?;
-        if self.writing.contains(&id) {
+        if self.writing.contains_key(&id) {
             self.evicted_writing.insert(key.clone(), slot);
         }
         Some(key)
@@ -524,9 +534,8 @@ impl Owner {
         let mut shadowed = false;
         if let Some(&id) = g.index.get(key) {
             let e = &g.entries[&id];
-            let (ready, loading, pins, loader) =
-                (e.slot.is_ready(), e.slot.is_loading(), e.pins, e.loader);
-            if ready {
+            let (phase, pins, loader) = (e.slot.phase(), e.pins, e.loader);
+            if phase == Phase::Ready {
                 // A revived slot at rest reopens its file (a pinned one has it open), with what
                 // `admit` prepared for this very slot; if it prepared nothing for it (the slot
                 // came to rest since), that is done first, without the lock.
@@ -543,7 +552,7 @@ impl Owner {
                 // Its file went: forget the slot and admit the chunk afresh below.
                 g.remove_entry(id);
                 g.owners.get_mut(&self.id).expect("registered").rejected += 1;
-            } else if loading {
+            } else if phase == Phase::Loading {
                 if loader == self.id {
                     return Locked::Decided(Ok(Admission::InFlight(g.pin(self.id, id))));
                 }
@@ -750,6 +759,55 @@ mod tests {
             }
             other => panic!("expected a miss, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_slot_completing_during_its_readmission_is_never_taken_for_failed() {
+        // The planner may admit a chunk again (a later block's span) while a decoder completes
+        // it on another thread. Whatever the interleaving, that admission is in flight or a
+        // hit, never a second load. A filler thread completes each slot after a varying spin,
+        // released together with the admission, to land in every part of its window.
+        use std::sync::atomic::{AtomicU64, Ordering};
+        const ROUNDS: u64 = 10_000;
+        let pool = ChunkPool::new(Budget::Bytes(1 << 30));
+        let o = pool.register_owner("a", 1 << 30).unwrap();
+        let go = Arc::new(AtomicU64::new(u64::MAX));
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<Slot>>(1);
+        let filler = {
+            let go = Arc::clone(&go);
+            std::thread::spawn(move || {
+                for (round, s) in rx.into_iter().enumerate() {
+                    while go.load(Ordering::Acquire) != round as u64 {
+                        std::thread::yield_now();
+                    }
+                    for _ in 0..(round * 7919) % 400 {
+                        std::hint::spin_loop();
+                    }
+                    s.adopt(vec![1; 8]).unwrap();
+                }
+            })
+        };
+        for c in 0..ROUNDS {
+            let Admission::Miss(s) = o.admit(&key(c), 8, 1).unwrap() else {
+                panic!("chunk {c} is new")
+            };
+            tx.send(Arc::clone(&s)).unwrap();
+            go.store(c, Ordering::Release);
+            match o.admit(&key(c), 8, 1).unwrap() {
+                Admission::Hit(a) | Admission::InFlight(a) => {
+                    assert!(Arc::ptr_eq(&a, &s));
+                    o.unpin(&a);
+                }
+                Admission::Miss(_) => panic!("chunk {c} loaded twice: taken for failed"),
+            }
+            while !s.is_ready() {
+                std::thread::yield_now();
+            }
+            o.unpin(&s);
+        }
+        drop(tx);
+        filler.join().unwrap();
+        assert_eq!(pool.stats().misses, ROUNDS);
     }
 
     #[test]

@@ -42,4 +42,4 @@ pub use batch_buffer::{BufferPool, NO_BUFFER_REUSE_ENV, PooledBuf};
 pub use chunk_pool::{Admission, Budget, ChunkPool, Owner, PendingWrite, PoolError, PoolStats};
 pub use disk::{ArrayMeta, CacheConfig, CacheError, CachedFile, DiskStats, DiskTier};
 pub use recycler::Recycler;
-pub use slot::{ClosedRange, FileRange, Slot, SlotBytes, SlotData, SlotFailure, SlotKey};
+pub use slot::{ClosedRange, FileRange, Phase, Slot, SlotBytes, SlotData, SlotFailure, SlotKey};

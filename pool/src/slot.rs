@@ -154,6 +154,17 @@ impl std::fmt::Display for SlotFailure {
     }
 }
 
+/// Where a slot is in its life ([`Slot::phase`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Tiles still to come.
+    Loading,
+    /// Every tile arrived (or revived from a file): the data is published.
+    Ready,
+    /// Its load failed or was cancelled.
+    Failed,
+}
+
 enum State {
     Loading {
         tiles_left: u64,
@@ -334,6 +345,17 @@ impl Slot {
     /// True while tiles are still expected.
     pub fn is_loading(&self) -> bool {
         matches!(*lock(&self.state), State::Loading { .. })
+    }
+
+    /// Loading, ready or failed, read once. A caller that must tell the three apart has to use
+    /// this: reading `is_ready` and then `is_loading` can see a slot that completed in between
+    /// as neither, that is as failed.
+    pub fn phase(&self) -> Phase {
+        match &*lock(&self.state) {
+            State::Loading { .. } => Phase::Loading,
+            State::Ready => Phase::Ready,
+            State::Failed(_) => Phase::Failed,
+        }
     }
 
     /// Publishes the assembled buffer. Called with the state lock held, before the state

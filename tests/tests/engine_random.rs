@@ -936,6 +936,10 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
         },
     };
     let single = cases.len() == 1;
+    if single {
+        // What the case draws, for whoever is debugging it (`--no-capture`).
+        eprintln!("{:#?}", Case::draw(cases[0]));
+    }
     let mut cov = Coverage::default();
     for n in cases {
         let result =
