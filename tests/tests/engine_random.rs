@@ -20,7 +20,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use insitubatch::{
-    Batch, EngineError, InSituDataset, IoBackendChoice, PassStats, SplitManifest, split_by_chunk,
+    Batch, EngineError, InSituDataset, IoBackendChoice, OnBadChunk, PassStats, SplitManifest,
+    split_by_chunk,
 };
 use serde_json::json;
 use zarrs::array::{Array, ArrayMetadata};
@@ -146,6 +147,9 @@ struct ArrayCase {
     inner: Option<Vec<u64>>,
     /// Units (chunks, or inner chunks of a shard) never written: they read as the fill value.
     unwritten: HashSet<Vec<u64>>,
+    /// Stored chunks (shards) overwritten with garbage after writing: with `on_bad_chunk =
+    /// nan` an integer array delivers its fill value there.
+    corrupt: HashSet<Vec<u64>>,
 }
 
 impl ArrayCase {
@@ -184,12 +188,47 @@ impl ArrayCase {
         (self.id * 1_000_003 + linear + 1) & self.dt.mask()
     }
 
+    /// What the engine must deliver at `idx`: the stored value, or the fill value inside a
+    /// corrupt stored chunk (the stand-in of `on_bad_chunk = nan` for integers).
+    fn delivered(&self, idx: &[u64]) -> u64 {
+        let chunk: Vec<u64> = idx.iter().zip(&self.chunks).map(|(i, c)| i / c).collect();
+        if self.corrupt.contains(&chunk) {
+            self.fill
+        } else {
+            self.value(idx)
+        }
+    }
+
+    /// The file of stored chunk `chunk` under the store's root.
+    fn chunk_file(&self, root: &Path, v3: bool, sep: &str, chunk: &[u64]) -> std::path::PathBuf {
+        let parts: Vec<String> = chunk.iter().map(u64::to_string).collect();
+        let key = if v3 {
+            format!("c{sep}{}", parts.join(sep))
+        } else {
+            parts.join(sep)
+        };
+        root.join(&self.name).join(key)
+    }
+
+    /// The stored chunks holding sample `s` along `axis`.
+    fn chunks_of_sample(&self, axis: usize, s: u64) -> Vec<Vec<u64>> {
+        let mut grid = self.grid();
+        grid[axis] = 1;
+        let mut out = Vec::new();
+        for_each_index(&grid, false, |c| {
+            let mut c = c.to_vec();
+            c[axis] = s / self.chunks[axis];
+            out.push(c);
+        });
+        out
+    }
+
     /// The sample at index `s` along `axis`, C order over the other axes, native-endian bytes.
     fn sample(&self, axis: usize, s: u64) -> Vec<u8> {
         let mut out = Vec::new();
         for_each_index(&self.shape, false, |idx| {
             if idx[axis] == s {
-                let v = self.value(idx);
+                let v = self.delivered(idx);
                 out.extend_from_slice(&v.to_ne_bytes()[..self.dt.size()]);
             }
         });
@@ -290,13 +329,7 @@ impl ArrayCase {
                 self.dt
                     .encode(v & self.dt.mask(), self.big_endian, &mut bytes);
             });
-            let parts: Vec<String> = chunk.iter().map(u64::to_string).collect();
-            let key = if v3 {
-                format!("c{sep}{}", parts.join(sep))
-            } else {
-                parts.join(sep)
-            };
-            let file = dir.join(key);
+            let file = self.chunk_file(root, v3, sep, chunk);
             std::fs::create_dir_all(file.parent().unwrap()).unwrap();
             std::fs::write(file, bytes).unwrap();
         });
@@ -369,6 +402,8 @@ struct Case {
     budget_holds_everything: bool,
     /// Read through a persisted cache, then revive it in a fresh dataset.
     persist: bool,
+    /// Overwrite a stored chunk with garbage after writing (`on_bad_chunk = nan`).
+    corrupt: bool,
 }
 
 impl Case {
@@ -398,6 +433,7 @@ impl Case {
                     codec: Codec::None,
                     inner: None,
                     unwritten: HashSet::new(),
+                    corrupt: HashSet::new(),
                 };
                 if r.chance(0.4) {
                     a.codec = [Codec::Zstd, Codec::Gzip, Codec::BloscLz4][r.range(0, 2) as usize];
@@ -471,6 +507,7 @@ impl Case {
             executor_threads: r.range(1, 2) as usize,
             budget_holds_everything: r.chance(0.3),
             persist: r.chance(0.3),
+            corrupt: r.chance(0.15),
         }
     }
 
@@ -488,6 +525,9 @@ impl Case {
         }
         if self.budget_holds_everything {
             b = b.cache_budget_bytes(1 << 30);
+        }
+        if self.corrupt {
+            b = b.on_bad_chunk(OnBadChunk::Nan);
         }
         b
     }
@@ -635,6 +675,43 @@ fn check_pass(case: &Case, ds: &InSituDataset, split: &str, want: &[u64]) -> (Ve
         }
     }
     let stats = pass.stats();
+    // The bad reads of the pass: corrupt stored chunks it needed, each once, and all of them
+    // when it hit nothing (a stand-in kept from an earlier pass is a hit, not a read).
+    let mut bad_needed = BTreeSet::new();
+    for v in &case.views {
+        let a = &case.arrays[v.array];
+        for anchor in &anchors {
+            let s = (*anchor as i64 + v.offset) as u64;
+            for c in a.chunks_of_sample(case.axis, s) {
+                if a.corrupt.contains(&c) {
+                    bad_needed.insert((a.name.clone(), c));
+                }
+            }
+        }
+    }
+    let bad_listed: Vec<(String, Vec<u64>)> = stats
+        .bad_chunks
+        .iter()
+        .map(|b| {
+            (
+                b.array.trim_start_matches('/').to_string(),
+                b.chunk_index.clone(),
+            )
+        })
+        .collect();
+    let listed: BTreeSet<_> = bad_listed.iter().cloned().collect();
+    assert_eq!(
+        listed.len(),
+        bad_listed.len(),
+        "a bad chunk listed twice: {stats:?}"
+    );
+    assert!(
+        listed.is_subset(&bad_needed),
+        "{listed:?} not all needed and corrupt"
+    );
+    if stats.cache_hits == 0 {
+        assert_eq!(listed, bad_needed, "every bad read listed: {stats:?}");
+    }
     let distinct = slots.len() as u64;
     let admitted = stats.cache_hits + stats.cache_misses;
     assert!(
@@ -658,6 +735,28 @@ fn check_pass(case: &Case, ds: &InSituDataset, split: &str, want: &[u64]) -> (Ve
     (anchors, stats)
 }
 
+/// Overwrites one stored chunk file of a random array with bytes no codec accepts, and records
+/// it; an array whose every chunk was left out (all fill) keeps none.
+fn corrupt_a_chunk(case: &mut Case, root: &Path, n: u64) {
+    let mut r = Rng::new(n ^ 0xc0ff_ee00);
+    let (v3, sep) = (case.v3, case.sep);
+    let which = r.range(0, case.arrays.len() as u64 - 1) as usize;
+    let a = &mut case.arrays[which];
+    let mut stored = Vec::new();
+    for_each_index(&a.grid(), false, |c| {
+        if a.chunk_file(root, v3, sep, c).exists() {
+            stored.push(c.to_vec());
+        }
+    });
+    if stored.is_empty() {
+        return;
+    }
+    let chunk = stored.swap_remove(r.range(0, stored.len() as u64 - 1) as usize);
+    // An odd length: never a whole number of elements, never a valid frame or shard index.
+    std::fs::write(a.chunk_file(root, v3, sep, &chunk), b"not a chunk").unwrap();
+    a.corrupt.insert(chunk);
+}
+
 /// What the cases exercised, so that a change to the generator cannot quietly narrow them.
 #[derive(Debug, Default)]
 struct Coverage {
@@ -678,10 +777,12 @@ struct Coverage {
     zip_refused: u64,
     compressed: u64,
     sharded: u64,
+    corrupt: u64,
+    raised: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
-    let case = Case::draw(n);
+    let mut case = Case::draw(n);
     cov.windows += case.views.iter().any(|v| v.offset != 0) as u64;
     cov.sample_ranges += case
         .split
@@ -713,6 +814,11 @@ fn run_case(n: u64, cov: &mut Coverage) {
     for a in &case.arrays {
         a.write(&root, case.v3, case.sep);
     }
+    if case.corrupt {
+        corrupt_a_chunk(&mut case, &root, n);
+        cov.corrupt += case.arrays.iter().any(|a| !a.corrupt.is_empty()) as u64;
+    }
+    let case = case;
     let reference = &case.arrays[case.views[0].array];
 
     let mut builder = case.builder(&root);
@@ -754,6 +860,9 @@ fn run_case(n: u64, cov: &mut Coverage) {
     assert_eq!(m.samples_per_chunk(), reference.chunks[case.axis]);
     let train_orders = run_epochs(&case, &ds, 0..2, Reads::Some, cov);
     abandon_and_zip(&case, &ds, n, cov);
+    if case.arrays.iter().any(|a| !a.corrupt.is_empty()) {
+        raise_on_the_corrupt_chunk(&case, &root, &m, cov);
+    }
     let backend = ds.io_backend();
     drop(ds);
 
@@ -790,7 +899,8 @@ fn run_case(n: u64, cov: &mut Coverage) {
             .manifest(m)
             .cache_dir(&cache)
             .persist(true)
-            .readonly_cache(case.seed.is_multiple_of(2))
+            // A readonly job would refuse the stand-ins' slots: they were never cached.
+            .readonly_cache(case.seed.is_multiple_of(2) && !case.corrupt)
             .build()
             .unwrap();
         run_epochs(&case, &ds3, 2..3, Reads::None, cov);
@@ -871,6 +981,66 @@ fn abandon_and_zip(case: &Case, ds: &InSituDataset, n: u64, cov: &mut Coverage) 
     cov.zipped += 1;
 }
 
+/// How many slots (array, sample-axis chunk) the rows of `anchors` read hold a corrupt stored
+/// chunk.
+fn slots_with_a_corrupt_chunk(case: &Case, anchors: &[u64]) -> u64 {
+    let mut slots = HashSet::new();
+    for v in &case.views {
+        let a = &case.arrays[v.array];
+        for anchor in anchors {
+            let s = (*anchor as i64 + v.offset) as u64;
+            if a.chunks_of_sample(case.axis, s)
+                .iter()
+                .any(|c| a.corrupt.contains(c))
+            {
+                slots.insert((v.array, s / a.chunks[case.axis]));
+            }
+        }
+    }
+    slots.len() as u64
+}
+
+/// With `on_bad_chunk = raise`, a pass over `all` that needs the corrupt chunk ends with an
+/// error naming it (and nothing after it); one that does not need it is not disturbed.
+fn raise_on_the_corrupt_chunk(case: &Case, root: &Path, m: &SplitManifest, cov: &mut Coverage) {
+    let spc = m.samples_per_chunk();
+    let want = expected_anchors(case, spc, &split_chunks(m, "all"));
+    if want.is_empty() {
+        return;
+    }
+    let ds = case
+        .builder(root)
+        .manifest(m.clone())
+        .on_bad_chunk(OnBadChunk::Raise)
+        .build()
+        .unwrap();
+    let needed = slots_with_a_corrupt_chunk(case, &want) > 0;
+    let mut pass = ds.all().unwrap();
+    let mut error = None;
+    for batch in pass.by_ref() {
+        match batch {
+            Ok(b) => check_batch(case, &b),
+            Err(e) => {
+                error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    match error {
+        Some(e) => {
+            assert!(
+                needed,
+                "an error from a pass that needs no corrupt chunk: {e}"
+            );
+            let bad = case.arrays.iter().find(|a| !a.corrupt.is_empty()).unwrap();
+            assert!(e.contains(&bad.name), "the error names the array: {e}");
+            assert!(pass.next().is_none(), "nothing after the error");
+            cov.raised += 1;
+        }
+        None => assert!(!needed, "the pass read a corrupt chunk and raised nothing"),
+    }
+}
+
 /// Whether the passes of [`run_epochs`] may read the store.
 #[derive(Clone, Copy, PartialEq)]
 enum Reads {
@@ -908,15 +1078,27 @@ fn run_epochs(
             }
             let (anchors, stats) = check_pass(case, ds, split, &want);
             cov.passes += 1;
-            // After a first epoch over every split into a pool that keeps everything, or from a
-            // persisted cache, nothing is read or decoded.
+            // After a first epoch over every split into a pool that keeps everything, nothing
+            // is read or decoded; from a persisted cache, at most the slots holding a corrupt
+            // chunk's stand-in, which is never written to the cache (an earlier pass of the
+            // same dataset may have left them resident).
             let warm = epoch > epochs.start && case.budget_holds_everything;
+            let uncached = match reads {
+                Reads::None => slots_with_a_corrupt_chunk(case, &anchors),
+                Reads::Some => 0,
+            };
             if warm || reads == Reads::None {
-                assert_eq!(
-                    (stats.cache_misses, stats.tiles_read, stats.bytes_decoded),
-                    (0, 0, 0),
+                assert!(
+                    stats.cache_misses <= uncached,
                     "epoch {epoch} {split}: {stats:?}"
                 );
+                if stats.cache_misses == 0 {
+                    assert_eq!(
+                        (stats.tiles_read, stats.bytes_decoded),
+                        (0, 0),
+                        "epoch {epoch} {split}: {stats:?}"
+                    );
+                }
             }
             if split == "train" {
                 train_orders.push(anchors);
@@ -977,6 +1159,8 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("val refused next to train", c.zip_refused),
             ("a compressor", c.compressed),
             ("sharding", c.sharded),
+            ("a corrupt chunk", c.corrupt),
+            ("a corrupt chunk raised", c.raised),
         ] {
             assert!(count >= 10, "only {count} cases with {what}: {cov:?}");
         }
