@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use insitubatch::{
     Batch, EngineError, InSituDataset, IoBackendChoice, OnBadChunk, PassStats, SplitManifest,
-    split_by_chunk,
+    TimedOut, split_by_chunk,
 };
 use serde_json::json;
 use zarrs::array::{Array, ArrayMetadata};
@@ -404,6 +404,8 @@ struct Case {
     persist: bool,
     /// Overwrite a stored chunk with garbage after writing (`on_bad_chunk = nan`).
     corrupt: bool,
+    /// Wait for each batch in slices of this many microseconds (`next_timeout`).
+    wait_us: Option<u64>,
 }
 
 impl Case {
@@ -508,6 +510,7 @@ impl Case {
             budget_holds_everything: r.chance(0.3),
             persist: r.chance(0.3),
             corrupt: r.chance(0.15),
+            wait_us: r.chance(0.25).then(|| r.range(1, 300)),
         }
     }
 
@@ -622,12 +625,32 @@ fn check_batch(case: &Case, batch: &Batch) {
 
 /// Runs one pass of `split` and checks every row; returns the anchors in emission order and
 /// the pass's stats.
-fn check_pass(case: &Case, ds: &InSituDataset, split: &str, want: &[u64]) -> (Vec<u64>, PassStats) {
+fn check_pass(
+    case: &Case,
+    ds: &InSituDataset,
+    split: &str,
+    want: &[u64],
+    cov: &mut Coverage,
+) -> (Vec<u64>, PassStats) {
     let planned = ds.order(split).unwrap();
     let mut pass = ds.iter(split).unwrap();
     let mut anchors = Vec::new();
     let mut batches = 0usize;
-    for batch in pass.by_ref() {
+    let mut timed_out = 0u64;
+    loop {
+        // Some cases wait in slices of a few microseconds, as a consumer that polls for Ctrl-C
+        // does: a wait that times out must lose nothing.
+        let next = match case.wait_us {
+            Some(us) => match pass.next_timeout(std::time::Duration::from_micros(us)) {
+                Ok(next) => next,
+                Err(TimedOut) => {
+                    timed_out += 1;
+                    continue;
+                }
+            },
+            None => pass.next(),
+        };
+        let Some(batch) = next else { break };
         let batch = batch.unwrap();
         batches += 1;
         check_batch(case, &batch);
@@ -675,6 +698,10 @@ fn check_pass(case: &Case, ds: &InSituDataset, split: &str, want: &[u64]) -> (Ve
         }
     }
     let stats = pass.stats();
+    if case.wait_us.is_none() {
+        assert_eq!(timed_out, 0);
+    }
+    cov.passes_with_timeouts += (timed_out > 0) as u64;
     // The bad reads of the pass: corrupt stored chunks it needed, each once, and all of them
     // when it hit nothing (a stand-in kept from an earlier pass is a hit, not a read).
     let mut bad_needed = BTreeSet::new();
@@ -779,6 +806,7 @@ struct Coverage {
     sharded: u64,
     corrupt: u64,
     raised: u64,
+    passes_with_timeouts: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
@@ -1076,7 +1104,7 @@ fn run_epochs(
                 }
                 continue;
             }
-            let (anchors, stats) = check_pass(case, ds, split, &want);
+            let (anchors, stats) = check_pass(case, ds, split, &want, cov);
             cov.passes += 1;
             // After a first epoch over every split into a pool that keeps everything, nothing
             // is read or decoded; from a persisted cache, at most the slots holding a corrupt
@@ -1161,6 +1189,7 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("sharding", c.sharded),
             ("a corrupt chunk", c.corrupt),
             ("a corrupt chunk raised", c.raised),
+            ("passes whose waits timed out", c.passes_with_timeouts),
         ] {
             assert!(count >= 10, "only {count} cases with {what}: {cov:?}");
         }
