@@ -70,7 +70,7 @@ pub enum StoreError {
         group: PathBuf,
     },
     /// An IO error reading a file.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}: {source}{hint}", hint = io_hint(source))]
     Io {
         /// The file.
         path: PathBuf,
@@ -104,4 +104,48 @@ pub enum StoreError {
     /// The runtime failed to run the operation (shut down, or a panicking task).
     #[error("runtime: {0}")]
     Runtime(#[from] insitubatch_runtime::TaskError),
+}
+
+/// What to do about an IO error the user can fix, as a clause to append ("" for the rest).
+fn io_hint(e: &std::io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) => {
+            "; the process is at its open-file limit: lower max_inflight (every read in flight \
+             holds a file open) or raise the limit (ulimit -n)"
+        }
+        Some(libc::ENFILE) => {
+            "; the system is at its open-file limit (fs.file-max): lower max_inflight or close \
+             other files"
+        }
+        _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_open_file_limit_says_what_to_lower_or_raise() {
+        let err = |code| StoreError::Io {
+            path: PathBuf::from("/data/era5.zarr/t2m/c/0/0/0"),
+            source: std::io::Error::from_raw_os_error(code),
+        };
+        let emfile = err(libc::EMFILE).to_string();
+        assert!(
+            emfile.starts_with("reading /data/era5.zarr/t2m/c/0/0/0: "),
+            "{emfile}"
+        );
+        assert!(
+            emfile.contains("max_inflight") && emfile.contains("ulimit -n"),
+            "{emfile}"
+        );
+        assert!(err(libc::ENFILE).to_string().contains("fs.file-max"));
+        // Other errors are left as the OS put them.
+        let eio = err(libc::EIO).to_string();
+        assert!(
+            !eio.contains("max_inflight") && !eio.ends_with("; "),
+            "{eio}"
+        );
+    }
 }
