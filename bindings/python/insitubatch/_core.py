@@ -42,6 +42,65 @@ def _check(status: int, err: ctypes.c_void_p) -> int:
     raise errors.from_status(status, message)
 
 
+def _interruptible(call: Callable[[], Any], discard: Callable[[Any], None]) -> Any:
+    """Runs `call` (one blocking library call) on a helper thread and waits for it in slices, so
+    that Ctrl-C interrupts the wait even when the store never answers (a hung parallel file
+    system). The call itself cannot be cancelled: it goes on, and `discard` frees whatever it
+    returns once nobody wants it."""
+    box: dict = {}
+    guard = threading.Lock()
+
+    def run():
+        try:
+            result = (True, call())
+        except BaseException as e:  # delivered to the waiter, or dropped with the result
+            result = (False, e)
+        with guard:
+            if box.get("abandoned"):
+                if result[0]:
+                    discard(result[1])
+            else:
+                box["result"] = result
+
+    helper = threading.Thread(target=run, name="insitubatch-open", daemon=True)
+    helper.start()
+    try:
+        while helper.is_alive():
+            helper.join(_WAIT_SLICE_MS / 1000)
+    except BaseException:
+        with guard:
+            box["abandoned"] = True
+            ok, value = box.pop("result", (False, None))
+        if ok:
+            discard(value)
+        raise
+    ok, value = box["result"]
+    if not ok:
+        raise value
+    return value
+
+
+def _open_dataset(config: bytes) -> ctypes.c_void_p:
+    """`isb_dataset_open`, interruptible: opening reads the store's metadata."""
+
+    def call():
+        handle = ctypes.c_void_p()
+        err = ctypes.c_void_p()
+        status = lib.isb_dataset_open(config, ctypes.byref(handle), ctypes.byref(err))
+        return status, handle, err
+
+    def discard(result):
+        status, handle, err = result
+        if handle.value:
+            lib.isb_dataset_free(handle)
+        if err.value:
+            lib.isb_error_free(err)
+
+    status, handle, err = _interruptible(call, discard)
+    _check(status, err)
+    return handle
+
+
 def _take_string(p: ctypes.c_void_p) -> str:
     try:
         return ctypes.string_at(p.value).decode("utf-8")
@@ -53,6 +112,26 @@ def _json_call(fn, *args) -> Any:
     out = ctypes.c_void_p()
     err = ctypes.c_void_p()
     _check(fn(*args, ctypes.byref(out), ctypes.byref(err)), err)
+    return json.loads(_take_string(out))
+
+
+def _json_call_interruptible(fn, *args) -> Any:
+    """`_json_call` for a call that reads the store (metadata), interruptible by Ctrl-C."""
+
+    def call():
+        out = ctypes.c_void_p()
+        err = ctypes.c_void_p()
+        return fn(*args, ctypes.byref(out), ctypes.byref(err)), out, err
+
+    def discard(result):
+        _, out, err = result
+        if out.value:
+            lib.isb_string_free(out)
+        if err.value:
+            lib.isb_error_free(err)
+
+    status, out, err = _interruptible(call, discard)
+    _check(status, err)
     return json.loads(_take_string(out))
 
 
@@ -104,7 +183,7 @@ def open_geometries(store, variables: Sequence[str] | None = None, sample_axis: 
     _check_int("sample_axis", sample_axis, minimum=0)
     if isinstance(variables, str):  # one name, not its characters
         variables = [variables]
-    raw = _json_call(lib.isb_open_geometries, _path(store), sample_axis)
+    raw = _json_call_interruptible(lib.isb_open_geometries, _path(store), sample_axis)
     out = {
         p: ArrayGeometry(
             store=_store_str(store),
@@ -530,10 +609,7 @@ class InSituDataset:
         for t in self._transforms:
             if not callable(t):
                 raise TypeError(f"batch_transforms: {t!r} is not callable")
-        handle = ctypes.c_void_p()
-        err = ctypes.c_void_p()
-        _check(lib.isb_dataset_open(json.dumps(config).encode(), ctypes.byref(handle), ctypes.byref(err)), err)
-        self._handle = handle
+        self._handle = _open_dataset(json.dumps(config).encode())
         self.batch_size = batch_size
         self._last_stats: dict = {}
         info = self._dataset_stats()

@@ -232,10 +232,21 @@ def stalled_chunk(store, key):
     import fcntl
     import signal
 
+    import time
+
     old_sigio = signal.signal(signal.SIGIO, signal.SIG_IGN)  # the holder's "someone waits" signal
     fd = os.open(store / key, os.O_RDONLY)
     try:
-        fcntl.fcntl(fd, F_SETLEASE, fcntl.F_WRLCK)
+        # A write lease needs nobody else to hold the file open; an io_uring instance that just
+        # read it may keep a reference for a moment after it is closed.
+        for attempt in range(100):
+            try:
+                fcntl.fcntl(fd, F_SETLEASE, fcntl.F_WRLCK)
+                break
+            except BlockingIOError:
+                if attempt == 99:
+                    raise
+                time.sleep(0.05)
         yield lambda: fcntl.fcntl(fd, F_SETLEASE, fcntl.F_UNLCK)
     finally:
         os.close(fd)
@@ -390,3 +401,52 @@ def test_a_signal_handler_may_close_the_epoch_this_thread_is_waiting_on(stalled_
         with pytest.raises(StopIteration):
             next(it)
         release()
+
+
+def _runtime_threads() -> int:
+    """This process's threads named like the library's executors."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                n += "-exec-" in f.read()
+        except FileNotFoundError:
+            pass  # exited meanwhile
+    return n
+
+
+def test_ctrl_c_interrupts_opening_a_store_that_does_not_answer(fixtures, tmp_path):
+    import shutil
+    import signal
+    import threading
+    import time
+
+    store = tmp_path / "stalled.zarr"
+    shutil.copytree(fixtures[0] / "v3_zstd.zarr", store)
+    n = zarr.open_array(store, mode="r").shape[0]
+    # zarrs starts rayon's pool from one of our executors on its first decode, and its threads
+    # keep that name for the life of the process: count after it exists.
+    with isb.InSituDataset(store, batch_size=4) as ds:
+        assert sum(len(b) for b in ds.train) == n
+    before = _runtime_threads()
+    for open_it in (lambda: isb.InSituDataset(store), lambda: isb.open_geometries(store)):
+        with stalled_chunk(store, "zarr.json") as release:
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+            t0 = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                open_it()
+            # Interrupted while the metadata read stalled, not when the kernel broke the lease.
+            assert time.monotonic() - t0 < 30
+            release()
+        # The abandoned open finishes on its own and what it opened is freed.
+        for t in threading.enumerate():
+            if t.name == "insitubatch-open":
+                t.join(30)
+                assert not t.is_alive()
+    for _ in range(300):
+        if _runtime_threads() == before:
+            break
+        time.sleep(0.01)
+    assert _runtime_threads() == before, "the abandoned dataset's runtime was shut down"
+    with isb.InSituDataset(store, batch_size=4) as ds:  # and the store opens normally after
+        assert sum(len(b) for b in ds.train) == n
