@@ -1,0 +1,524 @@
+//! The random cases of `engine_random.rs`: what a case draws (a store of one to three arrays,
+//! the views over them, a split, the knobs) and how its store is written, with the value every
+//! element must read as.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use insitubatch::{InSituDataset, OnBadChunk};
+use serde_json::json;
+use zarrs::array::{Array, ArrayMetadata};
+use zarrs::filesystem::FilesystemStore;
+
+/// SplitMix64: small, seedable, and good enough to pick test shapes.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Dt {
+    U16,
+    U32,
+    U64,
+}
+
+impl Dt {
+    pub fn size(self) -> usize {
+        match self {
+            Dt::U16 => 2,
+            Dt::U32 => 4,
+            Dt::U64 => 8,
+        }
+    }
+
+    pub fn mask(self) -> u64 {
+        match self {
+            Dt::U16 => 0xffff,
+            Dt::U32 => 0xffff_ffff,
+            Dt::U64 => u64::MAX,
+        }
+    }
+
+    fn v3_name(self) -> &'static str {
+        match self {
+            Dt::U16 => "uint16",
+            Dt::U32 => "uint32",
+            Dt::U64 => "uint64",
+        }
+    }
+
+    fn encode(self, value: u64, big_endian: bool, out: &mut Vec<u8>) {
+        let bytes = value.to_le_bytes();
+        let mut item = bytes[..self.size()].to_vec();
+        if big_endian {
+            item.reverse();
+        }
+        out.extend_from_slice(&item);
+    }
+}
+
+/// A compressor after the `bytes` codec (or as the v2 `compressor`).
+#[derive(Clone, Copy, Debug)]
+pub enum Codec {
+    None,
+    Zstd,
+    Gzip,
+    BloscLz4,
+}
+
+impl Codec {
+    fn v3(self, dt: Dt) -> Option<serde_json::Value> {
+        match self {
+            Codec::None => None,
+            Codec::Zstd => {
+                Some(json!({"name": "zstd", "configuration": {"level": 1, "checksum": false}}))
+            }
+            Codec::Gzip => Some(json!({"name": "gzip", "configuration": {"level": 1}})),
+            Codec::BloscLz4 => Some(json!({"name": "blosc", "configuration": {"cname": "lz4",
+                "clevel": 5, "shuffle": "shuffle", "typesize": dt.size(), "blocksize": 0}})),
+        }
+    }
+
+    fn v2(self, _dt: Dt) -> serde_json::Value {
+        match self {
+            Codec::None => serde_json::Value::Null,
+            Codec::Zstd => json!({"id": "zstd", "level": 1}),
+            Codec::Gzip => json!({"id": "gzip", "level": 1}),
+            Codec::BloscLz4 => json!({"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1,
+                "blocksize": 0}),
+        }
+    }
+}
+
+/// One array of a case's store, and the value of every element.
+#[derive(Debug)]
+pub struct ArrayCase {
+    pub name: String,
+    pub id: u64,
+    pub shape: Vec<u64>,
+    pub chunks: Vec<u64>,
+    pub dt: Dt,
+    pub fill: u64,
+    pub big_endian: bool,
+    pub f_order: bool,
+    pub codec: Codec,
+    /// The inner chunk shape when the stored chunk is a shard (v3 only).
+    pub inner: Option<Vec<u64>>,
+    /// Units (chunks, or inner chunks of a shard) never written: they read as the fill value.
+    pub unwritten: HashSet<Vec<u64>>,
+    /// Stored chunks (shards) overwritten with garbage after writing: with `on_bad_chunk =
+    /// nan` an integer array delivers its fill value there.
+    pub corrupt: HashSet<Vec<u64>>,
+}
+
+impl ArrayCase {
+    /// The unit a never-written region covers: the inner chunk of a shard, else the chunk.
+    pub fn unit(&self) -> &[u64] {
+        self.inner.as_deref().unwrap_or(&self.chunks)
+    }
+
+    pub fn unit_grid(&self) -> Vec<u64> {
+        self.shape
+            .iter()
+            .zip(self.unit())
+            .map(|(s, c)| s.div_ceil(*c))
+            .collect()
+    }
+
+    pub fn grid(&self) -> Vec<u64> {
+        self.shape
+            .iter()
+            .zip(&self.chunks)
+            .map(|(s, c)| s.div_ceil(*c))
+            .collect()
+    }
+
+    /// The element at `idx`: the fill value inside a chunk never written, else a value unique
+    /// to (array, position) up to the dtype's width.
+    pub fn value(&self, idx: &[u64]) -> u64 {
+        let unit: Vec<u64> = idx.iter().zip(self.unit()).map(|(i, c)| i / c).collect();
+        if self.unwritten.contains(&unit) {
+            return self.fill;
+        }
+        let linear = idx
+            .iter()
+            .zip(&self.shape)
+            .fold(0u64, |acc, (i, s)| acc * s + i);
+        (self.id * 1_000_003 + linear + 1) & self.dt.mask()
+    }
+
+    /// What the engine must deliver at `idx`: the stored value, or the fill value inside a
+    /// corrupt stored chunk (the stand-in of `on_bad_chunk = nan` for integers).
+    pub fn delivered(&self, idx: &[u64]) -> u64 {
+        let chunk: Vec<u64> = idx.iter().zip(&self.chunks).map(|(i, c)| i / c).collect();
+        if self.corrupt.contains(&chunk) {
+            self.fill
+        } else {
+            self.value(idx)
+        }
+    }
+
+    /// The file of stored chunk `chunk` under the store's root.
+    pub fn chunk_file(
+        &self,
+        root: &Path,
+        v3: bool,
+        sep: &str,
+        chunk: &[u64],
+    ) -> std::path::PathBuf {
+        let parts: Vec<String> = chunk.iter().map(u64::to_string).collect();
+        let key = if v3 {
+            format!("c{sep}{}", parts.join(sep))
+        } else {
+            parts.join(sep)
+        };
+        root.join(&self.name).join(key)
+    }
+
+    /// The stored chunks holding sample `s` along `axis`.
+    pub fn chunks_of_sample(&self, axis: usize, s: u64) -> Vec<Vec<u64>> {
+        let mut grid = self.grid();
+        grid[axis] = 1;
+        let mut out = Vec::new();
+        for_each_index(&grid, false, |c| {
+            let mut c = c.to_vec();
+            c[axis] = s / self.chunks[axis];
+            out.push(c);
+        });
+        out
+    }
+
+    /// The sample at index `s` along `axis`, C order over the other axes, native-endian bytes.
+    pub fn sample(&self, axis: usize, s: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        for_each_index(&self.shape, false, |idx| {
+            if idx[axis] == s {
+                let v = self.delivered(idx);
+                out.extend_from_slice(&v.to_ne_bytes()[..self.dt.size()]);
+            }
+        });
+        out
+    }
+
+    /// The array's metadata document.
+    fn metadata(&self, v3: bool, sep: &str) -> serde_json::Value {
+        if !v3 {
+            let dtype = format!(
+                "{}u{}",
+                if self.big_endian { ">" } else { "<" },
+                self.dt.size()
+            );
+            return json!({"zarr_format": 2, "shape": self.shape, "chunks": self.chunks,
+                "dtype": dtype, "compressor": self.codec.v2(self.dt), "fill_value": self.fill,
+                "order": if self.f_order { "F" } else { "C" }, "filters": null,
+                "dimension_separator": sep});
+        }
+        let mut codecs = Vec::new();
+        if self.f_order {
+            let order: Vec<usize> = (0..self.shape.len()).rev().collect();
+            codecs.push(json!({"name": "transpose", "configuration": {"order": order}}));
+        }
+        let endian = if self.big_endian { "big" } else { "little" };
+        codecs.push(json!({"name": "bytes", "configuration": {"endian": endian}}));
+        codecs.extend(self.codec.v3(self.dt));
+        if let Some(inner) = &self.inner {
+            codecs = vec![json!({"name": "sharding_indexed", "configuration": {
+                "chunk_shape": inner, "codecs": codecs,
+                "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                    {"name": "crc32c"}],
+                "index_location": if self.id.is_multiple_of(2) { "end" } else { "start" }}})];
+        }
+        json!({"zarr_format": 3, "node_type": "array", "shape": self.shape,
+            "data_type": self.dt.v3_name(),
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": self.chunks}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": sep}},
+            "fill_value": self.fill, "codecs": codecs, "attributes": {}})
+    }
+
+    pub fn write(&self, root: &Path, v3: bool, sep: &str) {
+        if matches!(self.codec, Codec::None) && self.inner.is_none() {
+            self.write_by_hand(root, v3, sep);
+        } else {
+            self.write_with_zarrs(root, v3, sep);
+        }
+    }
+
+    /// Compressed or sharded arrays go through zarrs, which leaves out chunks (and a shard's
+    /// inner chunks) that hold only the fill value.
+    fn write_with_zarrs(&self, root: &Path, v3: bool, sep: &str) {
+        let store = Arc::new(FilesystemStore::new(root).unwrap());
+        let md: ArrayMetadata = serde_json::from_value(self.metadata(v3, sep)).unwrap();
+        let array = Array::new_with_metadata(store, &format!("/{}", self.name), md).unwrap();
+        array.store_metadata().unwrap();
+        let mut values = Vec::new();
+        for_each_index(&self.shape, false, |idx| values.push(self.value(idx)));
+        let all = array.subset_all();
+        match self.dt {
+            Dt::U16 => {
+                array.store_array_subset(&all, values.iter().map(|v| *v as u16).collect::<Vec<_>>())
+            }
+            Dt::U32 => {
+                array.store_array_subset(&all, values.iter().map(|v| *v as u32).collect::<Vec<_>>())
+            }
+            Dt::U64 => array.store_array_subset(&all, values),
+        }
+        .unwrap();
+    }
+
+    /// Uncompressed arrays are written here, byte by byte, with garbage past the array's edge.
+    fn write_by_hand(&self, root: &Path, v3: bool, sep: &str) {
+        let dir = root.join(&self.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let meta = self.metadata(v3, sep);
+        let meta_file = if v3 { "zarr.json" } else { ".zarray" };
+        std::fs::write(dir.join(meta_file), meta.to_string()).unwrap();
+        for_each_index(&self.grid(), false, |chunk| {
+            if self.unwritten.contains(chunk) {
+                return;
+            }
+            let mut bytes = Vec::new();
+            for_each_index(&self.chunks, self.f_order, |local| {
+                let idx: Vec<u64> = chunk
+                    .iter()
+                    .zip(&self.chunks)
+                    .zip(local)
+                    .map(|((c, n), l)| c * n + l)
+                    .collect();
+                let inside = idx.iter().zip(&self.shape).all(|(i, s)| i < s);
+                // Past the array's edge a partial chunk holds bytes no reader may deliver.
+                let v = if inside {
+                    self.value(&idx)
+                } else {
+                    0xa5a5_a5a5_a5a5_a5a5
+                };
+                self.dt
+                    .encode(v & self.dt.mask(), self.big_endian, &mut bytes);
+            });
+            let file = self.chunk_file(root, v3, sep, chunk);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(file, bytes).unwrap();
+        });
+    }
+}
+
+/// Calls `f` with every index of `shape`, the last axis fastest (C order) or the first (F).
+pub fn for_each_index(shape: &[u64], f_order: bool, mut f: impl FnMut(&[u64])) {
+    if shape.contains(&0) {
+        return;
+    }
+    let n = shape.len();
+    let mut idx = vec![0u64; n];
+    loop {
+        f(&idx);
+        let axes: Vec<usize> = if f_order {
+            (0..n).collect()
+        } else {
+            (0..n).rev().collect()
+        };
+        let mut carried = true;
+        for a in axes {
+            idx[a] += 1;
+            if idx[a] < shape[a] {
+                carried = false;
+                break;
+            }
+            idx[a] = 0;
+        }
+        if carried {
+            return;
+        }
+    }
+}
+
+/// A view the dataset reads: a label over an array at a sample offset.
+#[derive(Debug)]
+pub struct View {
+    pub label: String,
+    pub array: usize,
+    pub offset: i64,
+}
+
+/// The arguments of `split_by_chunk` a case draws.
+#[derive(Debug)]
+pub struct SplitCase {
+    pub fractions: Vec<f64>,
+    pub contiguous: bool,
+    pub sample_range: Option<(u64, u64)>,
+}
+
+/// Everything one case draws.
+#[derive(Debug)]
+pub struct Case {
+    pub v3: bool,
+    pub sep: &'static str,
+    pub axis: usize,
+    pub n_samples: u64,
+    pub arrays: Vec<ArrayCase>,
+    pub views: Vec<View>,
+    /// A manifest from `split_by_chunk` over the first view's array, or none.
+    pub split: Option<SplitCase>,
+    pub batch_size: usize,
+    pub block_chunks: usize,
+    pub max_inflight: usize,
+    pub prefetch_depth: usize,
+    pub shuffle: bool,
+    pub seed: u64,
+    pub executor_threads: usize,
+    pub budget_holds_everything: bool,
+    /// Read through a persisted cache, then revive it in a fresh dataset.
+    pub persist: bool,
+    /// Overwrite a stored chunk with garbage after writing (`on_bad_chunk = nan`).
+    pub corrupt: bool,
+    /// Wait for each batch in slices of this many microseconds (`next_timeout`).
+    pub wait_us: Option<u64>,
+}
+
+impl Case {
+    pub fn draw(n: u64) -> Case {
+        let mut r = Rng::new(n);
+        let axis = r.range(0, 2) as usize;
+        let n_samples = r.range(1, 40);
+        let v3 = r.chance(0.5);
+        let sep = if r.chance(0.5) { "/" } else { "." };
+        let arrays = (0..r.range(1, 3))
+            .map(|id| {
+                let ndim = r.range((axis as u64 + 1).max(2), 4) as usize;
+                let shape: Vec<u64> = (0..ndim)
+                    .map(|a| if a == axis { n_samples } else { r.range(1, 5) })
+                    .collect();
+                let chunks: Vec<u64> = shape.iter().map(|s| r.range(1, s + 1)).collect();
+                let dt = [Dt::U16, Dt::U32, Dt::U64][r.range(0, 2) as usize];
+                let mut a = ArrayCase {
+                    name: format!("a{id}"),
+                    id,
+                    shape,
+                    chunks,
+                    dt,
+                    fill: r.next() & dt.mask(),
+                    big_endian: r.chance(0.3),
+                    f_order: r.chance(0.3),
+                    codec: Codec::None,
+                    inner: None,
+                    unwritten: HashSet::new(),
+                    corrupt: HashSet::new(),
+                };
+                if r.chance(0.4) {
+                    a.codec = [Codec::Zstd, Codec::Gzip, Codec::BloscLz4][r.range(0, 2) as usize];
+                }
+                if v3 && r.chance(0.35) {
+                    // Inner chunks divide the shard.
+                    let inner = a.chunks.iter().map(|c| {
+                        let divisors: Vec<u64> = (1..=*c).filter(|d| c % d == 0).collect();
+                        divisors[r.range(0, divisors.len() as u64 - 1) as usize]
+                    });
+                    a.inner = Some(inner.collect());
+                }
+                for_each_index(&a.unit_grid(), false, |c| {
+                    if r.chance(0.1) {
+                        a.unwritten.insert(c.to_vec());
+                    }
+                });
+                a
+            })
+            .collect::<Vec<_>>();
+        let mut views: Vec<View> = (0..arrays.len())
+            .map(|i| View {
+                label: format!("v{i}"),
+                array: i,
+                offset: 0,
+            })
+            .collect();
+        for w in 0..r.range(0, 2) {
+            let offset = r.range(1, 3) as i64 * if r.chance(0.5) { -1 } else { 1 };
+            views.push(View {
+                label: format!("w{w}"),
+                array: r.range(0, arrays.len() as u64 - 1) as usize,
+                offset,
+            });
+        }
+        if r.chance(0.3) {
+            // The first view need not read at offset 0.
+            views[0].offset = r.range(1, 2) as i64;
+        }
+        let split = r.chance(0.75).then(|| {
+            let fractions = match r.range(0, 3) {
+                0 => vec![1.0],
+                1 => vec![0.5, 0.5],
+                2 => vec![0.6, 0.2, 0.2],
+                _ => vec![0.3, 0.3],
+            };
+            let range = r.chance(0.4).then(|| {
+                let start = r.range(0, n_samples - 1);
+                (start, r.range(start + 1, n_samples))
+            });
+            SplitCase {
+                fractions,
+                contiguous: r.chance(0.5),
+                sample_range: range,
+            }
+        });
+        Case {
+            v3,
+            sep,
+            axis,
+            n_samples,
+            arrays,
+            views,
+            split,
+            batch_size: r.range(1, 12) as usize,
+            block_chunks: r.range(1, 4) as usize,
+            max_inflight: r.range(1, 5) as usize,
+            prefetch_depth: r.range(1, 3) as usize,
+            shuffle: r.chance(0.7),
+            seed: r.next() % 1000,
+            executor_threads: r.range(1, 2) as usize,
+            budget_holds_everything: r.chance(0.3),
+            persist: r.chance(0.3),
+            corrupt: r.chance(0.15),
+            wait_us: r.chance(0.25).then(|| r.range(1, 300)),
+        }
+    }
+
+    pub fn builder(&self, root: &Path) -> insitubatch::DatasetBuilder {
+        let mut b = InSituDataset::builder(root)
+            .sample_axis(self.axis)
+            .batch_size(self.batch_size)
+            .block_chunks(self.block_chunks)
+            .max_inflight(self.max_inflight)
+            .prefetch_depth(self.prefetch_depth)
+            .shuffle(self.shuffle)
+            .seed(self.seed);
+        for v in &self.views {
+            b = b.window(v.label.clone(), self.arrays[v.array].name.clone(), v.offset);
+        }
+        if self.budget_holds_everything {
+            b = b.cache_budget_bytes(1 << 30);
+        }
+        if self.corrupt {
+            b = b.on_bad_chunk(OnBadChunk::Nan);
+        }
+        b
+    }
+}
