@@ -25,7 +25,7 @@ use insitubatch::{
 use serde_json::json;
 
 mod random_case;
-use random_case::{ArrayCase, Case, Codec, Rng, for_each_index};
+use random_case::{ArrayCase, Case, CaseBudget, Codec, Rng, for_each_index};
 
 /// Number of random cases per run (each a store and two epochs over every split).
 const CASES: u64 = 200;
@@ -301,6 +301,7 @@ struct Coverage {
     corrupt: u64,
     raised: u64,
     passes_with_timeouts: u64,
+    budget_refused: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
@@ -447,7 +448,7 @@ fn abandon_and_zip(case: &Case, ds: &InSituDataset, n: u64, cov: &mut Coverage) 
     let spc = m.samples_per_chunk();
     let want_train = expected_anchors(case, spc, &split_chunks(m, "train"));
     let want_val = expected_anchors(case, spc, &split_chunks(m, "val"));
-    if want_train.is_empty() {
+    if want_train.is_empty() || refused_for_its_budget(case, ds, "train", cov) {
         return;
     }
     let batches = want_train.len().div_ceil(case.batch_size) as u64;
@@ -472,7 +473,10 @@ fn abandon_and_zip(case: &Case, ds: &InSituDataset, n: u64, cov: &mut Coverage) 
     let val = match ds.val() {
         Ok(val) => val,
         Err(e) => {
-            assert!(!case.budget_holds_everything, "val next to train: {e}");
+            assert!(
+                case.budget != CaseBudget::Everything,
+                "val next to train: {e}"
+            );
             assert!(
                 e.to_string().contains("set cache_budget_bytes to at least"),
                 "{e}"
@@ -537,6 +541,9 @@ fn raise_on_the_corrupt_chunk(case: &Case, root: &Path, m: &SplitManifest, cov: 
         .build()
         .unwrap();
     let needed = slots_with_a_corrupt_chunk(case, &want) > 0;
+    if refused_for_its_budget(case, &ds, "all", cov) {
+        return;
+    }
     let mut pass = ds.all().unwrap();
     let mut error = None;
     for batch in pass.by_ref() {
@@ -560,6 +567,34 @@ fn raise_on_the_corrupt_chunk(case: &Case, root: &Path, m: &SplitManifest, cov: 
             cov.raised += 1;
         }
         None => assert!(!needed, "the pass read a corrupt chunk and raised nothing"),
+    }
+}
+
+/// With a budget of a few KiB, a pass whose working set does not fit must refuse to start,
+/// saying what budget it needs (true then); one that fits runs within it.
+fn refused_for_its_budget(
+    case: &Case,
+    ds: &InSituDataset,
+    split: &str,
+    cov: &mut Coverage,
+) -> bool {
+    let CaseBudget::Bytes(budget) = case.budget else {
+        return false;
+    };
+    match ds.iter(split) {
+        Ok(pass) => {
+            assert!(pass.read_ahead_bytes() <= budget);
+            false
+        }
+        Err(e) => {
+            let message = e.to_string();
+            assert!(
+                message.contains("set cache_budget_bytes to at least"),
+                "{split}: {message}"
+            );
+            cov.budget_refused += 1;
+            true
+        }
     }
 }
 
@@ -598,13 +633,16 @@ fn run_epochs(
                 }
                 continue;
             }
+            if refused_for_its_budget(case, ds, split, cov) {
+                continue;
+            }
             let (anchors, stats) = check_pass(case, ds, split, &want, cov);
             cov.passes += 1;
             // After a first epoch over every split into a pool that keeps everything, nothing
             // is read or decoded; from a persisted cache, at most the slots holding a corrupt
             // chunk's stand-in, which is never written to the cache (an earlier pass of the
             // same dataset may have left them resident).
-            let warm = epoch > epochs.start && case.budget_holds_everything;
+            let warm = epoch > epochs.start && case.budget == CaseBudget::Everything;
             let uncached = match reads {
                 Reads::None => slots_with_a_corrupt_chunk(case, &anchors),
                 Reads::Some => 0,
@@ -684,6 +722,7 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("a corrupt chunk", c.corrupt),
             ("a corrupt chunk raised", c.raised),
             ("passes whose waits timed out", c.passes_with_timeouts),
+            ("passes refused for their budget", c.budget_refused),
         ] {
             assert!(count >= 10, "only {count} cases with {what}: {cov:?}");
         }

@@ -368,6 +368,18 @@ pub struct SplitCase {
     pub sample_range: Option<(u64, u64)>,
 }
 
+/// The pool budget a case draws.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CaseBudget {
+    /// The automatic budget: the first pass's working set.
+    Auto,
+    /// A budget that holds every chunk of the store.
+    Everything,
+    /// A few KiB: above some passes' working sets (evicting as they go), below others' (which
+    /// must then refuse to start, naming the budget they need).
+    Bytes(u64),
+}
+
 /// Everything one case draws.
 #[derive(Debug)]
 pub struct Case {
@@ -386,7 +398,7 @@ pub struct Case {
     pub shuffle: bool,
     pub seed: u64,
     pub executor_threads: usize,
-    pub budget_holds_everything: bool,
+    pub budget: CaseBudget,
     /// Read through a persisted cache, then revive it in a fresh dataset.
     pub persist: bool,
     /// Overwrite a stored chunk with garbage after writing (`on_bad_chunk = nan`).
@@ -494,7 +506,11 @@ impl Case {
             shuffle: r.chance(0.7),
             seed: r.next() % 1000,
             executor_threads: r.range(1, 2) as usize,
-            budget_holds_everything: r.chance(0.3),
+            budget: match r.range(0, 7) {
+                0 | 1 => CaseBudget::Everything,
+                2 | 3 => CaseBudget::Bytes(r.range(128, 16 << 10)),
+                _ => CaseBudget::Auto,
+            },
             persist: r.chance(0.3),
             corrupt: r.chance(0.15),
             wait_us: r.chance(0.25).then(|| r.range(1, 300)),
@@ -513,8 +529,10 @@ impl Case {
         for v in &self.views {
             b = b.window(v.label.clone(), self.arrays[v.array].name.clone(), v.offset);
         }
-        if self.budget_holds_everything {
-            b = b.cache_budget_bytes(1 << 30);
+        match self.budget {
+            CaseBudget::Auto => {}
+            CaseBudget::Everything => b = b.cache_budget_bytes(1 << 30),
+            CaseBudget::Bytes(n) => b = b.cache_budget_bytes(n),
         }
         if self.corrupt {
             b = b.on_bad_chunk(OnBadChunk::Nan);
