@@ -282,7 +282,8 @@ impl ChunkPool {
                 "no other iteration is running".to_string()
             } else {
                 format!(
-                    "{reserved} bytes are already reserved by {}",
+                    "{reserved} bytes are already reserved by {}, held until it ends or is closed \
+                     or dropped (an iterator a loop broke out of still holds its share)",
                     holders.join(", ")
                 )
             };
@@ -887,6 +888,11 @@ mod tests {
         let msg = err.to_string();
         assert!(
             msg.contains("`val`") && msg.contains("at least 140"),
+            "{msg}"
+        );
+        // It names the holder and says how its share comes back.
+        assert!(
+            msg.contains("reserved by train") && msg.contains("closed or dropped"),
             "{msg}"
         );
         drop(a);

@@ -416,10 +416,13 @@ class _Epoch:
 
     def __next__(self) -> Batch:
         if not self._lock.acquire(blocking=False):
-            raise errors.InvalidArgument(
-                "this epoch's iterator is being advanced by another thread; "
-                "iterate one epoch from one thread at a time"
-            )
+            if not self._closing:
+                raise errors.InvalidArgument(
+                    "this epoch's iterator is being advanced by another thread; "
+                    "iterate one epoch from one thread at a time"
+                )
+            # Another thread is closing the epoch: once it has, the epoch is over.
+            self._lock.acquire()
         self._owner = threading.get_ident()
         try:
             return self._next()

@@ -450,3 +450,23 @@ def test_ctrl_c_interrupts_opening_a_store_that_does_not_answer(fixtures, tmp_pa
     assert _runtime_threads() == before, "the abandoned dataset's runtime was shut down"
     with isb.InSituDataset(store, batch_size=4) as ds:  # and the store opens normally after
         assert sum(len(b) for b in ds.train) == n
+
+
+def test_next_while_another_thread_closes_the_epoch_waits_and_ends_it(fixtures):
+    import threading
+
+    with isb.InSituDataset(fixtures[0] / "v3_zstd.zarr", batch_size=2) as ds:
+        it = iter(ds.all)
+        next(it)
+        got = []
+        # What close() from another thread looks like while it frees the epoch: it has said so
+        # and holds the lock. A next() then is not "another thread advancing the epoch".
+        it._closing = True
+        with it._lock:
+            consumer = threading.Thread(target=lambda: got.append(_raised_by(next, it)))
+            consumer.start()
+            consumer.join(0.3)
+            assert consumer.is_alive(), "next() waits for the close to finish"
+            it._close()
+        consumer.join(10)
+        assert len(got) == 1 and isinstance(got[0], StopIteration), got
