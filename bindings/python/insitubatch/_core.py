@@ -471,6 +471,9 @@ class _Epoch:
             batch = t(batch)
         return batch
 
+    def __reduce__(self):
+        _not_picklable("an epoch's iterator")
+
     def close(self) -> None:
         """Stops the epoch early and frees what it held (idempotent). From another thread, it
         ends a `next()` that is waiting there (which raises `Closed`)."""
@@ -501,6 +504,17 @@ class _Epoch:
             pass
 
 
+def _not_picklable(what: str):
+    """What pickling a dataset, a view or an epoch raises: they own this process's threads and
+    memory, so another process (a DataLoader worker under `spawn` or `forkserver`, the default
+    from Python 3.14) cannot be handed one."""
+    raise TypeError(
+        f"{what} cannot be sent to another process (pickle): it owns threads and memory of this "
+        "one. With a torch DataLoader use num_workers=0 (insitubatch reads and decodes in "
+        "parallel itself); elsewhere open a dataset in each process"
+    )
+
+
 class _View:
     """`ds.train` and friends: iterating starts an epoch over the split at the current epoch."""
 
@@ -510,6 +524,9 @@ class _View:
 
     def __repr__(self) -> str:
         return f"<insitubatch view {self.split!r}>"
+
+    def __reduce__(self):
+        _not_picklable(f"the view ds.{self.split}")
 
     def __iter__(self) -> Iterator[Batch]:
         return self._ds._iterate(self.split)
@@ -713,6 +730,9 @@ class InSituDataset:
         ]
 
     # lifetime --------------------------------------------------------------------------
+    def __reduce__(self):
+        _not_picklable("an InSituDataset")
+
     def close(self) -> None:
         """Releases the dataset (idempotent). Batches already handed out stay valid."""
         handle, self._handle = self._handle, None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from . import errors
+from ._core import _not_picklable
 
 
 def to_torch(batch, device=None) -> dict:
@@ -49,6 +50,10 @@ def as_torch(view, device=None):
     import torch
 
     class _Iterable(torch.utils.data.IterableDataset):
+        def __reduce__(self):
+            # A DataLoader with workers under `spawn`/`forkserver` pickles the dataset.
+            _not_picklable("as_torch(...)")
+
         def __iter__(self) -> Iterator[dict]:
             if torch.utils.data.get_worker_info() is not None:
                 raise errors.WrongProcess(

@@ -119,3 +119,21 @@ def test_every_dtype_reaches_numpy_torch_and_jax_bit_for_bit(every_dtype, dt):
                 j = to_jax(b)["x"]
             assert j.dtype == arr.dtype
             assert np.asarray(j).tobytes() == arr.tobytes()
+
+
+def test_a_dataloader_that_pickles_its_dataset_is_told_to_use_num_workers_0(fixtures):
+    import pickle
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    with isb.InSituDataset(fixtures[0] / "era5_v3.zarr", batch_size=4) as ds:
+        for obj in (ds, ds.train, iter(ds.train), as_torch(ds.train)):
+            with pytest.raises(TypeError, match="num_workers=0"):
+                pickle.dumps(obj)
+        # Workers started by `spawn` (or `forkserver`, Python 3.14's default) get the dataset
+        # pickled: the error says what to do instead of naming a ctypes pointer.
+        loader = torch.utils.data.DataLoader(as_torch(ds.train), batch_size=None, num_workers=1,
+                                             multiprocessing_context="spawn")
+        with warnings.catch_warnings(), pytest.raises(TypeError, match="num_workers=0"):
+            warnings.simplefilter("ignore")  # torch's own note about unpicklable arguments
+            next(iter(loader))
