@@ -46,7 +46,7 @@ pub(crate) fn plan_chunks(
 }
 
 /// `MemTotal` of `/proc/meminfo`, if it can be read (read once per process).
-pub(crate) fn physical_memory_bytes() -> Option<u64> {
+pub fn physical_memory_bytes() -> Option<u64> {
     static TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
     *TOTAL.get_or_init(|| {
         let info = std::fs::read_to_string("/proc/meminfo").ok()?;

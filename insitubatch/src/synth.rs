@@ -121,6 +121,43 @@ impl SynthSpec {
         if self.variables.is_empty() {
             return inv("variables", "at least one variable".into());
         }
+        // Every core builds and encodes one stored chunk at a time in memory: a chunk too big
+        // for that is refused here rather than found out by the OOM killer.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        let limit = insitubatch_actors::planner::physical_memory_bytes()
+            .map_or(u64::MAX, |m| m / (4 * threads));
+        let chunk_bytes = self
+            .stored_chunk()
+            .iter()
+            .try_fold(4u64, |acc, d| acc.checked_mul(*d));
+        match chunk_bytes {
+            Some(b) if b <= limit => {}
+            _ => {
+                // One sample's tile too big is the grid's split to change; else the samples.
+                let (lat, lon) = self.inner_chunks.unwrap_or(self.grid);
+                let tile_bytes = lat.saturating_mul(lon).saturating_mul(4);
+                let argument = if tile_bytes > limit {
+                    "inner_chunks"
+                } else {
+                    "sample_chunk"
+                };
+                return inv(
+                    argument,
+                    format!(
+                        "a stored chunk of {} would hold {} decoded, and each of the {threads} \
+                         cores builds one in memory ({} here at most); split the grid with \
+                         --inner-chunks or lower --sample-chunk (or --shard-samples)",
+                        self.stored_chunk()
+                            .iter()
+                            .map(u64::to_string)
+                            .collect::<Vec<_>>()
+                            .join(" x "),
+                        chunk_bytes.map_or("more than 16 EiB".into(), crate::inspect::human_bytes),
+                        crate::inspect::human_bytes(limit),
+                    ),
+                );
+            }
+        }
         Ok(())
     }
 

@@ -43,6 +43,20 @@ fn bad_paths_and_arguments_exit_non_zero_with_the_name() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("sample_chunk"));
 
+    // A stored chunk bigger than the machine can build is refused before anything is written
+    // (it used to allocate until the OOM killer came), naming the argument to change.
+    let huge = tmp.path().join("huge.zarr");
+    for (grid, needle) in [
+        ("100000x100000", "inner_chunks"),
+        ("4000000000x4000000000", "EiB"),
+    ] {
+        let mut make = cli();
+        make.args(["make-dataset", "--samples", "2", "--grid", grid])
+            .arg(&huge);
+        fails_with(&mut make, &[needle, "--inner-chunks"]);
+        assert!(!huge.exists(), "nothing written for {grid}");
+    }
+
     // A manifest that cannot be written or read is an IO error naming the file, not "invalid".
     run_ok(
         cli()
