@@ -319,6 +319,31 @@ impl Pass {
                 ),
             ));
         }
+        // So cannot the batches the gather may run ahead with: `prefetch_depth` in the channel,
+        // one being filled and one the consumer holds (never more than the epoch has).
+        if let Some(total) = crate::planner::physical_memory_bytes() {
+            let rows = config.batch_size.min(order.rows.len()) as u64;
+            let batch_bytes = plan.labels.iter().fold(0u64, |acc, l| {
+                acc.saturating_add(l.sample_bytes.saturating_mul(rows))
+            });
+            let batches = (config.prefetch_depth as u64)
+                .saturating_add(2)
+                .min(plan.n_batches as u64);
+            let ahead = batch_bytes.saturating_mul(batches);
+            if ahead.saturating_add(plan.read_ahead_bytes) > total {
+                return Err(EngineError::arg(
+                    "prefetch_depth",
+                    config.prefetch_depth,
+                    format!(
+                        "up to {batches} batches of {batch_bytes} bytes may be in memory at once \
+                         (prefetch_depth + 2), which with the working set of {} bytes is more \
+                         than this machine's {total} bytes of memory; lower prefetch_depth or \
+                         batch_size",
+                        plan.read_ahead_bytes
+                    ),
+                ));
+            }
+        }
         let owner = ctx.pool.register_owner(
             &format!("{}#{}", config.split, config.epoch),
             plan.read_ahead_bytes,

@@ -573,6 +573,32 @@ fn a_pass_whose_working_set_exceeds_the_machine_is_refused_naming_what_to_change
         .expect_err("a chunk over memory")
         .to_string();
     assert!(e.contains("re-chunk that array smaller"), "{e}");
+    // Batches the gather may run ahead with count too: samples of a 1024th of the memory, 64 per
+    // batch, 1000 batches of prefetch in a 10,000-batch epoch.
+    let dir = tempfile::tempdir().unwrap();
+    wide_array(dir.path(), 640_000, total / 1024 / 4, 0.0);
+    let ds = InSituDataset::builder(dir.path())
+        .batch_size(64)
+        .block_chunks(1)
+        .prefetch_depth(1000)
+        .build()
+        .unwrap();
+    let e = ds
+        .all()
+        .map(|_| ())
+        .expect_err("1002 batches of memory")
+        .to_string();
+    assert!(
+        e.contains("`prefetch_depth` = 1000") && e.contains("lower prefetch_depth or batch_size"),
+        "{e}"
+    );
+    // The same with the default depth of 2: four batches fit.
+    let ds = InSituDataset::builder(dir.path())
+        .batch_size(2)
+        .block_chunks(1)
+        .build()
+        .unwrap();
+    assert!(ds.all().is_ok());
 }
 
 #[test]
