@@ -291,14 +291,15 @@ impl Pass {
             config.batch_size,
             config.release_each_block,
         )?;
-        // What must be resident at once cannot exceed the machine: fail now, naming the knob,
-        // rather than be killed for memory halfway through the first block.
-        if let Some(total) = crate::planner::physical_memory_bytes()
-            && plan.read_ahead_bytes > total
+        // What must be resident at once cannot exceed the memory this process may use (the
+        // machine's, its cgroup's, `ulimit -v`): fail now, naming the knob, rather than be killed
+        // for memory halfway through the first block.
+        if let Some(limit) = crate::planner::memory_limit()
+            && plan.read_ahead_bytes > limit.bytes
         {
             let largest = plan.paths.iter().max_by_key(|p| p.slot_bytes);
             let fix = match largest {
-                Some(p) if p.slot_bytes > total => format!(
+                Some(p) if p.slot_bytes > limit.bytes => format!(
                     "one decoded chunk of {} alone is {} bytes: re-chunk that array smaller",
                     if p.path.is_empty() {
                         "the store's root array".to_string()
@@ -314,14 +315,14 @@ impl Pass {
                 config.block_chunks,
                 format!(
                     "this pass must hold {} bytes of decoded chunks at once (its working set), \
-                     more than this machine's {total} bytes of memory; {fix}",
+                     more than {limit}; {fix}",
                     plan.read_ahead_bytes
                 ),
             ));
         }
         // So cannot the batches the gather may run ahead with: `prefetch_depth` in the channel,
         // one being filled and one the consumer holds (never more than the epoch has).
-        if let Some(total) = crate::planner::physical_memory_bytes() {
+        if let Some(limit) = crate::planner::memory_limit() {
             let rows = config.batch_size.min(order.rows.len()) as u64;
             let batch_bytes = plan.labels.iter().fold(0u64, |acc, l| {
                 acc.saturating_add(l.sample_bytes.saturating_mul(rows))
@@ -330,15 +331,14 @@ impl Pass {
                 .saturating_add(2)
                 .min(plan.n_batches as u64);
             let ahead = batch_bytes.saturating_mul(batches);
-            if ahead.saturating_add(plan.read_ahead_bytes) > total {
+            if ahead.saturating_add(plan.read_ahead_bytes) > limit.bytes {
                 return Err(EngineError::arg(
                     "prefetch_depth",
                     config.prefetch_depth,
                     format!(
                         "up to {batches} batches of {batch_bytes} bytes may be in memory at once \
                          (prefetch_depth + 2), which with the working set of {} bytes is more \
-                         than this machine's {total} bytes of memory; lower prefetch_depth or \
-                         batch_size",
+                         than {limit}; lower prefetch_depth or batch_size",
                         plan.read_ahead_bytes
                     ),
                 ));

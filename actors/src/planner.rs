@@ -6,29 +6,34 @@
 //! miss sends one [`TileJob`] per stored chunk to the fetchers, each
 //! holding one `max_inflight` permit.
 
+mod memory;
 mod order;
 mod read_plan;
 mod split;
 
+pub use memory::{MemoryLimit, MemorySource, memory_limit};
+
 /// An empty vector with room for `n` entries of a plan, or an error when they would not fit in
-/// this machine's memory: an array whose metadata claims an absurd sample count must get an
-/// error, not a process killed for memory (an allocator that reserves address space without
-/// committing it succeeds at any size, so the check is against physical memory).
+/// the memory this process may use: an array whose metadata claims an absurd sample count must
+/// get an error, not a process killed for memory (an allocator that reserves address space
+/// without committing it succeeds at any size, so the check is against [`memory_limit`]).
 pub(crate) fn plan_vec<T>(n: u64, what: &str) -> Result<Vec<T>, crate::error::EngineError> {
     let bytes = u128::from(n) * std::mem::size_of::<T>() as u128;
-    let fits = physical_memory_bytes().is_none_or(|total| bytes <= u128::from(total));
+    let limit = memory_limit();
+    let fits = limit.is_none_or(|l| bytes <= u128::from(l.bytes));
     let mut v = Vec::new();
     usize::try_from(n)
         .ok()
         .filter(|_| fits)
         .and_then(|n| v.try_reserve_exact(n).ok())
         .ok_or_else(|| {
+            let memory = limit.map_or("the memory available".to_string(), |l| l.to_string());
             crate::error::EngineError::arg(
                 "sample_range",
                 n,
                 format!(
-                    "{what} would need {n} entries ({bytes} bytes), more than this machine's \
-                     memory; plan over a smaller sample_range"
+                    "{what} would need {n} entries ({bytes} bytes), more than {memory}; plan \
+                     over a smaller sample_range"
                 ),
             )
         })?;
@@ -43,17 +48,6 @@ pub(crate) fn plan_chunks(
     let mut chunks = plan_vec(range.end.saturating_sub(range.start), what)?;
     chunks.extend(range);
     Ok(chunks)
-}
-
-/// `MemTotal` of `/proc/meminfo`, if it can be read (read once per process).
-pub fn physical_memory_bytes() -> Option<u64> {
-    static TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *TOTAL.get_or_init(|| {
-        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-        let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        kib.checked_mul(1024)
-    })
 }
 
 use std::sync::Arc;

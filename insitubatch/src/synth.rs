@@ -124,8 +124,8 @@ impl SynthSpec {
         // Every core builds and encodes one stored chunk at a time in memory: a chunk too big
         // for that is refused here rather than found out by the OOM killer.
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-        let limit = insitubatch_actors::planner::physical_memory_bytes()
-            .map_or(u64::MAX, |m| m / (4 * threads));
+        let limit = insitubatch_actors::planner::memory_limit()
+            .map_or(u64::MAX, |m| m.bytes / (4 * threads));
         let chunk_bytes = self
             .stored_chunk()
             .iter()

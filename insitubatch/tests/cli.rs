@@ -316,3 +316,50 @@ fn warm_fills_a_cache_that_readonly_benches_read_without_decoding() {
         "{err}"
     );
 }
+
+#[test]
+fn a_working_set_over_ulimit_v_is_refused_by_name_not_aborted() {
+    use std::os::unix::process::CommandExt;
+
+    // 64 samples of 64 MiB each, no chunk on disk (every read is the fill value): 16 per block
+    // need 1 GiB, against an address-space limit of 512 MiB.
+    let tmp = tempfile::tempdir().unwrap();
+    let width = 16u64 << 20;
+    std::fs::write(
+        tmp.path().join("zarr.json"),
+        format!(
+            r#"{{"zarr_format":3,"node_type":"array","shape":[64,{width}],"data_type":"float32",
+            "chunk_grid":{{"name":"regular","configuration":{{"chunk_shape":[1,{width}]}}}},
+            "chunk_key_encoding":{{"name":"default","configuration":{{"separator":"/"}}}},
+            "fill_value":0.0,"codecs":[{{"name":"bytes","configuration":{{"endian":"little"}}}}]}}"#
+        ),
+    )
+    .unwrap();
+    let mut bench = cli();
+    bench.arg("bench").arg(tmp.path()).args(["--epochs", "1"]);
+    // SAFETY: the closure only calls setrlimit, which is async-signal-safe, between fork and
+    // exec.
+    unsafe {
+        bench.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 512 << 20,
+                rlim_max: 512 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = bench.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a clean error exit, not an abort: {err}"
+    );
+    assert!(
+        err.contains("block_chunks") && err.contains("ulimit -v"),
+        "{err}"
+    );
+}
