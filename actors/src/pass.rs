@@ -262,6 +262,62 @@ pub fn plan_order(
     })
 }
 
+/// The working set, and with it the batches the gather may run ahead with (`prefetch_depth` in
+/// the channel, one being filled and one the consumer holds, never more than the epoch has),
+/// against `limit`: an error naming the knob to lower.
+fn check_memory(
+    config: &PassConfig,
+    plan: &crate::planner::ReadPlan,
+    n_rows: usize,
+    limit: crate::planner::MemoryLimit,
+) -> Result<(), EngineError> {
+    if plan.read_ahead_bytes > limit.bytes {
+        let largest = plan.paths.iter().max_by_key(|p| p.slot_bytes);
+        let fix = match largest {
+            Some(p) if p.slot_bytes > limit.bytes => format!(
+                "one decoded chunk of {} alone is {} bytes: re-chunk that array smaller",
+                if p.path.is_empty() {
+                    "the store's root array".to_string()
+                } else {
+                    format!("`{}`", p.path)
+                },
+                p.slot_bytes
+            ),
+            _ => "lower block_chunks or read fewer variables".into(),
+        };
+        return Err(EngineError::arg(
+            "block_chunks",
+            config.block_chunks,
+            format!(
+                "this pass must hold {} bytes of decoded chunks at once (its working set), \
+                 more than {limit}; {fix}",
+                plan.read_ahead_bytes
+            ),
+        ));
+    }
+    let rows = config.batch_size.min(n_rows) as u64;
+    let batch_bytes = plan.labels.iter().fold(0u64, |acc, l| {
+        acc.saturating_add(l.sample_bytes.saturating_mul(rows))
+    });
+    let batches = (config.prefetch_depth as u64)
+        .saturating_add(2)
+        .min(plan.n_batches as u64);
+    let ahead = batch_bytes.saturating_mul(batches);
+    if ahead.saturating_add(plan.read_ahead_bytes) > limit.bytes {
+        return Err(EngineError::arg(
+            "prefetch_depth",
+            config.prefetch_depth,
+            format!(
+                "up to {batches} batches of {batch_bytes} bytes may be in memory at once \
+                 (prefetch_depth + 2), which with the working set of {} bytes is more than \
+                 {limit}; lower prefetch_depth or batch_size",
+                plan.read_ahead_bytes
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Pass {
     /// Plans the pass over `chunks` of the reference grid (`samples_per_chunk`, `n_samples`)
     /// and starts its actors.
@@ -294,55 +350,8 @@ impl Pass {
         // What must be resident at once cannot exceed the memory this process may use (the
         // machine's, its cgroup's, `ulimit -v`): fail now, naming the knob, rather than be killed
         // for memory halfway through the first block.
-        if let Some(limit) = crate::planner::memory_limit()
-            && plan.read_ahead_bytes > limit.bytes
-        {
-            let largest = plan.paths.iter().max_by_key(|p| p.slot_bytes);
-            let fix = match largest {
-                Some(p) if p.slot_bytes > limit.bytes => format!(
-                    "one decoded chunk of {} alone is {} bytes: re-chunk that array smaller",
-                    if p.path.is_empty() {
-                        "the store's root array".to_string()
-                    } else {
-                        format!("`{}`", p.path)
-                    },
-                    p.slot_bytes
-                ),
-                _ => "lower block_chunks or read fewer variables".into(),
-            };
-            return Err(EngineError::arg(
-                "block_chunks",
-                config.block_chunks,
-                format!(
-                    "this pass must hold {} bytes of decoded chunks at once (its working set), \
-                     more than {limit}; {fix}",
-                    plan.read_ahead_bytes
-                ),
-            ));
-        }
-        // So cannot the batches the gather may run ahead with: `prefetch_depth` in the channel,
-        // one being filled and one the consumer holds (never more than the epoch has).
         if let Some(limit) = crate::planner::memory_limit() {
-            let rows = config.batch_size.min(order.rows.len()) as u64;
-            let batch_bytes = plan.labels.iter().fold(0u64, |acc, l| {
-                acc.saturating_add(l.sample_bytes.saturating_mul(rows))
-            });
-            let batches = (config.prefetch_depth as u64)
-                .saturating_add(2)
-                .min(plan.n_batches as u64);
-            let ahead = batch_bytes.saturating_mul(batches);
-            if ahead.saturating_add(plan.read_ahead_bytes) > limit.bytes {
-                return Err(EngineError::arg(
-                    "prefetch_depth",
-                    config.prefetch_depth,
-                    format!(
-                        "up to {batches} batches of {batch_bytes} bytes may be in memory at once \
-                         (prefetch_depth + 2), which with the working set of {} bytes is more \
-                         than {limit}; lower prefetch_depth or batch_size",
-                        plan.read_ahead_bytes
-                    ),
-                ));
-            }
+            check_memory(&config, &plan, order.rows.len(), limit)?;
         }
         let owner = ctx.pool.register_owner(
             &format!("{}#{}", config.split, config.epoch),

@@ -126,10 +126,8 @@ impl SynthSpec {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
         let limit = insitubatch_actors::planner::memory_limit()
             .map_or(u64::MAX, |m| m.bytes / (4 * threads));
-        let chunk_bytes = self
-            .stored_chunk()
-            .iter()
-            .try_fold(4u64, |acc, d| acc.checked_mul(*d));
+        let stored = self.stored_chunk();
+        let chunk_bytes = stored.iter().try_fold(4u64, |acc, d| acc.checked_mul(*d));
         match chunk_bytes {
             Some(b) if b <= limit => {}
             _ => {
@@ -147,7 +145,7 @@ impl SynthSpec {
                         "a stored chunk of {} would hold {} decoded, and each of the {threads} \
                          cores builds one in memory ({} here at most); split the grid with \
                          --inner-chunks or lower --sample-chunk (or --shard-samples)",
-                        self.stored_chunk()
+                        stored
                             .iter()
                             .map(u64::to_string)
                             .collect::<Vec<_>>()

@@ -80,25 +80,26 @@ def _interruptible(call: Callable[[], Any], discard: Callable[[Any], None]) -> A
     return value
 
 
-def _open_dataset(config: bytes) -> ctypes.c_void_p:
-    """`isb_dataset_open`, interruptible: opening reads the store's metadata."""
+def _call_interruptible(fn, *args, free) -> ctypes.c_void_p:
+    """`fn(*args, &out, &err)`, a library call that reads the store (metadata), run through
+    `_interruptible`: returns `out`, or raises the call's error. `free` releases an `out`
+    nobody took (after Ctrl-C)."""
 
     def call():
-        handle = ctypes.c_void_p()
+        out = ctypes.c_void_p()
         err = ctypes.c_void_p()
-        status = lib.isb_dataset_open(config, ctypes.byref(handle), ctypes.byref(err))
-        return status, handle, err
+        return fn(*args, ctypes.byref(out), ctypes.byref(err)), out, err
 
     def discard(result):
-        status, handle, err = result
-        if handle.value:
-            lib.isb_dataset_free(handle)
+        _, out, err = result
+        if out.value:
+            free(out)
         if err.value:
             lib.isb_error_free(err)
 
-    status, handle, err = _interruptible(call, discard)
+    status, out, err = _interruptible(call, discard)
     _check(status, err)
-    return handle
+    return out
 
 
 def _take_string(p: ctypes.c_void_p) -> str:
@@ -112,26 +113,6 @@ def _json_call(fn, *args) -> Any:
     out = ctypes.c_void_p()
     err = ctypes.c_void_p()
     _check(fn(*args, ctypes.byref(out), ctypes.byref(err)), err)
-    return json.loads(_take_string(out))
-
-
-def _json_call_interruptible(fn, *args) -> Any:
-    """`_json_call` for a call that reads the store (metadata), interruptible by Ctrl-C."""
-
-    def call():
-        out = ctypes.c_void_p()
-        err = ctypes.c_void_p()
-        return fn(*args, ctypes.byref(out), ctypes.byref(err)), out, err
-
-    def discard(result):
-        _, out, err = result
-        if out.value:
-            lib.isb_string_free(out)
-        if err.value:
-            lib.isb_error_free(err)
-
-    status, out, err = _interruptible(call, discard)
-    _check(status, err)
     return json.loads(_take_string(out))
 
 
@@ -183,7 +164,10 @@ def open_geometries(store, variables: Sequence[str] | None = None, sample_axis: 
     _check_int("sample_axis", sample_axis, minimum=0)
     if isinstance(variables, str):  # one name, not its characters
         variables = [variables]
-    raw = _json_call_interruptible(lib.isb_open_geometries, _path(store), sample_axis)
+    out = _call_interruptible(
+        lib.isb_open_geometries, _path(store), sample_axis, free=lib.isb_string_free
+    )
+    raw = json.loads(_take_string(out))
     out = {
         p: ArrayGeometry(
             store=_store_str(store),
@@ -629,7 +613,10 @@ class InSituDataset:
         for t in self._transforms:
             if not callable(t):
                 raise TypeError(f"batch_transforms: {t!r} is not callable")
-        self._handle = _open_dataset(json.dumps(config).encode())
+        # Opening reads the store's metadata: interruptible.
+        self._handle = _call_interruptible(
+            lib.isb_dataset_open, json.dumps(config).encode(), free=lib.isb_dataset_free
+        )
         self.batch_size = batch_size
         self._last_stats: dict = {}
         info = self._dataset_stats()
