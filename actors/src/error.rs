@@ -69,6 +69,19 @@ pub enum EngineError {
         /// Its length.
         b_len: u64,
     },
+    /// The array has no samples to draw (length 0 along its sample axis).
+    #[error(
+        "array `{array}` has no samples: its shape is {shape:?}, length 0 along sample_axis \
+         {axis}; there is nothing to split or load, so pick another array or sample_axis"
+    )]
+    NoSamples {
+        /// The array.
+        array: String,
+        /// Its shape.
+        shape: Vec<u64>,
+        /// The sample axis.
+        axis: usize,
+    },
     /// A split name that is not train, val, test or all.
     #[error("unknown split `{0}`: use train, val, test or all")]
     UnknownSplit(String),

@@ -64,6 +64,12 @@ fn unsupported(array: &str, what: &'static str, message: impl Into<String>) -> S
     }
 }
 
+/// How messages name the array at `path`: the path itself, or `/` for an array at the store's
+/// root (whose path is empty).
+pub fn array_label(path: &str) -> &str {
+    if path.is_empty() { "/" } else { path }
+}
+
 impl ZarrArray {
     /// Builds an array from its metadata document: `zarr.json` (v3) or `.zarray` (v2, with the
     /// `.zattrs` document, if any, in `attrs`). `path` is the array's key prefix in the store
@@ -78,7 +84,7 @@ impl ZarrArray {
             path: meta_file.clone(),
             message,
         };
-        let label = if path.is_empty() { "/" } else { path };
+        let label = array_label(path);
         let zarr_format = meta.get("zarr_format").and_then(Value::as_u64).unwrap_or(0);
         let (metadata, dimension_names, inner_chunk_shape, codecs) = match zarr_format {
             3 => {
@@ -267,11 +273,7 @@ impl ZarrArray {
     }
 
     fn label(&self) -> &str {
-        if self.path.is_empty() {
-            "/"
-        } else {
-            &self.path
-        }
+        array_label(&self.path)
     }
 
     /// The store key of the stored chunk at `index` (v2 `.`/`/` separators, v3 default or v2

@@ -50,6 +50,11 @@ impl ArrayGeometry {
         })
     }
 
+    /// How messages name this array (`/` for the store's root array).
+    pub fn label(&self) -> &str {
+        crate::array::array_label(&self.path)
+    }
+
     /// Samples along the sample axis.
     pub fn n_samples(&self) -> u64 {
         self.shape[self.sample_axis]

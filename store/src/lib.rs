@@ -28,7 +28,7 @@ mod geometry;
 mod hierarchy;
 mod store;
 
-pub use array::{DecodedChunk, ZarrArray};
+pub use array::{DecodedChunk, ZarrArray, array_label};
 pub use dtype::DType;
 pub use error::StoreError;
 pub use geometry::{ArrayGeometry, is_coordinate, open_geometries};

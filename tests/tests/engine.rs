@@ -542,6 +542,46 @@ fn an_array_too_long_to_plan_in_memory_is_an_error_and_a_sample_range_plans_part
 }
 
 #[test]
+fn an_array_at_the_store_root_is_named_slash_and_an_empty_one_is_refused_by_name() {
+    // A store that is itself an array has the empty path; messages call it `/`.
+    let dir = tempfile::tempdir().unwrap();
+    wide_array(dir.path(), 8, 4, 0.0);
+    let geoms = insitubatch::geometries(dir.path(), None, 0).unwrap();
+    let geom = geoms.values().next().expect("the array");
+    let e = split_by_chunk(geom, &[1.0], 0, true, Some((4, 99)))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the length of `/` along axis 0"), "{e}");
+    let other = tempfile::tempdir().unwrap();
+    wide_array(other.path(), 6, 4, 0.0);
+    let foreign = insitubatch::geometries(other.path(), None, 0).unwrap();
+    let m = split_by_chunk(foreign.values().next().unwrap(), &[1.0], 0, true, None).unwrap();
+    let e = InSituDataset::builder(dir.path())
+        .manifest(m)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("made for array `/` (shape [6, 4]")
+            && e.contains("used with array `/` (shape [8, 4]"),
+        "{e}"
+    );
+    // Length 0 along the sample axis: nothing to split or load, said as such (it used to be
+    // reported as a bad `sample_range` the caller never gave).
+    let empty = tempfile::tempdir().unwrap();
+    wide_array(empty.path(), 0, 4, 0.0);
+    let e = InSituDataset::builder(empty.path()).build().unwrap_err();
+    assert!(matches!(e, EngineError::NoSamples { axis: 0, .. }), "{e}");
+    let e = e.to_string();
+    assert!(
+        e.contains("array `/` has no samples")
+            && e.contains("[0, 4]")
+            && !e.contains("sample_range"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_pass_whose_working_set_exceeds_the_machine_is_refused_naming_what_to_change() {
     let total: u64 = std::fs::read_to_string("/proc/meminfo")
         .unwrap()

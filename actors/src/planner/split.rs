@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use insitubatch_store::ArrayGeometry;
+use insitubatch_store::{ArrayGeometry, array_label};
 use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
@@ -79,6 +79,13 @@ pub fn split_by_chunk(
         ));
     }
     let n = geom.n_samples();
+    if n == 0 {
+        return Err(EngineError::NoSamples {
+            array: geom.label().to_string(),
+            shape: geom.shape.clone(),
+            axis: geom.sample_axis,
+        });
+    }
     let (start, stop) = sample_range.unwrap_or((0, n));
     if start >= stop || stop > n {
         return Err(EngineError::arg(
@@ -86,7 +93,8 @@ pub fn split_by_chunk(
             format!("({start}, {stop})"),
             format!(
                 "need start < stop <= {n}, the length of `{}` along axis {}",
-                geom.path, geom.sample_axis
+                geom.label(),
+                geom.sample_axis
             ),
         ));
     }
@@ -153,13 +161,16 @@ impl SplitManifest {
             || self.sample_axis != geom.sample_axis
         {
             return Err(EngineError::ManifestMismatch {
-                manifest_array: self.array.clone(),
+                manifest_array: array_label(&self.array).to_string(),
                 manifest_shape: self.shape.clone(),
                 manifest_chunks: self.chunks.clone(),
                 manifest_axis: self.sample_axis,
                 found: format!(
                     "array `{}` (shape {:?}, chunks {:?}, sample_axis {})",
-                    geom.path, geom.shape, geom.chunks, geom.sample_axis
+                    geom.label(),
+                    geom.shape,
+                    geom.chunks,
+                    geom.sample_axis
                 ),
             });
         }

@@ -74,7 +74,8 @@ pub(crate) fn status_of(e: &EngineError) -> IsbStatus {
         | EngineError::BadManifest { .. }
         | EngineError::UnequalSampleAxis { .. }
         | EngineError::UnknownSplit(_)
-        | EngineError::EmptySplit { .. } => IsbStatus::IsbInvalidArgument,
+        | EngineError::EmptySplit { .. }
+        | EngineError::NoSamples { .. } => IsbStatus::IsbInvalidArgument,
         EngineError::Store(s) => match &**s {
             StoreError::NotFound { .. } => IsbStatus::IsbNotFound,
             StoreError::NotZarr { .. }
