@@ -331,16 +331,7 @@ impl Pass {
     ) -> Result<Self, EngineError> {
         let started = Instant::now();
         let order = plan_order(chunks, samples_per_chunk, n_samples, variables, &config)?;
-        if order.rows.is_empty() {
-            return Err(EngineError::EmptySplit {
-                split: config.split.clone(),
-                why: format!(
-                    "every one of its {} anchors reads off the array through a window offset; \
-                     use smaller shifts or a longer split",
-                    order.dropped_anchors
-                ),
-            });
-        }
+        order.check_nonempty(&config.split)?;
         let plan = read_plan(
             &order,
             variables,

@@ -684,6 +684,21 @@ impl InSituDataset {
         )
     }
 
+    /// Samples one epoch of `split` yields: every valid anchor once (a windowed view drops the
+    /// anchors that would read off the array). The same for every epoch. Errors as starting an
+    /// iteration would for an unknown or empty split.
+    pub fn split_samples(&self, split: &str) -> Result<u64, EngineError> {
+        let order = self.order(split)?;
+        order.check_nonempty(split)?;
+        Ok(order.rows.len() as u64)
+    }
+
+    /// Batches one epoch of `split` yields: ⌈samples / batch_size⌉, every batch full but the
+    /// last (what `len()` of a loader means).
+    pub fn split_batches(&self, split: &str) -> Result<u64, EngineError> {
+        Ok(self.split_samples(split)?.div_ceil(self.batch_size as u64))
+    }
+
     /// Starts an iteration over `split` (`train`, `val`, `test` or `all`) at the current
     /// epoch. Several may run at once (train and val zipped), sharing the pool.
     pub fn iter(&self, split: &str) -> Result<Pass, EngineError> {

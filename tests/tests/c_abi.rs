@@ -183,6 +183,9 @@ fn threads_sharing_iterations_and_datasets_through_the_c_abi_get_every_sample_on
             total = total.wrapping_add(h);
         }
     }
-    assert_eq!(stdout.lines().next(), Some(format!("reference {total}").as_str()));
+    assert_eq!(
+        stdout.lines().next(),
+        Some(format!("reference {total}").as_str())
+    );
     std::fs::remove_file(exe).ok();
 }

@@ -157,6 +157,8 @@ fn check_pass(
         "emitted order is the planned order"
     );
     assert_eq!(batches, anchors.len().div_ceil(case.batch_size));
+    assert_eq!(ds.split_samples(split).unwrap(), anchors.len() as u64);
+    assert_eq!(ds.split_batches(split).unwrap(), batches as u64);
     let mut sorted = anchors.clone();
     sorted.sort_unstable();
     assert_eq!(sorted, want, "every valid anchor once");

@@ -36,6 +36,22 @@ pub struct EpochOrder {
 }
 
 impl EpochOrder {
+    /// An error naming `split` when every anchor was dropped (a pass over it would yield
+    /// nothing).
+    pub fn check_nonempty(&self, split: &str) -> Result<(), EngineError> {
+        if !self.rows.is_empty() {
+            return Ok(());
+        }
+        Err(EngineError::EmptySplit {
+            split: split.to_string(),
+            why: format!(
+                "every one of its {} anchors reads off the array through a window offset; use \
+                 smaller shifts or a longer split",
+                self.dropped_anchors
+            ),
+        })
+    }
+
     /// Anchor (global sample index on the reference grid) of row `i`.
     pub fn anchor(&self, i: usize) -> u64 {
         let r = self.rows[i];

@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 2
+#define ISB_ABI_VERSION 3
 
 /*
  DLPack version of the exported structs.
@@ -320,6 +320,21 @@ void isb_dataset_free(struct IsbDataset *ds);
  `ds` is NULL or a live dataset; `err` is NULL or writable.
  */
 IsbStatus isb_dataset_set_epoch(const struct IsbDataset *ds, uint64_t epoch, struct IsbError **err);
+
+/*
+ What one epoch of `split` yields: `*samples` (every valid anchor once) and `*batches`
+ (⌈samples / batch_size⌉, every batch full but the last). Either out-pointer may be NULL.
+ The same for every epoch; errors as `isb_iter_start` would for an unknown or empty split.
+
+ # Safety
+ `ds` is NULL or a live dataset; `split` is NUL-terminated; `samples` and `batches` are NULL
+ or writable; `err` is NULL or writable.
+ */
+IsbStatus isb_dataset_split_len(const struct IsbDataset *ds,
+                                const char *split,
+                                uint64_t *samples,
+                                uint64_t *batches,
+                                struct IsbError **err);
 
 /*
  Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`

@@ -12,7 +12,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 2;
+pub const ISB_ABI_VERSION: u32 = 3;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -397,6 +397,40 @@ pub unsafe extern "C" fn isb_dataset_set_epoch(
     boundary(err, || {
         // SAFETY: forwarded contract.
         unsafe { dataset(ds) }?.ds.set_epoch(epoch);
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// What one epoch of `split` yields: `*samples` (every valid anchor once) and `*batches`
+/// (⌈samples / batch_size⌉, every batch full but the last). Either out-pointer may be NULL.
+/// The same for every epoch; errors as `isb_iter_start` would for an unknown or empty split.
+///
+/// # Safety
+/// `ds` is NULL or a live dataset; `split` is NUL-terminated; `samples` and `batches` are NULL
+/// or writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_dataset_split_len(
+    ds: *const IsbDataset,
+    split: *const c_char,
+    samples: *mut u64,
+    batches: *mut u64,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let d = unsafe { dataset(ds) }?;
+        // SAFETY: forwarded contract.
+        let split = unsafe { arg_str(split, "split") }?;
+        let n = d.ds.split_samples(split)?;
+        // SAFETY: each is NULL or writable, per the contract.
+        unsafe {
+            if let Some(out) = samples.as_mut() {
+                *out = n;
+            }
+            if let Some(out) = batches.as_mut() {
+                *out = n.div_ceil(d.ds.batch_size() as u64);
+            }
+        }
         Ok(IsbStatus::IsbOk)
     })
 }

@@ -75,6 +75,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "FAIL fork: the child did not get ISB_WRONG_PROCESS\n");
         failures++;
     }
+    /* An epoch's length before it runs: 12 samples in batches of 5. */
+    uint64_t samples = 0, batches = 0;
+    CHECK("split length", isb_dataset_split_len(ds, "train", &samples, &batches, &err), ISB_OK, NULL);
+    if (samples != 12 || batches != 3) {
+        fprintf(stderr, "FAIL split length: %llu samples in %llu batches, want 12 in 3\n",
+                (unsigned long long)samples, (unsigned long long)batches);
+        failures++;
+    }
+    CHECK("split length, NULL outs", isb_dataset_split_len(ds, "all", NULL, NULL, &err), ISB_OK, NULL);
+    CHECK("split length, unknown split", isb_dataset_split_len(ds, "holdout", &samples, NULL, &err), ISB_INVALID_ARGUMENT, "holdout");
+    CHECK("split length, empty split", isb_dataset_split_len(ds, "val", NULL, &batches, &err), ISB_INVALID_ARGUMENT, "val");
+    CHECK("split length, NULL split", isb_dataset_split_len(ds, NULL, NULL, NULL, &err), ISB_NULL_POINTER, "split");
     IsbIter *it = NULL;
     CHECK("unknown split", isb_iter_start(ds, "holdout", &it, &err), ISB_INVALID_ARGUMENT, "holdout");
     CHECK("empty split", isb_iter_start(ds, "val", &it, &err), ISB_INVALID_ARGUMENT, "val");

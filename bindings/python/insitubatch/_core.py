@@ -515,6 +515,15 @@ class _View:
     def __iter__(self) -> Iterator[Batch]:
         return self._ds._iterate(self.split)
 
+    def __len__(self) -> int:
+        """Batches one epoch of the split yields (the last may be short); the same every epoch."""
+        return self._ds._split_len(self.split)[1]
+
+    @property
+    def n_samples(self) -> int:
+        """Samples one epoch of the split yields: every valid anchor once."""
+        return self._ds._split_len(self.split)[0]
+
 
 class InSituDataset:
     """Shuffled, split-aware batches from a Zarr store read in place.
@@ -672,6 +681,17 @@ class InSituDataset:
 
     def _dataset_stats(self) -> dict:
         return _json_call(lib.isb_dataset_stats_json, self._live())
+
+    def _split_len(self, split: str) -> tuple[int, int]:
+        samples, batches = ctypes.c_uint64(), ctypes.c_uint64()
+        err = ctypes.c_void_p()
+        _check(
+            lib.isb_dataset_split_len(
+                self._live(), split.encode(), ctypes.byref(samples), ctypes.byref(batches), ctypes.byref(err)
+            ),
+            err,
+        )
+        return samples.value, batches.value
 
     def _iterate(self, split: str) -> "_Epoch":
         if not isinstance(split, str):

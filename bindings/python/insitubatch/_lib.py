@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 _LIB_NAME = "libinsitubatch.so"
 
 
@@ -100,6 +100,10 @@ def _load() -> ctypes.CDLL:
         "isb_dataset_free": (None, [P]),
         "isb_dataset_set_epoch": (U32, [P, ctypes.c_uint64, ERR]),
         "isb_dataset_stats_json": (U32, [P, OUT_STR, ERR]),
+        "isb_dataset_split_len": (
+            U32,
+            [P, S, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ERR],
+        ),
         "isb_iter_start": (U32, [P, S, ctypes.POINTER(P), ERR]),
         "isb_iter_next": (U32, [P, ctypes.POINTER(P), ERR]),
         "isb_iter_next_timeout": (U32, [P, ctypes.c_uint64, ctypes.POINTER(P), ERR]),

@@ -64,4 +64,8 @@ def as_torch(view, device=None):
             for batch in view:
                 yield to_torch(batch, device)
 
+        def __len__(self) -> int:
+            # Batches per epoch: DataLoader(..., batch_size=None) reports it as its len().
+            return len(view)
+
     return _Iterable()

@@ -28,7 +28,10 @@ def test_every_sample_equals_zarr_python_with_windows_and_each_anchor_once(fixtu
     with isb.InSituDataset(store, manifest, geoms, batch_size=2, block_chunks=1) as ds:
         seen = []
         for split in (ds.train, ds.val):
+            split_seen = len(seen)
+            batches = 0
             for b in split:
+                batches += 1
                 assert b.arrays["x"].shape == (len(b), 9, 16)
                 for r, idx in enumerate(b.read_indices("x")):
                     np.testing.assert_array_equal(b.arrays["x"][r], ref["t2m"][idx])
@@ -38,8 +41,15 @@ def test_every_sample_equals_zarr_python_with_windows_and_each_anchor_once(fixtu
                     np.testing.assert_array_equal(b.arrays["u"][r], ref["u10"][idx])
                 assert b.stack(["x", "u"], axis=1).shape == (len(b), 2, 9, 16)
                 seen.extend(b.sample_indices.tolist())
+            # len() of a view is its batches per epoch, known before it runs (windows included).
+            assert split.n_samples == len(seen) - split_seen and len(split) == batches
         # T = 12, y reads t + 2: anchors 0..9 are valid, each exactly once across the splits.
         assert sorted(seen) == list(range(10))
+        assert len(ds.all) == 5 and ds.all.n_samples == 10
+        with pytest.raises(isb.InvalidArgument, match="unknown split `holdout`"):
+            ds._split_len("holdout")
+    with isb.InSituDataset(store, batch_size=5) as ds, pytest.raises(isb.InvalidArgument, match="split `val` is empty"):
+        len(ds.val)
 
 
 def test_order_depends_on_seed_and_epoch_only(fixtures):

@@ -18,6 +18,7 @@ def test_torch_shares_the_data_pointer_and_trains_two_epochs(fixtures):
         model = torch.nn.Linear(9 * 16, 1)
         opt = torch.optim.SGD(model.parameters(), lr=1e-6)
         loader = torch.utils.data.DataLoader(as_torch(ds.train), batch_size=None, num_workers=0)
+        assert len(loader) == 3, "12 samples in batches of 4"
         steps = 0
         for epoch in range(2):
             ds.set_epoch(epoch)

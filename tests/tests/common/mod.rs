@@ -57,6 +57,9 @@ pub fn check_epoch(
     let stats = pass.stats();
     assert_eq!(stats.batches, n_batches);
     assert_eq!(n_batches as usize, anchors.len().div_ceil(ds.batch_size()));
+    // What `len()` of a loader promises, known before the epoch runs.
+    assert_eq!(ds.split_samples(split).unwrap(), anchors.len() as u64);
+    assert_eq!(ds.split_batches(split).unwrap(), n_batches);
     assert!(
         stats.pinned_peak_bytes <= bound && stats.pinned_peak_bytes > 0,
         "pinned peak {} over the computed bound {bound}",
