@@ -646,6 +646,16 @@ class InSituDataset:
         self._warned = 0
         self._emit_warnings(info)
 
+    def __repr__(self) -> str:
+        # Also reached for a dataset whose __init__ raised part-way (in a traceback's locals).
+        geoms = getattr(self, "geometries", {})
+        store = next(iter(geoms.values())).store if geoms else "?"
+        state = " closed" if self._handle is None else ""
+        return (
+            f"<insitubatch.InSituDataset {store!r} variables {list(geoms)} "
+            f"batch_size {getattr(self, 'batch_size', '?')}{state}>"
+        )
+
     def _emit_warnings(self, info: dict) -> None:
         new = info.get("warnings", [])[self._warned:]
         self._warned += len(new)

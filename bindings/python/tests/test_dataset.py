@@ -49,7 +49,9 @@ def test_every_sample_equals_zarr_python_with_windows_and_each_anchor_once(fixtu
         with pytest.raises(isb.InvalidArgument, match="unknown split `holdout`"):
             ds._split_len("holdout")
     with isb.InSituDataset(store, batch_size=5) as ds, pytest.raises(isb.InvalidArgument, match="split `val` is empty"):
+        assert repr(ds) == f"<insitubatch.InSituDataset {str(store)!r} variables ['station', 't2m', 'u10'] batch_size 5>"
         len(ds.val)
+    assert repr(ds).endswith("batch_size 5 closed>")
 
 
 def test_order_depends_on_seed_and_epoch_only(fixtures):
