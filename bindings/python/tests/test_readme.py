@@ -48,7 +48,8 @@ def test_python_example(store, tmp_path):
     script.write_text(code)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
     out = subprocess.run([sys.executable, script], check=True, capture_output=True, text=True, env=env)
-    assert "epoch 1:" in out.stdout and "val:" in out.stdout, out.stdout
+    # 64 samples in chunks of 8: val is one chunk, 8 samples, one (short) batch.
+    assert "epoch 1:" in out.stdout and "val: 8 samples in 1 batches" in out.stdout, out.stdout
 
 
 def test_c_example(store, tmp_path):
