@@ -119,6 +119,18 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// `split` yields nothing: each of its `dropped` anchors reads off the array through a
+    /// window.
+    pub fn every_anchor_dropped(split: &str, dropped: u64) -> Self {
+        Self::EmptySplit {
+            split: split.to_string(),
+            why: format!(
+                "every one of its {dropped} anchors reads off the array through a window offset; \
+                 use smaller shifts or a longer split"
+            ),
+        }
+    }
+
     /// An [`EngineError::InvalidArgument`].
     pub fn arg(name: &'static str, value: impl ToString, hint: impl Into<String>) -> Self {
         Self::InvalidArgument {

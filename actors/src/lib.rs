@@ -27,7 +27,9 @@ pub mod variable;
 
 pub use batch::{Batch, BatchArray, Element};
 pub use error::EngineError;
-pub use pass::{EngineContext, OnBadChunk, Pass, PassConfig, TimedOut, plan_order};
+pub use pass::{
+    EngineContext, OnBadChunk, Pass, PassConfig, TimedOut, count_order_rows, plan_order,
+};
 pub use planner::{
     EpochOrder, ReadPlan, SplitManifest, epoch_order, read_plan, shuffle_quality, split_by_chunk,
 };

@@ -262,6 +262,18 @@ pub fn plan_order(
     })
 }
 
+/// The rows one epoch of these chunks yields and the anchors it drops, counted without building
+/// the order (see [`plan_order`]).
+pub fn count_order_rows(
+    chunks: &[u64],
+    samples_per_chunk: u64,
+    n_samples: u64,
+    variables: &[Variable],
+) -> (u64, u64) {
+    let offsets: Vec<i64> = variables.iter().map(|v| v.geom.offset).collect();
+    crate::planner::count_rows(chunks, samples_per_chunk, n_samples, &offsets)
+}
+
 /// The working set, and with it the batches the gather may run ahead with (`prefetch_depth` in
 /// the channel, one being filled and one the consumer holds, never more than the epoch has),
 /// against `limit`: an error naming the knob to lower.

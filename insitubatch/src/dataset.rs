@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use insitubatch_actors::{
     EngineContext, EngineError, EpochOrder, OnBadChunk, Pass, PassConfig, SplitManifest, Variable,
-    plan_order, split_by_chunk,
+    count_order_rows, plan_order, split_by_chunk,
 };
 use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
@@ -685,12 +685,21 @@ impl InSituDataset {
     }
 
     /// Samples one epoch of `split` yields: every valid anchor once (a windowed view drops the
-    /// anchors that would read off the array). The same for every epoch. Errors as starting an
-    /// iteration would for an unknown or empty split.
+    /// anchors that would read off the array). The same for every epoch; counted from the
+    /// manifest's chunks without planning an order. Errors as starting an iteration would for an
+    /// unknown or empty split.
     pub fn split_samples(&self, split: &str) -> Result<u64, EngineError> {
-        let order = self.order(split)?;
-        order.check_nonempty(split)?;
-        Ok(order.rows.len() as u64)
+        let chunks = self.manifest.split_chunks(split)?;
+        let (rows, dropped) = count_order_rows(
+            &chunks,
+            self.manifest.samples_per_chunk(),
+            self.manifest.n_samples(),
+            &self.variables,
+        );
+        if rows == 0 {
+            return Err(EngineError::every_anchor_dropped(split, dropped));
+        }
+        Ok(rows)
     }
 
     /// Batches one epoch of `split` yields: ⌈samples / batch_size⌉, every batch full but the

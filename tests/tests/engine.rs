@@ -87,6 +87,19 @@ fn windows_drop_anchors_that_read_off_the_array_and_decode_once() {
     // t2m read once per chunk however many labels view it: 3 chunks of t2m + 3 of u10 at most.
     assert!(s.cache_misses + s.cache_hits <= 6, "{s:?}");
     assert_eq!(s.tiles_read, s.cache_misses);
+    // A window that leaves a split no anchor: its length is the error iterating it gives.
+    let geom = ds.variables()[0].geom.clone();
+    let halves = split_by_chunk(&geom, &[0.5, 0.5], 0, true, None).unwrap();
+    let far = InSituDataset::builder(&f.store)
+        .variable("x", "t2m")
+        .window("y", "t2m", 9)
+        .manifest(halves)
+        .build()
+        .unwrap();
+    assert_eq!(far.split_samples("train").unwrap(), 3, "anchors 0..3 have t+9 inside");
+    let e = far.split_samples("val").unwrap_err().to_string();
+    assert!(e.contains("split `val` is empty") && e.contains("reads off the array"), "{e}");
+    assert_eq!(e, far.val().unwrap_err().to_string());
 }
 
 #[test]

@@ -39,17 +39,13 @@ impl EpochOrder {
     /// An error naming `split` when every anchor was dropped (a pass over it would yield
     /// nothing).
     pub fn check_nonempty(&self, split: &str) -> Result<(), EngineError> {
-        if !self.rows.is_empty() {
-            return Ok(());
+        if self.rows.is_empty() {
+            return Err(EngineError::every_anchor_dropped(
+                split,
+                self.dropped_anchors,
+            ));
         }
-        Err(EngineError::EmptySplit {
-            split: split.to_string(),
-            why: format!(
-                "every one of its {} anchors reads off the array through a window offset; use \
-                 smaller shifts or a longer split",
-                self.dropped_anchors
-            ),
-        })
+        Ok(())
     }
 
     /// Anchor (global sample index on the reference grid) of row `i`.
@@ -86,17 +82,49 @@ pub struct OrderSpec<'a> {
     pub block_chunks: usize,
 }
 
+/// The anchors `a` for which `a + offset` lies inside an array of `n` samples for every
+/// window offset (all of `0..n` without windows).
+fn valid_anchors(n: u64, offsets: &[i64]) -> Range<u64> {
+    let min_off = offsets.iter().copied().min().unwrap_or(0);
+    let max_off = offsets.iter().copied().max().unwrap_or(0);
+    let lo = if min_off < 0 {
+        min_off.unsigned_abs()
+    } else {
+        0
+    };
+    let hi = if max_off > 0 {
+        n.saturating_sub(max_off as u64)
+    } else {
+        n
+    };
+    lo..hi.max(lo)
+}
+
+/// The rows [`epoch_order`] would emit for these fields of its spec, and the anchors it would
+/// drop, counted without building the order (the same for every epoch, seed and block size).
+pub fn count_rows(
+    chunks: &[u64],
+    samples_per_chunk: u64,
+    n_samples: u64,
+    offsets: &[i64],
+) -> (u64, u64) {
+    let valid = valid_anchors(n_samples, offsets);
+    let (mut rows, mut dropped) = (0u64, 0u64);
+    for &c in chunks {
+        let start = c.saturating_mul(samples_per_chunk).min(n_samples);
+        let end = start.saturating_add(samples_per_chunk).min(n_samples);
+        let kept = end.min(valid.end).saturating_sub(start.max(valid.start));
+        rows += kept;
+        dropped += end - start - kept;
+    }
+    (rows, dropped)
+}
+
 /// Builds the epoch order; an error only when it cannot be held in memory.
 pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
     assert!(spec.block_chunks > 0 && spec.samples_per_chunk > 0);
     let spc = spec.samples_per_chunk;
-    let n = spec.n_samples as i128;
-    let min_off = spec.offsets.iter().copied().min().unwrap_or(0) as i128;
-    let max_off = spec.offsets.iter().copied().max().unwrap_or(0) as i128;
-    let valid = |a: u64| {
-        let a = a as i128;
-        a < n && a + min_off >= 0 && a + max_off < n
-    };
+    let valid = valid_anchors(spec.n_samples, spec.offsets);
     let mut chunks = spec.chunks.to_vec();
     let mut rng = Rng::keyed(&[spec.seed, spec.epoch, ORDER_STREAM]);
     if spec.shuffle {
@@ -116,7 +144,7 @@ pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
                 if a >= spec.n_samples {
                     break; // the short final chunk: only its real length
                 }
-                if valid(a) {
+                if valid.contains(&a) {
                     rows.push(Row {
                         chunk: c,
                         within: w as u32,
@@ -215,6 +243,39 @@ mod tests {
         let seq = epoch_order(&spec(&chunks, &[0], false)).unwrap();
         assert_eq!(seq.anchors(), (0..38).collect::<Vec<_>>());
         assert_eq!(seq.blocks.len(), 4);
+    }
+
+    #[test]
+    fn counting_rows_agrees_with_building_the_order() {
+        let offset_sets: [&[i64]; 7] = [&[], &[0], &[0, 5, -2], &[3], &[-4, -1], &[0, 40], &[-40]];
+        for n in 1..=13u64 {
+            for spc in 1..=4u64 {
+                let grid = n.div_ceil(spc);
+                // Every chunk, the odd ones, and the last one alone.
+                let all: Vec<u64> = (0..grid).collect();
+                let odd: Vec<u64> = (0..grid).filter(|c| c % 2 == 1).collect();
+                for chunks in [all, odd, vec![grid - 1]] {
+                    for offsets in offset_sets {
+                        let s = OrderSpec {
+                            chunks: &chunks,
+                            samples_per_chunk: spc,
+                            n_samples: n,
+                            offsets,
+                            seed: 1,
+                            epoch: 2,
+                            shuffle: true,
+                            block_chunks: 2,
+                        };
+                        let o = epoch_order(&s).unwrap();
+                        assert_eq!(
+                            count_rows(&chunks, spc, n, offsets),
+                            (o.rows.len() as u64, o.dropped_anchors),
+                            "n {n}, spc {spc}, chunks {chunks:?}, offsets {offsets:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
