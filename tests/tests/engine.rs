@@ -96,9 +96,16 @@ fn windows_drop_anchors_that_read_off_the_array_and_decode_once() {
         .manifest(halves)
         .build()
         .unwrap();
-    assert_eq!(far.split_samples("train").unwrap(), 3, "anchors 0..3 have t+9 inside");
+    assert_eq!(
+        far.split_samples("train").unwrap(),
+        3,
+        "anchors 0..3 have t+9 inside"
+    );
     let e = far.split_samples("val").unwrap_err().to_string();
-    assert!(e.contains("split `val` is empty") && e.contains("reads off the array"), "{e}");
+    assert!(
+        e.contains("split `val` is empty") && e.contains("reads off the array"),
+        "{e}"
+    );
     assert_eq!(e, far.val().unwrap_err().to_string());
 }
 
