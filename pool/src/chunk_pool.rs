@@ -348,8 +348,8 @@ impl Inner {
     /// Evicts an unpinned entry; returns its key (its cache file, if any, may now go). A slot
     /// whose file is still being written is kept aside until the write ends.
     fn evict(&mut self, id: u64) -> Option<SlotKey> {
-        let slot = self.entries.get(&id).map(|e| Arc::clone(&e.slot))?;
-        let key = self.remove_entry(id)?;
+        let slot = self.take_entry(id)?;
+        let key = slot.key().clone();
         if self.writing.contains_key(&id) {
             self.evicted_writing.insert(key.clone(), slot);
         }
@@ -358,6 +358,11 @@ impl Inner {
 
     /// Drops an entry; returns its key (its cache file, if any, may now go).
     fn remove_entry(&mut self, id: u64) -> Option<SlotKey> {
+        self.take_entry(id).map(|slot| slot.key().clone())
+    }
+
+    /// Removes an entry from the index, the LRU and the resident bytes; returns its slot.
+    fn take_entry(&mut self, id: u64) -> Option<Arc<Slot>> {
         let e = self.entries.remove(&id)?;
         if e.indexed {
             self.index.remove(e.slot.key());
@@ -366,7 +371,7 @@ impl Inner {
             self.lru.remove(&t);
         }
         self.stats.resident_bytes -= e.slot.nbytes();
-        Some(e.slot.key().clone())
+        Some(e.slot)
     }
 
     fn insert(&mut self, id: u64, slot: &Arc<Slot>, indexed: bool, loader: u64, nbytes: u64) {
