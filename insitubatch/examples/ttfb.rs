@@ -1,9 +1,14 @@
 //! Time to first batch on a cold pool: the first round also pays process warm-up (allocator,
-//! thread pools), later rounds clear the pool first. `cargo run --release --example ttfb STORE`.
+//! thread pools), later rounds clear the pool first.
+//! `cargo run --release --example ttfb STORE [ROUNDS] [SPLIT]`: SPLIT `train` (the default, a
+//! shuffled pass) or `val`, `test`, `all` (sequential passes, as for inference).
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args().nth(1).ok_or("usage: ttfb STORE")?;
+    let path = std::env::args()
+        .nth(1)
+        .ok_or("usage: ttfb STORE [ROUNDS] [SPLIT]")?;
+    let split = std::env::args().nth(3).unwrap_or_else(|| "train".into());
     let t = Instant::now();
     let ds = insitubatch::InSituDataset::builder(&path).build()?;
     println!("build {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
@@ -15,7 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ds.clear_cache();
         let (rss0, faults0) = (rss_kib(), minor_faults());
         let t = Instant::now();
-        let mut pass = ds.train()?;
+        let mut pass = ds.iter(&split)?;
         let b = pass.next().ok_or("empty")??;
         println!(
             "round {round}: first batch of {} in {:.1} ms; RSS +{} KiB, {} minor faults",

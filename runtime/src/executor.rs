@@ -33,7 +33,12 @@ const POLL_BUDGET_PER_TICK: usize = 256;
 const INLINE_OPS_PER_POLL: u32 = 32;
 
 type LocalFuture = Pin<Box<dyn Future<Output = ()>>>;
-type Spawn = Box<dyn FnOnce() -> LocalFuture + Send>;
+
+/// A task to start on an executor: the factory runs on that executor's thread.
+struct Spawn {
+    make: Box<dyn FnOnce() -> LocalFuture + Send>,
+    urgent: bool,
+}
 
 /// Errors building a runtime.
 #[derive(Debug, thiserror::Error)]
@@ -289,6 +294,10 @@ pub(crate) struct RuntimeShared {
 /// Per-executor state reachable from other threads.
 pub(crate) struct ExecShared {
     remote: Mutex<Remote>,
+    /// True while `remote.urgent_wakes` is not empty (written under the `remote` lock): the
+    /// executor checks it between polls, so an urgent task woken from another thread does not
+    /// wait for the end of a tick.
+    urgent: AtomicBool,
     parked: AtomicBool,
     /// Written to wake a parked executor (armed as a ring read in uring mode, read blocking in
     /// threads mode).
@@ -299,7 +308,14 @@ pub(crate) struct ExecShared {
 struct Remote {
     closed: bool,
     wakes: Vec<TaskKey>,
+    urgent_wakes: Vec<TaskKey>,
     spawns: VecDeque<Spawn>,
+}
+
+impl Remote {
+    fn is_empty(&self) -> bool {
+        self.wakes.is_empty() && self.urgent_wakes.is_empty() && self.spawns.is_empty()
+    }
 }
 
 impl ExecShared {
@@ -316,6 +332,7 @@ impl ExecShared {
         let eventfd = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Self {
             remote: Mutex::new(Remote::default()),
+            urgent: AtomicBool::new(false),
             parked: AtomicBool::new(false),
             eventfd,
         })
@@ -347,6 +364,7 @@ impl ExecShared {
             let mut r = lock(&self.remote);
             r.closed = true;
             r.wakes.clear();
+            r.urgent_wakes.clear();
             std::mem::take(&mut r.spawns)
         };
         // Dropping a never-started spawn drops its TaskFuture factory, whose JoinState then
@@ -367,6 +385,9 @@ struct TaskWake {
     exec: Weak<ExecShared>,
     key: TaskKey,
     scheduled: AtomicBool,
+    /// Woken by another task or by IO, the task goes to the front of its executor's ready queue
+    /// (see [`Handle::spawn_urgent_on`]).
+    urgent: bool,
 }
 
 impl Wake for TaskWake {
@@ -384,13 +405,20 @@ impl Wake for TaskWake {
         // there) goes straight to the local ready queue, without a lock or a syscall.
         let queued_locally = CURRENT.with(|c| match c.borrow().as_ref() {
             Some(l) if Arc::ptr_eq(&l.shared, &exec) => {
-                l.ready.borrow_mut().push_back(self.key);
+                l.schedule(self.key, self.urgent);
                 true
             }
             _ => false,
         });
         if !queued_locally {
-            exec.push_remote(|r| r.wakes.push(self.key));
+            exec.push_remote(|r| {
+                if self.urgent {
+                    r.urgent_wakes.push(self.key);
+                    exec.urgent.store(true, Ordering::Release);
+                } else {
+                    r.wakes.push(self.key);
+                }
+            });
         }
     }
 }
@@ -411,12 +439,25 @@ pub(crate) struct LocalExec {
     tasks: RefCell<Vec<TaskSlot>>,
     free: RefCell<Vec<u32>>,
     ready: RefCell<VecDeque<TaskKey>>,
+    /// The task being polled, if any: its own wakes (a yield) are never urgent.
+    polling: Cell<Option<TaskKey>>,
     pub(crate) driver: Driver,
     /// Operations the task being polled may still complete inline (`op::nowait`).
     inline_left: Cell<u32>,
 }
 
 impl LocalExec {
+    /// Queues a woken task: an urgent one at the front, unless it woke itself (it yielded, and
+    /// a yield lets the others run first); every other one at the back.
+    fn schedule(&self, key: TaskKey, urgent: bool) {
+        let mut ready = self.ready.borrow_mut();
+        if urgent && self.polling.get() != Some(key) {
+            ready.push_front(key);
+        } else {
+            ready.push_back(key);
+        }
+    }
+
     /// Takes a turn to complete an operation inline. `false` when the polled task has used its
     /// budget: the task is then scheduled again, and the caller returns `Pending` (yields) and
     /// tries on its next poll.
@@ -451,7 +492,7 @@ pub fn on_executor_thread() -> bool {
 }
 
 impl LocalExec {
-    fn insert(&self, future: LocalFuture) -> Arc<TaskWake> {
+    fn insert(&self, future: LocalFuture, urgent: bool) -> Arc<TaskWake> {
         let mut tasks = self.tasks.borrow_mut();
         let index = match self.free.borrow_mut().pop() {
             Some(i) => i,
@@ -473,12 +514,14 @@ impl LocalExec {
             exec: Arc::downgrade(&self.shared),
             key,
             scheduled: AtomicBool::new(true),
+            urgent,
         });
         slot.entry = Some(TaskEntry {
             future: Some(future),
             wake: Arc::clone(&wake),
         });
-        self.ready.borrow_mut().push_back(key);
+        drop(tasks);
+        self.schedule(key, urgent);
         wake
     }
 
@@ -503,8 +546,10 @@ impl LocalExec {
         let waker = Waker::from(Arc::clone(&wake));
         let mut cx = Context::from_waker(&waker);
         self.inline_left.set(INLINE_OPS_PER_POLL);
+        self.polling.set(Some(key));
         // TaskFuture catches panics of user code, so this poll does not unwind.
         let done = future.as_mut().poll(&mut cx).is_ready();
+        self.polling.set(None);
         let mut tasks = self.tasks.borrow_mut();
         let slot = &mut tasks[key.index as usize];
         if done {
@@ -518,19 +563,47 @@ impl LocalExec {
     }
 
     fn take_remote(&self) -> bool {
-        let (wakes, spawns) = {
+        let (wakes, urgent, spawns) = {
             let mut r = lock(&self.shared.remote);
-            if r.wakes.is_empty() && r.spawns.is_empty() {
+            if r.is_empty() {
                 return false;
             }
-            (std::mem::take(&mut r.wakes), std::mem::take(&mut r.spawns))
+            self.shared.urgent.store(false, Ordering::Relaxed);
+            (
+                std::mem::take(&mut r.wakes),
+                std::mem::take(&mut r.urgent_wakes),
+                std::mem::take(&mut r.spawns),
+            )
         };
-        self.ready.borrow_mut().extend(wakes);
+        {
+            let mut ready = self.ready.borrow_mut();
+            ready.extend(wakes);
+            for key in urgent {
+                ready.push_front(key);
+            }
+        }
         for spawn in spawns {
-            let fut = spawn();
-            self.insert(fut);
+            let fut = (spawn.make)();
+            self.insert(fut, spawn.urgent);
         }
         true
+    }
+
+    /// Moves urgent wakes from other threads to the front of the ready queue; one atomic load
+    /// when there are none.
+    fn take_urgent(&self) {
+        if !self.shared.urgent.load(Ordering::Acquire) {
+            return;
+        }
+        let urgent = {
+            let mut r = lock(&self.shared.remote);
+            self.shared.urgent.store(false, Ordering::Relaxed);
+            std::mem::take(&mut r.urgent_wakes)
+        };
+        let mut ready = self.ready.borrow_mut();
+        for key in urgent {
+            ready.push_front(key);
+        }
     }
 
     fn drop_all_tasks(&self) {
@@ -554,6 +627,7 @@ fn run_executor(rt: Arc<RuntimeShared>, index: usize, driver: Driver) {
         tasks: RefCell::new(Vec::new()),
         free: RefCell::new(Vec::new()),
         ready: RefCell::new(VecDeque::new()),
+        polling: Cell::new(None),
         driver,
         inline_left: Cell::new(INLINE_OPS_PER_POLL),
     });
@@ -562,6 +636,7 @@ fn run_executor(rt: Arc<RuntimeShared>, index: usize, driver: Driver) {
     loop {
         local.take_remote();
         for _ in 0..POLL_BUDGET_PER_TICK {
+            local.take_urgent();
             let next = local.ready.borrow_mut().pop_front();
             let Some(key) = next else { break };
             local.poll_task(key);
@@ -572,10 +647,7 @@ fn run_executor(rt: Arc<RuntimeShared>, index: usize, driver: Driver) {
         }
         if local.ready.borrow().is_empty() {
             shared.parked.store(true, Ordering::SeqCst);
-            let pending = {
-                let r = lock(&shared.remote);
-                !r.wakes.is_empty() || !r.spawns.is_empty()
-            };
+            let pending = !lock(&shared.remote).is_empty();
             if !pending && !rt.shutdown.load(Ordering::SeqCst) {
                 local.driver.park();
             }
@@ -708,13 +780,49 @@ impl Handle {
         F: Future + 'static,
         F::Output: Send + 'static,
     {
+        self.spawn_with(index, name, false, factory)
+    }
+
+    /// Spawns an urgent task on executor `index mod executor_threads()`: when another task or
+    /// an IO completion wakes it, it goes to the front of the executor's ready queue, and a wake
+    /// from another thread is noticed between two polls rather than at the end of a tick. It
+    /// still waits for the poll under way (a decode holds its core), but not for the tasks queued
+    /// behind it. A task that yields goes to the back like any other, so an urgent task that
+    /// keeps busy does not starve its executor. Meant for the few tasks on a pipeline's latency
+    /// path, such as a gather whose slot has just been filled.
+    pub fn spawn_urgent_on<G, F>(
+        &self,
+        index: usize,
+        name: &str,
+        factory: G,
+    ) -> JoinHandle<F::Output>
+    where
+        G: FnOnce() -> F + Send + 'static,
+        F: Future + 'static,
+        F::Output: Send + 'static,
+    {
+        self.spawn_with(index, name, true, factory)
+    }
+
+    fn spawn_with<G, F>(
+        &self,
+        index: usize,
+        name: &str,
+        urgent: bool,
+        factory: G,
+    ) -> JoinHandle<F::Output>
+    where
+        G: FnOnce() -> F + Send + 'static,
+        F: Future + 'static,
+        F::Output: Send + 'static,
+    {
         let name: Arc<str> = Arc::from(name);
         let state = JoinState::new(Arc::clone(&name));
         let exec = &self.shared.execs[index % self.shared.execs.len()];
         // If the spawn is dropped before it runs (shutdown), the guard reports Cancelled.
         let guard = CancelOnDrop(Some(Arc::clone(&state)));
         let task_state = Arc::clone(&state);
-        let spawn: Spawn = Box::new(move || {
+        let make = Box::new(move || {
             let mut guard = guard;
             guard.0 = None;
             let state = task_state;
@@ -722,8 +830,9 @@ impl Handle {
             Box::pin(RegisterWaker {
                 state: Some(state),
                 inner: fut,
-            })
+            }) as LocalFuture
         });
+        let spawn = Spawn { make, urgent };
         let accepted = !self.is_shut_down() && exec.push_remote(|r| r.spawns.push_back(spawn));
         if !accepted {
             // `spawn` was dropped (or never queued); make the outcome explicit.

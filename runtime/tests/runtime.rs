@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use insitubatch_runtime::{
-    AlignedBuf, FallbackReason, IoBackend, IoBackendChoice, Runtime, RuntimeBuilder, SendError,
-    TaskError, fs, probe,
+    AlignedBuf, FallbackReason, Handle, IoBackend, IoBackendChoice, JoinHandle, Runtime,
+    RuntimeBuilder, SendError, TaskError, fs, probe,
 };
 
 /// Every backend this machine can run (io_uring only when the probe succeeds).
@@ -609,5 +609,175 @@ fn an_exact_read_fills_the_buffer_or_names_the_file_that_ended() {
             assert_eq!(&buf[..], b"6789");
         })
         .unwrap();
+    }
+}
+
+/// The order in which tasks on one executor ran, as each wrote it.
+type Log = Arc<std::sync::Mutex<Vec<String>>>;
+
+fn note(log: &Log, entry: impl Into<String>) {
+    log.lock().unwrap().push(entry.into());
+}
+
+fn one_executor(choice: IoBackendChoice) -> Runtime {
+    RuntimeBuilder::new()
+        .executor_threads(1)
+        .io_backend(choice)
+        .name("isb-urgent")
+        .build()
+        .unwrap()
+}
+
+/// Runs `spawn` in one poll of a task on executor 0, so that every task it spawns there is
+/// queued in the same tick, in the order spawned.
+fn spawn_together<T: Send + 'static>(
+    rt: &Runtime,
+    spawn: impl FnOnce(&Handle) -> Vec<JoinHandle<T>> + Send + 'static,
+) -> Vec<JoinHandle<T>> {
+    let handle = rt.handle();
+    rt.spawn_on(0, "starter", move || async move { spawn(&handle) })
+        .join()
+        .unwrap()
+}
+
+#[test]
+fn a_woken_urgent_task_runs_before_the_tasks_already_queued() {
+    for choice in backends() {
+        for urgent in [true, false] {
+            let rt = one_executor(choice);
+            let log: Log = Arc::default();
+            let l = Arc::clone(&log);
+            let tasks = spawn_together(&rt, move |h| {
+                let (tx, rx) = flume::bounded::<()>(1);
+                let ll = Arc::clone(&l);
+                let waiter = move || async move {
+                    rx.recv_async().await.unwrap();
+                    note(&ll, "woken");
+                };
+                let mut tasks = vec![if urgent {
+                    h.spawn_urgent_on(0, "waiter", waiter)
+                } else {
+                    h.spawn_on(0, "waiter", waiter)
+                }];
+                for i in 0..3 {
+                    let ll = Arc::clone(&l);
+                    tasks.push(h.spawn_on(0, "busy", move || async move {
+                        for step in 0..10 {
+                            note(&ll, format!("busy{i}.{step}"));
+                            insitubatch_runtime::yield_now().await;
+                        }
+                    }));
+                }
+                tasks.push(h.spawn_on(0, "sender", move || async move {
+                    for step in 0..10 {
+                        if step == 5 {
+                            tx.send(()).unwrap();
+                            note(&l, "sent");
+                        }
+                        insitubatch_runtime::yield_now().await;
+                    }
+                }));
+                tasks
+            });
+            for t in tasks {
+                t.join().unwrap();
+            }
+            let log = log.lock().unwrap().clone();
+            let at = |what: &str| log.iter().position(|e| e == what).unwrap();
+            let (sent, woken) = (at("sent"), at("woken"));
+            if urgent {
+                assert_eq!(woken, sent + 1, "{choice:?}: {log:?}");
+            } else {
+                // An ordinary task waits behind the three busy ones.
+                assert_eq!(woken, sent + 4, "{choice:?}: {log:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn an_urgent_task_that_yields_lets_the_others_run() {
+    for choice in backends() {
+        let rt = one_executor(choice);
+        let log: Log = Arc::default();
+        let l = Arc::clone(&log);
+        let tasks = spawn_together(&rt, move |h| {
+            let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (ll, d) = (Arc::clone(&l), Arc::clone(&done));
+            vec![
+                h.spawn_urgent_on(0, "spinner", move || async move {
+                    for _ in 0..100 {
+                        note(&ll, "urgent");
+                        insitubatch_runtime::yield_now().await;
+                    }
+                    d.store(true, Ordering::SeqCst);
+                }),
+                h.spawn_on(0, "other", move || async move {
+                    while !done.load(Ordering::SeqCst) {
+                        note(&l, "other");
+                        insitubatch_runtime::yield_now().await;
+                    }
+                }),
+            ]
+        });
+        for t in tasks {
+            t.join().unwrap();
+        }
+        let log = log.lock().unwrap().clone();
+        let last_urgent = log.iter().rposition(|e| e == "urgent").unwrap();
+        let others = log[..last_urgent].iter().filter(|e| *e == "other").count();
+        assert!(
+            others >= 99,
+            "{choice:?}: the other task ran {others} times while the urgent one yielded 100 times"
+        );
+    }
+}
+
+#[test]
+fn an_urgent_task_woken_from_another_thread_runs_after_the_poll_under_way() {
+    // Three tasks keep the executor's ready queue full, so its tick only ends after its poll
+    // budget; an ordinary wake from another thread waits for that, an urgent one does not.
+    for choice in backends() {
+        let rt = one_executor(choice);
+        let polls = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let busy: Vec<_> = (0..3)
+            .map(|_| {
+                let (p, d) = (Arc::clone(&polls), Arc::clone(&done));
+                rt.spawn_on(0, "busy", move || async move {
+                    while !d.load(Ordering::SeqCst) {
+                        let t = std::time::Instant::now();
+                        while t.elapsed() < Duration::from_micros(200) {
+                            std::hint::spin_loop();
+                        }
+                        p.fetch_add(1, Ordering::SeqCst);
+                        insitubatch_runtime::yield_now().await;
+                    }
+                })
+            })
+            .collect();
+        let (tx, rx) = flume::bounded::<()>(1);
+        let p = Arc::clone(&polls);
+        let waiter = rt.spawn_urgent_on(0, "waiter", move || async move {
+            rx.recv_async().await.unwrap();
+            p.load(Ordering::SeqCst)
+        });
+        // Wait until the busy tasks have run for a while (and the waiter waits).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while polls.load(Ordering::SeqCst) < 300 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        tx.send(()).unwrap();
+        let at_send = polls.load(Ordering::SeqCst);
+        let at_run = waiter.join().unwrap();
+        done.store(true, Ordering::SeqCst);
+        for b in busy {
+            b.join().unwrap();
+        }
+        assert!(
+            at_run <= at_send + 2,
+            "{choice:?}: {} polls of other tasks ran between the wake and the urgent task",
+            at_run - at_send
+        );
     }
 }
