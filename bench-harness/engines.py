@@ -1,7 +1,10 @@
 """One engine, one store, in this process; prints one JSON object. Run by run.py, which samples
 the whole process tree's memory from outside.
 
-    python engines.py ENGINE STORE [--epochs E] [--batch-size B] [--workers W]
+    python engines.py ENGINE STORE [--epochs E] [--batch-size B] [--workers W] [--sequential]
+
+--sequential: every sample in store order, as an inference pass reads them (insitubatch's `all`
+view, a DataLoader without shuffling); for the loaders only.
 
 ENGINE: insitubatch-python | torch-dataloader | xbatcher | zarr-sequential | in-memory | raw-read
 """
@@ -152,7 +155,11 @@ def main():
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--train-step", action="store_true", help="run a small torch model step per batch")
+    ap.add_argument("--sequential", action="store_true",
+                    help="store order, as an inference pass (insitubatch and the DataLoader)")
     a = ap.parse_args()
+    if a.sequential and a.engine not in ("insitubatch-python", "torch-dataloader"):
+        sys.exit(f"--sequential is for insitubatch-python and torch-dataloader, not {a.engine!r}")
     store = Path(a.store)
     arrays = data_variables(store)
     names = sorted(arrays)
@@ -168,11 +175,12 @@ def main():
     if a.engine == "insitubatch-python":
         import insitubatch as isb
 
-        ds = isb.InSituDataset(store, batch_size=bs)
+        ds = isb.InSituDataset(store, batch_size=bs, shuffle=not a.sequential)
+        view = ds.all if a.sequential else ds.train
 
         def make_iter(e):
             ds.set_epoch(e)
-            for b in ds.train:
+            for b in view:
                 yield len(b), b.arrays
 
         epochs = timed_epochs(make_iter, a.epochs, sample_bytes, step)
@@ -186,7 +194,7 @@ def main():
         ctx = "forkserver" if a.workers > 0 else None
         extra = {"workers": a.workers, "start_method": ctx or "in-process"}
         gen = torch.Generator()
-        dl = DataLoader(PerSample(str(store), names, n), batch_size=bs, shuffle=True,
+        dl = DataLoader(PerSample(str(store), names, n), batch_size=bs, shuffle=not a.sequential,
                         num_workers=a.workers, multiprocessing_context=ctx,
                         persistent_workers=a.workers > 0, generator=gen)
 

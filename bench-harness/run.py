@@ -9,6 +9,9 @@ Python shim; torch DataLoader over a per-sample zarr-python Dataset with num_wor
 cores (the best is "tuned workers"); naive sequential zarr-python; the in-memory ceiling (the
 same batch sizes gathered from arrays preloaded in RAM); the raw read ceiling (bytes only). Each
 engine runs in its own process; its whole process tree's resident memory is sampled from here.
+After each store's engines, an inference pass (unless --no-inference): one sequential pass over
+every sample from a fresh process — insitubatch (Rust and Python) and the tuned DataLoader — for
+time to first batch as a single scoring or inference job meets it.
 Page cache warm: every store is read once before timing.
 """
 
@@ -27,6 +30,12 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "target" / "release" / "insitubatch"
 ENGINES = Path(__file__).resolve().parent / "engines.py"
+
+
+def shim_env():
+    """The environment that imports the Python shim from the checkout, without installing it."""
+    return {"PYTHONPATH": str(ROOT / "bindings" / "python"),
+            "INSITUBATCH_LIB": str(ROOT / "target" / "release" / "libinsitubatch.so")}
 
 
 def run_tree(cmd, env=None):
@@ -119,28 +128,15 @@ def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0):
     time.sleep(settle)
     out, peak, procs, cpu = run_tree([BIN, "bench", store, "--epochs", str(epochs),
                                       "--batch-size", str(batch_size), "--json"])
-    rust = json.loads(out)
-    eps = [{
-        "epoch": e["stats"]["epoch"], "samples": e["stats"]["samples"], "seconds": e["seconds"],
-        "samples_per_s": e["samples_per_s"], "mb_per_s": e["mb_per_s"],
-        "ttfb_ms": e["stats"]["ttfb_us"] / 1e3,
-        "ttfb_from_process_start_ms": e["ttfb_from_process_start_ms"] if i == 0 else None,
-        "latency_ms_p50": e["stats"]["batch_latency_us_p50"] / 1e3,
-        "latency_ms_p90": e["stats"]["batch_latency_us_p90"] / 1e3,
-        "latency_ms_p99": e["stats"]["batch_latency_us_p99"] / 1e3,
-        "latency_ms_max": e["stats"]["batch_latency_us_max"] / 1e3,
-    } for i, e in enumerate(rust["epochs"])]
-    rows.append({"engine": "insitubatch (Rust API)", "epochs": eps, "peak_rss_bytes": peak,
-                 "processes": procs, "cpu_s": cpu})
+    rows.append({"engine": "insitubatch (Rust API)", "epochs": rust_epochs(out),
+                 "peak_rss_bytes": peak, "processes": procs, "cpu_s": cpu})
 
     py = [sys.executable, str(ENGINES)]
     common = ["--epochs", str(epochs), "--batch-size", str(batch_size)]
     if train_step:
         common.append("--train-step")
-    shim_env = {"PYTHONPATH": str(ROOT / "bindings" / "python"),
-                "INSITUBATCH_LIB": str(ROOT / "target" / "release" / "libinsitubatch.so")}
     for engine, extra, env in [
-        ("insitubatch-python", [], shim_env),
+        ("insitubatch-python", [], shim_env()),
         *[("torch-dataloader", ["--workers", str(w)], None) for w in workers],
         *([("xbatcher", [], None)] if HAVE_XBATCHER else []),
         ("zarr-sequential", [], None),
@@ -171,6 +167,60 @@ def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0):
         r["vs_decode_ceiling"] = b["mb_per_s"] / decode_mb_s
         r["decode_ceiling_mb_s"] = decode_mb_s
     return rows
+
+
+def rust_epochs(out):
+    """The epochs of `insitubatch bench --json`, in the harness's row format."""
+    rust = json.loads(out)
+    return [{
+        "epoch": e["stats"]["epoch"], "samples": e["stats"]["samples"], "seconds": e["seconds"],
+        "samples_per_s": e["samples_per_s"], "mb_per_s": e["mb_per_s"],
+        "ttfb_ms": e["stats"]["ttfb_us"] / 1e3,
+        "ttfb_from_process_start_ms": e["ttfb_from_process_start_ms"] if i == 0 else None,
+        "latency_ms_p50": e["stats"]["batch_latency_us_p50"] / 1e3,
+        "latency_ms_p90": e["stats"]["batch_latency_us_p90"] / 1e3,
+        "latency_ms_p99": e["stats"]["batch_latency_us_p99"] / 1e3,
+        "latency_ms_max": e["stats"]["batch_latency_us_max"] / 1e3,
+    } for i, e in enumerate(rust["epochs"])]
+
+
+def measure_inference(store, rows, batch_size, settle=0.0):
+    """One sequential pass over every sample from a fresh process, as an inference or scoring
+    job makes it (the spec's case for time to first batch): insitubatch through the Rust API and
+    the Python shim, and the DataLoader with the worker count tuned in `rows` (its workers start
+    inside the measured time, as they would for a single pass)."""
+    tuned = next(r for r in rows if r.get("tuned"))
+    out = []
+    time.sleep(settle)
+    text, peak, procs, cpu = run_tree([BIN, "bench", store, "--epochs", "1", "--no-shuffle",
+                                       "--split", "all", "--batch-size", str(batch_size), "--json"])
+    out.append({"engine": "insitubatch (Rust API)", "epochs": rust_epochs(text)})
+    py = [sys.executable, str(ENGINES)]
+    common = ["--epochs", "1", "--batch-size", str(batch_size), "--sequential"]
+    for engine, extra, env, name in [
+        ("insitubatch-python", [], shim_env(), "insitubatch (Python shim)"),
+        ("torch-dataloader", ["--workers", str(tuned["workers"])], None,
+         f"torch DataLoader, {tuned['workers']} workers ({tuned['start_method']})"),
+    ]:
+        time.sleep(settle)
+        text, peak, procs, cpu = run_tree(py + [engine, str(store)] + common + extra, env)
+        out.append({"engine": name, "epochs": json.loads(text)["epochs"]})
+    for r in out:
+        r.update(store=str(store), mode="inference")
+        r["epochs"][0].pop("intervals_ms", None)
+    return out
+
+
+def inference_markdown(rows):
+    lines = ["\n**Inference pass** — one sequential pass over every sample from a fresh process\n",
+             "| store | engine | TTFB from process start ms | TTFB from iterator ms | pass s | samples/s |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        e = r["epochs"][0]
+        lines.append(f"| {Path(r['store']).name} | {r['engine']} | "
+                     f"{e['ttfb_from_process_start_ms']:.0f} | {e['ttfb_ms']:.1f} | "
+                     f"{e['seconds']:.2f} | {e['samples_per_s']:.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(rows):
@@ -290,26 +340,32 @@ def main():
                          "state for every engine; 0 with --smoke)")
     ap.add_argument("--train-step", action="store_true",
                     help="run a small torch model step per batch and report the data-stall fraction")
+    ap.add_argument("--no-inference", action="store_true",
+                    help="skip the inference pass (one sequential pass from a fresh process, "
+                         "for time to first batch) that follows each store's engines")
     a = ap.parse_args()
     if a.smoke:
         a.spc, a.samples, a.grid, a.epochs, a.workers, a.settle = "8", 64, "16x32", 1, "0,1", 0.0
     cores = os.cpu_count() or 1
     workers = [int(w) for w in a.workers.split(",")] if a.workers else sorted({0, 1, cores, 2 * cores})
-    rows = []
+    rows, inference = [], []
     jobs = ([(VARIANTS[v][0], v) for v in a.variants.split(",")] if a.variants
             else [(int(s), None) for s in a.spc.split(",")])
     for spc, variant in jobs:
         store = make_store(a.dir, spc, a.samples, a.grid, variant)
-        for r in measure(store, a.epochs, workers, a.batch_size, a.train_step, a.settle):
+        measured = measure(store, a.epochs, workers, a.batch_size, a.train_step, a.settle)
+        passes = [] if a.no_inference else measure_inference(store, measured, a.batch_size,
+                                                             a.settle)
+        for r in measured + passes:
             r["samples_per_chunk"] = spc
             r["variant"] = variant or "family"
-            rows.append(r)
+            (inference if r.get("mode") == "inference" else rows).append(r)
             line = json.dumps(r)
             print(line, flush=True)
             if a.out:
                 with open(a.out, "a") as f:
                     f.write(line + "\n")
-    table = markdown(rows)
+    table = markdown(rows) + (inference_markdown(inference) if inference else "")
     print(table)
     if a.markdown:
         Path(a.markdown).write_text(table)

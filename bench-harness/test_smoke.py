@@ -22,7 +22,17 @@ def test_every_engine_runs_once_and_reports(tmp_path):
     text = docs.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old table" not in text
     assert (tmp_path / "table.md").read_text().strip() in text
-    rows = [json.loads(l) for l in out.read_text().splitlines()]
+    lines = [json.loads(l) for l in out.read_text().splitlines()]
+    rows = [r for r in lines if r.get("mode") != "inference"]
+    # The inference pass: one sequential pass from a fresh process per loader, every sample once.
+    inference = [r for r in lines if r.get("mode") == "inference"]
+    assert [r["engine"] for r in inference][:2] == ["insitubatch (Rust API)",
+                                                    "insitubatch (Python shim)"]
+    assert "DataLoader" in inference[2]["engine"] and len(inference) == 3
+    for r in inference:
+        (e,) = r["epochs"]
+        assert e["samples"] == 64 and 0 < e["ttfb_ms"] <= e["ttfb_from_process_start_ms"], r
+    assert "**Inference pass**" in text
     engines = {r["engine"] for r in rows}
     for needle in ["Rust API", "Python shim", "DataLoader, 0 workers", "DataLoader, 1 workers",
                    "xbatcher", "sequential", "in-memory", "raw read"]:
