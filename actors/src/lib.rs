@@ -28,10 +28,12 @@ pub mod variable;
 pub use batch::{Batch, BatchArray, Element};
 pub use error::EngineError;
 pub use pass::{
-    EngineContext, OnBadChunk, Pass, PassConfig, TimedOut, count_order_rows, plan_order,
+    EngineContext, OnBadChunk, Pass, PassConfig, TimedOut, count_order_rows, even_rank_rows,
+    plan_order,
 };
 pub use planner::{
-    EpochOrder, ReadPlan, SplitManifest, epoch_order, read_plan, shuffle_quality, split_by_chunk,
+    EpochOrder, ReadPlan, Shard, SplitManifest, epoch_order, read_plan, shuffle_quality,
+    split_by_chunk,
 };
 pub use stats::{BadChunk, PassStats};
 pub use variable::Variable;

@@ -24,7 +24,7 @@ use insitubatch_store::{Store, ZarrArray};
 
 use crate::batch::Batch;
 use crate::error::EngineError;
-use crate::planner::{EpochOrder, OrderSpec, ReadPlan, epoch_order, read_plan};
+use crate::planner::{EpochOrder, OrderSpec, ReadPlan, Shard, epoch_order, read_plan};
 use crate::stats::{BadChunk, Counters, PassStats};
 use crate::tile::TileLayout;
 use crate::variable::Variable;
@@ -103,6 +103,8 @@ pub struct PassConfig {
     /// Hold each chunk only over each run of adjacent blocks that reads it and re-admit it
     /// for the next (the windowed + shuffled + persist rule; see [`crate::read_plan`]).
     pub release_each_block: bool,
+    /// Emit at most this many rows (the ranks of a sharded train split, evened out).
+    pub row_limit: Option<u64>,
     /// Test hook: the decoder panics on this tile ordinal (`None` in real use).
     #[doc(hidden)]
     pub panic_on_tile: Option<u64>,
@@ -259,6 +261,7 @@ pub fn plan_order(
         epoch: config.epoch,
         shuffle: config.shuffle,
         block_chunks: config.block_chunks,
+        row_limit: config.row_limit,
     })
 }
 
@@ -272,6 +275,19 @@ pub fn count_order_rows(
 ) -> (u64, u64) {
     let offsets: Vec<i64> = variables.iter().map(|v| v.geom.offset).collect();
     crate::planner::count_rows(chunks, samples_per_chunk, n_samples, &offsets)
+}
+
+/// The rows each rank of `shard.world_size` yields from `split` once they are evened out: the
+/// fewest any rank's chunks hold (see [`Shard::even_rows`]).
+pub fn even_rank_rows(
+    split: &[u64],
+    shard: Shard,
+    samples_per_chunk: u64,
+    n_samples: u64,
+    variables: &[Variable],
+) -> u64 {
+    let offsets: Vec<i64> = variables.iter().map(|v| v.geom.offset).collect();
+    shard.even_rows(split, samples_per_chunk, n_samples, &offsets)
 }
 
 /// The working set, and with it the batches the gather may run ahead with (`prefetch_depth` in
@@ -376,6 +392,7 @@ impl Pass {
             batches_total: plan.n_batches as u64,
             read_ahead_bytes: plan.read_ahead_bytes,
             dropped_anchors: order.dropped_anchors,
+            trimmed_rows: order.trimmed_rows,
             ..PassStats::default()
         };
         let prefetch_depth = config.prefetch_depth;

@@ -56,7 +56,7 @@ use insitubatch_pool::{Admission, SlotKey};
 use insitubatch_runtime::{ActorSender, JoinHandle};
 use insitubatch_store::Store;
 
-pub use order::{EpochOrder, OrderSpec, Row, count_rows, epoch_order, shuffle_quality};
+pub use order::{EpochOrder, OrderSpec, Row, Shard, count_rows, epoch_order, shuffle_quality};
 pub use read_plan::{
     LabelInfo, PathInfo, PlanSlot, ReadPlan, read_ahead_bound, read_plan, row_runs,
 };

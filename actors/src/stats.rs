@@ -96,6 +96,9 @@ pub struct PassStats {
     pub elapsed_us: u64,
     /// Anchors skipped because a window would read off the array.
     pub dropped_anchors: u64,
+    /// Rows left out at the end of this rank's epoch so that every rank of a sharded train
+    /// split takes the same number of steps (`rank` / `world_size`).
+    pub trimmed_rows: u64,
     /// Bad stored chunks replaced under `on_bad_chunk = nan`.
     pub bad_chunks: Vec<BadChunk>,
     /// Warnings raised by this pass (also printed to stderr once).

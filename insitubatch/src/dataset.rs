@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use insitubatch_actors::{
-    EngineContext, EngineError, EpochOrder, OnBadChunk, Pass, PassConfig, SplitManifest, Variable,
-    count_order_rows, plan_order, split_by_chunk,
+    EngineContext, EngineError, EpochOrder, OnBadChunk, Pass, PassConfig, Shard, SplitManifest,
+    Variable, count_order_rows, even_rank_rows, plan_order, split_by_chunk,
 };
 use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
@@ -68,6 +68,7 @@ pub struct DatasetBuilder {
     readonly_cache: bool,
     cache_direct_io: bool,
     cache_fail_writes_after: Option<u64>,
+    shard: Shard,
 }
 
 impl DatasetBuilder {
@@ -267,6 +268,21 @@ impl DatasetBuilder {
                 hint,
             });
         }
+        let Shard { rank, world_size } = self.shard;
+        if world_size == 0 {
+            return Err(EngineError::arg(
+                "world_size",
+                0,
+                "must be at least 1 (the number of ranks training together; 1 for one process)",
+            ));
+        }
+        if rank >= world_size {
+            return Err(EngineError::arg(
+                "rank",
+                rank,
+                format!("must be below world_size = {world_size} (ranks count from 0)"),
+            ));
+        }
         if self.cache_dir.is_none() {
             let needs_dir = [
                 ("persist", self.persist),
@@ -289,6 +305,20 @@ impl DatasetBuilder {
             });
         }
         Ok(())
+    }
+
+    /// This process's share of every split when `world_size` processes train together
+    /// (data-parallel ranks, as in torch DDP): rank `rank` takes each split's chunks at positions
+    /// `rank`, `rank + world_size`, …, the same ones every epoch, so that each rank reads and
+    /// caches only its part and the ranks together cover the split. Every rank must be given the
+    /// same store, variables, manifest and seed. `train` is cut to the length of the shortest
+    /// rank's share, so that every rank takes the same number of steps (the rows left out, at most
+    /// one chunk's worth per rank, are in the pass's `trimmed_rows` and differ every epoch);
+    /// `val`, `test` and `all` yield every sample once across the ranks, and their lengths may
+    /// differ by a chunk between ranks. Default `(0, 1)`: the whole split.
+    pub fn shard(mut self, rank: usize, world_size: usize) -> Self {
+        self.shard = Shard { rank, world_size };
+        self
     }
 
     /// Opens the store, resolves the variables and validates everything.
@@ -439,6 +469,7 @@ impl DatasetBuilder {
             shuffle: self.shuffle,
             on_bad_chunk: self.on_bad_chunk,
             panic_on_tile: self.panic_on_tile,
+            shard: self.shard,
             epoch: AtomicU64::new(0),
             warnings: Mutex::new(Vec::new()),
         };
@@ -513,6 +544,7 @@ pub struct InSituDataset {
     shuffle: bool,
     on_bad_chunk: OnBadChunk,
     panic_on_tile: Option<u64>,
+    shard: Shard,
     epoch: AtomicU64,
     warnings: Mutex<Vec<String>>,
 }
@@ -551,6 +583,7 @@ impl InSituDataset {
             readonly_cache: false,
             cache_direct_io: true,
             cache_fail_writes_after: None,
+            shard: Shard::WHOLE,
         }
     }
 
@@ -649,7 +682,48 @@ impl InSituDataset {
         self.ctx.pool.clear_unpinned();
     }
 
-    fn pass_config(&self, split: &str) -> PassConfig {
+    /// This rank's chunks of `split` and the configuration of a pass over them.
+    fn plan_split(&self, split: &str) -> Result<(Vec<u64>, PassConfig), EngineError> {
+        let all = self.manifest.split_chunks(split)?;
+        let world_size = self.shard.world_size;
+        if world_size == 1 {
+            return Ok((all, self.pass_config(split, None)));
+        }
+        if all.len() < world_size {
+            return Err(EngineError::arg(
+                "world_size",
+                world_size,
+                format!(
+                    "split `{split}` has {} chunks along the sample axis, fewer than the ranks, so                      rank {} would get none; use at most {} ranks for it, or split off more chunks",
+                    all.len(),
+                    world_size - 1,
+                    all.len()
+                ),
+            ));
+        }
+        let even = even_rank_rows(
+            &all,
+            self.shard,
+            self.manifest.samples_per_chunk(),
+            self.manifest.n_samples(),
+            &self.variables,
+        );
+        if even == 0 {
+            // Refused on every rank alike, so that no rank waits for one that stopped.
+            return Err(EngineError::arg(
+                "world_size",
+                world_size,
+                format!(
+                    "a rank's share of split `{split}` holds no sample once the windows drop the \
+                     anchors that would read off the array; use fewer ranks"
+                ),
+            ));
+        }
+        let limit = (split == "train").then_some(even);
+        Ok((self.shard.chunks(&all), self.pass_config(split, limit)))
+    }
+
+    fn pass_config(&self, split: &str, row_limit: Option<u64>) -> PassConfig {
         PassConfig {
             split: split.to_string(),
             epoch: self.epoch(),
@@ -660,6 +734,7 @@ impl InSituDataset {
             prefetch_depth: self.prefetch_depth,
             on_bad_chunk: self.on_bad_chunk,
             release_each_block: self.release_each_block(split),
+            row_limit,
             panic_on_tile: self.panic_on_tile,
         }
     }
@@ -674,13 +749,13 @@ impl InSituDataset {
 
     /// The order `split` would draw this epoch, without reading anything.
     pub fn order(&self, split: &str) -> Result<EpochOrder, EngineError> {
-        let chunks = self.manifest.split_chunks(split)?;
+        let (chunks, config) = self.plan_split(split)?;
         plan_order(
             &chunks,
             self.manifest.samples_per_chunk(),
             self.manifest.n_samples(),
             &self.variables,
-            &self.pass_config(split),
+            &config,
         )
     }
 
@@ -689,7 +764,7 @@ impl InSituDataset {
     /// manifest's chunks without planning an order. Errors as starting an iteration would for an
     /// unknown or empty split.
     pub fn split_samples(&self, split: &str) -> Result<u64, EngineError> {
-        let chunks = self.manifest.split_chunks(split)?;
+        let (chunks, config) = self.plan_split(split)?;
         let (rows, dropped) = count_order_rows(
             &chunks,
             self.manifest.samples_per_chunk(),
@@ -699,7 +774,7 @@ impl InSituDataset {
         if rows == 0 {
             return Err(EngineError::every_anchor_dropped(split, dropped));
         }
-        Ok(rows)
+        Ok(config.row_limit.map_or(rows, |limit| rows.min(limit)))
     }
 
     /// Batches one epoch of `split` yields: ⌈samples / batch_size⌉, every batch full but the
@@ -711,14 +786,14 @@ impl InSituDataset {
     /// Starts an iteration over `split` (`train`, `val`, `test` or `all`) at the current
     /// epoch. Several may run at once (train and val zipped), sharing the pool.
     pub fn iter(&self, split: &str) -> Result<Pass, EngineError> {
-        let chunks = self.manifest.split_chunks(split)?;
+        let (chunks, config) = self.plan_split(split)?;
         let pass = Pass::start(
             &self.ctx,
             &self.variables,
             &chunks,
             self.manifest.samples_per_chunk(),
             self.manifest.n_samples(),
-            self.pass_config(split),
+            config,
         )?;
         Ok(pass.keep_alive(Arc::clone(&self.runtime) as Arc<dyn std::any::Any + Send + Sync>))
     }

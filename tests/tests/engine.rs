@@ -1057,3 +1057,130 @@ fn batches_copied_by_every_core_equal_batches_copied_by_one() {
         "revived slots copied by every core differ from resident ones"
     );
 }
+
+#[test]
+fn ranks_share_each_split_once_and_train_evenly() {
+    // Data-parallel ranks: each its own dataset, as each its own process would open it. Paired
+    // variables chunked 1 and 30 on the mask's grid (three chunks of 30, 30 and 1) and on the
+    // raw grid (61 chunks), with a window on the era5 fixture.
+    let raw = fixture("paired", "raw");
+    let mask = fixture("paired", "mask");
+    let open = |reference: &str, rank, world_size| {
+        let probe = InSituDataset::builder(&raw.store)
+            .variable("r", reference)
+            .build()
+            .unwrap();
+        let manifest = split_by_chunk(&probe.variables()[0].geom, &[1.0], 0, true, None).unwrap();
+        InSituDataset::builder(&raw.store)
+            .variable("raw", "raw")
+            .variable("mask", "mask")
+            .manifest(manifest)
+            .batch_size(4)
+            .block_chunks(2)
+            .seed(9)
+            .shard(rank, world_size)
+            .build()
+            .unwrap()
+    };
+    let refs = [("raw", &raw, 0), ("mask", &mask, 0)];
+    for (reference, world_size) in [("mask", 2), ("mask", 3), ("raw", 2), ("raw", 4)] {
+        let case = format!("{reference} grid, {world_size} ranks");
+        for epoch in 0..2 {
+            let (mut train, mut all) = (Vec::new(), Vec::new());
+            let mut lengths = BTreeSet::new();
+            for rank in 0..world_size {
+                let ds = open(reference, rank, world_size);
+                ds.set_epoch(epoch);
+                let t = check_epoch(&ds, "train", &refs);
+                lengths.insert(t.len());
+                train.extend(t);
+                all.extend(check_epoch(&ds, "all", &refs));
+            }
+            // `all`: every sample once across the ranks.
+            assert_eq!(sorted(all), (0..61).collect::<Vec<_>>(), "{case}");
+            // `train`: no sample twice, every rank the same length, the rest trimmed.
+            assert_eq!(lengths.len(), 1, "{case}: rank lengths {lengths:?}");
+            let n = train.len();
+            let once: BTreeSet<u64> = train.iter().copied().collect();
+            assert_eq!(once.len(), n, "{case}: a sample on two ranks");
+            let even = *lengths.first().unwrap();
+            assert_eq!(even * world_size, n);
+            let per_chunk: u64 = if reference == "mask" { 30 } else { 1 };
+            assert!(
+                61 - n as u64 <= world_size as u64 * per_chunk,
+                "{case}: {} trimmed",
+                61 - n
+            );
+        }
+    }
+    // The trimmed rows are in the pass's stats; a rank's share is the same chunks every epoch.
+    let ds = open("mask", 1, 2);
+    let mut pass = ds.train().unwrap();
+    let seen: BTreeSet<u64> = pass
+        .by_ref()
+        .flat_map(|b| b.unwrap().sample_indices().to_vec())
+        .collect();
+    assert_eq!(
+        pass.stats().trimmed_rows,
+        0,
+        "rank 1 holds the shortest share"
+    );
+    assert_eq!(
+        seen,
+        (30..60).collect(),
+        "rank 1 of 2 reads the mask's chunk 1"
+    );
+    let ds = open("mask", 0, 2);
+    let mut pass = ds.train().unwrap();
+    let n: usize = pass.by_ref().map(|b| b.unwrap().len()).sum();
+    assert_eq!(
+        (n, pass.stats().trimmed_rows),
+        (30, 1),
+        "chunks 0 and 2: 31 rows, 30 kept"
+    );
+    // A window's dropped anchors count toward each rank's share: 12 samples in chunks of 4,
+    // anchors 0..=6 valid with y = x shifted by 5, so chunk 2 holds none.
+    let f = fixture("era5_v3", "t2m");
+    let windowed = |rank, world_size| {
+        InSituDataset::builder(&f.store)
+            .variable("x", "t2m")
+            .window("y", "t2m", 5)
+            .batch_size(2)
+            .shard(rank, world_size)
+            .build()
+            .unwrap()
+    };
+    let mut seen = Vec::new();
+    for rank in 0..2 {
+        let ds = windowed(rank, 2);
+        assert_eq!(ds.split_samples("all").unwrap(), [4, 3][rank]);
+        assert_eq!(ds.split_samples("train").unwrap(), 3);
+        seen.extend(check_epoch(&ds, "all", &[("x", &f, 0), ("y", &f, 0)]));
+    }
+    assert_eq!(sorted(seen), (0..7).collect::<Vec<_>>());
+    // Three ranks: the third's share is empty, and every rank is refused alike.
+    for rank in 0..3 {
+        let ds = windowed(rank, 3);
+        for split in ["train", "all"] {
+            let e = ds.iter(split).unwrap_err().to_string();
+            assert!(e.contains("world_size") && e.contains(split), "{e}");
+            assert_eq!(ds.split_samples(split).unwrap_err().to_string(), e);
+        }
+    }
+    // More ranks than chunks, and bad ranks, are refused naming the argument.
+    let e = windowed(0, 4).iter("all").unwrap_err().to_string();
+    assert!(
+        e.contains("`world_size` = 4") && e.contains("3 chunks"),
+        "{e}"
+    );
+    for (rank, world_size, name) in [(0, 0, "world_size"), (2, 2, "rank"), (5, 3, "rank")] {
+        let e = InSituDataset::builder(&f.store)
+            .shard(rank, world_size)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&e, EngineError::InvalidArgument { name: n, .. } if *n == name),
+            "{e}"
+        );
+    }
+}

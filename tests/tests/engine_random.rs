@@ -304,6 +304,7 @@ struct Coverage {
     raised: u64,
     passes_with_timeouts: u64,
     budget_refused: u64,
+    ranked: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
@@ -385,6 +386,9 @@ fn run_case(n: u64, cov: &mut Coverage) {
     assert_eq!(m.samples_per_chunk(), reference.chunks[case.axis]);
     let train_orders = run_epochs(&case, &ds, 0..2, Reads::Some, cov);
     abandon_and_zip(&case, &ds, n, cov);
+    if !case.persist && !case.corrupt && !matches!(case.budget, CaseBudget::Bytes(_)) {
+        check_ranks(&case, &root, &m, n, cov);
+    }
     if case.arrays.iter().any(|a| !a.corrupt.is_empty()) {
         raise_on_the_corrupt_chunk(&case, &root, &m, cov);
     }
@@ -429,6 +433,73 @@ fn run_case(n: u64, cov: &mut Coverage) {
             .build()
             .unwrap();
         run_epochs(&case, &ds3, 2..3, Reads::None, cov);
+    }
+}
+
+/// Two or three data-parallel ranks, each its own dataset over the same manifest: `all` is each
+/// rank's share of the chunks in order, and together every valid anchor once; `train` is the
+/// same length on every rank (the shortest share's), drawn from the rank's share only.
+fn check_ranks(case: &Case, root: &Path, m: &SplitManifest, n: u64, cov: &mut Coverage) {
+    let world_size = 2 + (n % 2) as usize;
+    let spc = m.samples_per_chunk();
+    for split in ["train", "all"] {
+        let chunks = split_chunks(m, split);
+        let shares: Vec<Vec<u64>> = (0..world_size)
+            .map(|r| chunks.iter().skip(r).step_by(world_size).copied().collect())
+            .map(|share: Vec<u64>| expected_anchors(case, spc, &share))
+            .collect();
+        let even = shares.iter().map(Vec::len).min().unwrap_or(0);
+        let mut seen = Vec::new();
+        for (rank, share) in shares.iter().enumerate() {
+            let ds = case
+                .builder(root)
+                .manifest(m.clone())
+                .shard(rank, world_size)
+                .build()
+                .unwrap();
+            ds.set_epoch(n % 3);
+            if chunks.len() < world_size || even == 0 {
+                // An empty split is its own error; otherwise `world_size` is named.
+                let e = ds.iter(split).unwrap_err();
+                assert!(
+                    matches!(e, EngineError::EmptySplit { .. })
+                        || e.to_string().contains("`world_size`"),
+                    "{split}, rank {rank} of {world_size}: {e}"
+                );
+                continue;
+            }
+            let mut pass = ds.iter(split).unwrap();
+            let mut got = Vec::new();
+            for b in pass.by_ref() {
+                let b = b.unwrap();
+                check_batch(case, &b);
+                got.extend_from_slice(b.sample_indices());
+            }
+            let what = format!("{split}, rank {rank} of {world_size}");
+            if split == "all" {
+                assert_eq!(&got, share, "{what}");
+            } else {
+                assert_eq!(got.len(), even, "{what}");
+                assert_eq!(
+                    pass.stats().trimmed_rows,
+                    (share.len() - even) as u64,
+                    "{what}"
+                );
+                let share: HashSet<u64> = share.iter().copied().collect();
+                assert!(
+                    got.iter().all(|a| share.contains(a)),
+                    "{what}: outside its share"
+                );
+            }
+            assert_eq!(ds.split_samples(split).unwrap(), got.len() as u64, "{what}");
+            seen.extend(got);
+        }
+        let distinct: HashSet<u64> = seen.iter().copied().collect();
+        assert_eq!(distinct.len(), seen.len(), "{split}: a sample on two ranks");
+        if split == "all" && even > 0 {
+            assert_eq!(seen.len(), shares.iter().map(Vec::len).sum::<usize>());
+            cov.ranked += 1;
+        }
     }
 }
 
@@ -725,6 +796,7 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("a corrupt chunk raised", c.raised),
             ("passes whose waits timed out", c.passes_with_timeouts),
             ("passes refused for their budget", c.budget_refused),
+            ("data-parallel ranks", c.ranked),
         ] {
             assert!(count >= 10, "only {count} cases with {what}: {cov:?}");
         }

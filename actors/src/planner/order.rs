@@ -33,6 +33,8 @@ pub struct EpochOrder {
     pub blocks: Vec<Range<usize>>,
     /// Anchors skipped because a windowed view would read off the array.
     pub dropped_anchors: u64,
+    /// Rows cut from the end of the order by [`OrderSpec::row_limit`] (ranks evened out).
+    pub trimmed_rows: u64,
 }
 
 impl EpochOrder {
@@ -80,6 +82,9 @@ pub struct OrderSpec<'a> {
     pub shuffle: bool,
     /// Chunks per shuffle block.
     pub block_chunks: usize,
+    /// Emit at most this many rows, the first ones of the order (every rank of a sharded train
+    /// split stops at the same length, so each takes the same number of steps).
+    pub row_limit: Option<u64>,
 }
 
 /// The anchors `a` for which `a + offset` lies inside an array of `n` samples for every
@@ -118,6 +123,54 @@ pub fn count_rows(
         dropped += end - start - kept;
     }
     (rows, dropped)
+}
+
+/// One rank's share of a split when several processes train together (data-parallel ranks):
+/// rank `r` of `world_size` takes the split's chunks at positions `r`, `r + world_size`, … — the
+/// same chunks every epoch, so each rank reads (and caches) its own part of the data, and the
+/// ranks together cover the split once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// This process's rank, `0..world_size`.
+    pub rank: usize,
+    /// The number of ranks.
+    pub world_size: usize,
+}
+
+impl Shard {
+    /// The whole split (one rank).
+    pub const WHOLE: Shard = Shard {
+        rank: 0,
+        world_size: 1,
+    };
+
+    /// This rank's chunks of `split`, in split order.
+    pub fn chunks(&self, split: &[u64]) -> Vec<u64> {
+        split
+            .iter()
+            .skip(self.rank)
+            .step_by(self.world_size.max(1))
+            .copied()
+            .collect()
+    }
+
+    /// The rows of the rank with the fewest (see [`count_rows`]): where every rank stops so that
+    /// all take the same number of steps.
+    pub fn even_rows(
+        &self,
+        split: &[u64],
+        samples_per_chunk: u64,
+        n_samples: u64,
+        offsets: &[i64],
+    ) -> u64 {
+        (0..self.world_size.max(1))
+            .map(|rank| {
+                let chunks = Shard { rank, ..*self }.chunks(split);
+                count_rows(&chunks, samples_per_chunk, n_samples, offsets).0
+            })
+            .min()
+            .unwrap_or(0)
+    }
 }
 
 /// Builds the epoch order; an error only when it cannot be held in memory.
@@ -161,11 +214,24 @@ pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
             blocks.push(start..rows.len());
         }
     }
+    let mut trimmed = 0;
+    if let Some(limit) = spec.row_limit
+        && let Ok(limit) = usize::try_from(limit)
+        && limit < rows.len()
+    {
+        trimmed = (rows.len() - limit) as u64;
+        rows.truncate(limit);
+        blocks.retain(|b| b.start < limit);
+        if let Some(last) = blocks.last_mut() {
+            last.end = last.end.min(limit);
+        }
+    }
     Ok(EpochOrder {
         samples_per_chunk: spc,
         rows,
         blocks,
         dropped_anchors: dropped,
+        trimmed_rows: trimmed,
     })
 }
 
@@ -222,6 +288,7 @@ mod tests {
             epoch: 0,
             shuffle,
             block_chunks: 3,
+            row_limit: None,
         }
     }
 
@@ -265,6 +332,7 @@ mod tests {
                             epoch: 2,
                             shuffle: true,
                             block_chunks: 2,
+                            row_limit: None,
                         };
                         let o = epoch_order(&s).unwrap();
                         assert_eq!(
@@ -276,6 +344,73 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn ranks_cover_a_split_once_and_the_limit_evens_them_out() {
+        let offset_sets: [&[i64]; 3] = [&[0], &[0, 5, -2], &[3]];
+        for n in 1..=13u64 {
+            for spc in 1..=4u64 {
+                let all: Vec<u64> = (0..n.div_ceil(spc)).collect();
+                for world_size in 1..=all.len().min(4) {
+                    for offsets in offset_sets {
+                        let whole = count_rows(&all, spc, n, offsets).0;
+                        let even = Shard {
+                            rank: 0,
+                            world_size,
+                        }
+                        .even_rows(&all, spc, n, offsets);
+                        let mut covered = Vec::new();
+                        for rank in 0..world_size {
+                            let chunks = Shard { rank, world_size }.chunks(&all);
+                            let mut s = OrderSpec {
+                                chunks: &chunks,
+                                samples_per_chunk: spc,
+                                n_samples: n,
+                                offsets,
+                                seed: 3,
+                                epoch: 1,
+                                shuffle: true,
+                                block_chunks: 2,
+                                row_limit: None,
+                            };
+                            let full = epoch_order(&s).unwrap();
+                            covered.extend(full.anchors());
+                            s.row_limit = Some(even);
+                            let cut = epoch_order(&s).unwrap();
+                            let case = format!(
+                                "n {n}, spc {spc}, rank {rank}/{world_size}, offsets {offsets:?}"
+                            );
+                            // The first `even` rows of the same order, the rest counted.
+                            assert_eq!(cut.rows.len() as u64, even, "{case}");
+                            assert_eq!(cut.rows[..], full.rows[..even as usize], "{case}");
+                            assert_eq!(cut.trimmed_rows, full.rows.len() as u64 - even, "{case}");
+                            // Blocks still tile the rows, none empty.
+                            let mut at = 0;
+                            for b in &cut.blocks {
+                                assert!(b.start == at && b.end > b.start, "{case}: {cut:?}");
+                                at = b.end;
+                            }
+                            assert_eq!(at, cut.rows.len(), "{case}");
+                        }
+                        covered.sort_unstable();
+                        let mut once = covered.clone();
+                        once.dedup();
+                        assert_eq!(once.len(), covered.len(), "a sample on two ranks");
+                        assert_eq!(covered.len() as u64, whole, "n {n}, spc {spc}");
+                    }
+                }
+            }
+        }
+        // Round robin over the split's chunks, whatever they are.
+        let split = [3, 4, 9, 10, 11];
+        let s = |rank| Shard {
+            rank,
+            world_size: 2,
+        };
+        assert_eq!(s(0).chunks(&split), [3, 9, 11]);
+        assert_eq!(s(1).chunks(&split), [4, 10]);
+        assert_eq!(Shard::WHOLE.chunks(&split), split);
     }
 
     #[test]
@@ -315,6 +450,7 @@ mod tests {
             epoch: 0,
             shuffle: true,
             block_chunks: 16,
+            row_limit: None,
         })
         .unwrap();
         let q = shuffle_quality(&o.anchors(), 8);

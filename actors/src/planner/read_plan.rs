@@ -406,6 +406,7 @@ mod tests {
                 epoch: 2,
                 shuffle: true,
                 block_chunks: bc,
+                row_limit: None,
             })
             .unwrap();
             let plan = read_plan(&order, &vars, bs, false).unwrap();
@@ -455,6 +456,7 @@ mod tests {
                 epoch: 0,
                 shuffle: true,
                 block_chunks: 3,
+                row_limit: None,
             })
             .unwrap();
             let slot = 4 * 2 * 3 * 4;

@@ -295,8 +295,10 @@ IsbStatus isb_split_by_chunk(const char *store,
  (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
  `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`, `on_bad_chunk`
  (`"raise"` or `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`),
- and the NVMe tier: `cache_dir` (a directory on local NVMe), `persist`, `reset_stale_cache`,
- `readonly_cache`, `cache_direct_io` (default true).
+ the NVMe tier: `cache_dir` (a directory on local NVMe), `persist`, `reset_stale_cache`,
+ `readonly_cache`, `cache_direct_io` (default true), and data-parallel ranks: `rank` and
+ `world_size` (default 0 and 1; each rank reads its share of every split, and `train` is
+ evened out so every rank takes the same number of steps).
  An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 
  # Safety

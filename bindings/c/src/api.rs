@@ -236,6 +236,8 @@ struct DatasetConfig {
     reset_stale_cache: Option<bool>,
     readonly_cache: Option<bool>,
     cache_direct_io: Option<bool>,
+    rank: Option<usize>,
+    world_size: Option<usize>,
 }
 
 fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
@@ -297,6 +299,9 @@ fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
         .reset_stale_cache(c.reset_stale_cache.unwrap_or(false))
         .readonly_cache(c.readonly_cache.unwrap_or(false))
         .cache_direct_io(c.cache_direct_io.unwrap_or(true));
+    if c.rank.is_some() || c.world_size.is_some() {
+        b = b.shard(c.rank.unwrap_or(0), c.world_size.unwrap_or(1));
+    }
     if let Some(n) = c.executor_threads {
         if n == 0 {
             return Err(invalid(
@@ -326,8 +331,10 @@ fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
 /// (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
 /// `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`, `on_bad_chunk`
 /// (`"raise"` or `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`),
-/// and the NVMe tier: `cache_dir` (a directory on local NVMe), `persist`, `reset_stale_cache`,
-/// `readonly_cache`, `cache_direct_io` (default true).
+/// the NVMe tier: `cache_dir` (a directory on local NVMe), `persist`, `reset_stale_cache`,
+/// `readonly_cache`, `cache_direct_io` (default true), and data-parallel ranks: `rank` and
+/// `world_size` (default 0 and 1; each rank reads its share of every split, and `train` is
+/// evened out so every rank takes the same number of steps).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 ///
 /// # Safety

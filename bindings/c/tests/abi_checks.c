@@ -30,7 +30,7 @@ static void expect(const char *what, IsbStatus got, IsbStatus want, IsbError *er
 int main(int argc, char **argv) {
     if (argc != 4) return 2;
     const char *store = argv[1];
-    IsbDataset *ds = NULL;
+    IsbDataset *ds = NULL, *ds_rank = NULL;
     char config[4096];
 
     CHECK("NULL config", isb_dataset_open(NULL, &ds, &err), ISB_NULL_POINTER, "config_json");
@@ -75,6 +75,22 @@ int main(int argc, char **argv) {
         fprintf(stderr, "FAIL fork: the child did not get ISB_WRONG_PROCESS\n");
         failures++;
     }
+    /* Data-parallel ranks: 3 chunks of 4 samples, rank 0 of 2 reads chunks 0 and 2 (8 samples),
+     * rank 1 chunk 1; train is evened out to 4 samples on both. */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"rank\": 2, \"world_size\": 2}", store);
+    CHECK("rank past world_size", isb_dataset_open(config, &ds_rank, &err), ISB_INVALID_ARGUMENT, "`rank` = 2");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 3, \"rank\": 0, \"world_size\": 2}", store);
+    CHECK("open rank 0 of 2", isb_dataset_open(config, &ds_rank, &err), ISB_OK, NULL);
+    uint64_t rank_len[4] = {0};
+    CHECK("rank train length", isb_dataset_split_len(ds_rank, "train", &rank_len[0], &rank_len[1], &err), ISB_OK, NULL);
+    CHECK("rank all length", isb_dataset_split_len(ds_rank, "all", &rank_len[2], &rank_len[3], &err), ISB_OK, NULL);
+    if (rank_len[0] != 4 || rank_len[1] != 2 || rank_len[2] != 8 || rank_len[3] != 3) {
+        fprintf(stderr, "FAIL rank lengths: train %llu in %llu, all %llu in %llu; want 4 in 2, 8 in 3\n",
+                (unsigned long long)rank_len[0], (unsigned long long)rank_len[1],
+                (unsigned long long)rank_len[2], (unsigned long long)rank_len[3]);
+        failures++;
+    }
+    isb_dataset_free(ds_rank);
     /* An epoch's length before it runs: 12 samples in batches of 5. */
     uint64_t samples = 0, batches = 0;
     CHECK("split length", isb_dataset_split_len(ds, "train", &samples, &batches, &err), ISB_OK, NULL);

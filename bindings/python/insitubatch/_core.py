@@ -531,6 +531,13 @@ class InSituDataset:
     `geometries` maps labels to `ArrayGeometry` views (use `g.shift(h)` for a window); default:
     every data variable, labelled by its path. Views: `train` (shuffled when `shuffle`), `val`,
     `test`, `all` (sequential).
+
+    Data-parallel training (one process per rank, as with torch DDP): pass `rank` and
+    `world_size` (for example from the `RANK` and `WORLD_SIZE` environment variables torchrun
+    sets), the same store, manifest and seed on every rank. Each rank reads its own share of
+    every split — the same chunks every epoch, so its cache holds only that share — and `train`
+    is cut to the shortest rank's length so every rank takes the same number of steps; `val`,
+    `test` and `all` yield every sample once across the ranks.
     """
 
     def __init__(
@@ -556,6 +563,8 @@ class InSituDataset:
         sample_axis: int = 0,
         executor_threads: int | None = None,
         io_backend: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ):
         self._handle = None
         config: dict[str, Any] = {
@@ -565,6 +574,8 @@ class InSituDataset:
             "prefetch_depth": _check_int("prefetch_depth", prefetch_depth),
             "seed": _check_int("seed", seed, minimum=0),
             "sample_axis": _check_int("sample_axis", sample_axis, minimum=0),
+            "rank": _check_int("rank", rank, minimum=0),
+            "world_size": _check_int("world_size", world_size),
         }
         if not isinstance(shuffle, bool):
             raise TypeError(f"`shuffle` must be a bool, not {type(shuffle).__name__}")

@@ -54,6 +54,39 @@ def test_every_sample_equals_zarr_python_with_windows_and_each_anchor_once(fixtu
     assert repr(ds).endswith("batch_size 5 closed>")
 
 
+def test_ranks_share_every_split_and_train_evenly(fixtures):
+    # Two data-parallel ranks as torchrun would start them, each with its own dataset: the mask's
+    # grid has chunks of 30, 30 and 1 samples, so rank 0 holds 31 and rank 1 30.
+    out, _ = fixtures
+    store = out / "paired.zarr"
+    g = isb.open_geometries(store, ["raw", "mask"])
+    manifest = isb.split_by_chunk(g["mask"], (1.0,))
+    ref = zarr.open_array(store / "raw", mode="r")[...]
+    train, every = [], []
+    for rank in range(2):
+        with isb.InSituDataset(store, manifest, g, batch_size=4, seed=3, rank=rank, world_size=2) as ds:
+            assert (len(ds.train), ds.train.n_samples) == (8, 30)
+            rows = []
+            for b in ds.train:
+                for r, idx in enumerate(b.read_indices("raw")):
+                    np.testing.assert_array_equal(b.arrays["raw"][r], ref[idx])
+                rows.extend(b.sample_indices.tolist())
+            assert len(rows) == 30
+            # Rank 0's share is chunks 0 and 2 (31 samples): one left out, a different one each epoch.
+            assert ds.stats()["trimmed_rows"] == 1 - rank
+            train.extend(rows)
+            every.extend(i for b in ds.all for i in b.sample_indices.tolist())
+    assert len(set(train)) == 60, "no sample on both ranks"
+    assert sorted(every) == list(range(61))
+    with pytest.raises(isb.InvalidArgument, match="`rank` = 2: must be below world_size = 2"):
+        isb.InSituDataset(store, rank=2, world_size=2)
+    with pytest.raises(isb.InvalidArgument, match="`world_size` = 0"):
+        isb.InSituDataset(store, world_size=0)
+    with isb.InSituDataset(store, manifest, g, world_size=4) as ds:
+        with pytest.raises(isb.InvalidArgument, match="split `train` has 3 chunks"):
+            len(ds.train)
+
+
 def test_order_depends_on_seed_and_epoch_only(fixtures):
     out, _ = fixtures
     store = out / "paired.zarr"
