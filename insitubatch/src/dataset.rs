@@ -69,6 +69,7 @@ pub struct DatasetBuilder {
     cache_direct_io: bool,
     cache_fail_writes_after: Option<u64>,
     shard: Shard,
+    even_train: bool,
 }
 
 impl DatasetBuilder {
@@ -321,6 +322,15 @@ impl DatasetBuilder {
         self
     }
 
+    /// Whether a sharded `train` stops at the shortest rank's share (default true: ranks that
+    /// all-reduce every step must take the same number of steps). `false` yields a rank's whole
+    /// share, as `insitubatch warm` does so that a readonly cache holds every chunk a rank's
+    /// shuffled epochs may draw.
+    pub fn even_train(mut self, yes: bool) -> Self {
+        self.even_train = yes;
+        self
+    }
+
     /// Opens the store, resolves the variables and validates everything.
     pub fn build(self) -> Result<InSituDataset, EngineError> {
         self.check_knobs()?;
@@ -470,6 +480,7 @@ impl DatasetBuilder {
             on_bad_chunk: self.on_bad_chunk,
             panic_on_tile: self.panic_on_tile,
             shard: self.shard,
+            even_train: self.even_train,
             epoch: AtomicU64::new(0),
             warnings: Mutex::new(Vec::new()),
         };
@@ -545,6 +556,7 @@ pub struct InSituDataset {
     on_bad_chunk: OnBadChunk,
     panic_on_tile: Option<u64>,
     shard: Shard,
+    even_train: bool,
     epoch: AtomicU64,
     warnings: Mutex<Vec<String>>,
 }
@@ -584,6 +596,7 @@ impl InSituDataset {
             cache_direct_io: true,
             cache_fail_writes_after: None,
             shard: Shard::WHOLE,
+            even_train: true,
         }
     }
 
@@ -719,7 +732,7 @@ impl InSituDataset {
                 ),
             ));
         }
-        let limit = (split == "train").then_some(even);
+        let limit = (split == "train" && self.even_train).then_some(even);
         Ok((self.shard.chunks(&all), self.pass_config(split, limit)))
     }
 

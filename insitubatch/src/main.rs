@@ -30,6 +30,48 @@ struct Cli {
     command: Command,
 }
 
+/// `insitubatch warm`'s arguments.
+#[derive(clap::Args)]
+struct WarmArgs {
+    /// Store directory.
+    path: PathBuf,
+    /// The cache directory (local NVMe; one per source and version).
+    #[arg(long)]
+    cache_dir: PathBuf,
+    /// Split manifest (default: every chunk).
+    #[arg(long)]
+    manifest: Option<PathBuf>,
+    /// Split to warm: train, val, test or all.
+    #[arg(long, default_value = "all")]
+    split: String,
+    /// Variables (comma-separated; default: every data variable). Warm the variables
+    /// the readers will use: a readonly reader's miss is an error.
+    #[arg(long, value_delimiter = ',')]
+    variables: Option<Vec<String>>,
+    /// The sample axis.
+    #[arg(long, default_value_t = 0)]
+    sample_axis: usize,
+    /// Delete and rebuild arrays whose cached chunks are stale.
+    #[arg(long)]
+    reset_stale_cache: bool,
+    // One rank's share of the split (each rank needs a cache directory of its own), all of
+    // it: also the rows a train pass leaves out to even the ranks, which differ every epoch.
+    #[command(flatten)]
+    ranks: RankArgs,
+}
+
+/// Data-parallel ranks: which share of each split this process reads.
+#[derive(clap::Args, Clone, Copy)]
+struct RankArgs {
+    /// This process's rank among `--world-size` data-parallel ranks: it reads the split's chunks
+    /// at positions rank, rank + world-size, …
+    #[arg(long, default_value_t = 0)]
+    rank: usize,
+    /// The number of data-parallel ranks sharing each split.
+    #[arg(long, default_value_t = 1)]
+    world_size: usize,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Build a small ERA5-like store (in a temporary directory unless --dir), then run two
@@ -139,32 +181,12 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        ranks: RankArgs,
     },
     /// Fill a persistent decoded-chunk cache (cache_dir, persist) for a split, so that any
     /// number of readonly_cache jobs can read it without fetching or decoding.
-    Warm {
-        /// Store directory.
-        path: PathBuf,
-        /// The cache directory (local NVMe; one per source and version).
-        #[arg(long)]
-        cache_dir: PathBuf,
-        /// Split manifest (default: every chunk).
-        #[arg(long)]
-        manifest: Option<PathBuf>,
-        /// Split to warm: train, val, test or all.
-        #[arg(long, default_value = "all")]
-        split: String,
-        /// Variables (comma-separated; default: every data variable). Warm the variables
-        /// the readers will use: a readonly reader's miss is an error.
-        #[arg(long, value_delimiter = ',')]
-        variables: Option<Vec<String>>,
-        /// The sample axis.
-        #[arg(long, default_value_t = 0)]
-        sample_axis: usize,
-        /// Delete and rebuild arrays whose cached chunks are stale.
-        #[arg(long)]
-        reset_stale_cache: bool,
-    },
+    Warm(WarmArgs),
     /// Benchmark the NVMe tier: warm epochs from RAM and revived from cache files (page cache
     /// warm and dropped) against the in-memory gather ceiling, the cache-filling epoch against a
     /// plain cold one, and slot-file writes on io_uring against the thread fallback.
@@ -286,22 +308,26 @@ fn runtime() -> Result<Runtime, Box<dyn std::error::Error>> {
 
 /// `insitubatch warm`: one sequential pass with `persist`, every chunk written and logged as it
 /// lands (a killed warm keeps what it finished; running it again completes the rest).
-fn warm(
-    path: &Path,
-    cache_dir: &Path,
-    manifest: Option<&Path>,
-    split: &str,
-    variables: Option<&[String]>,
-    sample_axis: usize,
-    reset_stale_cache: bool,
-) -> CliResult {
+fn warm(args: &WarmArgs) -> CliResult {
+    let WarmArgs {
+        path,
+        cache_dir,
+        manifest,
+        split,
+        variables,
+        sample_axis,
+        reset_stale_cache,
+        ranks,
+    } = args;
     let mut b = InSituDataset::builder(path)
-        .sample_axis(sample_axis)
+        .sample_axis(*sample_axis)
         .shuffle(false)
+        .shard(ranks.rank, ranks.world_size)
+        .even_train(false)
         .cache_dir(cache_dir)
         .persist(true)
-        .reset_stale_cache(reset_stale_cache);
-    for v in variables.unwrap_or_default() {
+        .reset_stale_cache(*reset_stale_cache);
+    for v in variables.iter().flatten() {
         b = b.variable(v.clone(), v.clone());
     }
     if let Some(m) = manifest {
@@ -555,6 +581,7 @@ fn run(cli: Cli) -> CliResult {
             ceilings,
             repeat,
             json,
+            ranks,
         } => {
             let builder =
                 |budget: Option<u64>| -> Result<InSituDataset, Box<dyn std::error::Error>> {
@@ -564,7 +591,8 @@ fn run(cli: Cli) -> CliResult {
                         .block_chunks(block_chunks)
                         .prefetch_depth(prefetch_depth)
                         .seed(seed)
-                        .shuffle(!no_shuffle);
+                        .shuffle(!no_shuffle)
+                        .shard(ranks.rank, ranks.world_size);
                     if let Some(n) = max_inflight {
                         b = b.max_inflight(n);
                     }
@@ -687,23 +715,7 @@ fn run(cli: Cli) -> CliResult {
             );
             Ok(())
         }
-        Command::Warm {
-            path,
-            cache_dir,
-            manifest,
-            split,
-            variables,
-            sample_axis,
-            reset_stale_cache,
-        } => warm(
-            &path,
-            &cache_dir,
-            manifest.as_deref(),
-            &split,
-            variables.as_deref(),
-            sample_axis,
-            reset_stale_cache,
-        ),
+        Command::Warm(args) => warm(&args),
         Command::BenchCache {
             path,
             split,

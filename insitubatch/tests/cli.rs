@@ -318,6 +318,65 @@ fn warm_fills_a_cache_that_readonly_benches_read_without_decoding() {
 }
 
 #[test]
+fn a_rank_warms_its_whole_share_and_reads_it_readonly_in_every_shuffled_epoch() {
+    // 6 train chunks over 4 ranks: rank 0 holds chunks 0 and 4, ranks 2 and 3 one chunk each,
+    // so rank 0's train epochs stop after 4 samples and leave out a whole chunk's worth, a
+    // different draw every epoch. The warm must cache both chunks all the same.
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, manifest, _) = store_and_split(tmp.path(), &[]);
+    let cache = tmp.path().join("cache-rank0");
+    let ranked = |c: &mut Command| {
+        c.args(["--rank", "0", "--world-size", "4"]);
+    };
+    let mut warm = cli();
+    warm.arg("warm")
+        .arg(&store)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .arg("--manifest")
+        .arg(&manifest)
+        .args(["--split", "train"]);
+    ranked(&mut warm);
+    let out = run_ok(&mut warm);
+    assert!(
+        out.contains("4 chunks written"),
+        "2 chunks x 2 variables: {out}"
+    );
+    let mut bench = bench_with(&store, &manifest);
+    bench
+        .args([
+            "--epochs",
+            "6",
+            "--batch-size",
+            "3",
+            "--json",
+            "--readonly-cache",
+        ])
+        .arg("--cache-dir")
+        .arg(&cache);
+    ranked(&mut bench);
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&mut bench)).unwrap();
+    for e in v["epochs"].as_array().unwrap() {
+        let s = &e["stats"];
+        assert_eq!(
+            (s["samples"].as_u64(), s["trimmed_rows"].as_u64()),
+            (Some(4), Some(4))
+        );
+        assert_eq!(s["tiles_read"], 0, "{s}");
+    }
+    // Bad ranks are refused naming the argument.
+    let mut bad = bench_with(&store, &manifest);
+    bad.args(["--rank", "4", "--world-size", "4"]);
+    fails_with(&mut bad, &["`rank` = 4", "world_size = 4"]);
+    let mut bad = bench_with(&store, &manifest);
+    bad.args(["--rank", "0", "--world-size", "7"]);
+    fails_with(
+        &mut bad,
+        &["`world_size` = 7", "split `train` has 6 chunks"],
+    );
+}
+
+#[test]
 fn a_working_set_over_ulimit_v_is_refused_by_name_not_aborted() {
     use std::os::unix::process::CommandExt;
 
