@@ -638,6 +638,7 @@ class InSituDataset:
             lib.isb_dataset_open, json.dumps(config).encode(), free=lib.isb_dataset_free
         )
         self.batch_size = batch_size
+        self.rank, self.world_size = rank, world_size
         self._last_stats: dict = {}
         info = self._dataset_stats()
         self._offsets = {v["label"]: v["offset"] for v in info["variables"]}
@@ -662,9 +663,11 @@ class InSituDataset:
         geoms = getattr(self, "geometries", {})
         store = next(iter(geoms.values())).store if geoms else "?"
         state = " closed" if self._handle is None else ""
+        world_size = getattr(self, "world_size", 1)
+        ranks = f" rank {self.rank} of {world_size}" if world_size > 1 else ""
         return (
             f"<insitubatch.InSituDataset {store!r} variables {list(geoms)} "
-            f"batch_size {getattr(self, 'batch_size', '?')}{state}>"
+            f"batch_size {getattr(self, 'batch_size', '?')}{ranks}{state}>"
         )
 
     def _emit_warnings(self, info: dict) -> None:

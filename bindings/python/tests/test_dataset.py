@@ -66,6 +66,7 @@ def test_ranks_share_every_split_and_train_evenly(fixtures):
     for rank in range(2):
         with isb.InSituDataset(store, manifest, g, batch_size=4, seed=3, rank=rank, world_size=2) as ds:
             assert (len(ds.train), ds.train.n_samples) == (8, 30)
+            assert repr(ds).endswith(f"batch_size 4 rank {rank} of 2>") and ds.rank == rank
             rows = []
             for b in ds.train:
                 for r, idx in enumerate(b.read_indices("raw")):
