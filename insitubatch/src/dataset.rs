@@ -707,7 +707,8 @@ impl InSituDataset {
                 "world_size",
                 world_size,
                 format!(
-                    "split `{split}` has {} chunks along the sample axis, fewer than the ranks, so                      rank {} would get none; use at most {} ranks for it, or split off more chunks",
+                    "split `{split}` has {} chunks along the sample axis, fewer than the ranks, so \
+                     rank {} would get none; use at most {} ranks for it, or split off more chunks",
                     all.len(),
                     world_size - 1,
                     all.len()

@@ -1170,7 +1170,10 @@ fn ranks_share_each_split_once_and_train_evenly() {
     // More ranks than chunks, and bad ranks, are refused naming the argument.
     let e = windowed(0, 4).iter("all").unwrap_err().to_string();
     assert!(
-        e.contains("`world_size` = 4") && e.contains("3 chunks"),
+        e.contains("`world_size` = 4")
+            && e.contains(
+                "3 chunks along the sample axis, fewer than the ranks, so rank 3 would get none"
+            ),
         "{e}"
     );
     for (rank, world_size, name) in [(0, 0, "world_size"), (2, 2, "rank"), (5, 3, "rank")] {
