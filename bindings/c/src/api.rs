@@ -238,6 +238,7 @@ struct DatasetConfig {
     cache_direct_io: Option<bool>,
     rank: Option<usize>,
     world_size: Option<usize>,
+    even_train: Option<bool>,
 }
 
 fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
@@ -302,6 +303,7 @@ fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
     if c.rank.is_some() || c.world_size.is_some() {
         b = b.shard(c.rank.unwrap_or(0), c.world_size.unwrap_or(1));
     }
+    b = b.even_train(c.even_train.unwrap_or(true));
     if let Some(n) = c.executor_threads {
         if n == 0 {
             return Err(invalid(
@@ -334,7 +336,7 @@ fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
 /// the NVMe tier: `cache_dir` (a directory on local NVMe), `persist`, `reset_stale_cache`,
 /// `readonly_cache`, `cache_direct_io` (default true), and data-parallel ranks: `rank` and
 /// `world_size` (default 0 and 1; each rank reads its share of every split, and `train` is
-/// evened out so every rank takes the same number of steps).
+/// evened out so every rank takes the same number of steps unless `even_train` is false).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 ///
 /// # Safety

@@ -91,6 +91,15 @@ int main(int argc, char **argv) {
         failures++;
     }
     isb_dataset_free(ds_rank);
+    /* even_train false: rank 0's whole share, 8 samples. */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 3, \"rank\": 0, \"world_size\": 2, \"even_train\": false}", store);
+    CHECK("open rank 0 of 2, whole share", isb_dataset_open(config, &ds_rank, &err), ISB_OK, NULL);
+    CHECK("whole share length", isb_dataset_split_len(ds_rank, "train", &rank_len[0], NULL, &err), ISB_OK, NULL);
+    if (rank_len[0] != 8) {
+        fprintf(stderr, "FAIL whole share: train %llu samples, want 8\n", (unsigned long long)rank_len[0]);
+        failures++;
+    }
+    isb_dataset_free(ds_rank);
     /* An epoch's length before it runs: 12 samples in batches of 5. */
     uint64_t samples = 0, batches = 0;
     CHECK("split length", isb_dataset_split_len(ds, "train", &samples, &batches, &err), ISB_OK, NULL);

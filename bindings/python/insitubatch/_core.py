@@ -536,8 +536,9 @@ class InSituDataset:
     `world_size` (for example from the `RANK` and `WORLD_SIZE` environment variables torchrun
     sets), the same store, manifest and seed on every rank. Each rank reads its own share of
     every split — the same chunks every epoch, so its cache holds only that share — and `train`
-    is cut to the shortest rank's length so every rank takes the same number of steps; `val`,
-    `test` and `all` yield every sample once across the ranks.
+    is cut to the shortest rank's length so every rank takes the same number of steps
+    (`even_train=False` yields each rank's whole share instead); `val`, `test` and `all` yield
+    every sample once across the ranks.
     """
 
     def __init__(
@@ -565,6 +566,7 @@ class InSituDataset:
         io_backend: str | None = None,
         rank: int = 0,
         world_size: int = 1,
+        even_train: bool = True,
     ):
         self._handle = None
         config: dict[str, Any] = {
@@ -577,9 +579,10 @@ class InSituDataset:
             "rank": _check_int("rank", rank, minimum=0),
             "world_size": _check_int("world_size", world_size),
         }
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"`shuffle` must be a bool, not {type(shuffle).__name__}")
-        config["shuffle"] = shuffle
+        for name, flag in (("shuffle", shuffle), ("even_train", even_train)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"`{name}` must be a bool, not {type(flag).__name__}")
+            config[name] = flag
         if on_bad_chunk not in ("raise", "nan"):
             raise errors.InvalidArgument(
                 f"invalid argument `on_bad_chunk` = {on_bad_chunk!r}: use 'raise' or 'nan'"

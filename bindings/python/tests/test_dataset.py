@@ -78,6 +78,12 @@ def test_ranks_share_every_split_and_train_evenly(fixtures):
             train.extend(rows)
             every.extend(i for b in ds.all for i in b.sample_indices.tolist())
     assert len(set(train)) == 60, "no sample on both ranks"
+    # Without evening out, rank 0's train pass is its whole share (chunks 0 and 2).
+    with isb.InSituDataset(store, manifest, g, seed=3, rank=0, world_size=2, even_train=False) as ds:
+        assert ds.train.n_samples == 31
+        assert sorted(i for b in ds.train for i in b.sample_indices.tolist()) == [*range(30), 60]
+    with pytest.raises(TypeError, match="`even_train` must be a bool"):
+        isb.InSituDataset(store, even_train=1)
     assert sorted(every) == list(range(61))
     with pytest.raises(isb.InvalidArgument, match="`rank` = 2: must be below world_size = 2"):
         isb.InSituDataset(store, rank=2, world_size=2)
