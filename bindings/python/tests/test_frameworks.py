@@ -138,3 +138,86 @@ def test_a_dataloader_that_pickles_its_dataset_is_told_to_use_num_workers_0(fixt
         with warnings.catch_warnings(), pytest.raises(TypeError, match="num_workers=0"):
             warnings.simplefilter("ignore")  # torch's own note about unpicklable arguments
             next(iter(loader))
+
+
+RANK_SCRIPT = r'''
+import datetime, json, os, sys
+import torch
+import torch.distributed as dist
+import insitubatch as isb
+from insitubatch.frameworks import as_torch
+
+store, out, even = sys.argv[1], sys.argv[2], sys.argv[3] == "even"
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=15))
+rank, world_size = dist.get_rank(), dist.get_world_size()
+g = isb.open_geometries(store, ["raw", "mask"])
+manifest = isb.split_by_chunk(g["mask"], (1.0,))
+steps = 0
+with isb.InSituDataset(store, manifest, g, batch_size=5, seed=7, rank=rank,
+                       world_size=world_size, even_train=even) as ds:
+    loader = torch.utils.data.DataLoader(as_torch(ds.train), batch_size=None, num_workers=0)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        for batch in loader:
+            n = torch.tensor([batch["raw"].shape[0]])
+            dist.all_reduce(n)  # a step every rank must take together, as DDP's gradient sync
+            steps += 1
+    ids = [i for b in ds.train for i in b.sample_indices.tolist()]
+    loader_len = len(loader)
+dist.barrier()
+dist.destroy_process_group()
+json.dump({"steps": steps, "ids": ids, "loader_len": loader_len}, open(out, "w"))
+'''
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(fixtures, tmp_path, mode):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "WORLD_SIZE": "2"}
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(fixtures[0] / "paired.zarr"),
+                          str(tmp_path / f"rank{r}.json"), mode],
+                         env={**env, "RANK": str(r)}, stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    errors = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        errors.append((p.returncode, err))
+    return errors
+
+
+def test_ranks_under_torch_distributed_step_together_and_share_the_data(fixtures, tmp_path):
+    # Two processes as torchrun starts them, an all-reduce per step as DDP's gradient sync: the
+    # mask's grid has chunks of 30, 30 and 1 samples, so rank 0 holds 31 and rank 1 30.
+    pytest.importorskip("torch")
+    errors = _run_ranks(fixtures, tmp_path, "even")
+    assert all(code == 0 for code, _ in errors), errors
+    import json
+
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["steps"] == r1["steps"] == 2 * 6, "30 samples each in batches of 5, two epochs"
+    assert r0["loader_len"] == r1["loader_len"] == 6
+    assert len(r0["ids"]) == len(r1["ids"]) == 30 and not set(r0["ids"]) & set(r1["ids"])
+    # Without evening out the ranks take 7 and 6 steps per epoch: the rank with more waits in an
+    # all-reduce its peer never joins (gloo gives up after the group's timeout).
+    errors = _run_ranks(fixtures, tmp_path, "whole")
+    assert any(code != 0 and ("timed out" in err.lower() or "connection" in err.lower())
+               for code, err in errors), errors
