@@ -28,8 +28,7 @@ pub mod variable;
 pub use batch::{Batch, BatchArray, Element};
 pub use error::EngineError;
 pub use pass::{
-    EngineContext, OnBadChunk, Pass, PassConfig, TimedOut, count_order_rows, even_rank_rows,
-    plan_order,
+    EngineContext, OnBadChunk, Pass, PassConfig, TimedOut, count_order_rows, plan_order, rank_share,
 };
 pub use planner::{
     EpochOrder, ReadPlan, Shard, SplitManifest, epoch_order, read_plan, shuffle_quality,

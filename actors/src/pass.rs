@@ -277,17 +277,17 @@ pub fn count_order_rows(
     crate::planner::count_rows(chunks, samples_per_chunk, n_samples, &offsets)
 }
 
-/// The rows each rank of `shard.world_size` yields from `split` once they are evened out: the
-/// fewest any rank's chunks hold (see [`Shard::even_rows`]).
-pub fn even_rank_rows(
+/// This rank's chunks of `split` and the valid rows of the rank with the fewest (see
+/// [`Shard::share`]).
+pub fn rank_share(
     split: &[u64],
     shard: Shard,
     samples_per_chunk: u64,
     n_samples: u64,
     variables: &[Variable],
-) -> u64 {
+) -> (Vec<u64>, u64) {
     let offsets: Vec<i64> = variables.iter().map(|v| v.geom.offset).collect();
-    shard.even_rows(split, samples_per_chunk, n_samples, &offsets)
+    shard.share(split, samples_per_chunk, n_samples, &offsets)
 }
 
 /// The working set, and with it the batches the gather may run ahead with (`prefetch_depth` in

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use insitubatch_actors::{
     EngineContext, EngineError, EpochOrder, OnBadChunk, Pass, PassConfig, Shard, SplitManifest,
-    Variable, count_order_rows, even_rank_rows, plan_order, split_by_chunk,
+    Variable, count_order_rows, plan_order, rank_share, split_by_chunk,
 };
 use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
@@ -309,9 +309,10 @@ impl DatasetBuilder {
     }
 
     /// This process's share of every split when `world_size` processes train together
-    /// (data-parallel ranks, as in torch DDP): rank `rank` takes each split's chunks at positions
-    /// `rank`, `rank + world_size`, …, the same ones every epoch, so that each rank reads and
-    /// caches only its part and the ranks together cover the split. Every rank must be given the
+    /// (data-parallel ranks, as in torch DDP): each split's chunk list is cut into `world_size`
+    /// contiguous runs of near-equal rows and rank `rank` takes the `rank`-th, the same every
+    /// epoch, so that each rank reads and caches only its part (a window reaches into the next
+    /// rank's chunks only at the end of a run) and the ranks together cover the split. Every rank must be given the
     /// same store, variables, manifest and seed. `train` is cut to the length of the shortest
     /// rank's share, so that every rank takes the same number of steps (the rows left out, at most
     /// one chunk's worth per rank, are in the pass's `trimmed_rows` and differ every epoch);
@@ -715,7 +716,7 @@ impl InSituDataset {
                 ),
             ));
         }
-        let even = even_rank_rows(
+        let (share, even) = rank_share(
             &all,
             self.shard,
             self.manifest.samples_per_chunk(),
@@ -734,7 +735,7 @@ impl InSituDataset {
             ));
         }
         let limit = (split == "train" && self.even_train).then_some(even);
-        Ok((self.shard.chunks(&all), self.pass_config(split, limit)))
+        Ok((share, self.pass_config(split, limit)))
     }
 
     fn pass_config(&self, split: &str, row_limit: Option<u64>) -> PassConfig {

@@ -63,8 +63,8 @@ struct WarmArgs {
 /// Data-parallel ranks: which share of each split this process reads.
 #[derive(clap::Args, Clone, Copy)]
 struct RankArgs {
-    /// This process's rank among `--world-size` data-parallel ranks: it reads the split's chunks
-    /// at positions rank, rank + world-size, …
+    /// This process's rank among `--world-size` data-parallel ranks: it reads the rank-th of
+    /// the contiguous runs, of near-equal rows, that the split's chunks are cut into
     #[arg(long, default_value_t = 0)]
     rank: usize,
     /// The number of data-parallel ranks sharing each split.

@@ -319,14 +319,14 @@ fn warm_fills_a_cache_that_readonly_benches_read_without_decoding() {
 
 #[test]
 fn a_rank_warms_its_whole_share_and_reads_it_readonly_in_every_shuffled_epoch() {
-    // 6 train chunks over 4 ranks: rank 0 holds chunks 0 and 4, ranks 2 and 3 one chunk each,
-    // so rank 0's train epochs stop after 4 samples and leave out a whole chunk's worth, a
-    // different draw every epoch. The warm must cache both chunks all the same.
+    // 6 train chunks over 4 ranks: the shares are chunks [0], [1, 2], [3] and [4, 5], so rank 1's
+    // train epochs stop after 4 samples and leave out a whole chunk's worth, a different draw
+    // every epoch. The warm must cache both its chunks all the same.
     let tmp = tempfile::tempdir().unwrap();
     let (store, manifest, _) = store_and_split(tmp.path(), &[]);
-    let cache = tmp.path().join("cache-rank0");
+    let cache = tmp.path().join("cache-rank1");
     let ranked = |c: &mut Command| {
-        c.args(["--rank", "0", "--world-size", "4"]);
+        c.args(["--rank", "1", "--world-size", "4"]);
     };
     let mut warm = cli();
     warm.arg("warm")

@@ -1113,8 +1113,9 @@ fn ranks_share_each_split_once_and_train_evenly() {
             );
         }
     }
-    // The trimmed rows are in the pass's stats; a rank's share is the same chunks every epoch.
-    let ds = open("mask", 1, 2);
+    // The trimmed rows are in the pass's stats; a rank's share is a contiguous run of chunks,
+    // cut where the rows come closest to equal (30 and 31 rather than 60 and 1).
+    let ds = open("mask", 0, 2);
     let mut pass = ds.train().unwrap();
     let seen: BTreeSet<u64> = pass
         .by_ref()
@@ -1123,21 +1124,35 @@ fn ranks_share_each_split_once_and_train_evenly() {
     assert_eq!(
         pass.stats().trimmed_rows,
         0,
-        "rank 1 holds the shortest share"
+        "rank 0 holds the shortest share"
     );
     assert_eq!(
         seen,
-        (30..60).collect(),
-        "rank 1 of 2 reads the mask's chunk 1"
+        (0..30).collect(),
+        "rank 0 of 2 reads the mask's chunk 0"
     );
-    let ds = open("mask", 0, 2);
+    let ds = open("mask", 1, 2);
     let mut pass = ds.train().unwrap();
     let n: usize = pass.by_ref().map(|b| b.unwrap().len()).sum();
     assert_eq!(
         (n, pass.stats().trimmed_rows),
         (30, 1),
-        "chunks 0 and 2: 31 rows, 30 kept"
+        "chunks 1 and 2: 31 rows, 30 kept"
     );
+    // A window reaches into the next rank's chunks only at the end of a share: y = x.shift(1)
+    // over 61 chunks of one sample, two ranks, each reads its 30 or 31 chunks and one more.
+    for rank in 0..2 {
+        let ds = InSituDataset::builder(&raw.store)
+            .variable("x", "raw")
+            .window("y", "raw", 1)
+            .shard(rank, 2)
+            .build()
+            .unwrap();
+        let mut pass = ds.all().unwrap();
+        let rows: u64 = pass.by_ref().map(|b| b.unwrap().len() as u64).sum();
+        let s = pass.stats();
+        assert_eq!(s.tiles_read, rows + 1, "rank {rank}: {rows} rows");
+    }
     // A window's dropped anchors count toward each rank's share: 12 samples in chunks of 4,
     // anchors 0..=6 valid with y = x shifted by 5, so chunk 2 holds none.
     let f = fixture("era5_v3", "t2m");

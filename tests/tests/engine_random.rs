@@ -436,6 +436,36 @@ fn run_case(n: u64, cov: &mut Coverage) {
     }
 }
 
+/// The ranks' shares of `chunks` (when there are at least as many chunks as ranks): contiguous
+/// runs, each cut at the boundary whose valid rows before it come closest to k / world_size of
+/// the total (the lower one on a tie), leaving every rank at least one chunk. Written here by
+/// scanning every candidate, independently of the planner's search.
+fn contiguous_shares(case: &Case, spc: u64, chunks: &[u64], world_size: usize) -> Vec<Vec<u64>> {
+    if chunks.len() < world_size {
+        return vec![Vec::new(); world_size];
+    }
+    let mut prefix = vec![0u64];
+    for c in chunks {
+        let rows = expected_anchors(case, spc, std::slice::from_ref(c)).len() as u64;
+        prefix.push(prefix.last().unwrap() + rows);
+    }
+    let total = *prefix.last().unwrap() as i128;
+    let w = world_size as i128;
+    let mut cuts = vec![0usize];
+    for k in 1..world_size {
+        let lo = cuts[k - 1] + 1;
+        let hi = chunks.len() - (world_size - k);
+        let best = (lo..=hi)
+            .min_by_key(|&b| ((prefix[b] as i128 * w - total * k as i128).abs(), b))
+            .unwrap();
+        cuts.push(best);
+    }
+    cuts.push(chunks.len());
+    cuts.windows(2)
+        .map(|c| chunks[c[0]..c[1]].to_vec())
+        .collect()
+}
+
 /// Two or three data-parallel ranks, each its own dataset over the same manifest: `all` is each
 /// rank's share of the chunks in order, and together every valid anchor once; `train` is the
 /// same length on every rank (the shortest share's), drawn from the rank's share only.
@@ -444,9 +474,9 @@ fn check_ranks(case: &Case, root: &Path, m: &SplitManifest, n: u64, cov: &mut Co
     let spc = m.samples_per_chunk();
     for split in ["train", "all"] {
         let chunks = split_chunks(m, split);
-        let shares: Vec<Vec<u64>> = (0..world_size)
-            .map(|r| chunks.iter().skip(r).step_by(world_size).copied().collect())
-            .map(|share: Vec<u64>| expected_anchors(case, spc, &share))
+        let shares: Vec<Vec<u64>> = contiguous_shares(case, spc, &chunks, world_size)
+            .iter()
+            .map(|share| expected_anchors(case, spc, share))
             .collect();
         let even = shares.iter().map(Vec::len).min().unwrap_or(0);
         let mut seen = Vec::new();

@@ -126,15 +126,29 @@ pub fn count_rows(
 }
 
 /// One rank's share of a split when several processes train together (data-parallel ranks):
-/// rank `r` of `world_size` takes the split's chunks at positions `r`, `r + world_size`, … — the
-/// same chunks every epoch, so each rank reads (and caches) its own part of the data, and the
-/// ranks together cover the split once.
+/// the split's chunk list cut into `world_size` contiguous runs, rank `r` taking the `r`-th. The
+/// cuts fall where the runs' valid rows come closest to equal (a short final chunk or the anchors
+/// a window drops make chunks unequal), each run holding at least one chunk. The share is the same
+/// every epoch, so each rank reads (and caches) its own part of the data; it is contiguous so that
+/// a window (`y = x.shift(h)`) reaches into another rank's chunks only at the run's end, not from
+/// every chunk; and the ranks together cover the split once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shard {
     /// This process's rank, `0..world_size`.
     pub rank: usize,
     /// The number of ranks.
     pub world_size: usize,
+}
+
+/// A split's valid rows per chunk, as prefix sums (`prefix[i]`: the rows of its first `i` chunks).
+fn row_prefix(split: &[u64], samples_per_chunk: u64, n_samples: u64, offsets: &[i64]) -> Vec<u64> {
+    let mut prefix = Vec::with_capacity(split.len() + 1);
+    prefix.push(0);
+    for &c in split {
+        let rows = count_rows(&[c], samples_per_chunk, n_samples, offsets).0;
+        prefix.push(prefix.last().copied().unwrap_or(0) + rows);
+    }
+    prefix
 }
 
 impl Shard {
@@ -144,32 +158,50 @@ impl Shard {
         world_size: 1,
     };
 
-    /// This rank's chunks of `split`, in split order.
-    pub fn chunks(&self, split: &[u64]) -> Vec<u64> {
-        split
-            .iter()
-            .skip(self.rank)
-            .step_by(self.world_size.max(1))
-            .copied()
-            .collect()
+    /// Where the runs start in the split's chunk list (`world_size + 1` indices, the last the
+    /// list's length), given its row prefix sums. Needs at least `world_size` chunks.
+    fn bounds(&self, prefix: &[u64]) -> Vec<usize> {
+        let w = self.world_size.max(1);
+        let len = prefix.len() - 1;
+        let total = u128::from(prefix[len]);
+        let mut bounds = vec![0; w + 1];
+        bounds[w] = len;
+        for k in 1..w {
+            // Leave every rank before and after at least one chunk.
+            let lo = (bounds[k - 1] + 1).min(len);
+            let hi = len.saturating_sub(w - k).max(lo);
+            // The cut whose rows before it come closest to k/w of the total (the lower on a tie).
+            let miss = |b: usize| (u128::from(prefix[b]) * w as u128).abs_diff(total * k as u128);
+            let first_over = lo
+                + prefix[lo..=hi]
+                    .partition_point(|&p| u128::from(p) * (w as u128) < total * k as u128);
+            bounds[k] = [first_over.saturating_sub(1).max(lo), first_over.min(hi)]
+                .into_iter()
+                .min_by_key(|&b| (miss(b), b))
+                .unwrap_or(lo);
+        }
+        bounds
     }
 
-    /// The rows of the rank with the fewest (see [`count_rows`]): where every rank stops so that
-    /// all take the same number of steps.
-    pub fn even_rows(
+    /// This rank's chunks of `split`, in split order, and the valid rows of the rank with the
+    /// fewest (where every rank stops so that all take the same number of steps). `split` must
+    /// hold at least `world_size` chunks.
+    pub fn share(
         &self,
         split: &[u64],
         samples_per_chunk: u64,
         n_samples: u64,
         offsets: &[i64],
-    ) -> u64 {
-        (0..self.world_size.max(1))
-            .map(|rank| {
-                let chunks = Shard { rank, ..*self }.chunks(split);
-                count_rows(&chunks, samples_per_chunk, n_samples, offsets).0
-            })
+    ) -> (Vec<u64>, u64) {
+        let prefix = row_prefix(split, samples_per_chunk, n_samples, offsets);
+        let bounds = self.bounds(&prefix);
+        let even = bounds
+            .windows(2)
+            .map(|b| prefix[b[1]] - prefix[b[0]])
             .min()
-            .unwrap_or(0)
+            .unwrap_or(0);
+        let rank = self.rank.min(bounds.len() - 2);
+        (split[bounds[rank]..bounds[rank + 1]].to_vec(), even)
     }
 }
 
@@ -347,24 +379,46 @@ mod tests {
     }
 
     #[test]
-    fn ranks_cover_a_split_once_and_the_limit_evens_them_out() {
+    fn ranks_take_contiguous_near_equal_runs_and_the_limit_evens_them_out() {
         let offset_sets: [&[i64]; 3] = [&[0], &[0, 5, -2], &[3]];
         for n in 1..=13u64 {
             for spc in 1..=4u64 {
                 let all: Vec<u64> = (0..n.div_ceil(spc)).collect();
+                let per_chunk = |offsets: &[i64], c: u64| count_rows(&[c], spc, n, offsets).0;
                 for world_size in 1..=all.len().min(4) {
                     for offsets in offset_sets {
                         let whole = count_rows(&all, spc, n, offsets).0;
-                        let even = Shard {
-                            rank: 0,
-                            world_size,
+                        let shares: Vec<(Vec<u64>, u64)> = (0..world_size)
+                            .map(|rank| Shard { rank, world_size }.share(&all, spc, n, offsets))
+                            .collect();
+                        let even = shares[0].1;
+                        let case = format!("n {n}, spc {spc}, {world_size} ranks, {offsets:?}");
+                        // Contiguous runs that together are the split, none empty.
+                        let joined: Vec<u64> = shares.iter().flat_map(|s| s.0.clone()).collect();
+                        assert_eq!(joined, all, "{case}");
+                        assert!(
+                            shares.iter().all(|s| !s.0.is_empty() && s.1 == even),
+                            "{case}"
+                        );
+                        // Near-equal rows when every chunk has some: within a chunk of the mean.
+                        let rows: Vec<u64> = shares
+                            .iter()
+                            .map(|s| count_rows(&s.0, spc, n, offsets).0)
+                            .collect();
+                        assert_eq!(even, *rows.iter().min().unwrap(), "{case}");
+                        let biggest = all.iter().map(|&c| per_chunk(offsets, c)).max().unwrap();
+                        if all.iter().all(|&c| per_chunk(offsets, c) > 0) {
+                            for r in &rows {
+                                assert!(
+                                    (*r as i128 * world_size as i128 - whole as i128).abs()
+                                        <= (world_size as u64 * biggest) as i128,
+                                    "{case}: rows {rows:?}"
+                                );
+                            }
                         }
-                        .even_rows(&all, spc, n, offsets);
-                        let mut covered = Vec::new();
-                        for rank in 0..world_size {
-                            let chunks = Shard { rank, world_size }.chunks(&all);
+                        for (rank, (chunks, _)) in shares.iter().enumerate() {
                             let mut s = OrderSpec {
-                                chunks: &chunks,
+                                chunks,
                                 samples_per_chunk: spc,
                                 n_samples: n,
                                 offsets,
@@ -375,12 +429,9 @@ mod tests {
                                 row_limit: None,
                             };
                             let full = epoch_order(&s).unwrap();
-                            covered.extend(full.anchors());
                             s.row_limit = Some(even);
                             let cut = epoch_order(&s).unwrap();
-                            let case = format!(
-                                "n {n}, spc {spc}, rank {rank}/{world_size}, offsets {offsets:?}"
-                            );
+                            let case = format!("{case}, rank {rank}");
                             // The first `even` rows of the same order, the rest counted.
                             assert_eq!(cut.rows.len() as u64, even, "{case}");
                             assert_eq!(cut.rows[..], full.rows[..even as usize], "{case}");
@@ -393,24 +444,22 @@ mod tests {
                             }
                             assert_eq!(at, cut.rows.len(), "{case}");
                         }
-                        covered.sort_unstable();
-                        let mut once = covered.clone();
-                        once.dedup();
-                        assert_eq!(once.len(), covered.len(), "a sample on two ranks");
-                        assert_eq!(covered.len() as u64, whole, "n {n}, spc {spc}");
                     }
                 }
             }
         }
-        // Round robin over the split's chunks, whatever they are.
+        // Equal chunks: the cut nearest half the rows, the lower one on a tie.
         let split = [3, 4, 9, 10, 11];
         let s = |rank| Shard {
             rank,
             world_size: 2,
         };
-        assert_eq!(s(0).chunks(&split), [3, 9, 11]);
-        assert_eq!(s(1).chunks(&split), [4, 10]);
-        assert_eq!(Shard::WHOLE.chunks(&split), split);
+        assert_eq!(s(0).share(&split, 4, 48, &[0]), (vec![3, 4], 8));
+        assert_eq!(s(1).share(&split, 4, 48, &[0]), (vec![9, 10, 11], 8));
+        assert_eq!(Shard::WHOLE.share(&split, 4, 48, &[0]).0, split);
+        // A short final chunk (30, 30 and 1 rows): 30 and 31 rows, not 60 and 1.
+        assert_eq!(s(0).share(&[0, 1, 2], 30, 61, &[0]), (vec![0], 30));
+        assert_eq!(s(1).share(&[0, 1, 2], 30, 61, &[0]), (vec![1, 2], 30));
     }
 
     #[test]

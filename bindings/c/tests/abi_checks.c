@@ -75,12 +75,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "FAIL fork: the child did not get ISB_WRONG_PROCESS\n");
         failures++;
     }
-    /* Data-parallel ranks: 3 chunks of 4 samples, rank 0 of 2 reads chunks 0 and 2 (8 samples),
-     * rank 1 chunk 1; train is evened out to 4 samples on both. */
+    /* Data-parallel ranks: 3 chunks of 4 samples, rank 0 of 2 reads chunk 0, rank 1 chunks 1 and
+     * 2 (8 samples); train is evened out to 4 samples on both. */
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"rank\": 2, \"world_size\": 2}", store);
     CHECK("rank past world_size", isb_dataset_open(config, &ds_rank, &err), ISB_INVALID_ARGUMENT, "`rank` = 2");
-    snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 3, \"rank\": 0, \"world_size\": 2}", store);
-    CHECK("open rank 0 of 2", isb_dataset_open(config, &ds_rank, &err), ISB_OK, NULL);
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 3, \"rank\": 1, \"world_size\": 2}", store);
+    CHECK("open rank 1 of 2", isb_dataset_open(config, &ds_rank, &err), ISB_OK, NULL);
     uint64_t rank_len[4] = {0};
     CHECK("rank train length", isb_dataset_split_len(ds_rank, "train", &rank_len[0], &rank_len[1], &err), ISB_OK, NULL);
     CHECK("rank all length", isb_dataset_split_len(ds_rank, "all", &rank_len[2], &rank_len[3], &err), ISB_OK, NULL);
@@ -91,9 +91,9 @@ int main(int argc, char **argv) {
         failures++;
     }
     isb_dataset_free(ds_rank);
-    /* even_train false: rank 0's whole share, 8 samples. */
-    snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 3, \"rank\": 0, \"world_size\": 2, \"even_train\": false}", store);
-    CHECK("open rank 0 of 2, whole share", isb_dataset_open(config, &ds_rank, &err), ISB_OK, NULL);
+    /* even_train false: rank 1's whole share, 8 samples. */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 3, \"rank\": 1, \"world_size\": 2, \"even_train\": false}", store);
+    CHECK("open rank 1 of 2, whole share", isb_dataset_open(config, &ds_rank, &err), ISB_OK, NULL);
     CHECK("whole share length", isb_dataset_split_len(ds_rank, "train", &rank_len[0], NULL, &err), ISB_OK, NULL);
     if (rank_len[0] != 8) {
         fprintf(stderr, "FAIL whole share: train %llu samples, want 8\n", (unsigned long long)rank_len[0]);

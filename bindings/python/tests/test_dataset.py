@@ -56,7 +56,7 @@ def test_every_sample_equals_zarr_python_with_windows_and_each_anchor_once(fixtu
 
 def test_ranks_share_every_split_and_train_evenly(fixtures):
     # Two data-parallel ranks as torchrun would start them, each with its own dataset: the mask's
-    # grid has chunks of 30, 30 and 1 samples, so rank 0 holds 31 and rank 1 30.
+    # grid has chunks of 30, 30 and 1 samples, so rank 0 holds chunk 0 (30) and rank 1 the rest (31).
     out, _ = fixtures
     store = out / "paired.zarr"
     g = isb.open_geometries(store, ["raw", "mask"])
@@ -73,15 +73,15 @@ def test_ranks_share_every_split_and_train_evenly(fixtures):
                     np.testing.assert_array_equal(b.arrays["raw"][r], ref[idx])
                 rows.extend(b.sample_indices.tolist())
             assert len(rows) == 30
-            # Rank 0's share is chunks 0 and 2 (31 samples): one left out, a different one each epoch.
-            assert ds.stats()["trimmed_rows"] == 1 - rank
+            # Rank 1's share is chunks 1 and 2 (31 samples): one left out, a different one each epoch.
+            assert ds.stats()["trimmed_rows"] == rank
             train.extend(rows)
             every.extend(i for b in ds.all for i in b.sample_indices.tolist())
     assert len(set(train)) == 60, "no sample on both ranks"
-    # Without evening out, rank 0's train pass is its whole share (chunks 0 and 2).
-    with isb.InSituDataset(store, manifest, g, seed=3, rank=0, world_size=2, even_train=False) as ds:
+    # Without evening out, rank 1's train pass is its whole share (chunks 1 and 2).
+    with isb.InSituDataset(store, manifest, g, seed=3, rank=1, world_size=2, even_train=False) as ds:
         assert ds.train.n_samples == 31
-        assert sorted(i for b in ds.train for i in b.sample_indices.tolist()) == [*range(30), 60]
+        assert sorted(i for b in ds.train for i in b.sample_indices.tolist()) == list(range(30, 61))
     with pytest.raises(TypeError, match="`even_train` must be a bool"):
         isb.InSituDataset(store, even_train=1)
     assert sorted(every) == list(range(61))

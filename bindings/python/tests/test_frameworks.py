@@ -206,7 +206,7 @@ def _run_ranks(fixtures, tmp_path, mode):
 
 def test_ranks_under_torch_distributed_step_together_and_share_the_data(fixtures, tmp_path):
     # Two processes as torchrun starts them, an all-reduce per step as DDP's gradient sync: the
-    # mask's grid has chunks of 30, 30 and 1 samples, so rank 0 holds 31 and rank 1 30.
+    # mask's grid has chunks of 30, 30 and 1 samples, so rank 0 holds 30 and rank 1 31.
     pytest.importorskip("torch")
     errors = _run_ranks(fixtures, tmp_path, "even")
     assert all(code == 0 for code, _ in errors), errors
