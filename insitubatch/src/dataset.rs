@@ -314,10 +314,10 @@ impl DatasetBuilder {
     /// epoch, so that each rank reads and caches only its part (a window reaches into the next
     /// rank's chunks only at the end of a run) and the ranks together cover the split. Every rank must be given the
     /// same store, variables, manifest and seed. `train` is cut to the length of the shortest
-    /// rank's share, so that every rank takes the same number of steps (the rows left out, at most
-    /// one chunk's worth per rank, are in the pass's `trimmed_rows` and differ every epoch);
+    /// rank's share, so that every rank takes the same number of steps (the rows left out, within
+    /// two chunks' worth per rank, are in the pass's `trimmed_rows` and differ every epoch);
     /// `val`, `test` and `all` yield every sample once across the ranks, and their lengths may
-    /// differ by a chunk between ranks. Default `(0, 1)`: the whole split.
+    /// differ by as much between ranks. Default `(0, 1)`: the whole split.
     pub fn shard(mut self, rank: usize, world_size: usize) -> Self {
         self.shard = Shard { rank, world_size };
         self
