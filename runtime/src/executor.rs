@@ -575,13 +575,8 @@ impl LocalExec {
                 std::mem::take(&mut r.spawns),
             )
         };
-        {
-            let mut ready = self.ready.borrow_mut();
-            ready.extend(wakes);
-            for key in urgent {
-                ready.push_front(key);
-            }
-        }
+        self.ready.borrow_mut().extend(wakes);
+        self.queue_urgent(urgent);
         for spawn in spawns {
             let fut = (spawn.make)();
             self.insert(fut, spawn.urgent);
@@ -600,8 +595,13 @@ impl LocalExec {
             self.shared.urgent.store(false, Ordering::Relaxed);
             std::mem::take(&mut r.urgent_wakes)
         };
+        self.queue_urgent(urgent);
+    }
+
+    /// Urgent wakes taken from other threads, to the front of the ready queue.
+    fn queue_urgent(&self, keys: Vec<TaskKey>) {
         let mut ready = self.ready.borrow_mut();
-        for key in urgent {
+        for key in keys {
             ready.push_front(key);
         }
     }

@@ -114,15 +114,19 @@ pub fn count_rows(
     offsets: &[i64],
 ) -> (u64, u64) {
     let valid = valid_anchors(n_samples, offsets);
-    let (mut rows, mut dropped) = (0u64, 0u64);
-    for &c in chunks {
-        let start = c.saturating_mul(samples_per_chunk).min(n_samples);
-        let end = start.saturating_add(samples_per_chunk).min(n_samples);
-        let kept = end.min(valid.end).saturating_sub(start.max(valid.start));
-        rows += kept;
-        dropped += end - start - kept;
-    }
-    (rows, dropped)
+    chunks.iter().fold((0, 0), |(rows, dropped), &c| {
+        let (kept, lost) = chunk_rows(c, samples_per_chunk, n_samples, &valid);
+        (rows + kept, dropped + lost)
+    })
+}
+
+/// The anchors of chunk `c` inside `valid`, and those outside it (the short final chunk counts
+/// only its real length).
+fn chunk_rows(c: u64, samples_per_chunk: u64, n_samples: u64, valid: &Range<u64>) -> (u64, u64) {
+    let start = c.saturating_mul(samples_per_chunk).min(n_samples);
+    let end = start.saturating_add(samples_per_chunk).min(n_samples);
+    let kept = end.min(valid.end).saturating_sub(start.max(valid.start));
+    (kept, end - start - kept)
 }
 
 /// One rank's share of a split when several processes train together (data-parallel ranks):
@@ -142,10 +146,11 @@ pub struct Shard {
 
 /// A split's valid rows per chunk, as prefix sums (`prefix[i]`: the rows of its first `i` chunks).
 fn row_prefix(split: &[u64], samples_per_chunk: u64, n_samples: u64, offsets: &[i64]) -> Vec<u64> {
+    let valid = valid_anchors(n_samples, offsets);
     let mut prefix = Vec::with_capacity(split.len() + 1);
     prefix.push(0);
     for &c in split {
-        let rows = count_rows(&[c], samples_per_chunk, n_samples, offsets).0;
+        let rows = chunk_rows(c, samples_per_chunk, n_samples, &valid).0;
         prefix.push(prefix.last().copied().unwrap_or(0) + rows);
     }
     prefix
