@@ -16,7 +16,7 @@ use insitubatch_runtime::sync::Semaphore;
 use insitubatch_runtime::{
     IoBackend, IoBackendChoice, MAX_EXECUTOR_THREADS, Runtime, RuntimeBuilder,
 };
-use insitubatch_store::{ArrayGeometry, Hierarchy, LocalStore, open_geometries, open_hierarchy};
+use insitubatch_store::{AnyStore, ArrayGeometry, Hierarchy, open_geometries, open_hierarchy};
 
 /// Default rows per batch.
 pub const DEFAULT_BATCH_SIZE: usize = 32;
@@ -30,6 +30,9 @@ pub const MAX_INFLIGHT: usize = 4096;
 /// decoder keeps every core busy, and each read beyond that only holds one more encoded chunk
 /// in memory (docs/benchmarks.md, "Default read concurrency").
 pub const DEFAULT_INFLIGHT_PER_EXECUTOR: usize = 4;
+/// Default in-flight reads per executor thread from an object store or HTTP server, where a
+/// read is a request of tens of milliseconds and throughput comes from having many at once.
+pub const DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR: usize = 16;
 /// Default batches assembled ahead of the consumer.
 pub const DEFAULT_PREFETCH_DEPTH: usize = 2;
 
@@ -70,6 +73,7 @@ pub struct DatasetBuilder {
     cache_fail_writes_after: Option<u64>,
     shard: Shard,
     even_train: bool,
+    storage_options: Vec<(String, String)>,
 }
 
 impl DatasetBuilder {
@@ -332,10 +336,19 @@ impl DatasetBuilder {
         self
     }
 
+    /// Sets an object-store option (`aws_endpoint`, `aws_region`, `google_service_account`,
+    /// `azure_storage_account_name`, `timeout`, ...: the `object_store` crate's configuration
+    /// keys), applied after the environment's. Only for URL roots; given for a local directory
+    /// it is refused when the dataset is built.
+    pub fn storage_option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.storage_options.push((key.into(), value.into()));
+        self
+    }
+
     /// Opens the store, resolves the variables and validates everything.
     pub fn build(self) -> Result<InSituDataset, EngineError> {
         self.check_knobs()?;
-        let store = LocalStore::new(&self.root)?;
+        let store = open_location(&self.root, &self.storage_options)?;
         let mut rb = RuntimeBuilder::new().io_backend(self.io_backend);
         if let Some(n) = self.executor_threads {
             rb = rb.executor_threads(n);
@@ -436,9 +449,14 @@ impl DatasetBuilder {
             .iter()
             .map(|v| (v.geom.path.clone(), hierarchy.arrays[&v.geom.path].clone()))
             .collect();
+        let per_executor = if store.is_remote() {
+            DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR
+        } else {
+            DEFAULT_INFLIGHT_PER_EXECUTOR
+        };
         let max_inflight = self
             .max_inflight
-            .unwrap_or(DEFAULT_INFLIGHT_PER_EXECUTOR * runtime.executor_threads());
+            .unwrap_or(per_executor * runtime.executor_threads());
         let budget = match self.cache_budget_bytes {
             Some(b) => Budget::Bytes(b),
             None => Budget::Auto,
@@ -546,7 +564,7 @@ fn cache_arrays(variables: &[Variable]) -> Vec<ArrayMeta> {
 pub struct InSituDataset {
     root: PathBuf,
     runtime: Arc<Runtime>,
-    ctx: Arc<EngineContext<LocalStore>>,
+    ctx: Arc<EngineContext<AnyStore>>,
     variables: Vec<Variable>,
     manifest: SplitManifest,
     batch_size: usize,
@@ -572,7 +590,10 @@ impl std::fmt::Debug for InSituDataset {
 }
 
 impl InSituDataset {
-    /// A builder over the store at `root` (a local directory: NVMe or a parallel file system).
+    /// A builder over the store at `root`: a local directory (NVMe or a parallel file system)
+    /// or a URL (`s3://`, `gs://`, `az://`, `abfs://`, `http(s)://`) read through the
+    /// object-store client, with credentials from the environment or
+    /// [`DatasetBuilder::storage_option`].
     pub fn builder(root: impl AsRef<Path>) -> DatasetBuilder {
         DatasetBuilder {
             root: root.as_ref().to_path_buf(),
@@ -598,6 +619,7 @@ impl InSituDataset {
             cache_fail_writes_after: None,
             shard: Shard::WHOLE,
             even_train: true,
+            storage_options: Vec::new(),
         }
     }
 
@@ -839,8 +861,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The store at `root`: a URL through the object-store client, anything else a local directory
+/// (a path that is not UTF-8 can only be local).
+fn open_location(root: &Path, options: &[(String, String)]) -> Result<AnyStore, EngineError> {
+    Ok(match root.to_str() {
+        Some(location) => AnyStore::open(location, options)?,
+        None => AnyStore::open_local(root, options)?,
+    })
+}
+
 /// Reads the store's metadata through `runtime`.
-fn load_hierarchy(runtime: &Runtime, store: &LocalStore) -> Result<Hierarchy, EngineError> {
+fn load_hierarchy(runtime: &Runtime, store: &AnyStore) -> Result<Hierarchy, EngineError> {
     let store = store.clone();
     runtime
         .block_on(move || async move { open_hierarchy(&store).await })
@@ -850,8 +881,8 @@ fn load_hierarchy(runtime: &Runtime, store: &LocalStore) -> Result<Hierarchy, En
 
 /// The store at `root`, its metadata, and a one-thread runtime to read it with (for tools that
 /// read outside a dataset: `geometries`, the benchmark's ceilings).
-pub(crate) fn open_store(root: &Path) -> Result<(LocalStore, Hierarchy, Runtime), EngineError> {
-    let store = LocalStore::new(root)?;
+pub(crate) fn open_store(root: &Path) -> Result<(AnyStore, Hierarchy, Runtime), EngineError> {
+    let store = open_location(root, &[])?;
     let runtime = RuntimeBuilder::new()
         .executor_threads(1)
         .build()

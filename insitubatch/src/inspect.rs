@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use insitubatch_runtime::Handle;
-use insitubatch_store::{ArrayGeometry, LocalStore, StoreError, open_geometries, open_hierarchy};
+use insitubatch_store::{AnyStore, ArrayGeometry, StoreError, open_geometries, open_hierarchy};
 
 /// One variable's report.
 #[derive(Clone, Debug, Serialize)]
@@ -24,12 +24,13 @@ pub struct VariableReport {
     pub zarr_format: u8,
     /// Stored chunks.
     pub stored_chunks: u64,
-    /// Stored chunks present on disk.
-    pub stored_chunks_present: u64,
-    /// Bytes on disk of all present stored chunks.
-    pub stored_bytes_on_disk: u64,
-    /// Mean bytes on disk per present stored chunk.
-    pub stored_chunk_bytes_mean: u64,
+    /// Stored chunks present on disk (null when the store cannot be listed: a plain HTTP
+    /// server).
+    pub stored_chunks_present: Option<u64>,
+    /// Bytes on disk of all present stored chunks (null when unknown).
+    pub stored_bytes_on_disk: Option<u64>,
+    /// Mean bytes on disk per present stored chunk (null when unknown).
+    pub stored_chunk_bytes_mean: Option<u64>,
     /// Decoded bytes per stored chunk.
     pub stored_chunk_bytes_decoded: u64,
     /// Samples per stored chunk along the sample axis.
@@ -93,20 +94,41 @@ pub fn inspect(
     variables: Option<Vec<String>>,
     sample_axis: usize,
 ) -> Result<InspectReport, StoreError> {
-    let store = LocalStore::new(path)?;
+    let store = match path.to_str() {
+        Some(location) => AnyStore::open(location, &[])?,
+        None => AnyStore::open_local(path, &[])?,
+    };
     let st = store.clone();
     let hierarchy = handle.block_on(move || async move { open_hierarchy(&st).await })??;
     let geoms = open_geometries(&hierarchy, variables.as_deref(), sample_axis)?;
     let mut out = Vec::new();
     for (name, g) in &geoms {
         let a = &hierarchy.arrays[name];
+        // An object store's sizes come from one listing of the array, not a request per chunk;
+        // a store that cannot be listed (a plain HTTP server) leaves them unknown.
+        let listed = match &store {
+            AnyStore::Remote(remote) => {
+                let (remote, prefix) = (remote.clone(), name.clone());
+                handle
+                    .block_on(move || async move { remote.sizes_under(&prefix).await })?
+                    .ok()
+                    .map(Some)
+            }
+            AnyStore::Local(_) => Some(None),
+        };
         let (mut present, mut bytes) = (0u64, 0u64);
         for idx in a.chunk_indices() {
-            if let Some(n) = a.stored_size(&store, &idx).filter(|n| *n > 0) {
+            let size = match &listed {
+                Some(Some(sizes)) => a.chunk_key(&idx).ok().and_then(|k| sizes.get(&k).copied()),
+                Some(None) => a.stored_size(&store, &idx),
+                None => break,
+            };
+            if let Some(n) = size.filter(|n| *n > 0) {
                 present += 1;
                 bytes += n;
             }
         }
+        let known = |n: u64| listed.is_some().then_some(n);
         let (reg, hint) = regime(g);
         out.push(VariableReport {
             path: name.clone(),
@@ -117,9 +139,9 @@ pub fn inspect(
             codecs: a.codecs().to_vec(),
             zarr_format: a.zarr_format(),
             stored_chunks: a.num_chunks(),
-            stored_chunks_present: present,
-            stored_bytes_on_disk: bytes,
-            stored_chunk_bytes_mean: bytes.checked_div(present).unwrap_or(0),
+            stored_chunks_present: known(present),
+            stored_bytes_on_disk: known(bytes),
+            stored_chunk_bytes_mean: known(bytes.checked_div(present).unwrap_or(0)),
             stored_chunk_bytes_decoded: a.chunk_bytes_decoded(),
             samples_per_chunk: g.samples_per_chunk(),
             tiles_per_sample_chunk: g.tiles_per_sample_chunk(),
@@ -171,15 +193,29 @@ impl InspectReport {
                 s += &format!("  (sharded, inner {inner:?})");
             }
             s += &format!("\n  codecs: {}\n", v.codecs.join(" -> "));
-            s += &format!(
-                "  stored chunks: {} ({} on disk), {} on disk, {} mean per chunk, {} decoded per chunk ({:.2}x)\n",
-                v.stored_chunks,
+            match (
                 v.stored_chunks_present,
-                human_bytes(v.stored_bytes_on_disk),
-                human_bytes(v.stored_chunk_bytes_mean),
-                human_bytes(v.stored_chunk_bytes_decoded),
-                v.stored_chunk_bytes_decoded as f64 / v.stored_chunk_bytes_mean.max(1) as f64,
-            );
+                v.stored_bytes_on_disk,
+                v.stored_chunk_bytes_mean,
+            ) {
+                (Some(present), Some(bytes), Some(mean)) => {
+                    s += &format!(
+                        "  stored chunks: {} ({present} on disk), {} on disk, {} mean per chunk, {} decoded per chunk ({:.2}x)\n",
+                        v.stored_chunks,
+                        human_bytes(bytes),
+                        human_bytes(mean),
+                        human_bytes(v.stored_chunk_bytes_decoded),
+                        v.stored_chunk_bytes_decoded as f64 / mean.max(1) as f64,
+                    );
+                }
+                _ => {
+                    s += &format!(
+                        "  stored chunks: {} (sizes unknown: the store cannot be listed), {} decoded per chunk\n",
+                        v.stored_chunks,
+                        human_bytes(v.stored_chunk_bytes_decoded),
+                    );
+                }
+            }
             s += &format!(
                 "  samples per chunk: {}, tiles per sample chunk: {}\n  regime: {} — {}\n",
                 v.samples_per_chunk, v.tiles_per_sample_chunk, v.regime, v.hint

@@ -13,7 +13,8 @@ pub mod synth;
 
 pub use dataset::{
     DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_INFLIGHT_PER_EXECUTOR,
-    DEFAULT_PREFETCH_DEPTH, DatasetBuilder, InSituDataset, MAX_INFLIGHT, geometries, geometry_json,
+    DEFAULT_PREFETCH_DEPTH, DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR, DatasetBuilder, InSituDataset,
+    MAX_INFLIGHT, geometries, geometry_json,
 };
 pub use insitubatch_actors as actors;
 pub use insitubatch_actors::{
@@ -26,5 +27,6 @@ pub use insitubatch_runtime as runtime;
 pub use insitubatch_runtime::{IoBackend, IoBackendChoice};
 pub use insitubatch_store as store;
 pub use insitubatch_store::{
-    ArrayGeometry, DType, LocalStore, StoreError, open_geometries, open_hierarchy,
+    AnyStore, ArrayGeometry, DType, LocalStore, RemoteStore, StoreError, open_geometries,
+    open_hierarchy,
 };

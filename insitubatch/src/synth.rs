@@ -442,5 +442,46 @@ pub fn make_dataset(
     if let Some(e) = first_error.into_inner().unwrap() {
         return Err(werr(e));
     }
-    Ok(())
+    let mut names = vec!["time".to_string(), "latitude".into(), "longitude".into()];
+    names.extend(spec.variables.iter().cloned());
+    consolidate(dir, spec.zarr_format, &names)
+}
+
+/// Writes consolidated metadata for the arrays `names` of the group at `dir`, as zarr-python's
+/// `consolidate_metadata` does (v3: inline in the group's `zarr.json`; v2: `.zmetadata`), so
+/// that the store opens without listing: an object store lists slowly, and a plain HTTP server
+/// cannot list at all.
+fn consolidate(dir: &Path, zarr_format: u8, names: &[String]) -> Result<(), SynthError> {
+    let read = |path: &Path| -> Result<Value, SynthError> {
+        let bytes = std::fs::read(path).map_err(|e| SynthError::Write {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        serde_json::from_slice(&bytes).map_err(|e| SynthError::Write {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    };
+    let mut entries = serde_json::Map::new();
+    if zarr_format == 3 {
+        for name in names {
+            entries.insert(name.clone(), read(&dir.join(name).join("zarr.json"))?);
+        }
+        let group = json!({
+            "zarr_format": 3,
+            "node_type": "group",
+            "attributes": {},
+            "consolidated_metadata": {"kind": "inline", "must_understand": false, "metadata": entries},
+        });
+        write_json(&dir.join("zarr.json"), &group)
+    } else {
+        entries.insert(".zgroup".into(), json!({"zarr_format": 2}));
+        for name in names {
+            for file in [".zarray", ".zattrs"] {
+                entries.insert(format!("{name}/{file}"), read(&dir.join(name).join(file))?);
+            }
+        }
+        let cons = json!({"zarr_consolidated_format": 1, "metadata": entries});
+        write_json(&dir.join(".zmetadata"), &cons)
+    }
 }

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 pub enum StoreError {
     /// The path does not exist.
     #[error(
-        "{path} does not exist; check the path (it must be a local Zarr group or array directory)"
+        "{path} does not exist; check the path (a local Zarr group or array directory, or an \
+         s3://, gs://, az:// or http(s):// URL)"
     )]
     NotFound {
         /// The missing path.
@@ -76,6 +77,25 @@ pub enum StoreError {
         path: PathBuf,
         /// The OS error.
         source: std::io::Error,
+    },
+    /// A store URL that cannot be opened: an unknown scheme, an unknown storage option, or a
+    /// configuration the object-store client refuses (a missing bucket name, say).
+    #[error("cannot open the store {url}: {message}")]
+    BadUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// An object-store request that failed after the client's bounded retries.
+    #[error("reading {url}: {message}{hint}")]
+    Remote {
+        /// The object's URL.
+        url: String,
+        /// The client's error.
+        message: String,
+        /// What to do about it, as a clause to append ("" when there is nothing to add).
+        hint: String,
     },
     /// A stored chunk that does not decode.
     #[error(

@@ -170,7 +170,7 @@ async fn list_v3<S: Store>(
     depth: usize,
     arrays: &mut BTreeMap<String, ZarrArray>,
 ) -> Result<(), StoreError> {
-    for name in store.list_dir(prefix)? {
+    for name in store.list_dir(prefix).await? {
         let path = join(prefix, &name);
         let key = join(&path, "zarr.json");
         let Some(meta) = get_json(store, &key).await? else {
@@ -198,7 +198,7 @@ async fn list_v2<S: Store>(
     depth: usize,
     arrays: &mut BTreeMap<String, ZarrArray>,
 ) -> Result<(), StoreError> {
-    for name in store.list_dir(prefix)? {
+    for name in store.list_dir(prefix).await? {
         if name.starts_with('.') {
             continue;
         }

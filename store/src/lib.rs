@@ -26,6 +26,7 @@ mod dtype;
 mod error;
 mod geometry;
 mod hierarchy;
+mod remote;
 mod store;
 
 pub use array::{DecodedChunk, ZarrArray, array_label};
@@ -33,4 +34,5 @@ pub use dtype::DType;
 pub use error::StoreError;
 pub use geometry::{ArrayGeometry, is_coordinate, open_geometries};
 pub use hierarchy::{Hierarchy, open_hierarchy};
-pub use store::{LocalStore, Store};
+pub use remote::{RemoteStore, is_url};
+pub use store::{AnyStore, LocalStore, Store};

@@ -1,9 +1,10 @@
-//! Where bytes come from: the [`Store`] trait and the local file system backend.
+//! Where bytes come from: the [`Store`] trait, the local file system backend, and [`AnyStore`],
+//! which opens a path or a URL.
 //!
 //! Keys are `/`-separated paths relative to the store root, as Zarr defines them. The local
 //! backend reads through the insitubatch runtime (io_uring or the blocking pool), so its futures
-//! must be awaited on an executor thread. An object-store backend implements the same trait by
-//! forwarding to its own client runtime.
+//! must be awaited on an executor thread. The object-store backend ([`RemoteStore`]) implements
+//! the same trait by forwarding to its own client runtime.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 use insitubatch_runtime::fs;
 
 use crate::error::StoreError;
+use crate::remote::{RemoteStore, is_url};
 
 /// A key-value view of a Zarr store.
 pub trait Store: Send + Sync + 'static {
@@ -43,8 +45,8 @@ pub trait Store: Send + Sync + 'static {
     fn exists(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>>;
 
     /// Names of the direct children of the `prefix` directory (for metadata discovery when a
-    /// group has no consolidated metadata).
-    fn list_dir(&self, prefix: &str) -> Result<Vec<String>, StoreError>;
+    /// group has no consolidated metadata), sorted.
+    fn list_dir(&self, prefix: &str) -> impl Future<Output = Result<Vec<String>, StoreError>>;
 
     /// Size in bytes of a stored value without reading it, if the backend knows it cheaply.
     fn size_of(&self, key: &str) -> Option<u64>;
@@ -131,7 +133,7 @@ impl Store for LocalStore {
         }
     }
 
-    fn list_dir(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+    async fn list_dir(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         let path = self.locate(prefix);
         let rd = std::fs::read_dir(&path).map_err(|source| StoreError::Io {
             path: path.clone(),
@@ -156,5 +158,107 @@ impl Store for LocalStore {
             .ok()
             .filter(|m| m.is_file())
             .map(|m| m.len())
+    }
+}
+
+/// A store opened from a location string: a local directory (or a `file://` URL) read through
+/// the runtime, or an object store ([`RemoteStore`]). The engine is generic over [`Store`];
+/// this enum is what a dataset opened by location holds.
+#[derive(Clone, Debug)]
+pub enum AnyStore {
+    /// A local directory.
+    Local(LocalStore),
+    /// An object store or HTTP server.
+    Remote(RemoteStore),
+}
+
+impl AnyStore {
+    /// Opens `location`: an `s3://`, `gs://`, `az://`, `abfs://` or `http(s)://` URL through
+    /// the object-store client (configured from the environment, then `options`), anything else
+    /// as a local directory (`file://` stripped). `options` given for a local directory are
+    /// refused, since nothing would read them.
+    pub fn open(location: &str, options: &[(String, String)]) -> Result<Self, StoreError> {
+        if let Some(path) = location.strip_prefix("file://") {
+            return Self::open(path, options);
+        }
+        if is_url(location) {
+            return RemoteStore::open(location, options).map(Self::Remote);
+        }
+        Self::open_local(Path::new(location), options)
+    }
+
+    /// Opens the local directory `root`; `options` must be empty (nothing would read them).
+    pub fn open_local(root: &Path, options: &[(String, String)]) -> Result<Self, StoreError> {
+        if let Some((key, _)) = options.first() {
+            return Err(StoreError::BadUrl {
+                url: root.display().to_string(),
+                message: format!(
+                    "storage option `{key}` was given for a local directory; storage options \
+                     configure object stores (s3://, gs://, az://, http(s)://) only"
+                ),
+            });
+        }
+        LocalStore::new(root).map(Self::Local)
+    }
+
+    /// Whether reads go over a network (object store or HTTP), where more reads in flight pay.
+    pub fn is_remote(&self) -> bool {
+        matches!(self, Self::Remote(_))
+    }
+}
+
+impl Store for AnyStore {
+    fn locate(&self, key: &str) -> PathBuf {
+        match self {
+            Self::Local(s) => s.locate(key),
+            Self::Remote(s) => s.locate(key),
+        }
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self {
+            Self::Local(s) => s.get(key).await,
+            Self::Remote(s) => s.get(key).await,
+        }
+    }
+
+    async fn get_into(&self, key: &str, buf: Vec<u8>) -> Result<Option<Vec<u8>>, StoreError> {
+        match self {
+            Self::Local(s) => s.get_into(key, buf).await,
+            Self::Remote(s) => s.get_into(key, buf).await,
+        }
+    }
+
+    async fn get_range(
+        &self,
+        key: &str,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        match self {
+            Self::Local(s) => s.get_range(key, offset, len).await,
+            Self::Remote(s) => s.get_range(key, offset, len).await,
+        }
+    }
+
+    async fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        match self {
+            Self::Local(s) => s.exists(key).await,
+            Self::Remote(s) => s.exists(key).await,
+        }
+    }
+
+    async fn list_dir(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        match self {
+            Self::Local(s) => s.list_dir(prefix).await,
+            Self::Remote(s) => s.list_dir(prefix).await,
+        }
+    }
+
+    fn size_of(&self, key: &str) -> Option<u64> {
+        match self {
+            Self::Local(s) => s.size_of(key),
+            Self::Remote(s) => s.size_of(key),
+        }
     }
 }

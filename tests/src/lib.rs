@@ -245,3 +245,53 @@ impl Drop for Lease {
         unsafe { libc::fcntl(self.0.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
     }
 }
+
+/// A plain HTTP server (`tests/fixtures/http_server.py`) over a directory, for the object-store
+/// tests; stopped when dropped. It cannot list, as most static web servers cannot.
+pub struct HttpServer {
+    child: std::process::Child,
+    /// The port it listens on at 127.0.0.1.
+    pub port: u16,
+}
+
+impl HttpServer {
+    /// Serves `dir`; a GET of a path under any of `fail` (relative to `dir`) answers 500.
+    pub fn serve(dir: &Path, fail: &[&str]) -> Self {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/http_server.py");
+        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        let mut cmd = Command::new(&python);
+        cmd.arg(&script).arg(dir);
+        for f in fail {
+            cmd.arg("--fail").arg(f);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {python} {}: {e}", script.display()));
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("piped stdout"))
+            .read_line(&mut line)
+            .expect("read the server's port");
+        let port = line
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("http_server.py printed {line:?}, not a port"));
+        Self { child, port }
+    }
+
+    /// The URL of `path` (relative to the served directory).
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}/{path}", self.port)
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

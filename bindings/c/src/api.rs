@@ -239,6 +239,27 @@ struct DatasetConfig {
     rank: Option<usize>,
     world_size: Option<usize>,
     even_train: Option<bool>,
+    /// Object-store options (strings, numbers or booleans by key); checked by `storage_options`.
+    #[serde(default)]
+    storage_options: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The config's `storage_options` as key/value strings: numbers and booleans are written out
+/// (`{"aws_allow_http": true}` as `"true"`), anything else is refused naming the key.
+fn storage_options(
+    map: serde_json::Map<String, serde_json::Value>,
+) -> Result<Vec<(String, String)>, insitubatch::EngineError> {
+    map.into_iter()
+        .map(|(k, v)| match v {
+            serde_json::Value::String(s) => Ok((k, s)),
+            serde_json::Value::Bool(_) | serde_json::Value::Number(_) => Ok((k, v.to_string())),
+            other => Err(insitubatch::EngineError::arg(
+                "storage_options",
+                format!("{k}: {other}"),
+                "each option's value is a string, a number or a boolean",
+            )),
+        })
+        .collect()
 }
 
 fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
@@ -304,6 +325,9 @@ fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
         b = b.shard(c.rank.unwrap_or(0), c.world_size.unwrap_or(1));
     }
     b = b.even_train(c.even_train.unwrap_or(true));
+    for (k, v) in storage_options(c.storage_options)? {
+        b = b.storage_option(k, v);
+    }
     if let Some(n) = c.executor_threads {
         if n == 0 {
             return Err(invalid(

@@ -82,8 +82,9 @@ pub(crate) fn status_of(e: &EngineError) -> IsbStatus {
             | StoreError::BadMetadata { .. }
             | StoreError::CorruptChunk { .. } => IsbStatus::IsbBadData,
             StoreError::Unsupported { .. } => IsbStatus::IsbUnsupported,
-            StoreError::Io { .. } => IsbStatus::IsbIo,
-            StoreError::SampleAxis { .. }
+            StoreError::Io { .. } | StoreError::Remote { .. } => IsbStatus::IsbIo,
+            StoreError::BadUrl { .. }
+            | StoreError::SampleAxis { .. }
             | StoreError::UnknownVariable { .. }
             | StoreError::NoDataVariables { .. }
             | StoreError::ChunkIndex { .. } => IsbStatus::IsbInvalidArgument,
