@@ -117,10 +117,29 @@ def _json_call(fn, *args) -> Any:
 
 
 def _store_str(store) -> str:
-    """A store path as text; a store is a local directory path (str, bytes or os.PathLike)."""
+    """A store as text: a local directory path (str, bytes or os.PathLike) or a URL (s3://,
+    gs://, az://, abfs://, http(s)://)."""
     if isinstance(store, (str, bytes, os.PathLike)):
         return os.fsdecode(os.fspath(store))
-    raise TypeError(f"`store` must be a path (str or os.PathLike), not {type(store).__name__}")
+    raise TypeError(
+        f"`store` must be a path (str or os.PathLike) or a URL, not {type(store).__name__}"
+    )
+
+
+def _storage_options(options) -> dict[str, Any]:
+    """Object-store options as the C config takes them: string keys, scalar values."""
+    if not isinstance(options, Mapping):
+        raise TypeError(f"`storage_options` must be a mapping, not {type(options).__name__}")
+    out = {}
+    for key, value in options.items():
+        if not isinstance(key, str):
+            raise TypeError(f"storage_options: key {key!r} must be a str")
+        if not isinstance(value, (str, bool, int, float)):
+            raise TypeError(
+                f"storage_options[{key!r}] must be a str, bool or number, not {type(value).__name__}"
+            )
+        out[key] = value
+    return out
 
 
 def _path(store) -> bytes:
@@ -567,6 +586,7 @@ class InSituDataset:
         rank: int = 0,
         world_size: int = 1,
         even_train: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
     ):
         self._handle = None
         config: dict[str, Any] = {
@@ -603,6 +623,8 @@ class InSituDataset:
             config[name] = flag
         if cache_dir is not None:
             config["cache_dir"] = os.fspath(cache_dir)
+        if storage_options is not None:
+            config["storage_options"] = _storage_options(storage_options)
         if executor_threads is not None:
             config["executor_threads"] = _check_int("executor_threads", executor_threads)
         if io_backend is not None:

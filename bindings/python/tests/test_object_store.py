@@ -1,0 +1,121 @@
+"""Object stores through the shim: a local S3 server (moto) holding zarr-python's fixtures, read
+with signed requests by the same client that reads AWS S3. Every sample equals zarr-python's,
+the batches equal the local store's, and a missing bucket or object names its URL."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zarr
+
+import insitubatch as isb
+
+boto3 = pytest.importorskip("boto3", reason="pip install -r requirements-test.txt (moto[server])")
+
+CREDENTIALS = {
+    "aws_access_key_id": "testing",
+    "aws_secret_access_key": "testing",
+    "aws_region": "us-east-1",
+}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3(fixtures):
+    """A moto S3 server with a bucket `data` holding the fixture stores; yields its options."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("moto's S3 server did not start") from None
+                time.sleep(0.1)
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=CREDENTIALS["aws_access_key_id"],
+            aws_secret_access_key=CREDENTIALS["aws_secret_access_key"],
+            region_name=CREDENTIALS["aws_region"],
+        )
+        client.create_bucket(Bucket="data")
+        out, _ = fixtures
+        for store in ("era5_v3.zarr", "era5_v2.zarr", "v3_sharded.zarr"):
+            for dirpath, _, files in os.walk(out / store):
+                for name in files:
+                    path = os.path.join(dirpath, name)
+                    client.upload_file(path, "data", os.path.relpath(path, out))
+        yield {**CREDENTIALS, "aws_endpoint": endpoint, "aws_allow_http": True}
+    finally:
+        server.kill()
+        server.wait()
+
+
+def _epoch(ds, split="train"):
+    """(sample indices, {label: array}) of a whole epoch, batches concatenated."""
+    order, arrays = [], {}
+    for b in getattr(ds, split):
+        order.extend(b.sample_indices.tolist())
+        for label, a in b.arrays.items():
+            arrays.setdefault(label, []).append(np.array(a))
+    return order, {k: np.concatenate(v) for k, v in arrays.items()}
+
+
+@pytest.mark.parametrize("store", ["era5_v3.zarr", "era5_v2.zarr"])
+def test_a_store_in_s3_reads_as_zarr_python_and_the_local_copy(fixtures, s3, store):
+    # era5_v3 has consolidated metadata; era5_v2 has none, so its arrays are found by listing.
+    out, _ = fixtures
+    kw = dict(batch_size=5, block_chunks=2, seed=3)
+    with isb.InSituDataset(f"s3://data/{store}", storage_options=s3, **kw) as remote, \
+            isb.InSituDataset(out / store, **kw) as local:
+        assert set(remote.geometries) == {"t2m", "u10", "station"}
+        got_order, got = _epoch(remote)
+        want_order, want = _epoch(local)
+        assert got_order == want_order
+        assert sorted(got_order) == list(range(12))
+        for label in ("t2m", "u10", "station"):
+            np.testing.assert_array_equal(got[label], want[label])
+            ref = zarr.open_array(out / store / label, mode="r")[...]
+            np.testing.assert_array_equal(got[label], ref[got_order])
+        assert remote.stats()["tiles_read"] == local.stats()["tiles_read"]
+
+
+def test_a_sharded_root_array_in_s3_reads_as_zarr_python(fixtures, s3):
+    out, _ = fixtures
+    ref = zarr.open_array(out / "v3_sharded.zarr", mode="r")[...]
+    with isb.InSituDataset("s3://data/v3_sharded.zarr", storage_options=s3, batch_size=4) as ds:
+        order, got = _epoch(ds, "all")
+        assert order == list(range(ref.shape[0]))
+        (arr,) = got.values()
+        np.testing.assert_array_equal(arr, ref)
+
+
+def test_a_missing_bucket_or_store_names_its_url_and_bad_options_are_refused(s3):
+    with pytest.raises(isb.errors.Error, match="s3://data/nothing_here.zarr"):
+        isb.InSituDataset("s3://data/nothing_here.zarr", storage_options=s3)
+    with pytest.raises(isb.errors.Error, match="s3://no-such-bucket/era5_v3.zarr"):
+        isb.InSituDataset("s3://no-such-bucket/era5_v3.zarr", storage_options=s3)
+    with pytest.raises(isb.errors.InvalidArgument, match="aws_no_such_option"):
+        isb.InSituDataset("s3://data/era5_v3.zarr", storage_options={"aws_no_such_option": "1"})
+    with pytest.raises(TypeError, match="storage_options"):
+        isb.InSituDataset("s3://data/era5_v3.zarr", storage_options={"aws_region": ["a"]})
+    with pytest.raises(TypeError, match="storage_options"):
+        isb.InSituDataset("s3://data/era5_v3.zarr", storage_options="aws_region=us-east-1")
