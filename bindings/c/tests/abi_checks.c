@@ -49,6 +49,12 @@ int main(int argc, char **argv) {
     CHECK("empty variables", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "`variables` = []");
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"on_bad_chunk\": \"ignore\"}", store);
     CHECK("bad policy", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "on_bad_chunk");
+    /* Object stores: options are for URLs only, checked by key and by value type. */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"storage_options\": {\"aws_region\": \"eu-west-1\"}}", store);
+    CHECK("storage option for a directory", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "aws_region");
+    CHECK("unknown storage option", isb_dataset_open("{\"store\": \"s3://bucket/era5.zarr\", \"storage_options\": {\"aws_no_such\": 1}}", &ds, &err), ISB_INVALID_ARGUMENT, "aws_no_such");
+    CHECK("storage option not a scalar", isb_dataset_open("{\"store\": \"s3://bucket/era5.zarr\", \"storage_options\": {\"aws_region\": [1]}}", &ds, &err), ISB_INVALID_ARGUMENT, "storage_options");
+    CHECK("unreadable scheme", isb_dataset_open("{\"store\": \"ftp://host/era5.zarr\"}", &ds, &err), ISB_INVALID_ARGUMENT, "ftp://");
     char *out = NULL;
     CHECK("bad fractions", isb_split_by_chunk(store, NULL, "{\"fractions\": [0.9, 0.3]}", &out, &err), ISB_INVALID_ARGUMENT, "fractions");
 
