@@ -95,13 +95,14 @@ impl RemoteStore {
             message,
         };
         let parsed = Url::parse(url).map_err(|e| bad(format!("not a URL ({e})")))?;
-        let (scheme, prefix) = ObjectStoreScheme::parse(&parsed).map_err(|_| {
+        let unreadable = || {
             bad(format!(
                 "`{}://` is not a store insitubatch can read; use a local path or an s3://, \
                  gs://, az://, abfs://, http:// or https:// URL",
                 parsed.scheme()
             ))
-        })?;
+        };
+        let (scheme, prefix) = ObjectStoreScheme::parse(&parsed).map_err(|_| unreadable())?;
         let retry = RetryConfig {
             max_retries: MAX_RETRIES,
             retry_timeout: RETRY_TIMEOUT,
@@ -114,45 +115,35 @@ impl RemoteStore {
                 parsed.scheme()
             ))
         };
-        let built: Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
-            ObjectStoreScheme::AmazonS3 => {
-                let mut b = aws::AmazonS3Builder::from_env().with_url(url);
+        // Each builder has its own key type; the options are parsed as that builder's keys.
+        macro_rules! configured {
+            ($builder:expr) => {{
+                let mut b = $builder;
                 for (k, v) in options {
                     b = b.with_config(k.to_ascii_lowercase().parse().map_err(|_| unknown(k))?, v);
                 }
-                b.with_retry(retry).build().map(|s| Arc::new(s) as _)
+                b.with_retry(retry).build().map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+            }};
+        }
+        let built = match scheme {
+            ObjectStoreScheme::AmazonS3 => {
+                configured!(aws::AmazonS3Builder::from_env().with_url(url))
             }
             ObjectStoreScheme::GoogleCloudStorage => {
-                let mut b = gcp::GoogleCloudStorageBuilder::from_env().with_url(url);
-                for (k, v) in options {
-                    b = b.with_config(k.to_ascii_lowercase().parse().map_err(|_| unknown(k))?, v);
-                }
-                b.with_retry(retry).build().map(|s| Arc::new(s) as _)
+                configured!(gcp::GoogleCloudStorageBuilder::from_env().with_url(url))
             }
             ObjectStoreScheme::MicrosoftAzure => {
-                let mut b = azure::MicrosoftAzureBuilder::from_env().with_url(url);
-                for (k, v) in options {
-                    b = b.with_config(k.to_ascii_lowercase().parse().map_err(|_| unknown(k))?, v);
-                }
-                b.with_retry(retry).build().map(|s| Arc::new(s) as _)
+                configured!(azure::MicrosoftAzureBuilder::from_env().with_url(url))
             }
-            ObjectStoreScheme::Http => {
-                // The user wrote `http://`, so plain HTTP is what they asked for.
-                let mut b = http::HttpBuilder::new()
+            // The user wrote `http://`, so plain HTTP is what they asked for.
+            ObjectStoreScheme::Http => configured!(
+                http::HttpBuilder::new()
                     .with_url(&parsed[..url::Position::BeforePath])
-                    .with_config(ClientConfigKey::AllowHttp, "true");
-                for (k, v) in options {
-                    b = b.with_config(k.to_ascii_lowercase().parse().map_err(|_| unknown(k))?, v);
-                }
-                b.with_retry(retry).build().map(|s| Arc::new(s) as _)
-            }
-            _ => {
-                return Err(bad(format!(
-                    "`{}://` is not a store insitubatch can read; use a local path or an s3://, \
-                     gs://, az://, abfs://, http:// or https:// URL",
-                    parsed.scheme()
-                )));
-            }
+                    .with_config(ClientConfigKey::AllowHttp, "true")
+            ),
+            // `file://` is opened as a local directory before it gets here; `memory://` holds
+            // nothing to read.
+            _ => return Err(unreadable()),
         };
         let store = built.map_err(|e| bad(e.to_string()))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
