@@ -122,7 +122,9 @@ impl RemoteStore {
                 for (k, v) in options {
                     b = b.with_config(k.to_ascii_lowercase().parse().map_err(|_| unknown(k))?, v);
                 }
-                b.with_retry(retry).build().map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+                b.with_retry(retry)
+                    .build()
+                    .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
             }};
         }
         let built = match scheme {
