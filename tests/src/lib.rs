@@ -257,6 +257,16 @@ pub struct HttpServer {
 impl HttpServer {
     /// Serves `dir`; a GET of a path under any of `fail` (relative to `dir`) answers 500.
     pub fn serve(dir: &Path, fail: &[&str]) -> Self {
+        Self::start(dir, fail, None)
+    }
+
+    /// Serves `dir`, holding every response to a path under `prefix` for `delay` (counted in
+    /// [`HttpServer::held_stats`]).
+    pub fn serve_slow(dir: &Path, prefix: &str, delay: std::time::Duration) -> Self {
+        Self::start(dir, &[], Some((prefix, delay)))
+    }
+
+    fn start(dir: &Path, fail: &[&str], slow: Option<(&str, std::time::Duration)>) -> Self {
         use std::io::BufRead;
         use std::process::Stdio;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/http_server.py");
@@ -265,6 +275,12 @@ impl HttpServer {
         cmd.arg(&script).arg(dir);
         for f in fail {
             cmd.arg("--fail").arg(f);
+        }
+        if let Some((prefix, delay)) = slow {
+            cmd.arg("--slow")
+                .arg(prefix)
+                .arg("--delay-ms")
+                .arg(delay.as_millis().to_string());
         }
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -285,6 +301,33 @@ impl HttpServer {
     /// The URL of `path` (relative to the served directory).
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}/{path}", self.port)
+    }
+
+    /// Requests held so far (under the slow prefix): how many, how many of them the client
+    /// abandoned (hung up before the answer), and how many were answered.
+    pub fn held_stats(&self) -> (u64, u64, u64) {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        conn.write_all(b"GET /__stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("send");
+        conn.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .ok();
+        let mut text = String::new();
+        // The server keeps the connection open after its answer: read what arrives, then stop.
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = conn.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            if text.contains('}') {
+                break;
+            }
+        }
+        let body = text.split("\r\n\r\n").nth(1).expect("a response body");
+        let v: Value = serde_json::from_str(body).expect("stats JSON");
+        let get = |k: &str| v[k].as_u64().expect("a count");
+        (get("held"), get("abandoned"), get("answered"))
     }
 }
 

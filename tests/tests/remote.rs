@@ -195,3 +195,33 @@ fn storage_options_are_refused_for_a_local_directory_and_checked_for_a_url() {
         .to_string();
     assert!(err.contains("ftp://") && err.contains("s3://"), "{err}");
 }
+
+#[test]
+fn a_pass_that_stops_abandons_its_requests_in_flight() {
+    let f = fixture("era5_v3", "t2m");
+    // Chunk reads are held 3 s; metadata is answered at once.
+    let hold = Duration::from_secs(3);
+    let server = HttpServer::serve_slow(&fixtures_dir(), "era5_v3.zarr/t2m/c/", hold);
+    let ds = dataset(&server.url("era5_v3.zarr"), &f).unwrap();
+    let pass = ds.train().unwrap();
+    // Wait until the pass's first reads are with the server, then stop the pass while the
+    // dataset (and its client) lives on.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while server.held_stats().0 == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no read reached the server"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(pass);
+    std::thread::sleep(hold + Duration::from_millis(500));
+    let (held, abandoned, answered) = server.held_stats();
+    assert!(held >= 1);
+    assert_eq!(
+        (abandoned, answered),
+        (held, 0),
+        "a stopped pass left requests to run to completion"
+    );
+    drop(ds);
+}
