@@ -119,3 +119,35 @@ def test_a_missing_bucket_or_store_names_its_url_and_bad_options_are_refused(s3)
         isb.InSituDataset("s3://data/era5_v3.zarr", storage_options={"aws_region": ["a"]})
     with pytest.raises(TypeError, match="storage_options"):
         isb.InSituDataset("s3://data/era5_v3.zarr", storage_options="aws_region=us-east-1")
+
+
+def test_a_persisted_cache_of_an_s3_store_serves_a_later_run_with_no_request(fixtures, s3, tmp_path):
+    # The product's promise for object stores: the first run fetches and decodes, the NVMe
+    # tier keeps the decoded chunks, and a later run (readonly, as a scoring job) reads nothing
+    # from the store. t2m's chunks are deleted from the bucket for the second run: a read that
+    # reached the store would find no object, read the fill value and fail the comparison.
+    out, _ = fixtures
+    url = "s3://data/era5_v3.zarr"
+    with isb.InSituDataset(url, storage_options=s3, batch_size=4, cache_dir=tmp_path,
+                           persist=True) as ds:
+        first_order, first = _epoch(ds, "all")
+        assert ds.stats()["tiles_read"] == 9  # 3 chunks of each of 3 variables
+    client = boto3.client("s3", endpoint_url=s3["aws_endpoint"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    listed = client.list_objects_v2(Bucket="data", Prefix="era5_v3.zarr/t2m/c/")["Contents"]
+    for obj in listed:
+        client.delete_object(Bucket="data", Key=obj["Key"])
+    try:
+        with isb.InSituDataset(url, storage_options=s3, batch_size=4, cache_dir=tmp_path,
+                               readonly_cache=True) as ds:
+            order, got = _epoch(ds, "all")
+            s = ds.stats()
+            assert (s["tiles_read"], s["bytes_decoded"], ds.cache_revived) == (0, 0, 9)
+        assert order == first_order
+        for label in ("t2m", "u10", "station"):
+            np.testing.assert_array_equal(got[label], first[label])
+            ref = zarr.open_array(out / "era5_v3.zarr" / label, mode="r")[...]
+            np.testing.assert_array_equal(got[label], ref)
+    finally:
+        for obj in listed:
+            client.upload_file(str(out / obj["Key"]), "data", obj["Key"])
