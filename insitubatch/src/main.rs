@@ -837,6 +837,14 @@ fn main() -> ExitCode {
     // rather than panic on the next print.
     // SAFETY: restoring the default disposition of SIGPIPE before any thread is started.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // Rust allocations go to mimalloc; glibc's malloc serves only C code (zstd, libc itself).
+    // Left alone, it gives every thread that calls it an arena reserving 128 MiB of address
+    // space, and under `ulimit -v` (HPC login and batch nodes) a dozen such threads left no room
+    // for a thread stack: the first dataset open failed spawning one instead of refusing the
+    // working set by name (`tests/cli.rs`, 20 of 20 runs on the thread fallback; 0 of 20 with
+    // two arenas). Two arenas are plenty for what C code allocates here.
+    // SAFETY: mallopt before any thread is started; M_ARENA_MAX only caps future arenas.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) };
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
