@@ -123,6 +123,8 @@ fn make_dataset_then_inspect_json() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Consolidated metadata, so that a store copied to a server that cannot list still opens.
+    assert_eq!(v["discovery"], "consolidated");
     let vars = v["variables"].as_array().unwrap();
     assert_eq!(vars.len(), 2, "coordinates are not data variables");
     assert_eq!(vars[0]["path"], "t2m");
@@ -421,4 +423,50 @@ fn a_working_set_over_ulimit_v_is_refused_by_name_not_aborted() {
         err.contains("block_chunks") && err.contains("ulimit -v"),
         "{err}"
     );
+}
+
+#[test]
+fn make_dataset_writes_consolidated_metadata_in_either_format() {
+    for format in ["2", "3"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = tmp.path().join("s.zarr");
+        let out = cli()
+            .args([
+                "make-dataset",
+                "--samples",
+                "6",
+                "--grid",
+                "4x5",
+                "--format",
+                format,
+            ])
+            .arg(&store)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = cli()
+            .arg("inspect")
+            .arg(&store)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["discovery"], "consolidated", "format {format}");
+        let vars: Vec<_> = v["variables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["path"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(vars, ["t2m", "u10"], "format {format}");
+    }
 }
