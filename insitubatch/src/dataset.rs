@@ -348,7 +348,7 @@ impl DatasetBuilder {
     /// Opens the store, resolves the variables and validates everything.
     pub fn build(self) -> Result<InSituDataset, EngineError> {
         self.check_knobs()?;
-        let store = open_location(&self.root, &self.storage_options)?;
+        let store = AnyStore::open(&self.root, &self.storage_options)?;
         let mut rb = RuntimeBuilder::new().io_backend(self.io_backend);
         if let Some(n) = self.executor_threads {
             rb = rb.executor_threads(n);
@@ -861,15 +861,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The store at `root`: a URL through the object-store client, anything else a local directory
-/// (a path that is not UTF-8 can only be local).
-fn open_location(root: &Path, options: &[(String, String)]) -> Result<AnyStore, EngineError> {
-    Ok(match root.to_str() {
-        Some(location) => AnyStore::open(location, options)?,
-        None => AnyStore::open_local(root, options)?,
-    })
-}
-
 /// Reads the store's metadata through `runtime`.
 fn load_hierarchy(runtime: &Runtime, store: &AnyStore) -> Result<Hierarchy, EngineError> {
     let store = store.clone();
@@ -882,7 +873,7 @@ fn load_hierarchy(runtime: &Runtime, store: &AnyStore) -> Result<Hierarchy, Engi
 /// The store at `root`, its metadata, and a one-thread runtime to read it with (for tools that
 /// read outside a dataset: `geometries`, the benchmark's ceilings).
 pub(crate) fn open_store(root: &Path) -> Result<(AnyStore, Hierarchy, Runtime), EngineError> {
-    let store = open_location(root, &[])?;
+    let store = AnyStore::open(root, &[])?;
     let runtime = RuntimeBuilder::new()
         .executor_threads(1)
         .build()

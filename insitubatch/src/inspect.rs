@@ -87,6 +87,16 @@ pub fn regime(g: &ArrayGeometry) -> (&'static str, &'static str) {
     }
 }
 
+/// Where the sizes of an array's stored chunks come from.
+enum Sizes {
+    /// A local file's size each (a `stat`, no request).
+    PerFile,
+    /// One listing of an object store's array prefix, by key.
+    Listed(std::collections::HashMap<String, u64>),
+    /// A store that cannot be listed: unknown.
+    Unknown,
+}
+
 /// Builds the report (runs metadata reads on the runtime).
 pub fn inspect(
     handle: &Handle,
@@ -94,10 +104,7 @@ pub fn inspect(
     variables: Option<Vec<String>>,
     sample_axis: usize,
 ) -> Result<InspectReport, StoreError> {
-    let store = match path.to_str() {
-        Some(location) => AnyStore::open(location, &[])?,
-        None => AnyStore::open_local(path, &[])?,
-    };
+    let store = AnyStore::open(path, &[])?;
     let st = store.clone();
     let hierarchy = handle.block_on(move || async move { open_hierarchy(&st).await })??;
     let geoms = open_geometries(&hierarchy, variables.as_deref(), sample_axis)?;
@@ -106,29 +113,31 @@ pub fn inspect(
         let a = &hierarchy.arrays[name];
         // An object store's sizes come from one listing of the array, not a request per chunk;
         // a store that cannot be listed (a plain HTTP server) leaves them unknown.
-        let listed = match &store {
+        let sizes = match &store {
+            AnyStore::Local(_) => Sizes::PerFile,
             AnyStore::Remote(remote) => {
                 let (remote, prefix) = (remote.clone(), name.clone());
-                handle
-                    .block_on(move || async move { remote.sizes_under(&prefix).await })?
-                    .ok()
-                    .map(Some)
+                match handle.block_on(move || async move { remote.sizes_under(&prefix).await })? {
+                    Ok(listed) => Sizes::Listed(listed),
+                    Err(_) => Sizes::Unknown,
+                }
             }
-            AnyStore::Local(_) => Some(None),
         };
         let (mut present, mut bytes) = (0u64, 0u64);
         for idx in a.chunk_indices() {
-            let size = match &listed {
-                Some(Some(sizes)) => a.chunk_key(&idx).ok().and_then(|k| sizes.get(&k).copied()),
-                Some(None) => a.stored_size(&store, &idx),
-                None => break,
+            let size = match &sizes {
+                Sizes::PerFile => a.stored_size(&store, &idx),
+                Sizes::Listed(listed) => {
+                    a.chunk_key(&idx).ok().and_then(|k| listed.get(&k).copied())
+                }
+                Sizes::Unknown => break,
             };
             if let Some(n) = size.filter(|n| *n > 0) {
                 present += 1;
                 bytes += n;
             }
         }
-        let known = |n: u64| listed.is_some().then_some(n);
+        let known = |n: u64| (!matches!(sizes, Sizes::Unknown)).then_some(n);
         let (reg, hint) = regime(g);
         out.push(VariableReport {
             path: name.clone(),

@@ -4,6 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// `insitubatch inspect STORE --json`, parsed.
+fn inspect_json(store: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&run_ok(cli().arg("inspect").arg(store).arg("--json"))).unwrap()
+}
+
 fn cli() -> Command {
     Command::new(env!("CARGO_BIN_EXE_insitubatch"))
 }
@@ -91,38 +96,22 @@ fn bad_paths_and_arguments_exit_non_zero_with_the_name() {
 fn make_dataset_then_inspect_json() {
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("s.zarr");
-    let out = cli()
-        .args([
-            "make-dataset",
-            "--samples",
-            "10",
-            "--grid",
-            "6x8",
-            "--sample-chunk",
-            "4",
-            "--inner-chunks",
-            "3x8",
-        ])
-        .arg(&store)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        cli()
+            .args([
+                "make-dataset",
+                "--samples",
+                "10",
+                "--grid",
+                "6x8",
+                "--sample-chunk",
+                "4",
+                "--inner-chunks",
+                "3x8",
+            ])
+            .arg(&store),
     );
-    let out = cli()
-        .arg("inspect")
-        .arg(&store)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = inspect_json(&store);
     // Consolidated metadata, so that a store copied to a server that cannot list still opens.
     assert_eq!(v["discovery"], "consolidated");
     let vars = v["variables"].as_array().unwrap();
@@ -430,36 +419,20 @@ fn make_dataset_writes_consolidated_metadata_in_either_format() {
     for format in ["2", "3"] {
         let tmp = tempfile::tempdir().unwrap();
         let store = tmp.path().join("s.zarr");
-        let out = cli()
-            .args([
-                "make-dataset",
-                "--samples",
-                "6",
-                "--grid",
-                "4x5",
-                "--format",
-                format,
-            ])
-            .arg(&store)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        run_ok(
+            cli()
+                .args([
+                    "make-dataset",
+                    "--samples",
+                    "6",
+                    "--grid",
+                    "4x5",
+                    "--format",
+                    format,
+                ])
+                .arg(&store),
         );
-        let out = cli()
-            .arg("inspect")
-            .arg(&store)
-            .arg("--json")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = inspect_json(&store);
         assert_eq!(v["discovery"], "consolidated", "format {format}");
         let vars: Vec<_> = v["variables"]
             .as_array()

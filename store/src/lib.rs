@@ -34,5 +34,5 @@ pub use dtype::DType;
 pub use error::StoreError;
 pub use geometry::{ArrayGeometry, is_coordinate, open_geometries};
 pub use hierarchy::{Hierarchy, open_hierarchy};
-pub use remote::{RemoteStore, is_url};
+pub use remote::RemoteStore;
 pub use store::{AnyStore, LocalStore, Store};

@@ -39,7 +39,7 @@ const RETRY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Whether `location` names an object store (`scheme://...`) rather than a local directory.
 /// `file://` URLs are local: they are read through the runtime like any directory.
-pub fn is_url(location: &str) -> bool {
+pub(crate) fn is_url(location: &str) -> bool {
     location.split_once("://").is_some_and(|(scheme, _)| {
         !scheme.is_empty()
             && scheme

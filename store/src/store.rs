@@ -175,30 +175,27 @@ pub enum AnyStore {
 impl AnyStore {
     /// Opens `location`: an `s3://`, `gs://`, `az://`, `abfs://` or `http(s)://` URL through
     /// the object-store client (configured from the environment, then `options`), anything else
-    /// as a local directory (`file://` stripped). `options` given for a local directory are
-    /// refused, since nothing would read them.
-    pub fn open(location: &str, options: &[(String, String)]) -> Result<Self, StoreError> {
-        if let Some(path) = location.strip_prefix("file://") {
-            return Self::open(path, options);
+    /// as a local directory (`file://` stripped; a path that is not UTF-8 can only be local).
+    /// `options` given for a local directory are refused, since nothing would read them.
+    pub fn open(location: &Path, options: &[(String, String)]) -> Result<Self, StoreError> {
+        if let Some(text) = location.to_str() {
+            if let Some(path) = text.strip_prefix("file://") {
+                return Self::open(Path::new(path), options);
+            }
+            if is_url(text) {
+                return RemoteStore::open(text, options).map(Self::Remote);
+            }
         }
-        if is_url(location) {
-            return RemoteStore::open(location, options).map(Self::Remote);
-        }
-        Self::open_local(Path::new(location), options)
-    }
-
-    /// Opens the local directory `root`; `options` must be empty (nothing would read them).
-    pub fn open_local(root: &Path, options: &[(String, String)]) -> Result<Self, StoreError> {
         if let Some((key, _)) = options.first() {
             return Err(StoreError::BadUrl {
-                url: root.display().to_string(),
+                url: location.display().to_string(),
                 message: format!(
                     "storage option `{key}` was given for a local directory; storage options \
                      configure object stores (s3://, gs://, az://, http(s)://) only"
                 ),
             });
         }
-        LocalStore::new(root).map(Self::Local)
+        LocalStore::new(location).map(Self::Local)
     }
 
     /// Whether reads go over a network (object store or HTTP), where more reads in flight pay.
