@@ -1,6 +1,7 @@
 //! The decoder: runs the array's codec chain on a stored chunk's bytes and delivers the result
 //! into its slot, adopting the buffer when the layout allows and copying the tile's rectangle
-//! when the field is inner-chunked or the sample axis is not first.
+//! when the field is inner-chunked or the sample axis is not first. The array's chunk
+//! transforms ([`crate::transform`]) run on the complete slot before it becomes ready.
 //!
 //! A chunk the page cache held is decoded by the fetcher worker that read it, at once and on
 //! the same core (`decode`), while the read has left its bytes in that core's cache. A chunk
@@ -101,6 +102,8 @@ pub(crate) async fn deliver<S: Store>(
     cacheable: bool,
 ) {
     let layout = &job.shared.layouts[job.path];
+    let pipeline = &job.shared.pipelines[job.path];
+    let dtype = job.shared.arrays[job.path].dtype();
     if !cacheable {
         job.slot.mark_uncacheable();
     }
@@ -112,11 +115,19 @@ pub(crate) async fn deliver<S: Store>(
     let pending = (writable && job.slot.is_cacheable()).then(|| ctx.pool.begin_write(&job.slot));
     // An error below means the slot is no longer loading (the pass failed); nothing to deliver
     // to.
+    // The chunk transforms run on the whole slot, before it is ready: on the decoded tile that
+    // becomes the slot, or on the assembled buffer once its last tile is in.
+    let transform = |buf: &mut [u8]| pipeline.apply(layout.slot_shape(), dtype, buf);
     let completed = if layout.can_adopt() {
+        let mut bytes = bytes;
+        transform(&mut bytes);
         job.slot.adopt(bytes).is_ok()
     } else {
         job.slot
-            .deliver_tile(|buf| layout.copy_into_slot(job.tile, &bytes, buf))
+            .deliver_tile(
+                |buf| layout.copy_into_slot(job.tile, &bytes, buf),
+                transform,
+            )
             .unwrap_or(false)
     };
     if let Some(pending) = pending

@@ -23,6 +23,7 @@ pub mod planner;
 pub mod rng;
 pub mod stats;
 pub mod tile;
+pub mod transform;
 pub mod variable;
 
 pub use batch::{Batch, BatchArray, Element};
@@ -35,4 +36,5 @@ pub use planner::{
     split_by_chunk,
 };
 pub use stats::{BadChunk, PassStats};
+pub use transform::{ChunkTransform, ChunkTransforms, Pipeline};
 pub use variable::Variable;

@@ -27,6 +27,7 @@ use crate::error::EngineError;
 use crate::planner::{EpochOrder, OrderSpec, ReadPlan, Shard, epoch_order, read_plan};
 use crate::stats::{BadChunk, Counters, PassStats};
 use crate::tile::TileLayout;
+use crate::transform::Pipeline;
 use crate::variable::Variable;
 use crate::{decoder, fetcher, gather, planner};
 
@@ -71,6 +72,8 @@ pub struct EngineContext<S: Store> {
     pub store: Arc<S>,
     /// Opened arrays by path.
     pub arrays: HashMap<String, ZarrArray>,
+    /// Each array's chunk transforms by path (an array not here has none).
+    pub transforms: HashMap<String, Pipeline>,
     /// The chunk pool.
     pub pool: Arc<ChunkPool>,
     /// In-flight stored-chunk reads, across every pass.
@@ -123,6 +126,8 @@ pub(crate) struct PassShared {
     pub plan: ReadPlan,
     pub layouts: Vec<TileLayout>,
     pub arrays: Vec<ZarrArray>,
+    /// Each path's chunk transforms, indexed like `arrays`.
+    pub pipelines: Vec<Pipeline>,
     pub owner: Owner,
     pub readahead: Semaphore,
     pub slots: Mutex<Vec<SlotEntry>>,
@@ -378,12 +383,14 @@ impl Pass {
         )?;
         let mut arrays = Vec::new();
         let mut layouts = Vec::new();
+        let mut pipelines = Vec::new();
         for p in &plan.paths {
             let a = ctx.arrays.get(&*p.path).ok_or_else(|| {
                 EngineError::Runtime(format!("array `{}` was not opened", p.path))
             })?;
             arrays.push(a.clone());
             layouts.push(TileLayout::new(&p.geom));
+            pipelines.push(ctx.transforms.get(&*p.path).cloned().unwrap_or_default());
         }
         let n_slots = plan.slots.len();
         let stats = PassStats {
@@ -406,6 +413,7 @@ impl Pass {
             plan,
             layouts,
             arrays,
+            pipelines,
             owner,
             slots: Mutex::new((0..n_slots).map(|_| SlotEntry::Pending).collect()),
             notify: Notify::new(),

@@ -15,6 +15,7 @@ pub struct TileLayout {
     field_axes: Vec<usize>,
     field_grid: Vec<u64>,
     elem: usize,
+    slot_dims: Vec<u64>,
     slot_strides: Vec<usize>,
 }
 
@@ -42,8 +43,14 @@ impl TileLayout {
             field_axes,
             field_grid,
             elem,
+            slot_dims: dims,
             slot_strides,
         }
+    }
+
+    /// A slot's shape: `[samples_per_chunk, *inner_shape]` (what a chunk transform sees).
+    pub fn slot_shape(&self) -> &[u64] {
+        &self.slot_dims
     }
 
     /// Stored chunks per slot.

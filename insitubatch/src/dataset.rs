@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use insitubatch_actors::{
-    EngineContext, EngineError, EpochOrder, OnBadChunk, Pass, PassConfig, Shard, SplitManifest,
-    Variable, count_order_rows, plan_order, rank_share, split_by_chunk,
+    ChunkTransform, ChunkTransforms, EngineContext, EngineError, EpochOrder, OnBadChunk, Pass,
+    PassConfig, Pipeline, Shard, SplitManifest, Variable, count_order_rows, plan_order, rank_share,
+    split_by_chunk,
 };
 use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
@@ -74,6 +75,8 @@ pub struct DatasetBuilder {
     shard: Shard,
     even_train: bool,
     storage_options: Vec<(String, String)>,
+    chunk_transforms: ChunkTransforms,
+    chunk_transforms_json: Vec<String>,
 }
 
 impl DatasetBuilder {
@@ -345,6 +348,34 @@ impl DatasetBuilder {
         self
     }
 
+    /// Appends a chunk transform for every array: it runs on each decoded chunk before the pool
+    /// holds it, so it is paid once per chunk and cached with it (see
+    /// [`insitubatch_actors::transform`]). Transforms run in the order they were added.
+    pub fn chunk_transform(mut self, transform: impl ChunkTransform + 'static) -> Self {
+        self.chunk_transforms.push(None, Arc::new(transform));
+        self
+    }
+
+    /// Appends a chunk transform for the arrays at `paths` only (array paths, not labels: two
+    /// labels of one array share its chunks and so its transforms).
+    pub fn chunk_transform_for<P: Into<String>>(
+        mut self,
+        paths: impl IntoIterator<Item = P>,
+        transform: impl ChunkTransform + 'static,
+    ) -> Self {
+        let paths = paths.into_iter().map(Into::into).collect();
+        self.chunk_transforms.push(Some(paths), Arc::new(transform));
+        self
+    }
+
+    /// Appends the built-in chunk transforms of a JSON list (`[{"type": "affine", "offset":
+    /// -273.15, "applies": ["t2m"]}, ...]`; see [`insitubatch_actors::transform`]), after those
+    /// added so far. Checked when the dataset is built.
+    pub fn chunk_transforms_json(mut self, json: impl Into<String>) -> Self {
+        self.chunk_transforms_json.push(json.into());
+        self
+    }
+
     /// Opens the store, resolves the variables and validates everything.
     pub fn build(self) -> Result<InSituDataset, EngineError> {
         self.check_knobs()?;
@@ -449,6 +480,16 @@ impl DatasetBuilder {
             .iter()
             .map(|v| (v.geom.path.clone(), hierarchy.arrays[&v.geom.path].clone()))
             .collect();
+        let mut chunk_transforms = self.chunk_transforms;
+        for json in &self.chunk_transforms_json {
+            chunk_transforms.extend_from_json(json)?;
+        }
+        let transforms = chunk_transforms.pipelines(
+            &variables
+                .iter()
+                .map(|v| (v.geom.path.clone(), (v.geom.inner_shape(), v.geom.dtype)))
+                .collect(),
+        )?;
         let per_executor = if store.is_remote() {
             DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR
         } else {
@@ -471,7 +512,7 @@ impl DatasetBuilder {
                     direct_io: self.cache_direct_io,
                     fail_writes_after: self.cache_fail_writes_after,
                 },
-                cache_arrays(&variables),
+                cache_arrays(&variables, &transforms),
             )?),
             None => None,
         };
@@ -479,6 +520,7 @@ impl DatasetBuilder {
             runtime: runtime.handle(),
             store: Arc::new(store),
             arrays,
+            transforms,
             pool: ChunkPool::with_disk(budget, disk),
             inflight: Semaphore::new("max_inflight", max_inflight as u64),
             buffers: BufferPool::new(),
@@ -508,15 +550,16 @@ impl DatasetBuilder {
     }
 }
 
-/// The fingerprint of `path`'s chunk-transform pipeline. There are no chunk transforms yet, so
-/// every array's pipeline is empty and the fingerprint is the log format's; a transform scoped
-/// to an array will add its full identity (its parameters, never a hash of its source) here.
-fn array_fingerprint(_path: &str) -> String {
-    insitubatch_pool::disk::fingerprint(&[])
+/// The fingerprint of an array's chunk-transform pipeline: the log format and every step's
+/// full identity (its kind and parameters, never a hash of its source), so that any change to
+/// what the array's cached chunks hold makes them stale.
+fn array_fingerprint(pipeline: Option<&Pipeline>) -> String {
+    let ids = pipeline.map(Pipeline::identities).unwrap_or_default();
+    insitubatch_pool::disk::fingerprint(&ids.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// What the cache directory needs to know about every array the dataset reads.
-fn cache_arrays(variables: &[Variable]) -> Vec<ArrayMeta> {
+fn cache_arrays(variables: &[Variable], transforms: &HashMap<String, Pipeline>) -> Vec<ArrayMeta> {
     let mut out: Vec<ArrayMeta> = Vec::new();
     for v in variables {
         if out.iter().any(|a| a.path == v.geom.path) {
@@ -528,7 +571,7 @@ fn cache_arrays(variables: &[Variable]) -> Vec<ArrayMeta> {
             path: v.geom.path.clone(),
             slot_shape,
             descr: v.geom.dtype.npy_descr(),
-            fingerprint: array_fingerprint(&v.geom.path),
+            fingerprint: array_fingerprint(transforms.get(&v.geom.path)),
         });
     }
     out
@@ -620,6 +663,8 @@ impl InSituDataset {
             shard: Shard::WHOLE,
             even_train: true,
             storage_options: Vec::new(),
+            chunk_transforms: ChunkTransforms::default(),
+            chunk_transforms_json: Vec::new(),
         }
     }
 

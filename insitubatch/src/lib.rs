@@ -17,9 +17,10 @@ pub use dataset::{
     MAX_INFLIGHT, geometries, geometry_json,
 };
 pub use insitubatch_actors as actors;
+pub use insitubatch_actors::transform;
 pub use insitubatch_actors::{
-    BadChunk, Batch, BatchArray, EngineError, EpochOrder, OnBadChunk, Pass, PassStats,
-    SplitManifest, TimedOut, Variable, shuffle_quality, split_by_chunk,
+    BadChunk, Batch, BatchArray, ChunkTransform, EngineError, EpochOrder, OnBadChunk, Pass,
+    PassStats, SplitManifest, TimedOut, Variable, shuffle_quality, split_by_chunk,
 };
 pub use insitubatch_pool as pool;
 pub use insitubatch_pool::PoolStats;

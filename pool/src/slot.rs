@@ -416,9 +416,14 @@ impl Slot {
     }
 
     /// Copies one tile into the slot with `fill` (given the whole slot buffer, zeroed on first
-    /// use). Returns true when this was the last tile and the slot is now ready; an error when
-    /// the slot is no longer loading (it failed or was cancelled).
-    pub fn deliver_tile(&self, fill: impl FnOnce(&mut [u8])) -> Result<bool, String> {
+    /// use); after the last tile, `finish` runs on the assembled buffer before anyone can see
+    /// it (the chunk transforms). Returns true when this was the last tile and the slot is now
+    /// ready; an error when the slot is no longer loading (it failed or was cancelled).
+    pub fn deliver_tile(
+        &self,
+        fill: impl FnOnce(&mut [u8]),
+        finish: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, String> {
         let done = {
             let mut st = lock(&self.state);
             let State::Loading { tiles_left, buf } = &mut *st else {
@@ -431,7 +436,8 @@ impl Slot {
             fill(b);
             *tiles_left -= 1;
             if *tiles_left == 0 {
-                let b = buf.take().expect("buffer allocated above");
+                let mut b = buf.take().expect("buffer allocated above");
+                finish(&mut b);
                 self.publish(SlotData::Heap(b));
                 *st = State::Ready;
                 true
@@ -480,12 +486,21 @@ mod tests {
     #[test]
     fn tiles_assemble_once_and_refuse_late_delivery() {
         let s = Slot::new(0, SlotKey::new("a", 3), 4, 2);
-        assert!(!s.deliver_tile(|b| b[..2].copy_from_slice(&[1, 2])).unwrap());
-        assert!(!s.is_ready());
-        assert!(s.deliver_tile(|b| b[2..].copy_from_slice(&[3, 4])).unwrap());
-        assert_eq!(s.bytes().unwrap().memory().unwrap(), &[1, 2, 3, 4]);
+        // `finish` runs once, on the whole buffer, after the last tile and before it is ready.
+        let double = |b: &mut [u8]| b.iter_mut().for_each(|x| *x *= 2);
+        let never = |_: &mut [u8]| panic!("finished before the last tile");
         assert!(
-            s.deliver_tile(|_| {}).is_err(),
+            !s.deliver_tile(|b| b[..2].copy_from_slice(&[1, 2]), never)
+                .unwrap()
+        );
+        assert!(!s.is_ready());
+        assert!(
+            s.deliver_tile(|b| b[2..].copy_from_slice(&[3, 4]), double)
+                .unwrap()
+        );
+        assert_eq!(s.bytes().unwrap().memory().unwrap(), &[2, 4, 6, 8]);
+        assert!(
+            s.deliver_tile(|_| {}, |_| {}).is_err(),
             "a ready slot takes no tiles"
         );
         assert!(!s.fail(SlotFailure {
