@@ -600,43 +600,72 @@ impl ChunkTransforms {
 
     /// Appends the built-ins of a JSON list (see the module docs). Errors name the entry.
     pub fn extend_from_json(&mut self, json: &str) -> Result<(), EngineError> {
-        let bad = |i: Option<usize>, msg: String| {
-            let at = i.map_or(String::new(), |i| format!("[{i}]"));
-            EngineError::arg("chunk_transforms", format!("{at} {json}").trim(), msg)
-        };
+        let whole = |msg: String| EngineError::arg("chunk_transforms", json, msg);
         let list: serde_json::Value =
-            serde_json::from_str(json).map_err(|e| bad(None, format!("not valid JSON: {e}")))?;
+            serde_json::from_str(json).map_err(|e| whole(format!("not valid JSON: {e}")))?;
         let serde_json::Value::Array(list) = list else {
-            return Err(bad(None, "must be a list of transforms".into()));
+            return Err(whole("must be a list of transforms".into()));
         };
         for (i, item) in list.into_iter().enumerate() {
+            let shown = item.to_string();
+            let bad =
+                |msg: String| EngineError::arg("chunk_transforms", format!("[{i}] {shown}"), msg);
             let serde_json::Value::Object(mut obj) = item else {
-                return Err(bad(
-                    Some(i),
-                    "each transform is an object with a `type`".into(),
-                ));
+                return Err(bad("each transform is an object with a `type`".into()));
             };
             let kind = match obj.remove("type") {
                 Some(serde_json::Value::String(k)) => k,
                 _ => {
-                    return Err(bad(
-                        Some(i),
-                        format!("needs a string `type`: one of {}", BUILTIN_KINDS.join(", ")),
-                    ));
+                    let kinds = BUILTIN_KINDS.join(", ");
+                    return Err(bad(format!("needs a string `type`: one of {kinds}")));
                 }
             };
-            let applies =
-                match obj.remove("applies") {
-                    None | Some(serde_json::Value::Null) => None,
-                    Some(v) => Some(serde_json::from_value::<Vec<String>>(v).map_err(|_| {
-                        bad(Some(i), "`applies` must be a list of array paths".into())
-                    })?),
-                };
+            let applies = match obj.remove("applies") {
+                None | Some(serde_json::Value::Null) => None,
+                Some(v) => Some(
+                    serde_json::from_value::<Vec<String>>(v)
+                        .map_err(|_| bad("`applies` must be a list of array paths".into()))?,
+                ),
+            };
             let transform = builtin(&kind, serde_json::Value::Object(obj))
-                .map_err(|e| bad(Some(i), format!("{kind}: {e}")))?;
+                .map_err(|e| bad(format!("{kind}: {e}")))?;
             self.push(applies, transform);
         }
         Ok(())
+    }
+
+    /// The transforms that apply to the array at `path`, in order, unscoped.
+    pub fn restricted_to(&self, path: &str) -> Self {
+        let entries = self
+            .entries
+            .iter()
+            .filter(|e| {
+                e.applies
+                    .as_ref()
+                    .is_none_or(|a| a.iter().any(|p| p == path))
+            })
+            .map(|e| Entry {
+                applies: None,
+                transform: Arc::clone(&e.transform),
+            })
+            .collect();
+        Self { entries }
+    }
+
+    /// Appends every transform of `other`, with its scope.
+    pub fn extend(&mut self, other: &Self) {
+        self.entries.extend(other.entries.iter().cloned());
+    }
+
+    /// Every array path a scope names, once each, in order.
+    pub fn scoped_paths(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for p in self.entries.iter().flat_map(|e| e.applies.iter().flatten()) {
+            if !out.contains(p) {
+                out.push(p.clone());
+            }
+        }
+        out
     }
 
     /// True when there are none.

@@ -376,6 +376,12 @@ impl DatasetBuilder {
         self
     }
 
+    /// Appends a list of chunk transforms with their scopes.
+    pub fn chunk_transforms(mut self, transforms: &ChunkTransforms) -> Self {
+        self.chunk_transforms.extend(transforms);
+        self
+    }
+
     /// Opens the store, resolves the variables and validates everything.
     pub fn build(self) -> Result<InSituDataset, EngineError> {
         self.check_knobs()?;

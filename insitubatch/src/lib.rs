@@ -5,6 +5,7 @@
 //! [`insitubatch_runtime`] and the Zarr read layer in [`insitubatch_store`], both re-exported.
 
 pub mod cachebench;
+pub mod check_transform;
 mod dataset;
 pub mod enginebench;
 pub mod inspect;

@@ -12,6 +12,7 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use insitubatch::check_transform::{check_transform, transforms_arg};
 use insitubatch::enginebench::{EpochReport, compare_with_ceilings, peak_rss_bytes, run_epoch};
 use insitubatch::inspect::{human_bytes, inspect};
 use insitubatch::readbench::bench_read;
@@ -54,6 +55,10 @@ struct WarmArgs {
     /// Delete and rebuild arrays whose cached chunks are stale.
     #[arg(long)]
     reset_stale_cache: bool,
+    /// Chunk transforms, cached with the chunks: a JSON list (or `@FILE`), exactly what the
+    /// readers will pass (the cache fingerprint must match theirs).
+    #[arg(long, value_name = "JSON")]
+    chunk_transforms: Option<String>,
     // One rank's share of the split (each rank needs a cache directory of its own), all of
     // it: also the rows a train pass leaves out to even the ranks, which differ every epoch.
     #[command(flatten)]
@@ -172,6 +177,9 @@ enum Command {
         /// Write cache files through the page cache instead of O_DIRECT.
         #[arg(long, requires = "cache_dir")]
         buffered_cache_writes: bool,
+        /// Chunk transforms: a JSON list (or `@FILE`).
+        #[arg(long, value_name = "JSON")]
+        chunk_transforms: Option<String>,
         /// Also measure the decode ceiling (a) and the in-memory gather ceiling (b).
         #[arg(long, conflicts_with = "cache_dir")]
         ceilings: bool,
@@ -187,6 +195,32 @@ enum Command {
     /// Fill a persistent decoded-chunk cache (cache_dir, persist) for a split, so that any
     /// number of readonly_cache jobs can read it without fetching or decoding.
     Warm(WarmArgs),
+    /// Run chunk transforms on one chunk of a store while you write them: the slot the cache
+    /// will hold, values before and after, time per chunk, and the cache fingerprint. Exits
+    /// non-zero when a transform cannot apply to the array.
+    CheckTransform {
+        /// Store directory or URL.
+        path: PathBuf,
+        /// The array to check (its path).
+        #[arg(long)]
+        var: String,
+        /// The transforms: a JSON list or one object (`{"type": "affine", "offset":
+        /// -273.15}`), or `@FILE`.
+        #[arg(long, value_name = "JSON")]
+        transform: String,
+        /// The chunk, by its index along the sample axis.
+        #[arg(long, default_value_t = 0)]
+        chunk: u64,
+        /// The sample axis.
+        #[arg(long, default_value_t = 0)]
+        sample_axis: usize,
+        /// Timed runs of the transforms (the median is reported).
+        #[arg(long, default_value_t = 20, value_parser = at_least_one())]
+        repeat: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmark the NVMe tier: warm epochs from RAM and revived from cache files (page cache
     /// warm and dropped) against the in-memory gather ceiling, the cache-filling epoch against a
     /// plain cold one, and slot-file writes on io_uring against the thread fallback.
@@ -317,6 +351,7 @@ fn warm(args: &WarmArgs) -> CliResult {
         variables,
         sample_axis,
         reset_stale_cache,
+        chunk_transforms,
         ranks,
     } = args;
     let mut b = InSituDataset::builder(path)
@@ -327,6 +362,9 @@ fn warm(args: &WarmArgs) -> CliResult {
         .cache_dir(cache_dir)
         .persist(true)
         .reset_stale_cache(*reset_stale_cache);
+    if let Some(t) = chunk_transforms {
+        b = b.chunk_transforms_json(transforms_arg(t)?);
+    }
     for v in variables.iter().flatten() {
         b = b.variable(v.clone(), v.clone());
     }
@@ -578,11 +616,16 @@ fn run(cli: Cli) -> CliResult {
             persist,
             readonly_cache,
             buffered_cache_writes,
+            chunk_transforms,
             ceilings,
             repeat,
             json,
             ranks,
         } => {
+            let chunk_transforms = chunk_transforms
+                .as_deref()
+                .map(transforms_arg)
+                .transpose()?;
             let builder =
                 |budget: Option<u64>| -> Result<InSituDataset, Box<dyn std::error::Error>> {
                     let mut b = InSituDataset::builder(&path)
@@ -604,6 +647,9 @@ fn run(cli: Cli) -> CliResult {
                     }
                     if let Some(bytes) = budget {
                         b = b.cache_budget_bytes(bytes);
+                    }
+                    if let Some(t) = &chunk_transforms {
+                        b = b.chunk_transforms_json(t.clone());
                     }
                     if let Some(dir) = &cache_dir {
                         b = b
@@ -716,6 +762,24 @@ fn run(cli: Cli) -> CliResult {
             Ok(())
         }
         Command::Warm(args) => warm(&args),
+        Command::CheckTransform {
+            path,
+            var,
+            transform,
+            chunk,
+            sample_axis,
+            repeat,
+            json,
+        } => {
+            let t = transforms_arg(&transform)?;
+            let r = check_transform(&path, &var, sample_axis, &t, chunk, repeat)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", r.render());
+            }
+            Ok(())
+        }
         Command::BenchCache {
             path,
             split,

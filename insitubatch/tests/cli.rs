@@ -443,3 +443,109 @@ fn make_dataset_writes_consolidated_metadata_in_either_format() {
         assert_eq!(vars, ["t2m", "u10"], "format {format}");
     }
 }
+
+#[test]
+fn check_transform_reports_one_chunk_and_warm_caches_what_readers_ask_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, manifest, _) = store_and_split(tmp.path(), &[]);
+    let kelvin = r#"[{"type": "affine", "offset": -273.15, "applies": ["t2m"]},
+                     {"type": "clip", "min": -1000, "max": 1000}]"#;
+    let check = |args: &[&str]| {
+        let mut c = cli();
+        c.arg("check-transform").arg(&store).args(args);
+        c
+    };
+    let out = run_ok(&mut check(&[
+        "--var",
+        "t2m",
+        "--transform",
+        kelvin,
+        "--chunk",
+        "2",
+        "--json",
+    ]));
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["slot_shape"], serde_json::json!([4, 6, 8]), "{r}");
+    assert_eq!(r["samples"], serde_json::json!([8, 12]), "{r}");
+    assert_eq!(r["transforms"].as_array().unwrap().len(), 2, "{r}");
+    // The synthetic fields are ERA5-like temperatures: shifted by exactly the offset.
+    let (before, after) = (&r["before"], &r["after"]);
+    for k in ["min", "max"] {
+        let shift = after[k].as_f64().unwrap() - before[k].as_f64().unwrap();
+        assert!((shift + 273.15).abs() < 1e-3, "{k}: {r}");
+    }
+    // The JSON of u10 (only the clip applies) carries another fingerprint than t2m's.
+    let u: serde_json::Value = serde_json::from_str(&run_ok(&mut check(&[
+        "--var",
+        "u10",
+        "--transform",
+        kelvin,
+        "--json",
+    ])))
+    .unwrap();
+    assert_eq!(u["transforms"].as_array().unwrap().len(), 1, "{u}");
+    assert_ne!(u["fingerprint"], r["fingerprint"]);
+    // Bad input names the thing.
+    fails_with(
+        &mut check(&["--var", "t2m", "--transform", r#"{"type": "log"}"#]),
+        &["chunk_transforms", "unknown transform type `log`"],
+    );
+    fails_with(
+        &mut check(&[
+            "--var",
+            "t2m",
+            "--transform",
+            r#"{"type": "fill_nan", "value": 0}"#,
+            "--chunk",
+            "10",
+        ]),
+        &["`chunk` = 10", "10 chunks"],
+    );
+    fails_with(
+        &mut check(&["--var", "t2m", "--transform", "@/no/such/file.json"]),
+        &["/no/such/file.json"],
+    );
+
+    // warm applies the transforms readers will use, and readers with them read without
+    // decoding; a reader with other transforms finds t2m stale.
+    let file = tmp.path().join("t.json");
+    std::fs::write(&file, kelvin).unwrap();
+    let cache = tmp.path().join("cache");
+    let at_file = format!("@{}", file.display());
+    let out = run_ok(
+        cli()
+            .arg("warm")
+            .arg(&store)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .arg("--manifest")
+            .arg(&manifest)
+            .args(["--split", "train", "--chunk-transforms", &at_file]),
+    );
+    assert!(out.contains("12 chunks written"), "{out}");
+    let bench = |transforms: &str| {
+        bench_with(&store, &manifest)
+            .args(["--epochs", "1", "--json", "--readonly-cache"])
+            .args(["--chunk-transforms", transforms])
+            .arg("--cache-dir")
+            .arg(&cache)
+            .output()
+            .unwrap()
+    };
+    let out = bench(&at_file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &v["epochs"][0]["stats"];
+    assert_eq!(
+        (s["tiles_read"].as_u64(), s["cache_revived"].as_u64()),
+        (Some(0), Some(12))
+    );
+    let out = bench(r#"[{"type": "clip", "min": -1000, "max": 1000}]"#);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("[t2m]") && !err.contains("u10"), "{err}");
+}

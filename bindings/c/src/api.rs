@@ -242,6 +242,9 @@ struct DatasetConfig {
     /// Object-store options (strings, numbers or booleans by key); checked by `storage_options`.
     #[serde(default)]
     storage_options: serde_json::Map<String, serde_json::Value>,
+    /// The built-in chunk transforms, as a JSON list (checked by the builder).
+    #[serde(default)]
+    chunk_transforms: Option<serde_json::Value>,
 }
 
 /// The config's `storage_options` as key/value strings: numbers and booleans are written out
@@ -328,6 +331,9 @@ fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
     for (k, v) in storage_options(c.storage_options)? {
         b = b.storage_option(k, v);
     }
+    if let Some(t) = c.chunk_transforms {
+        b = b.chunk_transforms_json(t.to_string());
+    }
     if let Some(n) = c.executor_threads {
         if n == 0 {
             return Err(invalid(
@@ -360,7 +366,9 @@ fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
 /// the NVMe tier: `cache_dir` (a directory on local NVMe), `persist`, `reset_stale_cache`,
 /// `readonly_cache`, `cache_direct_io` (default true), and data-parallel ranks: `rank` and
 /// `world_size` (default 0 and 1; each rank reads its share of every split, and `train` is
-/// evened out so every rank takes the same number of steps unless `even_train` is false).
+/// evened out so every rank takes the same number of steps unless `even_train` is false),
+/// `storage_options` (object-store configuration by key) and `chunk_transforms` (a list of
+/// built-in transforms such as `{"type": "affine", "offset": -273.15, "applies": ["t2m"]}`).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 ///
 /// # Safety

@@ -54,6 +54,15 @@ int main(int argc, char **argv) {
     CHECK("storage option for a directory", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "aws_region");
     CHECK("unknown storage option", isb_dataset_open("{\"store\": \"s3://bucket/era5.zarr\", \"storage_options\": {\"aws_no_such\": 1}}", &ds, &err), ISB_INVALID_ARGUMENT, "aws_no_such");
     CHECK("storage option not a scalar", isb_dataset_open("{\"store\": \"s3://bucket/era5.zarr\", \"storage_options\": {\"aws_region\": [1]}}", &ds, &err), ISB_INVALID_ARGUMENT, "storage_options");
+    /* Chunk transforms: built-ins by type, checked against the arrays they apply to. */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"chunk_transforms\": [{\"type\": \"log\"}]}", store);
+    CHECK("unknown transform", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "unknown transform type `log`");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"chunk_transforms\": [{\"type\": \"fill_nan\", \"value\": 0, \"applies\": [\"t3m\"]}]}", store);
+    CHECK("transform scope names no array", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "t3m");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"chunk_transforms\": [{\"type\": \"affine\", \"offset\": -273.15}]}", store);
+    CHECK("a valid transform", isb_dataset_open(config, &ds, &err), ISB_OK, NULL);
+    isb_dataset_free(ds);
+    ds = NULL;
     CHECK("unreadable scheme", isb_dataset_open("{\"store\": \"ftp://host/era5.zarr\"}", &ds, &err), ISB_INVALID_ARGUMENT, "ftp://");
     char *out = NULL;
     CHECK("bad fractions", isb_split_by_chunk(store, NULL, "{\"fractions\": [0.9, 0.3]}", &out, &err), ISB_INVALID_ARGUMENT, "fractions");

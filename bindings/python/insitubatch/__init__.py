@@ -24,6 +24,7 @@ from ._core import (
     split_by_chunk,
 )
 from ._lib import ABI_VERSION
+from .transforms import applies
 from .errors import (
     BadData,
     BudgetError,
@@ -44,6 +45,7 @@ from .errors import (
 
 __all__ = [
     "ABI_VERSION",
+    "applies",
     "ArrayGeometry",
     "BadData",
     "Batch",

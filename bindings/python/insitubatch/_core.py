@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import errors
+from . import transforms as _transforms
 from ._lib import DATA_OFFSET, lib
 
 _END_OF_EPOCH = 1
@@ -558,6 +559,10 @@ class InSituDataset:
     is cut to the shortest rank's length so every rank takes the same number of steps
     (`even_train=False` yields each rank's whole share instead); `val`, `test` and `all` yield
     every sample once across the ranks.
+
+    `chunk_transforms` (built-ins from `insitubatch.transforms`, scoped with `applies`) run in
+    the Rust decoder on every decoded chunk and are cached with it; `batch_transforms` (Python
+    callables taking and returning a `Batch`) run on every batch, uncached.
     """
 
     def __init__(
@@ -579,6 +584,7 @@ class InSituDataset:
         readonly_cache: bool = False,
         cache_direct_io: bool = True,
         on_bad_chunk: str = "raise",
+        chunk_transforms: Iterable[Any] = (),
         batch_transforms: Iterable[Callable[[Batch], Batch]] = (),
         sample_axis: int = 0,
         executor_threads: int | None = None,
@@ -625,6 +631,9 @@ class InSituDataset:
             config["cache_dir"] = os.fspath(cache_dir)
         if storage_options is not None:
             config["storage_options"] = _storage_options(storage_options)
+        chunk_transforms = _transforms.to_config(chunk_transforms)
+        if chunk_transforms:
+            config["chunk_transforms"] = chunk_transforms
         if executor_threads is not None:
             config["executor_threads"] = _check_int("executor_threads", executor_threads)
         if io_backend is not None:

@@ -1,0 +1,130 @@
+"""Chunk transforms through Python: every sample equals numpy's transform of zarr-python's value,
+bit for bit; scopes by array path; NaN repair after a bad chunk; a persisted cache holds the
+transformed chunk, numpy-readable, and goes stale per array; bad transforms are clear errors."""
+
+import json
+
+import numpy as np
+import pytest
+import zarr
+
+import insitubatch as isb
+from insitubatch.transforms import Affine, Clip, FillNaN, Standardize, applies
+
+
+def store_of(fixtures, name):
+    out, _ = fixtures
+    return out / name
+
+
+def check(ds, label, want, view="train"):
+    """Every row of an epoch equals `want` at its read index; returns the rows seen."""
+    seen = 0
+    for b in getattr(ds, view):
+        for r, idx in enumerate(b.read_indices(label)):
+            got = b.arrays[label][r]
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want[idx], err_msg=f"{label} sample {idx}")
+            seen += 1
+    return seen
+
+
+def test_samples_equal_numpys_transform_bit_for_bit(fixtures):
+    store = store_of(fixtures, "era5_v3.zarr")
+    t2m = zarr.open_array(store / "t2m", mode="r")[...]
+    u10 = zarr.open_array(store / "u10", mode="r")[...]
+    mean, std = np.float32(280.5), np.float32(11.25)
+    g = isb.open_geometries(store, ["t2m", "u10"])
+    with isb.InSituDataset(
+        store, None, {"x": g["t2m"], "y": g["t2m"].shift(1), "u": g["u10"]}, batch_size=5,
+        chunk_transforms=[
+            applies("t2m", Affine(offset=-273.15)),
+            applies(["u10"], Standardize(mean=float(mean), std=float(std))),
+            Clip(-50.0, 50.0),
+        ],
+    ) as ds:
+        t_want = np.clip(t2m * np.float32(1.0) + np.float32(-273.15), np.float32(-50), np.float32(50))
+        u_want = np.clip((u10 - mean) / std, np.float32(-50), np.float32(50))
+        assert (t2m - 273.15 > 50).any(), "the clip must bite for this test to mean something"
+        assert check(ds, "x", t_want) == 11
+        assert check(ds, "y", t_want) == 11
+        assert check(ds, "u", u_want) == 11
+
+
+def test_per_level_statistics_on_an_inner_chunked_field(fixtures):
+    # (6, 7, 9) float32 in (2, 3, 4) chunks: each slot assembles six tiles, then standardises
+    # level i (the first inner axis) with mean[i], std[i].
+    store = store_of(fixtures, "v3_inner.zarr")
+    ref = zarr.open_array(store, mode="r")[...]
+    mean = ref.mean(axis=(0, 2)).astype(np.float64)
+    std = ref.std(axis=(0, 2)).astype(np.float64)
+    with isb.InSituDataset(store, batch_size=4,
+                           chunk_transforms=[Standardize(mean=mean, std=std, axis=0)]) as ds:
+        want = (ref - mean.astype(np.float32)[None, :, None]) / std.astype(np.float32)[None, :, None]
+        label = next(iter(ds.geometries))
+        assert check(ds, label, want) == 6
+
+
+def test_fill_nan_repairs_a_bad_chunk(fixtures, tmp_path):
+    import shutil
+
+    src = store_of(fixtures, "v3_zstd.zarr")
+    store = tmp_path / "bad.zarr"
+    shutil.copytree(src, store)
+    (store / "c" / "1" / "0" / "0").write_bytes(b"this is not zstd")
+    ref = zarr.open_array(src, mode="r")[...]  # float64 (11, 4, 5) in chunks of 4
+    want = ref.copy()
+    want[4:8] = -1.0
+    with isb.InSituDataset(store, batch_size=3, on_bad_chunk="nan",
+                           chunk_transforms=[{"type": "fill_nan", "value": -1.0}]) as ds:
+        label = next(iter(ds.geometries))
+        assert check(ds, label, want, view="all") == 11
+        assert [key for _, _, key in ds.bad_chunks] == ["c/1/0/0"]
+
+
+def test_a_persisted_cache_holds_the_transformed_chunk_and_goes_stale_per_array(fixtures, tmp_path):
+    store = store_of(fixtures, "era5_v3.zarr")
+    cache = tmp_path / "cache"
+    t2m = zarr.open_array(store / "t2m", mode="r")[...]
+    g = isb.open_geometries(store, ["t2m", "u10"])
+
+    def open_(offset, **kw):
+        return isb.InSituDataset(store, None, g, batch_size=4, cache_dir=cache, persist=True,
+                                 chunk_transforms=[applies("t2m", Affine(offset=offset))], **kw)
+
+    with open_(-273.15) as ds:
+        check(ds, "t2m", t2m + np.float32(-273.15))
+    # The slot files hold the transformed chunks.
+    entries = [json.loads(l) for l in (cache / "insitu_cache.jsonl").read_text().splitlines()[1:]]
+    for e in entries:
+        if e["array"] == "t2m":
+            c = e["chunk"]
+            np.testing.assert_array_equal(np.load(cache / e["file"]),
+                                          t2m[c * 4:(c + 1) * 4] + np.float32(-273.15))
+    with open_(-273.15) as ds:
+        check(ds, "t2m", t2m + np.float32(-273.15))
+        assert (ds.stats()["bytes_decoded"], ds.cache_revived) == (0, 6)
+    with pytest.raises(isb.StaleCache, match=r"\[t2m\]"):
+        open_(-273.0)
+    with open_(-273.0, reset_stale_cache=True) as ds:
+        check(ds, "t2m", t2m + np.float32(-273.0))
+        assert (ds.cache_revived, ds.cache_misses) == (3, 3)  # u10 revived, t2m rebuilt
+
+
+def test_bad_transforms_are_clear_errors(fixtures):
+    store = store_of(fixtures, "era5_v3.zarr")
+    with pytest.raises(TypeError, match="Python callable"):
+        isb.InSituDataset(store, chunk_transforms=[lambda c: c])
+    with pytest.raises(isb.InvalidArgument, match="names `t2`.*not labels"):
+        isb.InSituDataset(store, chunk_transforms=[applies("t2", FillNaN(0.0))])
+    with pytest.raises(isb.InvalidArgument, match="unknown transform type `log`"):
+        isb.InSituDataset(store, chunk_transforms=[{"type": "log"}])
+    with pytest.raises(isb.InvalidArgument, match="swap them"):
+        isb.InSituDataset(store, chunk_transforms=[Clip(1.0, 0.0)])
+    with pytest.raises(isb.InvalidArgument, match="inner axis 0 has 9"):
+        isb.InSituDataset(store, None, isb.open_geometries(store, ["t2m"]),
+                          chunk_transforms=[Standardize(mean=[0.0, 1.0], std=[1.0, 1.0], axis=0)])
+    with pytest.raises(ValueError, match="finite"):
+        isb.InSituDataset(store, chunk_transforms=[Affine(scale=float("nan"))])
+    with pytest.raises(TypeError, match="list of transforms"):
+        isb.InSituDataset(store, chunk_transforms=Affine())

@@ -1,0 +1,265 @@
+//! Chunk transforms against zarr-python fixtures: every emitted sample equals zarr-python's
+//! value with the transform applied, on every slot layout (an adopted tile, an assembled
+//! inner-chunked field, a sample axis that is not first), scoped by array path; `fill_nan`
+//! repairs the hole `on_bad_chunk = "nan"` leaves; a persisted cache holds transformed chunks and
+//! goes stale, per array, when a transform's parameters change.
+
+use std::path::Path;
+
+use insitubatch::transform::{Affine, Clip, FillNan, Standardize};
+use insitubatch::{InSituDataset, OnBadChunk};
+use insitubatch_tests::{FixtureArray, copy_dir};
+
+mod common;
+use common::{check_epoch, fixture, sample_axis_of};
+
+/// The fixture with `op(index along inner axis `axis`, x)` applied to every element (inner axes
+/// count after the sample axis is taken out), as the expected values of a transformed pass.
+fn transformed<T: Copy>(
+    f: &FixtureArray,
+    axis: Option<usize>,
+    read: fn(&[u8]) -> T,
+    write: fn(T) -> Vec<u8>,
+    op: impl Fn(usize, T) -> T,
+) -> FixtureArray {
+    let sample_axis = sample_axis_of(f);
+    let item = std::mem::size_of::<T>();
+    // The physical axis that inner axis `axis` is.
+    let physical = axis.map(|a| {
+        (0..f.shape.len())
+            .filter(|&d| d != sample_axis)
+            .nth(a)
+            .unwrap()
+    });
+    let stride: usize = physical.map_or(1, |p| f.shape[p + 1..].iter().product::<u64>() as usize);
+    let len = physical.map_or(1, |p| f.shape[p] as usize);
+    let mut out = f.clone();
+    out.reference = f
+        .reference
+        .chunks_exact(item)
+        .enumerate()
+        .flat_map(|(i, b)| write(op((i / stride) % len, read(b))))
+        .collect();
+    out
+}
+
+fn f32_of(b: &[u8]) -> f32 {
+    f32::from_le_bytes(b.try_into().unwrap())
+}
+fn f32_bytes(x: f32) -> Vec<u8> {
+    x.to_le_bytes().to_vec()
+}
+fn f64_of(b: &[u8]) -> f64 {
+    f64::from_le_bytes(b.try_into().unwrap())
+}
+fn f64_bytes(x: f64) -> Vec<u8> {
+    x.to_le_bytes().to_vec()
+}
+
+fn build_err(b: insitubatch::DatasetBuilder) -> String {
+    b.build().unwrap_err().to_string()
+}
+
+#[test]
+fn transformed_batches_equal_zarr_python_with_the_transform_applied() {
+    // Adopted tiles, two arrays, a transform scoped to one of them, and a window over it: both
+    // labels of t2m see the transformed chunk, u10 stays as stored.
+    let t = fixture("era5_v3", "t2m");
+    let u = fixture("era5_v3", "u10");
+    let t_want = transformed(&t, None, f32_of, f32_bytes, |_, x| {
+        x * 1.0f32 + (-273.15f64) as f32
+    });
+    for shuffle in [true, false] {
+        let ds = InSituDataset::builder(&t.store)
+            .variable("x", "t2m")
+            .window("y", "t2m", 2)
+            .variable("u", "u10")
+            .batch_size(5)
+            .block_chunks(2)
+            .shuffle(shuffle)
+            .chunk_transform_for(["t2m"], Affine::new(1.0, -273.15).unwrap())
+            .build()
+            .unwrap();
+        check_epoch(
+            &ds,
+            "train",
+            &[("x", &t_want, 0), ("y", &t_want, 0), ("u", &u, 0)],
+        );
+    }
+
+    // An inner-chunked field, assembled from six tiles per slot; per-level statistics along
+    // the first inner axis (7 indices), declared in JSON.
+    let f = fixture("v3_inner", "");
+    let mean: Vec<f64> = (0..7).map(|i| 270.0 + f64::from(i)).collect();
+    let std: Vec<f64> = (0..7).map(|i| 1.5 + 0.25 * f64::from(i)).collect();
+    let want = transformed(&f, Some(0), f32_of, f32_bytes, |i, x| {
+        (x - mean[i] as f32) / std[i] as f32
+    });
+    let json = serde_json::json!([{"type": "standardize", "mean": mean, "std": std, "axis": 0}]);
+    let ds = InSituDataset::builder(&f.store)
+        .variable("v", "")
+        .batch_size(4)
+        .chunk_transforms_json(json.to_string())
+        .build()
+        .unwrap();
+    check_epoch(&ds, "train", &[("v", &want, 0)]);
+
+    // Sampled along Z (axis 2): the slot is [z, t, c, y, x] and inner axis 1 is the channel.
+    let f = fixture("v3_tczyx", "");
+    let want = transformed(&f, Some(1), f32_of, f32_bytes, |c, x| {
+        x * [2.0f32, -0.5][c] + [1.0f32, 3.0][c]
+    });
+    let ds = InSituDataset::builder(&f.store)
+        .variable("v", "")
+        .sample_axis(2)
+        .batch_size(4)
+        .chunk_transform(Affine {
+            scale: vec![2.0, -0.5].into(),
+            offset: vec![1.0, 3.0].into(),
+            axis: Some(1),
+        })
+        .build()
+        .unwrap();
+    check_epoch(&ds, "train", &[("v", &want, 2)]);
+
+    // float64, two steps in order: clip, then standardise (the reverse gives other numbers).
+    let f = fixture("v3_zstd", "");
+    let want = transformed(&f, None, f64_of, f64_bytes, |_, x| {
+        (x.clamp(280.0, 290.0) - 285.0) / 2.0
+    });
+    let ds = InSituDataset::builder(&f.store)
+        .variable("v", "")
+        .batch_size(3)
+        .chunk_transform(Clip::new(280.0, 290.0).unwrap())
+        .chunk_transform(Standardize::new(285.0, 2.0).unwrap())
+        .build()
+        .unwrap();
+    check_epoch(&ds, "all", &[("v", &want, 0)]);
+    // The fixture's values (280 ± 60) straddle the clip bounds, so the clip did something.
+    let raw: Vec<f64> = f.reference.chunks_exact(8).map(f64_of).collect();
+    assert!(raw.iter().any(|x| *x < 280.0) && raw.iter().any(|x| *x > 290.0));
+}
+
+#[test]
+fn fill_nan_repairs_the_hole_a_bad_tile_leaves() {
+    // One of the six tiles of sample chunk 1 is corrupt: the slot assembles with a NaN
+    // rectangle, and fill_nan turns it into -1 before the slot is ready.
+    let f = fixture("v3_inner", "");
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&f.store, dir.path());
+    std::fs::write(dir.path().join("c/1/0/0"), b"this is not zstd").unwrap();
+    let ds = InSituDataset::builder(dir.path())
+        .variable("v", "")
+        .batch_size(6)
+        .on_bad_chunk(OnBadChunk::Nan)
+        .chunk_transform(FillNan::new(-1.0))
+        .build()
+        .unwrap();
+    let mut pass = ds.all().unwrap();
+    let batch = pass.next().unwrap().unwrap();
+    assert!(pass.next().is_none());
+    let got: &[f32] = batch.array("v").unwrap().values().unwrap();
+    let (ny, nx) = (7usize, 9usize);
+    for s in 0..6usize {
+        for y in 0..ny {
+            for x in 0..nx {
+                let i = (s * ny + y) * nx + x;
+                // Tile c/1/0/0: samples 2..4, y 0..3, x 0..4.
+                let want = if (2..4).contains(&s) && y < 3 && x < 4 {
+                    -1.0
+                } else {
+                    f32_of(&f.reference[i * 4..i * 4 + 4])
+                };
+                assert_eq!(got[i], want, "sample {s} y {y} x {x}");
+            }
+        }
+    }
+    let bad = pass.stats().bad_chunks;
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].key, "c/1/0/0");
+}
+
+fn era5(store: &Path, cache: &Path, t_offset: f64) -> insitubatch::DatasetBuilder {
+    InSituDataset::builder(store)
+        .variable("t", "t2m")
+        .variable("u", "u10")
+        .batch_size(5)
+        .block_chunks(2)
+        .cache_dir(cache)
+        .persist(true)
+        .chunk_transform_for(["t2m"], Affine::new(1.0, t_offset).unwrap())
+        .chunk_transform(Clip::new(-1e9, 1e9).unwrap())
+}
+
+#[test]
+fn a_persisted_cache_holds_transformed_chunks_and_goes_stale_per_array() {
+    let t = fixture("era5_v3", "t2m");
+    let u = fixture("era5_v3", "u10");
+    let cache = tempfile::tempdir().unwrap();
+    let shifted = |off: f64| transformed(&t, None, f32_of, f32_bytes, move |_, x| x + off as f32);
+    {
+        let ds = era5(&t.store, cache.path(), -273.15).build().unwrap();
+        check_epoch(&ds, "all", &[("t", &shifted(-273.15), 0), ("u", &u, 0)]);
+    }
+    // The same transforms: every chunk revives, transformed, and nothing is decoded.
+    {
+        let ds = era5(&t.store, cache.path(), -273.15).build().unwrap();
+        let mut pass = ds.all().unwrap();
+        for b in pass.by_ref() {
+            b.unwrap();
+        }
+        let s = pass.stats();
+        drop(pass);
+        assert_eq!((s.cache_misses, s.bytes_decoded), (0, 0), "{s:?}");
+        check_epoch(&ds, "all", &[("t", &shifted(-273.15), 0), ("u", &u, 0)]);
+    }
+    // Another offset for t2m: t2m is stale (named), u10 is not.
+    let msg = build_err(era5(&t.store, cache.path(), -273.0));
+    assert!(
+        msg.contains("[t2m]") && !msg.contains("u10") && msg.contains("reset_stale_cache"),
+        "{msg}"
+    );
+    // Reset rebuilds t2m with the new offset and revives u10 as it was.
+    let ds = era5(&t.store, cache.path(), -273.0)
+        .reset_stale_cache(true)
+        .build()
+        .unwrap();
+    let mut pass = ds.all().unwrap();
+    for b in pass.by_ref() {
+        b.unwrap();
+    }
+    let s = pass.stats();
+    drop(pass);
+    assert_eq!((s.cache_revived, s.cache_misses), (3, 3), "{s:?}");
+    check_epoch(&ds, "all", &[("t", &shifted(-273.0), 0), ("u", &u, 0)]);
+}
+
+#[test]
+fn transforms_that_cannot_apply_are_refused_naming_the_array() {
+    let t = fixture("era5_v3", "t2m");
+    let b = || {
+        InSituDataset::builder(&t.store)
+            .variable("x", "t2m")
+            .variable("y", "u10")
+    };
+    let msg = build_err(b().chunk_transform_for(["x"], FillNan::new(0.0)));
+    assert!(msg.contains("`x`") && msg.contains("not labels"), "{msg}");
+    let msg = build_err(b().chunk_transforms_json(r#"[{"type": "log"}]"#));
+    assert!(msg.contains("unknown transform type `log`"), "{msg}");
+    // Inner shape (9, 16): a list along axis 1 needs 16 values.
+    let msg = build_err(
+        b().chunk_transform(Standardize::per_index(Some(1), vec![0.0; 9], vec![1.0; 9]).unwrap()),
+    );
+    assert!(msg.contains("inner axis 1 has 16"), "{msg}");
+    // An int16 array.
+    let f = fixture("v3_v2keys", "");
+    let msg = build_err(
+        InSituDataset::builder(&f.store)
+            .variable("v", "")
+            .chunk_transform(Affine::new(2.0, 0.0).unwrap()),
+    );
+    assert!(
+        msg.contains("int16") && msg.contains("chunk_transforms"),
+        "{msg}"
+    );
+}
