@@ -502,10 +502,9 @@ impl ChunkTransform for FillNan {
         on_float!(chunk, |T| {
             let v = T::of(self.value);
             runs::<T>(chunk, None, |_, run| {
+                // A select rather than a branch, so that it vectorises.
                 for x in run {
-                    if x.is_nan() {
-                        *x = v;
-                    }
+                    *x = if x.is_nan() { v } else { *x };
                 }
             })
         })
@@ -526,13 +525,11 @@ impl ChunkTransform for Clip {
         on_float!(chunk, |T| {
             let (lo, hi) = (T::of(self.min), T::of(self.max));
             runs::<T>(chunk, None, |_, run| {
+                // Comparisons with NaN are false, so NaN passes through as numpy's does. Two
+                // selects rather than branches, so that it vectorises (to max and min).
                 for x in run {
-                    // Comparisons with NaN are false, so NaN passes through as numpy's does.
-                    if *x < lo {
-                        *x = lo;
-                    } else if *x > hi {
-                        *x = hi;
-                    }
+                    let y = if *x < lo { lo } else { *x };
+                    *x = if y > hi { hi } else { y };
                 }
             })
         })
