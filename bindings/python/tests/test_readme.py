@@ -42,6 +42,17 @@ def test_python_cache_example(store, tmp_path):
     assert "64 samples, 16 chunks revived, 0 bytes decoded" in out.stdout, out.stdout
 
 
+def test_python_transforms_example(store, tmp_path):
+    code = block("python", 2).replace("/tmp/era5.zarr", str(store))
+    script = tmp_path / "transforms_ex.py"
+    script.write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+    out = subprocess.run([sys.executable, script], check=True, capture_output=True, text=True, env=env)
+    # The synthetic t2m is ERA5-like, in kelvin around 270, so in Celsius it straddles zero.
+    low, high = map(float, re.findall(r"from (\S+) to (\S+) degrees", out.stdout)[0])
+    assert -60 < low < 0 < high < 60, out.stdout
+
+
 def test_python_example(store, tmp_path):
     code = block("python").replace("/tmp/era5.zarr", str(store))
     script = tmp_path / "ex.py"
