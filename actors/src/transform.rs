@@ -536,7 +536,7 @@ impl ChunkTransform for Clip {
     }
 }
 
-/// The kinds [`ChunkTransforms::from_json`] knows.
+/// The kinds [`ChunkTransforms::extend_from_json`] knows.
 pub const BUILTIN_KINDS: [&str; 4] = ["affine", "standardize", "fill_nan", "clip"];
 
 /// Parses one built-in from its JSON object (without `type` and `applies`).

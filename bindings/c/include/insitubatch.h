@@ -298,7 +298,9 @@ IsbStatus isb_split_by_chunk(const char *store,
  the NVMe tier: `cache_dir` (a directory on local NVMe), `persist`, `reset_stale_cache`,
  `readonly_cache`, `cache_direct_io` (default true), and data-parallel ranks: `rank` and
  `world_size` (default 0 and 1; each rank reads its share of every split, and `train` is
- evened out so every rank takes the same number of steps unless `even_train` is false).
+ evened out so every rank takes the same number of steps unless `even_train` is false),
+ `storage_options` (object-store configuration by key) and `chunk_transforms` (a list of
+ built-in transforms such as `{"type": "affine", "offset": -273.15, "applies": ["t2m"]}`).
  An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 
  # Safety
