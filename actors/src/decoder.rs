@@ -113,21 +113,18 @@ pub(crate) async fn deliver<S: Store>(
     // the log yet). Dropped unwritten if this tile does not complete the slot.
     let writable = ctx.pool.disk().is_some_and(|d| !d.readonly());
     let pending = (writable && job.slot.is_cacheable()).then(|| ctx.pool.begin_write(&job.slot));
+    // The chunk transforms run on the whole chunk, before its slot is ready: on the decoded
+    // tile that is the whole chunk, or on the chunk assembled from its tiles once the last is
+    // in. What they return (of the slot's size: the plan sized it by their output) is the slot.
     // An error below means the slot is no longer loading (the pass failed); nothing to deliver
     // to.
-    // The chunk transforms run on the whole slot, before it is ready: on the decoded tile that
-    // becomes the slot, or on the assembled buffer once its last tile is in.
-    let transform = |buf: &mut [u8]| pipeline.apply(layout.slot_shape(), dtype, buf);
+    let transform = |chunk: Vec<u8>| pipeline.apply(layout.slot_shape(), dtype, chunk);
     let completed = if layout.can_adopt() {
-        let mut bytes = bytes;
-        transform(&mut bytes);
-        job.slot.adopt(bytes).is_ok()
+        job.slot.adopt(transform(bytes)).is_ok()
     } else {
+        let fill = |buf: &mut [u8]| layout.copy_into_slot(job.tile, &bytes, buf);
         job.slot
-            .deliver_tile(
-                |buf| layout.copy_into_slot(job.tile, &bytes, buf),
-                transform,
-            )
+            .deliver_tile(layout.slot_bytes(), fill, transform)
             .unwrap_or(false)
     };
     if let Some(pending) = pending

@@ -213,8 +213,7 @@ async fn run<S: Store>(
         .iter()
         .map(|l| {
             plan.paths[l.path]
-                .geom
-                .inner_shape()
+                .sample_inner
                 .iter()
                 .map(|&d| d as usize)
                 .collect()
@@ -271,7 +270,7 @@ async fn run<S: Store>(
             shape.extend_from_slice(&inner[l]);
             arrays.push(BatchArray {
                 shape,
-                dtype: plan.paths[info.path].geom.dtype,
+                dtype: plan.paths[info.path].sample_dtype,
                 buf,
             });
         }

@@ -390,7 +390,10 @@ impl Pass {
             })?;
             arrays.push(a.clone());
             layouts.push(TileLayout::new(&p.geom));
-            pipelines.push(ctx.transforms.get(&*p.path).cloned().unwrap_or_default());
+            let pipeline = ctx.transforms.get(&*p.path).cloned();
+            pipelines.push(
+                pipeline.unwrap_or_else(|| Pipeline::identity(p.geom.inner_shape(), p.geom.dtype)),
+            );
         }
         let n_slots = plan.slots.len();
         let stats = PassStats {

@@ -53,6 +53,11 @@ impl TileLayout {
         &self.slot_dims
     }
 
+    /// Bytes of a whole decoded chunk, assembled sample-first (before chunk transforms).
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_dims.iter().product::<u64>() as usize * self.elem
+    }
+
     /// Stored chunks per slot.
     pub fn tiles(&self) -> u64 {
         self.field_grid.iter().product()

@@ -45,18 +45,19 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
 
-/// One decoded chunk, as a transform sees it.
-pub struct ChunkMut<'a> {
+/// One decoded chunk on its way through an array's transforms.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Chunk {
     /// `[samples_per_chunk, *inner_shape]`, sample axis first, C order. The last chunk of an
     /// array is full size too; its rows past the end are never emitted.
-    pub shape: &'a [u64],
-    /// The element type (a transform's [`check`](ChunkTransform::check) accepted it).
+    pub shape: Vec<u64>,
+    /// The element type.
     pub dtype: DType,
     /// The elements, native-endian.
-    pub bytes: &'a mut [u8],
+    pub bytes: Vec<u8>,
 }
 
-/// A deterministic, shape- and dtype-preserving per-chunk transform.
+/// A deterministic per-chunk transform.
 ///
 /// The result is cached with the chunk, so `apply` must depend on nothing but the chunk and the
 /// transform's parameters, and [`identity`](Self::identity) must change whenever a parameter
@@ -67,11 +68,16 @@ pub trait ChunkTransform: Send + Sync + fmt::Debug {
     fn kind(&self) -> &'static str;
     /// The kind and every parameter, exactly (floats to their last bit).
     fn identity(&self) -> String;
-    /// Whether the transform can run on an array of this inner shape and type; an error says
-    /// why not. Called when the dataset is built, before any chunk is read.
-    fn check(&self, inner_shape: &[u64], dtype: DType) -> Result<(), String>;
-    /// Transforms the chunk in place. Cannot fail: everything that could is refused by `check`.
-    fn apply(&self, chunk: ChunkMut<'_>);
+    /// The inner shape and element type this transform makes of chunks with `inner_shape` and
+    /// `dtype` (its input unchanged for a shape- and type-preserving one), or why it cannot run
+    /// on them. Called when the dataset is built, before any chunk is read; the pool and the
+    /// cache size every slot by the last step's answer. The sample axis is the engine's: it is
+    /// not in `inner_shape` and a transform cannot change it.
+    fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String>;
+    /// Transforms the chunk, in place or by replacing its bytes, shape and type with what
+    /// [`output`](Self::output) promised. Cannot fail: everything that could is refused by
+    /// `output`.
+    fn apply(&self, chunk: &mut Chunk);
 }
 
 /// A parameter given once for the whole chunk or once per index along an inner axis.
@@ -164,6 +170,25 @@ pub struct Clip {
     pub min: f64,
     /// Upper bound (at least `min`).
     pub max: f64,
+}
+
+/// Converts every element to `dtype` (`float32` or `float64`) as numpy's `astype` does, so
+/// that integer arrays can be scaled and float64 ones halved in memory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cast {
+    /// The element type after the cast.
+    pub dtype: DType,
+}
+
+/// Block means over the inner axes: each output element is the mean of a block of
+/// `factors[0] × factors[1] × ...` input elements (a coarser grid). Elements past the last
+/// whole block of an axis are dropped, as xarray's `coarsen(..., boundary="trim")` does.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Coarsen {
+    /// One factor per inner axis (1 keeps an axis).
+    pub factors: Vec<u64>,
 }
 
 fn one() -> Values {
@@ -259,6 +284,44 @@ impl Clip {
     }
 }
 
+impl Cast {
+    /// A cast to `dtype`.
+    pub fn new(dtype: DType) -> Result<Self, String> {
+        let t = Self { dtype };
+        t.validate()?;
+        Ok(t)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        match self.dtype {
+            DType::Float32 | DType::Float64 => Ok(()),
+            other => Err(format!(
+                "casts to float32 or float64 are built, not to {}",
+                other.name()
+            )),
+        }
+    }
+}
+
+impl Coarsen {
+    /// Block means with one factor per inner axis.
+    pub fn new(factors: Vec<u64>) -> Result<Self, String> {
+        let t = Self { factors };
+        t.validate()?;
+        Ok(t)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.factors.is_empty() || self.factors.contains(&0) {
+            return Err(format!(
+                "`factors` must be one positive integer per inner axis, not {:?}",
+                self.factors
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn finite(name: &str, v: &Values) -> Result<(), String> {
     match v.all().iter().find(|x| !x.is_finite()) {
         Some(x) => Err(format!("`{name}` must be finite, not {x}")),
@@ -301,6 +364,8 @@ trait Float: Copy + PartialOrd + std::ops::Mul<Output = Self> + std::ops::Add<Ou
     fn div(self, o: Self) -> Self;
     fn read(b: &[u8]) -> Self;
     fn write(self, b: &mut [u8]);
+    fn to_f64(self) -> f64;
+    fn write_to(self, out: &mut Vec<u8>);
 }
 
 macro_rules! float {
@@ -322,6 +387,12 @@ macro_rules! float {
             fn write(self, b: &mut [u8]) {
                 b.copy_from_slice(&self.to_ne_bytes())
             }
+            fn to_f64(self) -> f64 {
+                f64::from(self)
+            }
+            fn write_to(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_ne_bytes())
+            }
         }
     };
 }
@@ -331,12 +402,17 @@ float!(f64);
 /// Runs `op(index along axis, elements)` over the chunk: the whole chunk as one run with index 0
 /// when `axis` is `None`, else every run of elements that share an index along inner axis
 /// `axis`.
-fn runs<T: Float>(chunk: ChunkMut<'_>, axis: Option<usize>, mut op: impl FnMut(usize, &mut [T])) {
+fn runs<T: Float>(
+    shape: &[u64],
+    bytes: &mut [u8],
+    axis: Option<usize>,
+    mut op: impl FnMut(usize, &mut [T]),
+) {
     let (lead, len, tail) = match axis {
-        None => (1usize, 1usize, chunk.bytes.len() / T::SIZE),
+        None => (1usize, 1usize, bytes.len() / T::SIZE),
         Some(a) => {
             // The sample axis is dim 0 of the chunk, inner axis `a` is dim `a + 1`.
-            let dims: Vec<usize> = chunk.shape.iter().map(|&d| d as usize).collect();
+            let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
             let lead = dims[..=a].iter().product();
             let tail = dims[a + 2..].iter().product();
             (lead, dims[a + 1], tail)
@@ -347,7 +423,7 @@ fn runs<T: Float>(chunk: ChunkMut<'_>, axis: Option<usize>, mut op: impl FnMut(u
     }
     // SAFETY: every bit pattern is a valid f32 / f64, and `align_to_mut` only reinterprets the
     // aligned middle of the byte slice, which it borrows mutably for the closure's duration.
-    let (head, elems, rest) = unsafe { chunk.bytes.align_to_mut::<T>() };
+    let (head, elems, rest) = unsafe { bytes.align_to_mut::<T>() };
     if head.is_empty() && rest.is_empty() {
         for (i, run) in elems.chunks_exact_mut(tail).enumerate() {
             op(i % len, run);
@@ -356,12 +432,25 @@ fn runs<T: Float>(chunk: ChunkMut<'_>, axis: Option<usize>, mut op: impl FnMut(u
         return;
     }
     // A decoded buffer is always aligned in practice; this keeps a misaligned one correct.
-    let mut copy: Vec<T> = chunk.bytes.chunks_exact(T::SIZE).map(T::read).collect();
+    let mut copy: Vec<T> = bytes.chunks_exact(T::SIZE).map(T::read).collect();
     for (i, run) in copy.chunks_exact_mut(tail).enumerate() {
         op(i % len, run);
     }
-    for (x, b) in copy.iter().zip(chunk.bytes.chunks_exact_mut(T::SIZE)) {
+    for (x, b) in copy.iter().zip(bytes.chunks_exact_mut(T::SIZE)) {
         x.write(b);
+    }
+}
+
+/// The elements of `bytes`, borrowed when aligned (a decoded buffer always is in practice) and
+/// copied when not.
+fn elements<T: Float>(bytes: &[u8]) -> std::borrow::Cow<'_, [T]> {
+    // SAFETY: every bit pattern is a valid f32 / f64; `align_to` only reinterprets the aligned
+    // middle of the slice, borrowed for as long as `bytes` is.
+    let (head, elems, rest) = unsafe { bytes.align_to::<T>() };
+    if head.is_empty() && rest.is_empty() {
+        std::borrow::Cow::Borrowed(elems)
+    } else {
+        std::borrow::Cow::Owned(bytes.chunks_exact(T::SIZE).map(T::read).collect())
     }
 }
 
@@ -407,8 +496,8 @@ fn check_float(dtype: DType) -> Result<(), String> {
     match dtype {
         DType::Float32 | DType::Float64 => Ok(()),
         other => Err(format!(
-            "it computes in float32 or float64 and the array is {}; a dtype-changing cast is \
-             not built yet, so apply it in a batch transform",
+            "it computes in float32 or float64 and the chunks reaching it are {}; put a cast \
+             before it ({{\"type\": \"cast\", \"dtype\": \"float32\"}})",
             other.name()
         )),
     }
@@ -445,15 +534,16 @@ impl ChunkTransform for Affine {
     fn identity(&self) -> String {
         identity_of(self.kind(), self)
     }
-    fn check(&self, inner_shape: &[u64], dtype: DType) -> Result<(), String> {
+    fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
         let lists = [("scale", &self.scale), ("offset", &self.offset)];
-        check_float_and_axis(self.axis, &lists, inner_shape, dtype)
+        check_float_and_axis(self.axis, &lists, inner_shape, dtype)?;
+        Ok((inner_shape.to_vec(), dtype))
     }
-    fn apply(&self, chunk: ChunkMut<'_>) {
-        let n = axis_len(chunk.shape, self.axis);
+    fn apply(&self, chunk: &mut Chunk) {
+        let n = axis_len(&chunk.shape, self.axis);
         on_float!(chunk, |T| {
             let (scale, offset) = (params::<T>(&self.scale, n), params::<T>(&self.offset, n));
-            runs::<T>(chunk, self.axis, |i, run| {
+            runs::<T>(&chunk.shape, &mut chunk.bytes, self.axis, |i, run| {
                 let (s, o) = (scale[i], offset[i]);
                 for x in run {
                     *x = *x * s + o;
@@ -470,15 +560,16 @@ impl ChunkTransform for Standardize {
     fn identity(&self) -> String {
         identity_of(self.kind(), self)
     }
-    fn check(&self, inner_shape: &[u64], dtype: DType) -> Result<(), String> {
+    fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
         let lists = [("mean", &self.mean), ("std", &self.std)];
-        check_float_and_axis(self.axis, &lists, inner_shape, dtype)
+        check_float_and_axis(self.axis, &lists, inner_shape, dtype)?;
+        Ok((inner_shape.to_vec(), dtype))
     }
-    fn apply(&self, chunk: ChunkMut<'_>) {
-        let n = axis_len(chunk.shape, self.axis);
+    fn apply(&self, chunk: &mut Chunk) {
+        let n = axis_len(&chunk.shape, self.axis);
         on_float!(chunk, |T| {
             let (mean, std) = (params::<T>(&self.mean, n), params::<T>(&self.std, n));
-            runs::<T>(chunk, self.axis, |i, run| {
+            runs::<T>(&chunk.shape, &mut chunk.bytes, self.axis, |i, run| {
                 let (m, s) = (mean[i], std[i]);
                 for x in run {
                     *x = x.sub(m).div(s);
@@ -495,13 +586,14 @@ impl ChunkTransform for FillNan {
     fn identity(&self) -> String {
         identity_of(self.kind(), self)
     }
-    fn check(&self, _inner_shape: &[u64], dtype: DType) -> Result<(), String> {
-        check_float(dtype)
+    fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
+        check_float(dtype)?;
+        Ok((inner_shape.to_vec(), dtype))
     }
-    fn apply(&self, chunk: ChunkMut<'_>) {
+    fn apply(&self, chunk: &mut Chunk) {
         on_float!(chunk, |T| {
             let v = T::of(self.value);
-            runs::<T>(chunk, None, |_, run| {
+            runs::<T>(&chunk.shape, &mut chunk.bytes, None, |_, run| {
                 // A select rather than a branch, so that it vectorises.
                 for x in run {
                     *x = if x.is_nan() { v } else { *x };
@@ -518,13 +610,14 @@ impl ChunkTransform for Clip {
     fn identity(&self) -> String {
         identity_of(self.kind(), self)
     }
-    fn check(&self, _inner_shape: &[u64], dtype: DType) -> Result<(), String> {
-        check_float(dtype)
+    fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
+        check_float(dtype)?;
+        Ok((inner_shape.to_vec(), dtype))
     }
-    fn apply(&self, chunk: ChunkMut<'_>) {
+    fn apply(&self, chunk: &mut Chunk) {
         on_float!(chunk, |T| {
             let (lo, hi) = (T::of(self.min), T::of(self.max));
-            runs::<T>(chunk, None, |_, run| {
+            runs::<T>(&chunk.shape, &mut chunk.bytes, None, |_, run| {
                 // Comparisons with NaN are false, so NaN passes through as numpy's does. Two
                 // selects rather than branches, so that it vectorises (to max and min).
                 for x in run {
@@ -536,8 +629,177 @@ impl ChunkTransform for Clip {
     }
 }
 
+/// Appends each element of `bytes` (of type `$src`) to `out` converted with `as $dst`: the
+/// conversion numpy's `astype` makes (round to nearest, even on ties).
+macro_rules! cast_each {
+    ($bytes:expr, $out:expr, $src:ty, $dst:ty) => {{
+        let n = $bytes.len() / std::mem::size_of::<$src>();
+        $out.resize(n * std::mem::size_of::<$dst>(), 0);
+        let src = $bytes.chunks_exact(std::mem::size_of::<$src>());
+        for (b, o) in src.zip($out.chunks_exact_mut(std::mem::size_of::<$dst>())) {
+            let x = <$src>::from_ne_bytes(b.try_into().expect("element width"));
+            o.copy_from_slice(&(x as $dst).to_ne_bytes());
+        }
+    }};
+}
+
+/// `bytes` of type `from` converted to `$dst`, straight from each source type (never through
+/// a wider float, which could round twice).
+macro_rules! cast_to {
+    ($bytes:expr, $from:expr, $dst:ty) => {{
+        let mut out: Vec<u8> = Vec::new();
+        match $from {
+            DType::Bool | DType::Uint8 => cast_each!($bytes, out, u8, $dst),
+            DType::Int8 => cast_each!($bytes, out, i8, $dst),
+            DType::Int16 => cast_each!($bytes, out, i16, $dst),
+            DType::Int32 => cast_each!($bytes, out, i32, $dst),
+            DType::Int64 => cast_each!($bytes, out, i64, $dst),
+            DType::Uint16 => cast_each!($bytes, out, u16, $dst),
+            DType::Uint32 => cast_each!($bytes, out, u32, $dst),
+            DType::Uint64 => cast_each!($bytes, out, u64, $dst),
+            DType::Float32 => cast_each!($bytes, out, f32, $dst),
+            DType::Float64 => cast_each!($bytes, out, f64, $dst),
+            other => unreachable!("output refused {other:?}"),
+        }
+        out
+    }};
+}
+
+impl ChunkTransform for Cast {
+    fn kind(&self) -> &'static str {
+        "cast"
+    }
+    fn identity(&self) -> String {
+        identity_of(self.kind(), self)
+    }
+    fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
+        match dtype {
+            DType::Float16 | DType::Complex64 | DType::Complex128 => Err(format!(
+                "casts from {} are not built (bool, integers, float32 and float64 are)",
+                dtype.name()
+            )),
+            _ => Ok((inner_shape.to_vec(), self.dtype)),
+        }
+    }
+    fn apply(&self, chunk: &mut Chunk) {
+        if chunk.dtype == self.dtype {
+            return;
+        }
+        chunk.bytes = match self.dtype {
+            DType::Float32 => cast_to!(chunk.bytes, chunk.dtype, f32),
+            DType::Float64 => cast_to!(chunk.bytes, chunk.dtype, f64),
+            other => unreachable!("validate refused {other:?}"),
+        };
+        chunk.dtype = self.dtype;
+    }
+}
+
+/// The block means of a `[samples, *inner]` chunk: each output element the mean (summed in
+/// f64) of its block; trailing elements that fill no whole block are skipped.
+fn coarsen<T: Float>(shape: &[u64], bytes: &[u8], factors: &[u64]) -> (Vec<u64>, Vec<u8>) {
+    let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+    let f: Vec<usize> = factors.iter().map(|&x| x as usize).collect();
+    let inner = &dims[1..];
+    let out_inner: Vec<usize> = inner.iter().zip(&f).map(|(d, f)| d / f).collect();
+    let last = inner.len() - 1;
+    let (row_len, out_row_len, f_last) = (inner[last], out_inner[last], f[last]);
+    let rows_per_sample: usize = inner[..last].iter().product();
+    let out_per_sample: usize = out_inner.iter().product();
+    let block = f.iter().product::<usize>() as f64;
+    let mut out = Vec::with_capacity(dims[0] * out_per_sample * T::SIZE);
+    let mut sums = vec![0f64; out_per_sample];
+    let mut idx = vec![0usize; last];
+    let elems = elements::<T>(bytes);
+    for sample in elems.chunks_exact(rows_per_sample * row_len) {
+        sums.fill(0.0);
+        idx.fill(0);
+        for row in sample.chunks_exact(row_len) {
+            // The output row this input row adds to, unless it is past the last whole block.
+            let target = idx
+                .iter()
+                .zip(&f)
+                .zip(&out_inner)
+                .try_fold(0usize, |acc, ((&i, &f), &o)| {
+                    (i / f < o).then_some(acc * o + i / f)
+                });
+            if let Some(r) = target {
+                let dst = &mut sums[r * out_row_len..(r + 1) * out_row_len];
+                if f_last == 1 {
+                    // A loop the compiler vectorises, for grids coarsened along other axes only.
+                    for (d, x) in dst.iter_mut().zip(row) {
+                        *d += x.to_f64();
+                    }
+                } else {
+                    for (d, run) in dst.iter_mut().zip(row.chunks_exact(f_last)) {
+                        *d += run.iter().map(|x| x.to_f64()).sum::<f64>();
+                    }
+                }
+            }
+            for d in (0..last).rev() {
+                idx[d] += 1;
+                if idx[d] < inner[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        for sum in &sums {
+            T::of(sum / block).write_to(&mut out);
+        }
+    }
+    let mut out_shape = vec![shape[0]];
+    out_shape.extend(out_inner.iter().map(|&d| d as u64));
+    (out_shape, out)
+}
+
+impl ChunkTransform for Coarsen {
+    fn kind(&self) -> &'static str {
+        "coarsen"
+    }
+    fn identity(&self) -> String {
+        identity_of(self.kind(), self)
+    }
+    fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
+        check_float(dtype)?;
+        if self.factors.len() != inner_shape.len() {
+            return Err(format!(
+                "`factors` has {} values but the chunks have {} inner axes (inner shape \
+                 {inner_shape:?}); give one per inner axis, 1 to keep one",
+                self.factors.len(),
+                inner_shape.len()
+            ));
+        }
+        let mut out = Vec::with_capacity(inner_shape.len());
+        for (a, (&d, &f)) in inner_shape.iter().zip(&self.factors).enumerate() {
+            if d < f {
+                return Err(format!(
+                    "inner axis {a} has {d} elements, fewer than its factor {f}"
+                ));
+            }
+            out.push(d / f);
+        }
+        Ok((out, dtype))
+    }
+    fn apply(&self, chunk: &mut Chunk) {
+        let (shape, bytes) = on_float!(chunk, |T| coarsen::<T>(
+            &chunk.shape,
+            &chunk.bytes,
+            &self.factors
+        ));
+        chunk.shape = shape;
+        chunk.bytes = bytes;
+    }
+}
+
 /// The kinds [`ChunkTransforms::extend_from_json`] knows.
-pub const BUILTIN_KINDS: [&str; 4] = ["affine", "standardize", "fill_nan", "clip"];
+pub const BUILTIN_KINDS: [&str; 6] = [
+    "affine",
+    "standardize",
+    "fill_nan",
+    "clip",
+    "cast",
+    "coarsen",
+];
 
 /// Parses one built-in from its JSON object (without `type` and `applies`).
 fn builtin(kind: &str, params: serde_json::Value) -> Result<Arc<dyn ChunkTransform>, String> {
@@ -564,6 +826,16 @@ fn builtin(kind: &str, params: serde_json::Value) -> Result<Arc<dyn ChunkTransfo
         }
         "clip" => {
             let t: Clip = parse(params)?;
+            t.validate()?;
+            Arc::new(t)
+        }
+        "cast" => {
+            let t: Cast = parse(params)?;
+            t.validate()?;
+            Arc::new(t)
+        }
+        "coarsen" => {
+            let t: Coarsen = parse(params)?;
             t.validate()?;
             Arc::new(t)
         }
@@ -697,32 +969,62 @@ impl ChunkTransforms {
         let mut out = HashMap::new();
         for (path, (inner, dtype)) in arrays {
             let mut steps = Vec::new();
+            let mut format = (inner.clone(), *dtype);
             for (i, e) in self.entries.iter().enumerate() {
                 if e.applies.as_ref().is_some_and(|a| !a.contains(path)) {
                     continue;
                 }
-                e.transform.check(inner, *dtype).map_err(|why| {
+                format = e.transform.output(&format.0, format.1).map_err(|why| {
                     EngineError::arg(
                         "chunk_transforms",
                         format!("[{i}] {}", e.transform.identity()),
                         format!("cannot apply to array `{path}`: {why}"),
                     )
                 })?;
+                if format.0.contains(&0) {
+                    return Err(EngineError::arg(
+                        "chunk_transforms",
+                        format!("[{i}] {}", e.transform.identity()),
+                        format!(
+                            "it leaves array `{path}`'s samples empty (inner shape {:?})",
+                            format.0
+                        ),
+                    ));
+                }
                 steps.push(Arc::clone(&e.transform));
             }
-            out.insert(path.clone(), Pipeline { steps });
+            let (output_inner, output_dtype) = format;
+            out.insert(
+                path.clone(),
+                Pipeline {
+                    steps,
+                    output_inner,
+                    output_dtype,
+                },
+            );
         }
         Ok(out)
     }
 }
 
-/// One array's chunk transforms, in order.
-#[derive(Clone, Debug, Default)]
+/// One array's chunk transforms, in order, and what its chunks become.
+#[derive(Clone, Debug)]
 pub struct Pipeline {
     steps: Vec<Arc<dyn ChunkTransform>>,
+    output_inner: Vec<u64>,
+    output_dtype: DType,
 }
 
 impl Pipeline {
+    /// No transform: chunks stay as decoded (`inner_shape`, `dtype`).
+    pub fn identity(inner_shape: Vec<u64>, dtype: DType) -> Self {
+        Self {
+            steps: Vec::new(),
+            output_inner: inner_shape,
+            output_dtype: dtype,
+        }
+    }
+
     /// True when the array's chunks are cached as decoded.
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty()
@@ -733,19 +1035,50 @@ impl Pipeline {
         self.steps.iter().map(|s| s.identity()).collect()
     }
 
-    /// Runs every step on a chunk of `shape` (`[samples_per_chunk, *inner_shape]`).
-    pub fn apply(&self, shape: &[u64], dtype: DType, bytes: &mut [u8]) {
-        debug_assert_eq!(
-            shape.iter().product::<u64>() as usize * dtype.size_bytes(),
-            bytes.len()
-        );
-        for step in &self.steps {
-            step.apply(ChunkMut {
-                shape,
-                dtype,
-                bytes: &mut *bytes,
-            });
+    /// The inner shape of a sample after the transforms (what batches and the cache hold).
+    pub fn output_inner(&self) -> &[u64] {
+        &self.output_inner
+    }
+
+    /// The element type after the transforms.
+    pub fn output_dtype(&self) -> DType {
+        self.output_dtype
+    }
+
+    /// Runs every step on a decoded chunk of `shape` (`[samples_per_chunk, *inner_shape]`) and
+    /// returns the transformed bytes, which have the shape and type the steps promised.
+    ///
+    /// # Panics
+    /// When a step broke its promise (a [`ChunkTransform`] implemented outside this crate whose
+    /// `apply` disagrees with its `output`): the decoder's panic guard turns that into the pass's
+    /// error rather than let a wrongly sized chunk into the pool.
+    pub fn apply(&self, shape: &[u64], dtype: DType, bytes: Vec<u8>) -> Vec<u8> {
+        if self.steps.is_empty() {
+            return bytes;
         }
+        let mut chunk = Chunk {
+            shape: shape.to_vec(),
+            dtype,
+            bytes,
+        };
+        for step in &self.steps {
+            step.apply(&mut chunk);
+        }
+        let want = (chunk.shape.iter().product::<u64>() as usize) * chunk.dtype.size_bytes();
+        assert!(
+            chunk.shape[0] == shape[0]
+                && chunk.shape[1..] == self.output_inner[..]
+                && chunk.dtype == self.output_dtype
+                && chunk.bytes.len() == want,
+            "chunk transforms [{}] made a {:?} {} chunk of {} bytes, not the promised {:?} {}",
+            self.identities().join(", "),
+            chunk.shape,
+            chunk.dtype.name(),
+            chunk.bytes.len(),
+            self.output_inner,
+            self.output_dtype.name()
+        );
+        chunk.bytes
     }
 }
 
@@ -764,13 +1097,13 @@ mod tests {
     }
 
     fn run(t: &dyn ChunkTransform, shape: &[u64], v: &[f32]) -> Vec<f32> {
-        let mut b = f32s(v);
-        t.apply(ChunkMut {
-            shape,
+        let mut c = Chunk {
+            shape: shape.to_vec(),
             dtype: DType::Float32,
-            bytes: &mut b,
-        });
-        back(&b)
+            bytes: f32s(v),
+        };
+        t.apply(&mut c);
+        back(&c.bytes)
     }
 
     #[test]
@@ -806,17 +1139,16 @@ mod tests {
 
     #[test]
     fn misaligned_bytes_give_the_same_result() {
-        let t = Affine::new(0.5, -3.0).unwrap();
         let x: Vec<f32> = (0..9).map(|i| i as f32).collect();
         let mut buf = vec![0u8; 1];
         buf.extend(f32s(&x));
-        t.apply(ChunkMut {
-            shape: &[9],
-            dtype: DType::Float32,
-            bytes: &mut buf[1..],
+        runs::<f32>(&[9], &mut buf[1..], None, |_, run| {
+            for v in run {
+                *v = *v * 0.5 - 3.0;
+            }
         });
-        assert_eq!(back(&buf[1..]), run(&t, &[9], &x));
-        assert_eq!(back(&buf[1..])[4], -1.0);
+        let want: Vec<f32> = x.iter().map(|v| v * 0.5 - 3.0).collect();
+        assert_eq!(back(&buf[1..]), want);
     }
 
     #[test]
@@ -831,13 +1163,95 @@ mod tests {
     #[test]
     fn float64_arrays_compute_in_float64() {
         let t = Affine::new(0.1, 0.0).unwrap();
-        let mut b: Vec<u8> = 3.0f64.to_ne_bytes().to_vec();
-        t.apply(ChunkMut {
-            shape: &[1],
+        let mut c = Chunk {
+            shape: vec![1],
             dtype: DType::Float64,
-            bytes: &mut b,
-        });
-        assert_eq!(f64::from_ne_bytes(b.try_into().unwrap()), 3.0 * 0.1);
+            bytes: 3.0f64.to_ne_bytes().to_vec(),
+        };
+        t.apply(&mut c);
+        assert_eq!(f64::from_ne_bytes(c.bytes.try_into().unwrap()), 3.0 * 0.1);
+    }
+
+    #[test]
+    fn casts_round_straight_from_the_source_type() {
+        // 2^24 + 1 is not a float32: it rounds to 2^24 (ties to even), and i64::MAX to 2^63.
+        let v: [i64; 3] = [-7, (1 << 24) + 1, i64::MAX];
+        let mut c = Chunk {
+            shape: vec![3],
+            dtype: DType::Int64,
+            bytes: v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+        };
+        Cast::new(DType::Float32).unwrap().apply(&mut c);
+        assert_eq!(c.dtype, DType::Float32);
+        assert_eq!(back(&c.bytes), vec![-7.0, 16_777_216.0, 9.223_372e18]);
+        let t = Cast::new(DType::Float64).unwrap();
+        assert!(t.output(&[2], DType::Complex64).is_err());
+        assert_eq!(
+            t.output(&[2], DType::Uint8).unwrap(),
+            (vec![2], DType::Float64)
+        );
+        assert!(Cast::new(DType::Int32).is_err());
+    }
+
+    #[test]
+    fn coarsen_takes_block_means_and_trims_partial_blocks() {
+        // 2 samples of 3 × 5 with factors (2, 2): a 1 × 2 output; row 2 and column 4 dropped.
+        let x: Vec<f32> = (0..30).map(|i| i as f32).collect();
+        let t = Coarsen::new(vec![2, 2]).unwrap();
+        assert_eq!(
+            t.output(&[3, 5], DType::Float32).unwrap(),
+            (vec![1, 2], DType::Float32)
+        );
+        let mut c = Chunk {
+            shape: vec![2, 3, 5],
+            dtype: DType::Float32,
+            bytes: f32s(&x),
+        };
+        t.apply(&mut c);
+        assert_eq!(c.shape, vec![2, 1, 2]);
+        // Sample 0: (0+1+5+6)/4, (2+3+7+8)/4; sample 1 adds 15.
+        assert_eq!(back(&c.bytes), vec![3.0, 5.0, 18.0, 20.0]);
+        assert!(
+            t.output(&[1, 5], DType::Float32)
+                .unwrap_err()
+                .contains("fewer than")
+        );
+        assert!(
+            t.output(&[4], DType::Float32)
+                .unwrap_err()
+                .contains("inner axes")
+        );
+        assert!(Coarsen::new(vec![2, 0]).is_err());
+    }
+
+    #[test]
+    fn a_pipeline_threads_shape_and_type_through_its_steps() {
+        let mut ts = ChunkTransforms::default();
+        ts.extend_from_json(
+            r#"[{"type": "cast", "dtype": "float32"}, {"type": "coarsen", "factors": [2, 1]},
+                {"type": "affine", "scale": 2}]"#,
+        )
+        .unwrap();
+        let arrays = [("a".to_string(), (vec![4, 3], DType::Int16))].into();
+        let p = ts.pipelines(&arrays).unwrap().remove("a").unwrap();
+        assert_eq!(
+            (p.output_inner(), p.output_dtype()),
+            (&[2u64, 3][..], DType::Float32)
+        );
+        let x: Vec<i16> = (0..12).collect();
+        let out = p.apply(
+            &[1, 4, 3],
+            DType::Int16,
+            x.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+        );
+        // Rows (0,1,2)+(3,4,5) and (6,7,8)+(9,10,11), halved, doubled.
+        assert_eq!(back(&out), vec![3.0, 5.0, 7.0, 15.0, 17.0, 19.0]);
+        // Without the cast the affine sees int16 and says what to put before it.
+        let mut ts = ChunkTransforms::default();
+        ts.extend_from_json(r#"[{"type": "affine", "scale": 2}]"#)
+            .unwrap();
+        let msg = ts.pipelines(&arrays).unwrap_err().to_string();
+        assert!(msg.contains("int16") && msg.contains("cast"), "{msg}");
     }
 
     #[test]

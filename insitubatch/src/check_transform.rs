@@ -44,16 +44,27 @@ pub struct Summary {
 
 impl Summary {
     fn of(bytes: &[u8], dtype: DType) -> Self {
+        // Every real type as f64 (what a summary needs; an int64 beyond 2^53 rounds).
+        macro_rules! each {
+            ($t:ty) => {
+                bytes
+                    .chunks_exact(std::mem::size_of::<$t>())
+                    .map(|b| <$t>::from_ne_bytes(b.try_into().expect("element width")) as f64)
+                    .collect()
+            };
+        }
         let values: Vec<f64> = match dtype {
-            DType::Float32 => bytes
-                .chunks_exact(4)
-                .map(|b| f64::from(f32::from_ne_bytes(b.try_into().expect("4 bytes"))))
-                .collect(),
-            DType::Float64 => bytes
-                .chunks_exact(8)
-                .map(|b| f64::from_ne_bytes(b.try_into().expect("8 bytes")))
-                .collect(),
-            _ => Vec::new(),
+            DType::Bool | DType::Uint8 => each!(u8),
+            DType::Int8 => each!(i8),
+            DType::Int16 => each!(i16),
+            DType::Int32 => each!(i32),
+            DType::Int64 => each!(i64),
+            DType::Uint16 => each!(u16),
+            DType::Uint32 => each!(u32),
+            DType::Uint64 => each!(u64),
+            DType::Float32 => each!(f32),
+            DType::Float64 => each!(f64),
+            DType::Float16 | DType::Complex64 | DType::Complex128 => Vec::new(),
         };
         let finite: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
         let n = finite.len();
@@ -71,13 +82,17 @@ impl Summary {
 pub struct TransformReport {
     /// The array.
     pub array: String,
-    /// Element type.
+    /// Element type as stored.
     pub dtype: String,
+    /// Element type after the transforms.
+    pub dtype_after: String,
     /// The chunk checked (its index along the sample axis) and the samples it holds.
     pub chunk: u64,
     /// First and one-past-last sample of the chunk.
     pub samples: (u64, u64),
-    /// The slot a chunk occupies in the pool and the cache: `[samples_per_chunk, *inner]`.
+    /// A decoded chunk, sample-first: `[samples_per_chunk, *inner]`.
+    pub chunk_shape: Vec<u64>,
+    /// The slot a chunk occupies in the pool and the cache, after the transforms.
     pub slot_shape: Vec<u64>,
     /// Its bytes (what the budget and each cache file hold per chunk).
     pub slot_bytes: u64,
@@ -91,7 +106,7 @@ pub struct TransformReport {
     pub after: Summary,
     /// Median time to transform one chunk, in microseconds.
     pub apply_us_median: f64,
-    /// That as decoded megabytes per second.
+    /// That as decoded megabytes (of the chunk before the transforms) per second.
     pub apply_mb_s: f64,
 }
 
@@ -100,14 +115,16 @@ impl TransformReport {
     pub fn render(&self) -> String {
         let num = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.6}"));
         let mut out = format!(
-            "array `{}`: {}, chunk {} (samples {}..{}), slot {:?} = {} per chunk in the pool \
-             and the cache\n",
+            "array `{}`: chunk {} (samples {}..{}), decoded {:?} {}; after the transforms {:?} \
+             {} = {} per chunk in the pool and the cache\n",
             self.array,
-            self.dtype,
             self.chunk,
             self.samples.0,
             self.samples.1,
+            self.chunk_shape,
+            self.dtype,
             self.slot_shape,
+            self.dtype_after,
             crate::inspect::human_bytes(self.slot_bytes),
         );
         out.push_str("transforms, in order:\n");
@@ -171,7 +188,7 @@ pub fn check_transform(
     let pipeline = transforms
         .pipelines(&arrays)?
         .remove(var)
-        .unwrap_or_default();
+        .expect("pipelines covers every array it was given");
     if pipeline.is_empty() {
         return Err(EngineError::arg(
             "chunk_transforms",
@@ -199,21 +216,26 @@ pub fn check_transform(
     };
     let decoded = one_batch(None)?;
     let from_engine = one_batch(Some(&only_var))?;
-    // The slot is full-size; a short last chunk is padded here as in the pool.
+    // The chunk is full-size; a short last chunk is padded here as in the pool.
+    let mut chunk_shape = vec![spc];
+    chunk_shape.extend(geom.inner_shape());
+    let chunk_bytes = chunk_shape.iter().product::<u64>() as usize * geom.dtype.size_bytes();
+    let mut padded = decoded.clone();
+    padded.resize(chunk_bytes, 0);
     let mut slot_shape = vec![spc];
-    slot_shape.extend(geom.inner_shape());
-    let slot_bytes = slot_shape.iter().product::<u64>() * geom.dtype.size_bytes() as u64;
-    let mut slot = decoded.clone();
-    slot.resize(slot_bytes as usize, 0);
+    slot_shape.extend(pipeline.output_inner());
+    let slot_bytes =
+        slot_shape.iter().product::<u64>() * pipeline.output_dtype().size_bytes() as u64;
     let mut times = Vec::with_capacity(repeat.max(1));
     let mut out = Vec::new();
     for _ in 0..repeat.max(1) {
-        out.clone_from(&slot);
+        let input = padded.clone();
         let t = Instant::now();
-        pipeline.apply(&slot_shape, geom.dtype, &mut out);
+        out = pipeline.apply(&chunk_shape, geom.dtype, input);
         times.push(t.elapsed().as_secs_f64());
     }
-    out.truncate(decoded.len());
+    let rows = (samples.1 - samples.0) as usize;
+    out.truncate(rows * (slot_bytes / spc) as usize);
     if out != from_engine {
         return Err(EngineError::Runtime(format!(
             "the transforms gave other values on `{var}` chunk {chunk} when run here than in the \
@@ -226,8 +248,10 @@ pub fn check_transform(
     Ok(TransformReport {
         array: var.to_string(),
         dtype: geom.dtype.name().to_string(),
+        dtype_after: pipeline.output_dtype().name().to_string(),
         chunk,
         samples,
+        chunk_shape,
         slot_shape,
         slot_bytes,
         fingerprint: insitubatch_pool::disk::fingerprint(
@@ -235,8 +259,8 @@ pub fn check_transform(
         ),
         transforms: ids,
         before: Summary::of(&decoded, geom.dtype),
-        after: Summary::of(&out, geom.dtype),
+        after: Summary::of(&out, pipeline.output_dtype()),
         apply_us_median: median * 1e6,
-        apply_mb_s: slot_bytes as f64 / median.max(1e-9) / 1e6,
+        apply_mb_s: chunk_bytes as f64 / median.max(1e-9) / 1e6,
     })
 }

@@ -496,6 +496,15 @@ impl DatasetBuilder {
                 .map(|v| (v.geom.path.clone(), (v.geom.inner_shape(), v.geom.dtype)))
                 .collect(),
         )?;
+        // Batches, the pool and the cache hold what the transforms make of each sample.
+        let variables: Vec<Variable> = variables
+            .into_iter()
+            .map(|v| {
+                let p = &transforms[&v.geom.path];
+                let (inner, dtype) = (p.output_inner().to_vec(), p.output_dtype());
+                v.with_sample(inner, dtype)
+            })
+            .collect();
         let per_executor = if store.is_remote() {
             DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR
         } else {
@@ -572,11 +581,11 @@ fn cache_arrays(variables: &[Variable], transforms: &HashMap<String, Pipeline>) 
             continue;
         }
         let mut slot_shape = vec![v.geom.samples_per_chunk()];
-        slot_shape.extend(v.geom.inner_shape());
+        slot_shape.extend(&v.sample_inner);
         out.push(ArrayMeta {
             path: v.geom.path.clone(),
             slot_shape,
-            descr: v.geom.dtype.npy_descr(),
+            descr: v.sample_dtype.npy_descr(),
             fingerprint: array_fingerprint(transforms.get(&v.geom.path)),
         });
     }

@@ -178,7 +178,7 @@ enum Command {
         #[arg(long, requires = "cache_dir")]
         buffered_cache_writes: bool,
         /// Chunk transforms: a JSON list (or `@FILE`).
-        #[arg(long, value_name = "JSON")]
+        #[arg(long, value_name = "JSON", conflicts_with = "ceilings")]
         chunk_transforms: Option<String>,
         /// Also measure the decode ceiling (a) and the in-memory gather ceiling (b).
         #[arg(long, conflicts_with = "cache_dir")]

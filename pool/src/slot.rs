@@ -415,14 +415,17 @@ impl Slot {
         Ok(())
     }
 
-    /// Copies one tile into the slot with `fill` (given the whole slot buffer, zeroed on first
-    /// use); after the last tile, `finish` runs on the assembled buffer before anyone can see
-    /// it (the chunk transforms). Returns true when this was the last tile and the slot is now
-    /// ready; an error when the slot is no longer loading (it failed or was cancelled).
+    /// Copies one tile into the chunk being assembled with `fill` (given the whole buffer of
+    /// `assembled_bytes`, zeroed on first use); after the last tile, `finish` turns the
+    /// assembled chunk into the slot's bytes (the chunk transforms, which may resize it to the
+    /// slot's size) before anyone can see it. Returns true when this was the last tile and the
+    /// slot is now ready; an error when the slot is no longer loading (it failed or was
+    /// cancelled).
     pub fn deliver_tile(
         &self,
+        assembled_bytes: usize,
         fill: impl FnOnce(&mut [u8]),
-        finish: impl FnOnce(&mut [u8]),
+        finish: impl FnOnce(Vec<u8>) -> Vec<u8>,
     ) -> Result<bool, String> {
         let done = {
             let mut st = lock(&self.state);
@@ -432,12 +435,11 @@ impl Slot {
             if *tiles_left == 0 {
                 return Err(format!("slot {} has all its tiles", self.key));
             }
-            let b = buf.get_or_insert_with(|| vec![0u8; self.nbytes as usize]);
+            let b = buf.get_or_insert_with(|| vec![0u8; assembled_bytes]);
             fill(b);
             *tiles_left -= 1;
             if *tiles_left == 0 {
-                let mut b = buf.take().expect("buffer allocated above");
-                finish(&mut b);
+                let b = finish(buf.take().expect("buffer allocated above"));
                 self.publish(SlotData::Heap(b));
                 *st = State::Ready;
                 true
@@ -486,21 +488,18 @@ mod tests {
     #[test]
     fn tiles_assemble_once_and_refuse_late_delivery() {
         let s = Slot::new(0, SlotKey::new("a", 3), 4, 2);
-        // `finish` runs once, on the whole buffer, after the last tile and before it is ready.
-        let double = |b: &mut [u8]| b.iter_mut().for_each(|x| *x *= 2);
-        let never = |_: &mut [u8]| panic!("finished before the last tile");
-        assert!(
-            !s.deliver_tile(|b| b[..2].copy_from_slice(&[1, 2]), never)
-                .unwrap()
-        );
+        // Six bytes assembled; `finish` runs once, on the whole buffer, after the last tile and
+        // before the slot is ready, and makes the slot's four bytes of it.
+        let sums = |b: Vec<u8>| b.chunks(3).flat_map(|c| [c[0] + c[1], c[2]]).collect();
+        let never = |_: Vec<u8>| -> Vec<u8> { panic!("finished before the last tile") };
+        let first = s.deliver_tile(6, |b| b[..3].copy_from_slice(&[1, 2, 3]), never);
+        assert!(!first.unwrap());
         assert!(!s.is_ready());
+        let last = s.deliver_tile(6, |b| b[3..].copy_from_slice(&[4, 5, 6]), sums);
+        assert!(last.unwrap());
+        assert_eq!(s.bytes().unwrap().memory().unwrap(), &[3, 3, 9, 6]);
         assert!(
-            s.deliver_tile(|b| b[2..].copy_from_slice(&[3, 4]), double)
-                .unwrap()
-        );
-        assert_eq!(s.bytes().unwrap().memory().unwrap(), &[2, 4, 6, 8]);
-        assert!(
-            s.deliver_tile(|_| {}, |_| {}).is_err(),
+            s.deliver_tile(6, |_| {}, |b| b).is_err(),
             "a ready slot takes no tiles"
         );
         assert!(!s.fail(SlotFailure {

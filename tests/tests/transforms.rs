@@ -6,7 +6,8 @@
 
 use std::path::Path;
 
-use insitubatch::transform::{Affine, Clip, FillNan, Standardize};
+use insitubatch::DType;
+use insitubatch::transform::{Affine, Cast, Clip, Coarsen, FillNan, Standardize};
 use insitubatch::{InSituDataset, OnBadChunk};
 use insitubatch_tests::{FixtureArray, copy_dir};
 
@@ -262,4 +263,76 @@ fn transforms_that_cannot_apply_are_refused_naming_the_array() {
         msg.contains("int16") && msg.contains("chunk_transforms"),
         "{msg}"
     );
+}
+
+#[test]
+fn reshaping_transforms_size_batches_slots_and_cache_files_by_their_output() {
+    // int16 (9, 5, 7) in (4, 3, 7) chunks: each slot assembles two tiles; cast to float32, then
+    // 2 x 3 block means over (5, 7) -> (2, 2), then a scale. Batches are (n, 2, 2) float32.
+    let f = fixture("v2_zstd_slash", "");
+    let raw: Vec<i16> = f
+        .reference
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let mean = |s: usize, oy: usize, ox: usize| -> f32 {
+        let mut sum = 0f64;
+        for y in oy * 2..oy * 2 + 2 {
+            for x in ox * 3..ox * 3 + 3 {
+                sum += f64::from(raw[(s * 5 + y) * 7 + x] as f32);
+            }
+        }
+        (sum / 6.0) as f32 * 0.5
+    };
+    let mut want = f.clone();
+    want.shape = vec![9, 2, 2];
+    want.dtype = "float32".into();
+    want.reference = (0..9)
+        .flat_map(|s| (0..4).map(move |o| (s, o / 2, o % 2)))
+        .flat_map(|(s, oy, ox)| mean(s, oy, ox).to_le_bytes())
+        .collect();
+    let cache = tempfile::tempdir().unwrap();
+    let build = || {
+        InSituDataset::builder(&f.store)
+            .variable("v", "")
+            .window("w", "", 1)
+            .batch_size(4)
+            .cache_dir(cache.path())
+            .persist(true)
+            .chunk_transform(Cast::new(DType::Float32).unwrap())
+            .chunk_transform(Coarsen::new(vec![2, 3]).unwrap())
+            .chunk_transform(Affine::new(0.5, 0.0).unwrap())
+            .build()
+            .unwrap()
+    };
+    {
+        let ds = build();
+        let v = &ds.variables()[0];
+        assert_eq!(
+            (&v.sample_inner[..], v.sample_dtype),
+            (&[2u64, 2][..], DType::Float32)
+        );
+        check_epoch(&ds, "train", &[("v", &want, 0), ("w", &want, 0)]);
+    }
+    // The cache files hold the output: [4, 2, 2] float32, and revive with nothing decoded.
+    let log = std::fs::read_to_string(cache.path().join("insitu_cache.jsonl")).unwrap();
+    let entries: Vec<serde_json::Value> = log
+        .lines()
+        .skip(1)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(entries.len(), 3, "{log}");
+    for e in &entries {
+        assert_eq!(e["shape"], serde_json::json!([4, 2, 2]), "{e}");
+        assert_eq!(e["dtype"], "<f4", "{e}");
+    }
+    let ds = build();
+    let mut pass = ds.all().unwrap();
+    for b in pass.by_ref() {
+        b.unwrap();
+    }
+    let s = pass.stats();
+    drop(pass);
+    assert_eq!((s.cache_misses, s.bytes_decoded), (0, 0), "{s:?}");
+    check_epoch(&ds, "all", &[("v", &want, 0)]);
 }

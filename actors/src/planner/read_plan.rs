@@ -21,6 +21,10 @@ pub struct PathInfo {
     pub samples_per_chunk: u64,
     /// Bytes of one slot: `samples_per_chunk * sample_bytes`.
     pub slot_bytes: u64,
+    /// A sample's inner shape in a slot (after the array's chunk transforms).
+    pub sample_inner: Vec<u64>,
+    /// A sample's element type in a slot.
+    pub sample_dtype: insitubatch_store::DType,
     /// Stored chunks per slot.
     pub tiles: u64,
 }
@@ -207,7 +211,9 @@ pub fn read_plan(
                 paths.push(PathInfo {
                     path: Arc::from(geom.path.as_str()),
                     samples_per_chunk: spc,
-                    slot_bytes: spc * geom.sample_bytes(),
+                    slot_bytes: spc * v.sample_bytes(),
+                    sample_inner: v.sample_inner.clone(),
+                    sample_dtype: v.sample_dtype,
                     tiles: geom.tiles_per_sample_chunk(),
                     geom,
                 });
@@ -218,7 +224,7 @@ pub fn read_plan(
             label: v.label.clone(),
             path: idx,
             offset: v.geom.offset,
-            sample_bytes: v.geom.sample_bytes(),
+            sample_bytes: v.sample_bytes(),
         });
     }
     // The chunks each path's labels read: the anchors' span shifted by each label's offset.
@@ -384,18 +390,9 @@ mod tests {
         for (bs, bc) in [(1, 1), (7, 2), (32, 4), (5, 16)] {
             let x = geom("a", 60, 2);
             let vars = vec![
-                Variable {
-                    label: "x".into(),
-                    geom: x.clone(),
-                },
-                Variable {
-                    label: "y".into(),
-                    geom: x.shift(3),
-                },
-                Variable {
-                    label: "m".into(),
-                    geom: geom("b", 60, 30),
-                },
+                Variable::new("x", x.clone()),
+                Variable::new("y", x.shift(3)),
+                Variable::new("m", geom("b", 60, 30)),
             ];
             let order = epoch_order(&OrderSpec {
                 chunks: &chunks,
@@ -442,10 +439,7 @@ mod tests {
             let vars: Vec<Variable> = leads
                 .iter()
                 .enumerate()
-                .map(|(i, &k)| Variable {
-                    label: format!("l{i}"),
-                    geom: base.shift(k),
-                })
+                .map(|(i, &k)| Variable::new(format!("l{i}"), base.shift(k)))
                 .collect();
             let order = epoch_order(&OrderSpec {
                 chunks: &chunks,

@@ -502,6 +502,9 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
                 g["label"] = v.label.clone().into();
                 g["path"] = v.geom.path.clone().into();
                 g["offset"] = v.geom.offset.into();
+                // A sample as batches hold it (after the array's chunk transforms).
+                g["sample_shape"] = v.sample_inner.clone().into();
+                g["sample_dtype"] = v.sample_dtype.name().into();
                 g
             })
             .collect();

@@ -363,10 +363,10 @@ class _BatchReader:
     dataset, and the out-parameters are reused, so a batch costs one C call per label plus three
     and no ctypes structure traversal."""
 
-    def __init__(self, geometries: Mapping[str, ArrayGeometry], offsets: Mapping[str, int]):
+    def __init__(self, formats: Mapping[str, tuple], offsets: Mapping[str, int]):
         self.labels = [
-            (label, label.encode(), tuple(g.inner_shape), np.dtype(_DTYPES[g.dtype]).str)
-            for label, g in geometries.items()
+            (label, label.encode(), tuple(shape), dtype.str)
+            for label, (shape, dtype) in formats.items()
         ]
         self.offsets = dict(offsets)
         self.err = ctypes.c_void_p()
@@ -402,7 +402,7 @@ class _Epoch:
     def __init__(self, ds: "InSituDataset", it: ctypes.c_void_p):
         self._ds = ds
         self._it = it
-        self._reader = _BatchReader(ds.geometries, ds._offsets)
+        self._reader = _BatchReader(ds.sample_formats, ds._offsets)
         self._b = ctypes.c_void_p()
         self._err = ctypes.c_void_p()
         self._refs = (ctypes.byref(self._b), ctypes.byref(self._err))
@@ -676,6 +676,12 @@ class InSituDataset:
         self._last_stats: dict = {}
         info = self._dataset_stats()
         self._offsets = {v["label"]: v["offset"] for v in info["variables"]}
+        # What one sample of each label is in a batch: after the chunk transforms (a cast or a
+        # coarsen changes it), the geometry's inner shape and dtype without any.
+        self.sample_formats = {
+            v["label"]: (tuple(v["sample_shape"]), np.dtype(_DTYPES[v["sample_dtype"]]))
+            for v in info["variables"]
+        }
         self.geometries = {
             v["label"]: ArrayGeometry(
                 store=str(store),

@@ -18,8 +18,11 @@ Each transform's parameters are the array's cache fingerprint: change one and a 
 cache of the arrays it applies to is stale (construction raises `StaleCache` naming them, unless
 ``reset_stale_cache=True``).
 
-Work that needs the assembled batch, several variables, per-sample randomness or a change of
-shape or dtype belongs in ``batch_transforms`` (Python callables, run per batch, not cached).
+`Cast` and `Coarsen` change what a sample is (its dtype, its inner shape): batches, the pool
+and the cache hold the result, and ``ds.sample_formats`` says what each label's samples are.
+
+Work that needs the assembled batch, several variables or per-sample randomness belongs in
+``batch_transforms`` (Python callables, run per batch, not cached).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Affine", "Clip", "FillNaN", "Standardize", "applies", "to_config"]
+__all__ = ["Affine", "Cast", "Clip", "Coarsen", "FillNaN", "Standardize", "applies", "to_config"]
 
 
 def _values(name: str, v: Any) -> float | list[float]:
@@ -105,6 +108,32 @@ class Clip:
 
 
 @dataclass(frozen=True)
+class Cast:
+    """Elements become `dtype` (``"float32"`` or ``"float64"``) as ``numpy.astype`` makes them:
+    integer arrays can then be scaled, float64 ones halved in memory."""
+
+    dtype: Any
+
+    def to_config(self) -> dict:
+        return {"type": "cast", "dtype": np.dtype(self.dtype).name}
+
+
+@dataclass(frozen=True)
+class Coarsen:
+    """Block means over the inner axes, one factor per inner axis (1 keeps an axis); elements
+    past the last whole block are dropped (xarray's ``coarsen(boundary="trim")``). Batches then
+    have the coarser shape (``ds.sample_formats``)."""
+
+    factors: Sequence[int]
+
+    def to_config(self) -> dict:
+        factors = [int(f) for f in self.factors]
+        if not factors or any(f < 1 for f in factors):
+            raise ValueError(f"Coarsen: factors must be positive integers, not {self.factors!r}")
+        return {"type": "coarsen", "factors": factors}
+
+
+@dataclass(frozen=True)
 class _Scoped:
     paths: tuple[str, ...]
     transform: Any
@@ -139,7 +168,7 @@ def _one(t) -> dict:
         raise TypeError(
             f"chunk transform {t!r} is a Python callable; chunk transforms run in the Rust "
             "decoder and must be built-ins (insitubatch.transforms: Affine, Standardize, FillNaN, "
-            "Clip). Per-batch Python work goes in batch_transforms"
+            "Clip, Cast, Coarsen). Per-batch Python work goes in batch_transforms"
         )
     raise TypeError(f"chunk transform {t!r} is not a transform from insitubatch.transforms")
 

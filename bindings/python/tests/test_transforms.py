@@ -9,7 +9,7 @@ import pytest
 import zarr
 
 import insitubatch as isb
-from insitubatch.transforms import Affine, Clip, FillNaN, Standardize, applies
+from insitubatch.transforms import Affine, Cast, Clip, Coarsen, FillNaN, Standardize, applies
 
 
 def store_of(fixtures, name):
@@ -128,3 +128,37 @@ def test_bad_transforms_are_clear_errors(fixtures):
         isb.InSituDataset(store, chunk_transforms=[Affine(scale=float("nan"))])
     with pytest.raises(TypeError, match="list of transforms"):
         isb.InSituDataset(store, chunk_transforms=Affine())
+
+
+def test_cast_and_coarsen_change_what_a_sample_is(fixtures, tmp_path):
+    # int16 (9, 5, 7): cast to float32 (numpy's astype), then 2 x 3 block means of (5, 7),
+    # trimming the last row and column: samples are (2, 2) float32 in batches and cache files.
+    store = store_of(fixtures, "v2_zstd_slash.zarr")
+    ref = zarr.open_array(store, mode="r")[...]
+    want = ref.astype(np.float32)[:, :4, :6].reshape(9, 2, 2, 2, 3).mean(axis=(2, 4))
+    cache = tmp_path / "cache"
+    with isb.InSituDataset(store, batch_size=4, cache_dir=cache, persist=True,
+                           chunk_transforms=[Cast("float32"), Coarsen([2, 3])]) as ds:
+        label = next(iter(ds.geometries))
+        assert ds.sample_formats[label] == ((2, 2), np.dtype("float32"))
+        assert ds.geometries[label].dtype == "int16"  # the geometry stays the stored array's
+        seen = 0
+        for b in ds.train:
+            a = b.arrays[label]
+            assert a.shape == (len(b), 2, 2) and a.dtype == np.float32
+            for r, idx in enumerate(b.read_indices(label)):
+                np.testing.assert_allclose(a[r], want[idx], rtol=1e-6)
+                seen += 1
+        assert seen == 9
+    entries = [json.loads(l) for l in (cache / "insitu_cache.jsonl").read_text().splitlines()[1:]]
+    for e in entries:
+        slot = np.load(cache / e["file"])
+        assert slot.shape == (4, 2, 2) and slot.dtype == np.float32
+        c = e["chunk"]
+        rows = want[c * 4:(c + 1) * 4]
+        np.testing.assert_allclose(slot[:len(rows)], rows, rtol=1e-6)
+    # A float-only transform on the int16 array says to cast first.
+    with pytest.raises(isb.InvalidArgument, match="int16.*cast"):
+        isb.InSituDataset(store, chunk_transforms=[Affine(scale=2.0)])
+    with pytest.raises(ValueError, match="positive"):
+        isb.InSituDataset(store, chunk_transforms=[Coarsen([0, 1])])
