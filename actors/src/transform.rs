@@ -4,8 +4,10 @@
 //!
 //! A transform sees one array's chunk at a time, assembled sample-first
 //! (`[samples_per_chunk, *inner_shape]`, C order) whatever the array's physical axis order and
-//! inner chunking, and changes it in place: scaling, standardisation, unit conversion, NaN
-//! repair, clipping. It runs on every chunk of every array in its scope, including fill-value
+//! inner chunking, and changes it in place (scaling, standardisation, unit conversion, NaN
+//! repair, clipping) or replaces it with another inner shape or element type (a cast, a coarser
+//! grid), which it declares up front so that the pool, the cache and batches are sized by it; the
+//! sample axis is the engine's and never changes. It runs on every chunk of every array in its scope, including fill-value
 //! chunks and the stand-ins `on_bad_chunk = "nan"` delivers (so `fill_nan` can repair them), and
 //! never on a chunk revived from the cache (that chunk was transformed when it was written).
 //!
@@ -22,19 +24,21 @@
 //!   {"type": "affine", "scale": 1.0, "offset": -273.15, "applies": ["t2m"]},
 //!   {"type": "standardize", "mean": [280.1, 250.3], "std": [12.0, 9.5], "axis": 0},
 //!   {"type": "fill_nan", "value": 0.0},
-//!   {"type": "clip", "min": -5.0, "max": 5.0}
+//!   {"type": "clip", "min": -5.0, "max": 5.0},
+//!   {"type": "cast", "dtype": "float32"},
+//!   {"type": "coarsen", "factors": [2, 2]}
 //! ]
 //! ```
 //!
 //! `axis` (of `affine` and `standardize`) names an inner axis (0 is the first axis after the
 //! sample axis is taken out, physical order otherwise) along which the parameters are lists, one
-//! value per index: per-level statistics of a 3-D field. Arithmetic is in the array's element
-//! type (`float32` or `float64`), exactly as numpy computes `x * float32(scale) +
-//! float32(offset)` and `(x - float32(mean)) / float32(std)`.
-//!
-//! Reshaping transforms (a regrid, a dtype cast), which change a slot's inner shape or type, are
-//! not built: every built-in keeps shape and dtype, and [`ChunkTransform::check`] refuses
-//! arrays it cannot run on.
+//! value per index: per-level statistics of a 3-D field. Arithmetic is in the element type
+//! (`float32` or `float64`; `cast` an integer array first), exactly as numpy computes `x *
+//! float32(scale) + float32(offset)` and `(x - float32(mean)) / float32(std)`. `cast` converts
+//! as numpy's `astype` does; `coarsen` takes block means (summed in f64) with one factor per
+//! inner axis and drops the elements past the last whole block of an axis. Each step's
+//! [`ChunkTransform::output`] says what it makes of its input, or refuses it, when the dataset
+//! is built.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -709,10 +713,27 @@ fn coarsen<T: Float>(shape: &[u64], bytes: &[u8], factors: &[u64]) -> (Vec<u64>,
     let mut out = Vec::with_capacity(dims[0] * out_per_sample * T::SIZE);
     let mut sums = vec![0f64; out_per_sample];
     let mut idx = vec![0usize; last];
+    // Rows that add to the same output row are summed element by element first (a loop the
+    // compiler vectorises), and folded into blocks along the last axis once per output row.
+    let mut row_sums = vec![0f64; out_row_len * f_last];
+    let fold = |r: usize, row_sums: &mut [f64], sums: &mut [f64]| {
+        let dst = &mut sums[r * out_row_len..(r + 1) * out_row_len];
+        if f_last == 1 {
+            for (d, a) in dst.iter_mut().zip(row_sums.iter()) {
+                *d += a;
+            }
+        } else {
+            for (d, run) in dst.iter_mut().zip(row_sums.chunks_exact(f_last)) {
+                *d += run.iter().sum::<f64>();
+            }
+        }
+        row_sums.fill(0.0);
+    };
     let elems = elements::<T>(bytes);
     for sample in elems.chunks_exact(rows_per_sample * row_len) {
         sums.fill(0.0);
         idx.fill(0);
+        let mut pending: Option<usize> = None;
         for row in sample.chunks_exact(row_len) {
             // The output row this input row adds to, unless it is past the last whole block.
             let target = idx
@@ -723,16 +744,13 @@ fn coarsen<T: Float>(shape: &[u64], bytes: &[u8], factors: &[u64]) -> (Vec<u64>,
                     (i / f < o).then_some(acc * o + i / f)
                 });
             if let Some(r) = target {
-                let dst = &mut sums[r * out_row_len..(r + 1) * out_row_len];
-                if f_last == 1 {
-                    // A loop the compiler vectorises, for grids coarsened along other axes only.
-                    for (d, x) in dst.iter_mut().zip(row) {
-                        *d += x.to_f64();
-                    }
-                } else {
-                    for (d, run) in dst.iter_mut().zip(row.chunks_exact(f_last)) {
-                        *d += run.iter().map(|x| x.to_f64()).sum::<f64>();
-                    }
+                if let Some(p) = pending.filter(|&p| p != r) {
+                    fold(p, &mut row_sums, &mut sums);
+                }
+                pending = Some(r);
+                // `row_sums` ends at the last whole block: the zip trims the rest of the row.
+                for (a, x) in row_sums.iter_mut().zip(row) {
+                    *a += x.to_f64();
                 }
             }
             for d in (0..last).rev() {
@@ -742,6 +760,9 @@ fn coarsen<T: Float>(shape: &[u64], bytes: &[u8], factors: &[u64]) -> (Vec<u64>,
                 }
                 idx[d] = 0;
             }
+        }
+        if let Some(p) = pending {
+            fold(p, &mut row_sums, &mut sums);
         }
         for sum in &sums {
             T::of(sum / block).write_to(&mut out);

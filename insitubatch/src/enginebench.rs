@@ -82,6 +82,19 @@ pub fn gather_ceiling(
     epoch: u64,
     repeat: usize,
 ) -> Result<(f64, u64), EngineError> {
+    // The ceiling copies decoded chunks; a transform that reshapes them has no ceiling here.
+    if let Some(v) = ds
+        .variables()
+        .iter()
+        .find(|v| v.sample_inner != v.geom.inner_shape() || v.sample_dtype != v.geom.dtype)
+    {
+        return Err(EngineError::arg(
+            "chunk_transforms",
+            &v.geom.path,
+            "the gather ceiling copies chunks as decoded, and this array's transforms change \
+             their shape or dtype; measure the ceilings without transforms",
+        ));
+    }
     ds.set_epoch(epoch);
     let order = ds.order(split)?;
     let plan = read_plan(&order, ds.variables(), ds.batch_size(), false)?;
