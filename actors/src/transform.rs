@@ -361,11 +361,9 @@ fn per_index_lengths(axis: Option<usize>, params: &[(&str, &Values)]) -> Result<
 }
 
 /// Float element types the built-ins compute in.
-trait Float: Copy + PartialOrd + std::ops::Mul<Output = Self> + std::ops::Add<Output = Self> {
+trait Float: Copy {
     const SIZE: usize;
     fn of(v: f64) -> Self;
-    fn sub(self, o: Self) -> Self;
-    fn div(self, o: Self) -> Self;
     fn read(b: &[u8]) -> Self;
     fn write(self, b: &mut [u8]);
     fn to_f64(self) -> f64;
@@ -378,12 +376,6 @@ macro_rules! float {
             const SIZE: usize = std::mem::size_of::<$t>();
             fn of(v: f64) -> Self {
                 v as $t
-            }
-            fn sub(self, o: Self) -> Self {
-                self - o
-            }
-            fn div(self, o: Self) -> Self {
-                self / o
             }
             fn read(b: &[u8]) -> Self {
                 <$t>::from_ne_bytes(b.try_into().expect("element width"))
@@ -524,6 +516,25 @@ macro_rules! on_float {
     };
 }
 
+/// `x = op(x, a[i], b[i])` for every element, `i` its index along inner axis `axis` (single
+/// values serve every index), in the chunk's element type.
+fn per_index<T: Float>(
+    chunk: &mut Chunk,
+    axis: Option<usize>,
+    a: &Values,
+    b: &Values,
+    op: impl Fn(T, T, T) -> T,
+) {
+    let n = axis_len(&chunk.shape, axis);
+    let (a, b) = (params::<T>(a, n), params::<T>(b, n));
+    runs::<T>(&chunk.shape, &mut chunk.bytes, axis, |i, run| {
+        let (a, b) = (a[i], b[i]);
+        for x in run {
+            *x = op(*x, a, b);
+        }
+    })
+}
+
 fn identity_of(kind: &str, params: &impl Serialize) -> String {
     // Serde writes floats in their shortest round-trip form, so equal identities mean equal
     // parameters to the last bit; fields come in declaration order.
@@ -544,16 +555,14 @@ impl ChunkTransform for Affine {
         Ok((inner_shape.to_vec(), dtype))
     }
     fn apply(&self, chunk: &mut Chunk) {
-        let n = axis_len(&chunk.shape, self.axis);
-        on_float!(chunk, |T| {
-            let (scale, offset) = (params::<T>(&self.scale, n), params::<T>(&self.offset, n));
-            runs::<T>(&chunk.shape, &mut chunk.bytes, self.axis, |i, run| {
-                let (s, o) = (scale[i], offset[i]);
-                for x in run {
-                    *x = *x * s + o;
-                }
-            })
-        })
+        let (a, b) = (&self.scale, &self.offset);
+        on_float!(chunk, |T| per_index::<T>(
+            chunk,
+            self.axis,
+            a,
+            b,
+            |x, s, o| x * s + o
+        ))
     }
 }
 
@@ -570,16 +579,14 @@ impl ChunkTransform for Standardize {
         Ok((inner_shape.to_vec(), dtype))
     }
     fn apply(&self, chunk: &mut Chunk) {
-        let n = axis_len(&chunk.shape, self.axis);
-        on_float!(chunk, |T| {
-            let (mean, std) = (params::<T>(&self.mean, n), params::<T>(&self.std, n));
-            runs::<T>(&chunk.shape, &mut chunk.bytes, self.axis, |i, run| {
-                let (m, s) = (mean[i], std[i]);
-                for x in run {
-                    *x = x.sub(m).div(s);
-                }
-            })
-        })
+        let (a, b) = (&self.mean, &self.std);
+        on_float!(chunk, |T| per_index::<T>(
+            chunk,
+            self.axis,
+            a,
+            b,
+            |x, m, s| (x - m) / s
+        ))
     }
 }
 
