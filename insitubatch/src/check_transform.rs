@@ -156,6 +156,7 @@ impl TransformReport {
 
 /// Reads chunk `chunk` of `var` (decoded, assembled sample-first), runs the transforms on it
 /// `repeat` times, checks that the engine's own pass delivers the same values, and reports.
+/// `storage_options` configure an object store (empty for a directory).
 pub fn check_transform(
     root: &Path,
     var: &str,
@@ -163,13 +164,14 @@ pub fn check_transform(
     transforms_json: &str,
     chunk: u64,
     repeat: usize,
+    storage_options: &[(String, String)],
 ) -> Result<TransformReport, EngineError> {
     let mut transforms = ChunkTransforms::default();
     transforms.extend_from_json(transforms_json)?;
     // The arrays the scopes name are checked too (each must exist and suit its transforms).
     let mut paths = vec![var.to_string()];
     paths.extend(transforms.scoped_paths().into_iter().filter(|p| p != var));
-    let geoms = crate::geometries(root, Some(&paths), sample_axis)?;
+    let geoms = crate::geometries_with(root, Some(&paths), sample_axis, storage_options)?;
     let geom = geoms[var].clone();
     let n_chunks = geom.n_sample_chunks();
     if chunk >= n_chunks {
@@ -203,6 +205,7 @@ pub fn check_transform(
     let one_batch = |transforms: Option<&ChunkTransforms>| -> Result<Vec<u8>, EngineError> {
         let mut b = InSituDataset::builder(root)
             .variable(var, var)
+            .storage_options(storage_options)
             .sample_axis(sample_axis)
             .manifest(manifest.clone())
             .batch_size(spc as usize)

@@ -348,6 +348,12 @@ impl DatasetBuilder {
         self
     }
 
+    /// Sets several object-store options (see [`storage_option`](Self::storage_option)).
+    pub fn storage_options(mut self, options: &[(String, String)]) -> Self {
+        self.storage_options.extend(options.iter().cloned());
+        self
+    }
+
     /// Appends a chunk transform for every array: it runs on each decoded chunk before the pool
     /// holds it, so it is paid once per chunk and cached with it (see
     /// [`insitubatch_actors::transform`]). Transforms run in the order they were added.
@@ -544,6 +550,7 @@ impl DatasetBuilder {
         });
         let ds = InSituDataset {
             root: self.root,
+            storage_options: self.storage_options,
             runtime: Arc::new(runtime),
             ctx,
             variables,
@@ -621,6 +628,7 @@ fn cache_arrays(variables: &[Variable], transforms: &HashMap<String, Pipeline>) 
 /// ```
 pub struct InSituDataset {
     root: PathBuf,
+    storage_options: Vec<(String, String)>,
     runtime: Arc<Runtime>,
     ctx: Arc<EngineContext<AnyStore>>,
     variables: Vec<Variable>,
@@ -714,9 +722,14 @@ impl InSituDataset {
         self.ctx.pool.disk()
     }
 
-    /// The store's directory.
+    /// The store's directory or URL.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The object-store options it was opened with.
+    pub fn storage_options(&self) -> &[(String, String)] {
+        &self.storage_options
     }
 
     /// Decoded bytes of every slot `split` reads at the current epoch: a `cache_budget_bytes`
@@ -932,8 +945,11 @@ fn load_hierarchy(runtime: &Runtime, store: &AnyStore) -> Result<Hierarchy, Engi
 
 /// The store at `root`, its metadata, and a one-thread runtime to read it with (for tools that
 /// read outside a dataset: `geometries`, the benchmark's ceilings).
-pub(crate) fn open_store(root: &Path) -> Result<(AnyStore, Hierarchy, Runtime), EngineError> {
-    let store = AnyStore::open(root, &[])?;
+pub(crate) fn open_store(
+    root: &Path,
+    storage_options: &[(String, String)],
+) -> Result<(AnyStore, Hierarchy, Runtime), EngineError> {
+    let store = AnyStore::open(root, storage_options)?;
     let runtime = RuntimeBuilder::new()
         .executor_threads(1)
         .build()
@@ -949,7 +965,18 @@ pub fn geometries(
     variables: Option<&[String]>,
     sample_axis: usize,
 ) -> Result<std::collections::BTreeMap<String, ArrayGeometry>, EngineError> {
-    let (_, hierarchy, _) = open_store(root.as_ref())?;
+    geometries_with(root, variables, sample_axis, &[])
+}
+
+/// [`geometries`] of a store opened with object-store options (see
+/// [`DatasetBuilder::storage_option`]; refused for a local directory).
+pub fn geometries_with(
+    root: impl AsRef<Path>,
+    variables: Option<&[String]>,
+    sample_axis: usize,
+    storage_options: &[(String, String)],
+) -> Result<std::collections::BTreeMap<String, ArrayGeometry>, EngineError> {
+    let (_, hierarchy, _) = open_store(root.as_ref(), storage_options)?;
     Ok(open_geometries(&hierarchy, variables, sample_axis)?)
 }
 

@@ -98,7 +98,7 @@ pub fn gather_ceiling(
     ds.set_epoch(epoch);
     let order = ds.order(split)?;
     let plan = read_plan(&order, ds.variables(), ds.batch_size(), false)?;
-    let (store, h, rt) = crate::dataset::open_store(ds.root())?;
+    let (store, h, rt) = crate::dataset::open_store(ds.root(), ds.storage_options())?;
     // Decode every slot the plan reads (untimed).
     let mut slots: Vec<Vec<u8>> = Vec::with_capacity(plan.slots.len());
     for s in &plan.slots {

@@ -103,8 +103,9 @@ pub fn inspect(
     path: &std::path::Path,
     variables: Option<Vec<String>>,
     sample_axis: usize,
+    storage_options: &[(String, String)],
 ) -> Result<InspectReport, StoreError> {
-    let store = AnyStore::open(path, &[])?;
+    let store = AnyStore::open(path, storage_options)?;
     let st = store.clone();
     let hierarchy = handle.block_on(move || async move { open_hierarchy(&st).await })??;
     let geoms = open_geometries(&hierarchy, variables.as_deref(), sample_axis)?;

@@ -15,7 +15,7 @@ pub mod synth;
 pub use dataset::{
     DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_INFLIGHT_PER_EXECUTOR,
     DEFAULT_PREFETCH_DEPTH, DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR, DatasetBuilder, InSituDataset,
-    MAX_INFLIGHT, geometries, geometry_json,
+    MAX_INFLIGHT, geometries, geometries_with, geometry_json,
 };
 pub use insitubatch_actors as actors;
 pub use insitubatch_actors::transform;

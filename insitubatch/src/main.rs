@@ -59,10 +59,32 @@ struct WarmArgs {
     /// readers will pass (the cache fingerprint must match theirs).
     #[arg(long, value_name = "JSON")]
     chunk_transforms: Option<String>,
+    #[command(flatten)]
+    store: StoreOptions,
     // One rank's share of the split (each rank needs a cache directory of its own), all of
     // it: also the rows a train pass leaves out to even the ranks, which differ every epoch.
     #[command(flatten)]
     ranks: RankArgs,
+}
+
+/// Object-store configuration for a store given as a URL.
+#[derive(clap::Args, Clone, Default)]
+struct StoreOptions {
+    /// An object-store option (`aws_endpoint=http://minio:9000`, `aws_region=eu-west-1`,
+    /// `google_service_account=...`: the object_store crate's keys), applied after the
+    /// environment's; repeat it for several. Refused for a local directory.
+    #[arg(long = "storage-option", value_name = "KEY=VALUE", value_parser = key_value)]
+    storage_options: Vec<(String, String)>,
+}
+
+/// Parses `KEY=VALUE`.
+fn key_value(arg: &str) -> Result<(String, String), String> {
+    match arg.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!(
+            "`{arg}` is not KEY=VALUE (for example aws_region=eu-west-1)"
+        )),
+    }
 }
 
 /// Data-parallel ranks: which share of each split this process reads.
@@ -123,6 +145,8 @@ enum Command {
         /// Output file.
         #[arg(short, long)]
         output: PathBuf,
+        #[command(flatten)]
+        store: StoreOptions,
     },
     /// Run epochs through the engine and report; --ceilings adds the two baselines.
     Bench {
@@ -191,6 +215,8 @@ enum Command {
         json: bool,
         #[command(flatten)]
         ranks: RankArgs,
+        #[command(flatten)]
+        store: StoreOptions,
     },
     /// Fill a persistent decoded-chunk cache (cache_dir, persist) for a split, so that any
     /// number of readonly_cache jobs can read it without fetching or decoding.
@@ -220,6 +246,8 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        store: StoreOptions,
     },
     /// Benchmark the NVMe tier: warm epochs from RAM and revived from cache files (page cache
     /// warm and dropped) against the in-memory gather ceiling, the cache-filling epoch against a
@@ -254,6 +282,8 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        store: StoreOptions,
     },
     /// Write a synthetic ERA5-like store: smooth float32 (time, latitude, longitude) fields.
     MakeDataset {
@@ -352,6 +382,7 @@ fn warm(args: &WarmArgs) -> CliResult {
         sample_axis,
         reset_stale_cache,
         chunk_transforms,
+        store,
         ranks,
     } = args;
     let mut b = InSituDataset::builder(path)
@@ -361,7 +392,8 @@ fn warm(args: &WarmArgs) -> CliResult {
         .even_train(false)
         .cache_dir(cache_dir)
         .persist(true)
-        .reset_stale_cache(*reset_stale_cache);
+        .reset_stale_cache(*reset_stale_cache)
+        .storage_options(&store.storage_options);
     if let Some(t) = chunk_transforms {
         b = b.chunk_transforms_json(transforms_arg(t)?);
     }
@@ -543,7 +575,7 @@ fn run(cli: Cli) -> CliResult {
             unsafe { libc::sync() };
             println!("built (and synced) in {:.2} s\n", t.elapsed().as_secs_f64());
             let rt = runtime()?;
-            print!("{}", inspect(&rt.handle(), &path, None, 0)?.render());
+            print!("{}", inspect(&rt.handle(), &path, None, 0, &[])?.render());
             drop(rt);
             let ds = InSituDataset::builder(&path).build()?;
             println!(
@@ -574,8 +606,11 @@ fn run(cli: Cli) -> CliResult {
             shuffled,
             sample_range,
             output,
+            store,
         } => {
-            let mut b = InSituDataset::builder(&path).sample_axis(sample_axis);
+            let mut b = InSituDataset::builder(&path)
+                .sample_axis(sample_axis)
+                .storage_options(&store.storage_options);
             if let Some(a) = &array {
                 b = b.variable(a.clone(), a.clone());
             }
@@ -621,6 +656,7 @@ fn run(cli: Cli) -> CliResult {
             repeat,
             json,
             ranks,
+            store,
         } => {
             let chunk_transforms = chunk_transforms
                 .as_deref()
@@ -635,7 +671,8 @@ fn run(cli: Cli) -> CliResult {
                         .prefetch_depth(prefetch_depth)
                         .seed(seed)
                         .shuffle(!no_shuffle)
-                        .shard(ranks.rank, ranks.world_size);
+                        .shard(ranks.rank, ranks.world_size)
+                        .storage_options(&store.storage_options);
                     if let Some(n) = max_inflight {
                         b = b.max_inflight(n);
                     }
@@ -717,9 +754,16 @@ fn run(cli: Cli) -> CliResult {
             sample_axis,
             variables,
             json,
+            store,
         } => {
             let rt = runtime()?;
-            let report = inspect(&rt.handle(), &path, variables, sample_axis)?;
+            let report = inspect(
+                &rt.handle(),
+                &path,
+                variables,
+                sample_axis,
+                &store.storage_options,
+            )?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -770,9 +814,11 @@ fn run(cli: Cli) -> CliResult {
             sample_axis,
             repeat,
             json,
+            store,
         } => {
             let t = transforms_arg(&transform)?;
-            let r = check_transform(&path, &var, sample_axis, &t, chunk, repeat)?;
+            let options = &store.storage_options;
+            let r = check_transform(&path, &var, sample_axis, &t, chunk, repeat, options)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {

@@ -549,3 +549,35 @@ fn check_transform_reports_one_chunk_and_warm_caches_what_readers_ask_for() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("[t2m]") && !err.contains("u10"), "{err}");
 }
+
+#[test]
+fn storage_options_are_key_value_and_refused_for_a_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, manifest, _) = store_and_split(tmp.path(), &[]);
+    for cmd in ["inspect", "bench", "warm", "split", "check-transform"] {
+        let mut c = cli();
+        c.arg(cmd)
+            .arg(&store)
+            .args(["--storage-option", "aws_region=eu-west-1"]);
+        match cmd {
+            "warm" => c.arg("--cache-dir").arg(tmp.path().join("cache")),
+            "split" => c.arg("-o").arg(tmp.path().join("m2.json")),
+            "check-transform" => c.args([
+                "--var",
+                "t2m",
+                "--transform",
+                r#"{"type": "clip", "min": 0, "max": 1}"#,
+            ]),
+            "bench" => c.arg("--manifest").arg(&manifest),
+            _ => &mut c,
+        };
+        fails_with(&mut c, &["aws_region", "local directory"]);
+    }
+    fails_with(
+        cli()
+            .arg("inspect")
+            .arg(&store)
+            .args(["--storage-option", "aws_region"]),
+        &["KEY=VALUE"],
+    );
+}

@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 3
+#define ISB_ABI_VERSION 4
 
 /*
  DLPack version of the exported structs.
@@ -275,9 +275,25 @@ IsbStatus isb_open_geometries(const char *store,
                               struct IsbError **err);
 
 /*
+ `isb_open_geometries` with parameters as JSON: `{"sample_axis": 0, "storage_options":
+ {"aws_endpoint": "http://minio:9000", ...}}` (both optional; the options configure an
+ object-store URL as in the dataset config, and are refused for a directory). Free
+ `*out_json` with `isb_string_free`. (ABI 4)
+
+ # Safety
+ `store` and `params_json` are NUL-terminated; `out_json` is writable; `err` is NULL or
+ writable.
+ */
+IsbStatus isb_open_geometries_with(const char *store,
+                                   const char *params_json,
+                                   char **out_json,
+                                   struct IsbError **err);
+
+/*
  Splits the sample-axis chunks of `array` (NULL: the first data variable) of `store` by
  `params_json` — `{"fractions": [0.8, 0.1, 0.1], "seed": 0, "contiguous": true,
- "sample_range": [start, stop], "sample_axis": 0}` — and returns the manifest JSON.
+ "sample_range": [start, stop], "sample_axis": 0, "storage_options": {...}}` (the options
+ for an object-store URL, ABI 4) — and returns the manifest JSON.
 
  # Safety
  `store` and `params_json` are NUL-terminated; `array` is NULL or NUL-terminated; `out_json`

@@ -12,7 +12,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 3;
+pub const ISB_ABI_VERSION: u32 = 4;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -122,11 +122,54 @@ pub unsafe extern "C" fn isb_open_geometries(
         // SAFETY: forwarded contract.
         let store = unsafe { arg_str(store, "store") }?;
         let geoms = insitubatch::geometries(store, None, sample_axis as usize)?;
-        let mut obj = serde_json::Map::new();
-        for (path, g) in geoms {
-            obj.insert(path, insitubatch::geometry_json(&g));
-        }
-        out_string(out_json, serde_json::Value::Object(obj).to_string())
+        out_string(out_json, geometries_json(geoms))
+    })
+}
+
+fn geometries_json(
+    geoms: std::collections::BTreeMap<String, insitubatch::ArrayGeometry>,
+) -> String {
+    let mut obj = serde_json::Map::new();
+    for (path, g) in geoms {
+        obj.insert(path, insitubatch::geometry_json(&g));
+    }
+    serde_json::Value::Object(obj).to_string()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GeometryParams {
+    #[serde(default)]
+    sample_axis: usize,
+    #[serde(default)]
+    storage_options: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `isb_open_geometries` with parameters as JSON: `{"sample_axis": 0, "storage_options":
+/// {"aws_endpoint": "http://minio:9000", ...}}` (both optional; the options configure an
+/// object-store URL as in the dataset config, and are refused for a directory). Free
+/// `*out_json` with `isb_string_free`. (ABI 4)
+///
+/// # Safety
+/// `store` and `params_json` are NUL-terminated; `out_json` is writable; `err` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_open_geometries_with(
+    store: *const c_char,
+    params_json: *const c_char,
+    out_json: *mut *mut c_char,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let store = unsafe { arg_str(store, "store") }?;
+        // SAFETY: forwarded contract.
+        let params = unsafe { arg_str(params_json, "params_json") }?;
+        let p: GeometryParams = serde_json::from_str(params)
+            .map_err(|e| invalid(format!("geometry parameters: {e}")))?;
+        let options = storage_options(p.storage_options)?;
+        let geoms = insitubatch::geometries_with(store, None, p.sample_axis, &options)?;
+        out_string(out_json, geometries_json(geoms))
     })
 }
 
@@ -142,6 +185,8 @@ struct SplitParams {
     sample_range: Option<(u64, u64)>,
     #[serde(default)]
     sample_axis: usize,
+    #[serde(default)]
+    storage_options: serde_json::Map<String, serde_json::Value>,
 }
 
 fn yes() -> bool {
@@ -150,7 +195,8 @@ fn yes() -> bool {
 
 /// Splits the sample-axis chunks of `array` (NULL: the first data variable) of `store` by
 /// `params_json` — `{"fractions": [0.8, 0.1, 0.1], "seed": 0, "contiguous": true,
-/// "sample_range": [start, stop], "sample_axis": 0}` — and returns the manifest JSON.
+/// "sample_range": [start, stop], "sample_axis": 0, "storage_options": {...}}` (the options
+/// for an object-store URL, ABI 4) — and returns the manifest JSON.
 ///
 /// # Safety
 /// `store` and `params_json` are NUL-terminated; `array` is NULL or NUL-terminated; `out_json`
@@ -176,7 +222,8 @@ pub unsafe extern "C" fn isb_split_by_chunk(
             // SAFETY: forwarded contract.
             Some(vec![unsafe { arg_str(array, "array") }?.to_string()])
         };
-        let geoms = insitubatch::geometries(store, names.as_deref(), p.sample_axis)?;
+        let options = storage_options(p.storage_options)?;
+        let geoms = insitubatch::geometries_with(store, names.as_deref(), p.sample_axis, &options)?;
         let geom = geoms
             .values()
             .next()

@@ -65,6 +65,18 @@ int main(int argc, char **argv) {
     ds = NULL;
     CHECK("unreadable scheme", isb_dataset_open("{\"store\": \"ftp://host/era5.zarr\"}", &ds, &err), ISB_INVALID_ARGUMENT, "ftp://");
     char *out = NULL;
+    /* Geometries with parameters (ABI 4): options are for URLs, parameters are checked by key. */
+    CHECK("geometries, unknown parameter", isb_open_geometries_with(store, "{\"sample_axes\": 0}", &out, &err), ISB_INVALID_ARGUMENT, "sample_axes");
+    CHECK("geometries, options for a directory", isb_open_geometries_with(store, "{\"storage_options\": {\"aws_region\": \"x\"}}", &out, &err), ISB_INVALID_ARGUMENT, "aws_region");
+    CHECK("geometries, NULL params", isb_open_geometries_with(store, NULL, &out, &err), ISB_NULL_POINTER, "params_json");
+    CHECK("geometries with parameters", isb_open_geometries_with(store, "{\"sample_axis\": 0}", &out, &err), ISB_OK, NULL);
+    if (!out || !strstr(out, "\"t2m\"")) {
+        fprintf(stderr, "FAIL geometries with parameters: %s\n", out ? out : "(null)");
+        failures++;
+    }
+    isb_string_free(out);
+    out = NULL;
+    CHECK("split, options for a directory", isb_split_by_chunk(store, NULL, "{\"fractions\": [1.0], \"storage_options\": {\"aws_region\": \"x\"}}", &out, &err), ISB_INVALID_ARGUMENT, "aws_region");
     CHECK("bad fractions", isb_split_by_chunk(store, NULL, "{\"fractions\": [0.9, 0.3]}", &out, &err), ISB_INVALID_ARGUMENT, "fractions");
 
     IsbError *err = NULL;

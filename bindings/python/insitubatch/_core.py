@@ -150,7 +150,8 @@ def _path(store) -> bytes:
 @dataclass(frozen=True)
 class ArrayGeometry:
     """One variable's geometry: physical shape and stored-chunk shape, the sample axis, and the
-    window offset (`shift`)."""
+    window offset (`shift`). `storage_options` are the object-store options the store was
+    opened with (`split_by_chunk` and `InSituDataset` reuse them)."""
 
     store: str
     path: str
@@ -159,6 +160,7 @@ class ArrayGeometry:
     dtype: str
     sample_axis: int
     offset: int = 0
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def n_samples(self) -> int:
@@ -179,13 +181,23 @@ class ArrayGeometry:
         return replace(self, offset=self.offset + int(k))
 
 
-def open_geometries(store, variables: Sequence[str] | None = None, sample_axis: int = 0) -> dict:
-    """Geometries of a store's data variables (coordinates and 0-D arrays skipped), by path."""
+def open_geometries(
+    store,
+    variables: Sequence[str] | None = None,
+    sample_axis: int = 0,
+    storage_options: Mapping[str, Any] | None = None,
+) -> dict:
+    """Geometries of a store's data variables (coordinates and 0-D arrays skipped), by path.
+    `storage_options` configure an object-store URL (as for `InSituDataset`) and are kept in
+    each geometry."""
     _check_int("sample_axis", sample_axis, minimum=0)
     if isinstance(variables, str):  # one name, not its characters
         variables = [variables]
+    options = None if storage_options is None else _storage_options(storage_options)
+    params = {"sample_axis": sample_axis, "storage_options": options or {}}
     out = _call_interruptible(
-        lib.isb_open_geometries, _path(store), sample_axis, free=lib.isb_string_free
+        lib.isb_open_geometries_with, _path(store), json.dumps(params).encode(),
+        free=lib.isb_string_free,
     )
     raw = json.loads(_take_string(out))
     out = {
@@ -196,6 +208,7 @@ def open_geometries(store, variables: Sequence[str] | None = None, sample_axis: 
             chunks=tuple(g["chunks"]),
             dtype=g["dtype"],
             sample_axis=g["sample_axis"],
+            storage_options=options,
         )
         for p, g in raw.items()
     }
@@ -272,6 +285,8 @@ def split_by_chunk(
     if sample_range is not None:
         start, stop = sample_range
         params["sample_range"] = [_check_int("sample_range", start, 0), _check_int("sample_range", stop, 0)]
+    if geom.storage_options:
+        params["storage_options"] = _storage_options(geom.storage_options)
     raw = _json_call(
         lib.isb_split_by_chunk,
         _path(geom.store),
@@ -629,6 +644,11 @@ class InSituDataset:
             config[name] = flag
         if cache_dir is not None:
             config["cache_dir"] = os.fspath(cache_dir)
+        if storage_options is None and geometries is not None:
+            # Geometries from open_geometries(url, storage_options=...) carry their options.
+            carried = [g.storage_options for g in geometries.values()
+                       if isinstance(g, ArrayGeometry) and g.storage_options]
+            storage_options = carried[0] if carried else None
         if storage_options is not None:
             config["storage_options"] = _storage_options(storage_options)
         chunk_transforms = _transforms.to_config(chunk_transforms)

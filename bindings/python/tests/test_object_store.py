@@ -2,6 +2,7 @@
 with signed requests by the same client that reads AWS S3. Every sample equals zarr-python's,
 the batches equal the local store's, and a missing bucket or object names its URL."""
 
+import json
 import os
 import socket
 import subprocess
@@ -151,3 +152,49 @@ def test_a_persisted_cache_of_an_s3_store_serves_a_later_run_with_no_request(fix
     finally:
         for obj in listed:
             client.upload_file(str(out / obj["Key"]), "data", obj["Key"])
+
+
+def test_geometries_splits_and_the_cli_take_storage_options(fixtures, s3, tmp_path):
+    # Nothing in the environment points at the server: every call gets its options.
+    out, _ = fixtures
+    url = "s3://data/era5_v3.zarr"
+    geoms = isb.open_geometries(url, storage_options=s3)
+    assert set(geoms) == {"t2m", "u10", "station"}
+    assert geoms["t2m"].storage_options["aws_endpoint"] == s3["aws_endpoint"]
+    manifest = isb.split_by_chunk(geoms["t2m"], (0.34, 0.33, 0.33))  # reopens the store
+    assert sorted(c for cs in manifest.splits.values() for c in cs) == [0, 1, 2]
+    ref = zarr.open_array(out / "era5_v3.zarr" / "t2m", mode="r")[...]
+    views = {"x": geoms["t2m"], "y": geoms["t2m"].shift(1)}  # options carried by the geometries
+    with isb.InSituDataset(url, manifest, views, batch_size=2) as ds:
+        seen = 0
+        for b in ds.train:
+            for label in ("x", "y"):
+                for r, idx in enumerate(b.read_indices(label)):
+                    np.testing.assert_array_equal(b.arrays[label][r], ref[idx])
+            seen += len(b)
+        assert seen == ds.train.n_samples > 0
+    with pytest.raises(isb.InvalidArgument, match="aws_"):
+        isb.open_geometries(out / "era5_v3.zarr", storage_options=s3)
+
+    # The CLI: --storage-option KEY=VALUE, repeated.
+    binary = os.path.join(os.path.dirname(__file__), "../../../target/release/insitubatch")
+    if not os.path.exists(binary):
+        pytest.skip("needs `cargo build --release`")
+    flags = []
+    for k, v in s3.items():
+        flags += ["--storage-option", f"{k}={str(v).lower() if isinstance(v, bool) else v}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    report = subprocess.run([binary, "inspect", url, "--json", *flags], check=True,
+                            capture_output=True, text=True, env=env)
+    paths = {v["path"] for v in json.loads(report.stdout)["variables"]}
+    assert paths == {"t2m", "u10", "station"}
+    check = subprocess.run(
+        [binary, "check-transform", url, "--var", "t2m", "--transform",
+         '{"type": "affine", "offset": 1.5}', "--json", *flags],
+        check=True, capture_output=True, text=True, env=env,
+    )
+    r = json.loads(check.stdout)
+    assert abs(r["after"]["min"] - r["before"]["min"] - 1.5) < 1e-4, r
+    refused = subprocess.run([binary, "inspect", url, "--storage-option", "aws_nope=1"],
+                             capture_output=True, text=True, env=env)
+    assert refused.returncode != 0 and "aws_nope" in refused.stderr
