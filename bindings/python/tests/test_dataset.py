@@ -462,8 +462,8 @@ def _runtime_threads() -> int:
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 n += "-exec-" in f.read()
-        except FileNotFoundError:
-            pass  # exited meanwhile
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # exited meanwhile: gone from the directory, or between open and read (ESRCH)
     return n
 
 
