@@ -287,26 +287,6 @@ impl Store for RemoteStore {
         self.request(key, get, "").await
     }
 
-    async fn get_range(
-        &self,
-        key: &str,
-        offset: u64,
-        len: usize,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        let (store, path) = (self.inner.store.clone(), self.path(key));
-        let get = async move {
-            let Some(meta) = found(store.head(&path).await)? else {
-                return Ok(None);
-            };
-            let end = meta.size.min(offset.saturating_add(len as u64));
-            if offset >= end {
-                return Ok(Some(Vec::new()));
-            }
-            Ok(Some(Vec::from(store.get_range(&path, offset..end).await?)))
-        };
-        self.request(key, get, "").await
-    }
-
     async fn exists(&self, key: &str) -> Result<bool, StoreError> {
         let (store, path) = (self.inner.store.clone(), self.path(key));
         let head = async move { found(store.head(&path).await).map(|m| m.is_some()) };

@@ -33,14 +33,6 @@ pub trait Store: Send + Sync + 'static {
         self.get(key)
     }
 
-    /// `len` bytes at `offset` (fewer at the end), or `None` when the key does not exist.
-    fn get_range(
-        &self,
-        key: &str,
-        offset: u64,
-        len: usize,
-    ) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>>;
-
     /// Whether the key exists.
     fn exists(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>>;
 
@@ -104,20 +96,6 @@ impl Store for LocalStore {
     async fn get_into(&self, key: &str, buf: Vec<u8>) -> Result<Option<Vec<u8>>, StoreError> {
         let path = self.locate(key);
         match fs::read_into(&path, buf).await {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if missing(&e) => Ok(None),
-            Err(source) => Err(StoreError::Io { path, source }),
-        }
-    }
-
-    async fn get_range(
-        &self,
-        key: &str,
-        offset: u64,
-        len: usize,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        let path = self.locate(key);
-        match fs::read_range(&path, offset, len).await {
             Ok(bytes) => Ok(Some(bytes)),
             Err(e) if missing(&e) => Ok(None),
             Err(source) => Err(StoreError::Io { path, source }),
@@ -223,18 +201,6 @@ impl Store for AnyStore {
         match self {
             Self::Local(s) => s.get_into(key, buf).await,
             Self::Remote(s) => s.get_into(key, buf).await,
-        }
-    }
-
-    async fn get_range(
-        &self,
-        key: &str,
-        offset: u64,
-        len: usize,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        match self {
-            Self::Local(s) => s.get_range(key, offset, len).await,
-            Self::Remote(s) => s.get_range(key, offset, len).await,
         }
     }
 
