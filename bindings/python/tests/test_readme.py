@@ -72,3 +72,20 @@ def test_c_example(store, tmp_path):
                    check=True)
     out = subprocess.run([exe], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "64 samples"
+
+
+def test_transforms_example(tmp_path):
+    """examples/python/transforms.py: a chunk transform and a batch transform, two epochs."""
+    if not BIN.is_file():
+        pytest.skip("needs `cargo build --release`")
+    store = tmp_path / "wind.zarr"
+    subprocess.run([BIN, "make-dataset", store, "--samples", "48", "--grid", "12x20",
+                    "--variables", "t2m,u10,v10"], check=True, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+    out = subprocess.run([sys.executable, ROOT / "examples" / "python" / "transforms.py", store],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    epochs = re.findall(r"epoch (\d): (\d+) samples .* t2m (\S+)\.\.(\S+) degC, wind (\S+)\.\.", out)
+    assert [(e, n) for e, n, *_ in epochs] == [("0", "48"), ("1", "48")], out
+    for _, _, low, high, wind_low in epochs:
+        # Kelvin-like synthetic fields shifted to Celsius; wind is the norm of two such fields.
+        assert -100 < float(low) < float(high) < 100 and float(wind_low) > 0, out
