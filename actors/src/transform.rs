@@ -67,6 +67,49 @@ pub struct Chunk {
 /// transform's parameters, and [`identity`](Self::identity) must change whenever a parameter
 /// does: it is the cache fingerprint, and a transform whose identity stays while its output
 /// changes makes a persisted cache serve the old output.
+///
+/// A transform of your own, for float32 arrays:
+///
+/// ```
+/// use insitubatch_actors::transform::{Chunk, ChunkTransform};
+/// use insitubatch_store::DType;
+///
+/// /// Relative humidity in percent to a fraction, capped at 1.
+/// #[derive(Debug)]
+/// struct PercentToFraction;
+///
+/// impl ChunkTransform for PercentToFraction {
+///     fn kind(&self) -> &'static str {
+///         "percent_to_fraction"
+///     }
+///     fn identity(&self) -> String {
+///         "percent_to_fraction v1".into() // no parameters; bump the version if `apply` changes
+///     }
+///     fn output(&self, inner: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
+///         match dtype {
+///             DType::Float32 => Ok((inner.to_vec(), dtype)),
+///             other => Err(format!("needs float32, not {}", other.name())),
+///         }
+///     }
+///     fn apply(&self, chunk: &mut Chunk) {
+///         for b in chunk.bytes.chunks_exact_mut(4) {
+///             let x = f32::from_ne_bytes(b.try_into().unwrap());
+///             b.copy_from_slice(&(x / 100.0).min(1.0).to_ne_bytes());
+///         }
+///     }
+/// }
+///
+/// let mut chunk = Chunk {
+///     shape: vec![1, 2],
+///     dtype: DType::Float32,
+///     bytes: [55.0f32, 120.0].iter().flat_map(|x| x.to_ne_bytes()).collect(),
+/// };
+/// PercentToFraction.apply(&mut chunk);
+/// assert_eq!(chunk.bytes[..4], 0.55f32.to_ne_bytes());
+/// assert_eq!(chunk.bytes[4..], 1.0f32.to_ne_bytes());
+/// // A dataset takes it like a built-in:
+/// // InSituDataset::builder(store).chunk_transform_for(["rh"], PercentToFraction)
+/// ```
 pub trait ChunkTransform: Send + Sync + fmt::Debug {
     /// A short name for messages (`"affine"`).
     fn kind(&self) -> &'static str;
