@@ -15,6 +15,7 @@ use insitubatch_pool::{PendingWrite, SlotFailure};
 use insitubatch_runtime::{ActorPool, Mailbox, yield_now};
 use insitubatch_store::{DType, Store, StoreError, ZarrArray};
 
+use crate::error::EngineError;
 use crate::fetcher::TileJob;
 use crate::pass::{EngineContext, OnBadChunk, PanicGuard, PassShared, lock};
 use crate::stats::{BadChunk, Counters};
@@ -118,15 +119,38 @@ pub(crate) async fn deliver<S: Store>(
     // in. What they return (of the slot's size: the plan sized it by their output) is the slot.
     // An error below means the slot is no longer loading (the pass failed); nothing to deliver
     // to.
-    let transform = |chunk: Vec<u8>| pipeline.apply(layout.slot_shape(), dtype, chunk);
+    let transform = |chunk: Vec<u8>| {
+        pipeline
+            .apply(layout.slot_shape(), dtype, chunk)
+            .map_err(|e| format!("array `{}` chunk {}: {e}", job.slot.key().path, job.key))
+    };
+    let mut broken: Option<String> = None;
     let completed = if layout.can_adopt() {
-        job.slot.adopt(transform(bytes)).is_ok()
+        match transform(bytes) {
+            Ok(slot) => job.slot.adopt(slot).is_ok(),
+            Err(e) => {
+                broken = Some(e);
+                false
+            }
+        }
     } else {
         let fill = |buf: &mut [u8]| layout.copy_into_slot(job.tile, &bytes, buf);
+        let finish = |chunk| transform(chunk).inspect_err(|e| broken = Some(e.clone()));
         job.slot
-            .deliver_tile(layout.slot_bytes(), fill, transform)
+            .deliver_tile(layout.slot_bytes(), fill, finish)
             .unwrap_or(false)
     };
+    if let Some(message) = broken {
+        // A transform whose output broke its promise ends the pass, naming it: a slot of the
+        // wrong size must never reach the pool, the gather or the cache.
+        job.shared.fail(EngineError::Runtime(message.clone()));
+        job.slot.fail(SlotFailure {
+            cancelled: false,
+            message: message.into(),
+        });
+        job.finish();
+        return;
+    }
     if let Some(pending) = pending
         && completed
         && job.slot.is_cacheable()

@@ -1062,7 +1062,7 @@ impl ChunkTransforms {
                         ),
                     ));
                 }
-                steps.push(Arc::clone(&e.transform));
+                steps.push((Arc::clone(&e.transform), format.clone()));
             }
             let (output_inner, output_dtype) = format;
             out.insert(
@@ -1081,7 +1081,8 @@ impl ChunkTransforms {
 /// One array's chunk transforms, in order, and what its chunks become.
 #[derive(Clone, Debug)]
 pub struct Pipeline {
-    steps: Vec<Arc<dyn ChunkTransform>>,
+    /// Each step with the inner shape and dtype it promised to make.
+    steps: Vec<(Arc<dyn ChunkTransform>, (Vec<u64>, DType))>,
     output_inner: Vec<u64>,
     output_dtype: DType,
 }
@@ -1103,7 +1104,7 @@ impl Pipeline {
 
     /// Every step's identity, in order (the array's cache fingerprint is made of these).
     pub fn identities(&self) -> Vec<String> {
-        self.steps.iter().map(|s| s.identity()).collect()
+        self.steps.iter().map(|(s, _)| s.identity()).collect()
     }
 
     /// The inner shape of a sample after the transforms (what batches and the cache hold).
@@ -1117,39 +1118,42 @@ impl Pipeline {
     }
 
     /// Runs every step on a decoded chunk of `shape` (`[samples_per_chunk, *inner_shape]`) and
-    /// returns the transformed bytes, which have the shape and type the steps promised.
-    ///
-    /// # Panics
-    /// When a step broke its promise (a [`ChunkTransform`] implemented outside this crate whose
-    /// `apply` disagrees with its `output`): the decoder's panic guard turns that into the pass's
-    /// error rather than let a wrongly sized chunk into the pool.
-    pub fn apply(&self, shape: &[u64], dtype: DType, bytes: Vec<u8>) -> Vec<u8> {
-        if self.steps.is_empty() {
-            return bytes;
-        }
+    /// returns the transformed bytes, which have the shape and type the steps promised. An error
+    /// names the step that broke its promise (a [`ChunkTransform`] written outside this crate
+    /// whose `apply` disagrees with its `output`), so that a wrongly sized chunk never reaches
+    /// the pool.
+    pub fn apply(&self, shape: &[u64], dtype: DType, bytes: Vec<u8>) -> Result<Vec<u8>, String> {
         let mut chunk = Chunk {
             shape: shape.to_vec(),
             dtype,
             bytes,
         };
-        for step in &self.steps {
+        for (step, (inner, dtype)) in &self.steps {
             step.apply(&mut chunk);
+            let elements = chunk.shape.iter().product::<u64>() as usize;
+            if chunk.shape[0] != shape[0]
+                || chunk.shape[1..] != inner[..]
+                || chunk.dtype != *dtype
+                || chunk.bytes.len() != elements * dtype.size_bytes()
+            {
+                return Err(format!(
+                    "chunk transform {} made a {:?} {} chunk of {} bytes, not the [{}, {}] {} its \
+                     `output` promised; fix its `apply` or its `output`",
+                    step.identity(),
+                    chunk.shape,
+                    chunk.dtype.name(),
+                    chunk.bytes.len(),
+                    shape[0],
+                    inner
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    dtype.name()
+                ));
+            }
         }
-        let want = (chunk.shape.iter().product::<u64>() as usize) * chunk.dtype.size_bytes();
-        assert!(
-            chunk.shape[0] == shape[0]
-                && chunk.shape[1..] == self.output_inner[..]
-                && chunk.dtype == self.output_dtype
-                && chunk.bytes.len() == want,
-            "chunk transforms [{}] made a {:?} {} chunk of {} bytes, not the promised {:?} {}",
-            self.identities().join(", "),
-            chunk.shape,
-            chunk.dtype.name(),
-            chunk.bytes.len(),
-            self.output_inner,
-            self.output_dtype.name()
-        );
-        chunk.bytes
+        Ok(chunk.bytes)
     }
 }
 
@@ -1310,11 +1314,8 @@ mod tests {
             (&[2u64, 3][..], DType::Float32)
         );
         let x: Vec<i16> = (0..12).collect();
-        let out = p.apply(
-            &[1, 4, 3],
-            DType::Int16,
-            x.iter().flat_map(|v| v.to_ne_bytes()).collect(),
-        );
+        let bytes = x.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let out = p.apply(&[1, 4, 3], DType::Int16, bytes).unwrap();
         // Rows (0,1,2)+(3,4,5) and (6,7,8)+(9,10,11), halved, doubled.
         assert_eq!(back(&out), vec![3.0, 5.0, 7.0, 15.0, 17.0, 19.0]);
         // Without the cast the affine sees int16 and says what to put before it.

@@ -234,7 +234,9 @@ pub fn check_transform(
     for _ in 0..repeat.max(1) {
         let input = padded.clone();
         let t = Instant::now();
-        out = pipeline.apply(&chunk_shape, geom.dtype, input);
+        out = pipeline
+            .apply(&chunk_shape, geom.dtype, input)
+            .map_err(EngineError::Runtime)?;
         times.push(t.elapsed().as_secs_f64());
     }
     let rows = (samples.1 - samples.0) as usize;

@@ -418,14 +418,14 @@ impl Slot {
     /// Copies one tile into the chunk being assembled with `fill` (given the whole buffer of
     /// `assembled_bytes`, zeroed on first use); after the last tile, `finish` turns the
     /// assembled chunk into the slot's bytes (the chunk transforms, which may resize it to the
-    /// slot's size) before anyone can see it. Returns true when this was the last tile and the
-    /// slot is now ready; an error when the slot is no longer loading (it failed or was
-    /// cancelled).
+    /// slot's size) before anyone can see it, or fails the slot with its error. Returns true
+    /// when this was the last tile and the slot is now ready; an error when the slot is no
+    /// longer loading (it failed or was cancelled) or `finish` failed.
     pub fn deliver_tile(
         &self,
         assembled_bytes: usize,
         fill: impl FnOnce(&mut [u8]),
-        finish: impl FnOnce(Vec<u8>) -> Vec<u8>,
+        finish: impl FnOnce(Vec<u8>) -> Result<Vec<u8>, String>,
     ) -> Result<bool, String> {
         let done = {
             let mut st = lock(&self.state);
@@ -439,10 +439,22 @@ impl Slot {
             fill(b);
             *tiles_left -= 1;
             if *tiles_left == 0 {
-                let b = finish(buf.take().expect("buffer allocated above"));
-                self.publish(SlotData::Heap(b));
-                *st = State::Ready;
-                true
+                match finish(buf.take().expect("buffer allocated above")) {
+                    Ok(b) => {
+                        self.publish(SlotData::Heap(b));
+                        *st = State::Ready;
+                        true
+                    }
+                    Err(message) => {
+                        *st = State::Failed(SlotFailure {
+                            cancelled: false,
+                            message: message.clone().into(),
+                        });
+                        drop(st);
+                        self.notify.notify_all();
+                        return Err(message);
+                    }
+                }
             } else {
                 false
             }
@@ -490,8 +502,8 @@ mod tests {
         let s = Slot::new(0, SlotKey::new("a", 3), 4, 2);
         // Six bytes assembled; `finish` runs once, on the whole buffer, after the last tile and
         // before the slot is ready, and makes the slot's four bytes of it.
-        let sums = |b: Vec<u8>| b.chunks(3).flat_map(|c| [c[0] + c[1], c[2]]).collect();
-        let never = |_: Vec<u8>| -> Vec<u8> { panic!("finished before the last tile") };
+        let sums = |b: Vec<u8>| Ok(b.chunks(3).flat_map(|c| [c[0] + c[1], c[2]]).collect());
+        let never = |_: Vec<u8>| -> Result<Vec<u8>, String> { panic!("finished early") };
         let first = s.deliver_tile(6, |b| b[..3].copy_from_slice(&[1, 2, 3]), never);
         assert!(!first.unwrap());
         assert!(!s.is_ready());
@@ -499,7 +511,7 @@ mod tests {
         assert!(last.unwrap());
         assert_eq!(s.bytes().unwrap().memory().unwrap(), &[3, 3, 9, 6]);
         assert!(
-            s.deliver_tile(6, |_| {}, |b| b).is_err(),
+            s.deliver_tile(6, |_| {}, Ok).is_err(),
             "a ready slot takes no tiles"
         );
         assert!(!s.fail(SlotFailure {
@@ -507,6 +519,17 @@ mod tests {
             message: "x".into()
         }));
         assert!(s.adopt(vec![0; 4]).is_err());
+    }
+
+    #[test]
+    fn a_failed_finish_fails_the_slot_with_its_message() {
+        let s = Slot::new(0, SlotKey::new("a", 3), 4, 1);
+        let broken = |_: Vec<u8>| Err("the transform broke its promise".to_string());
+        let err = s.deliver_tile(4, |b| b.fill(1), broken).unwrap_err();
+        assert!(err.contains("broke its promise"));
+        assert!(!s.is_ready() && !s.is_loading());
+        let failure = s.failure().expect("failed");
+        assert!(!failure.cancelled && failure.message.contains("broke its promise"));
     }
 
     #[test]

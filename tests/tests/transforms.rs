@@ -336,3 +336,50 @@ fn reshaping_transforms_size_batches_slots_and_cache_files_by_their_output() {
     assert_eq!((s.cache_misses, s.bytes_decoded), (0, 0), "{s:?}");
     check_epoch(&ds, "all", &[("v", &want, 0)]);
 }
+
+/// Declares that it keeps the chunk as it is, then doubles it: a user's transform with a bug.
+#[derive(Debug)]
+struct BrokenPromise;
+
+impl insitubatch::ChunkTransform for BrokenPromise {
+    fn kind(&self) -> &'static str {
+        "broken_promise"
+    }
+    fn identity(&self) -> String {
+        "broken_promise".into()
+    }
+    fn output(&self, inner: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
+        Ok((inner.to_vec(), dtype))
+    }
+    fn apply(&self, chunk: &mut insitubatch::transform::Chunk) {
+        let copy = chunk.bytes.clone();
+        chunk.bytes.extend(copy);
+    }
+}
+
+#[test]
+fn a_transform_that_breaks_its_promise_ends_the_pass_naming_it() {
+    // Both delivery paths: an adopted tile (era5) and a chunk assembled from tiles (v3_inner).
+    for (case, array) in [("era5_v3", "t2m"), ("v3_inner", "")] {
+        let f = fixture(case, array);
+        let ds = InSituDataset::builder(&f.store)
+            .variable("v", array)
+            .batch_size(2)
+            .chunk_transform(BrokenPromise)
+            .build()
+            .unwrap();
+        let err = ds
+            .all()
+            .unwrap()
+            .find_map(|b| b.err())
+            .expect("the broken transform must surface as an error");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("broken_promise") && msg.contains("promised") && msg.contains("chunk"),
+            "{case}: {msg}"
+        );
+        // The dataset stays usable: nothing is left pinned or half-loaded.
+        let p = ds.pool_stats();
+        assert_eq!((p.pinned_slots, p.reserved_bytes), (0, 0), "{case}: {p:?}");
+    }
+}
