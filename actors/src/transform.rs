@@ -1062,7 +1062,11 @@ impl ChunkTransforms {
                         ),
                     ));
                 }
-                steps.push((Arc::clone(&e.transform), format.clone()));
+                steps.push(Step {
+                    transform: Arc::clone(&e.transform),
+                    inner: format.0.clone(),
+                    dtype: format.1,
+                });
             }
             let (output_inner, output_dtype) = format;
             out.insert(
@@ -1078,11 +1082,18 @@ impl ChunkTransforms {
     }
 }
 
+/// A transform of a pipeline and the inner shape and dtype it promised to make.
+#[derive(Clone, Debug)]
+struct Step {
+    transform: Arc<dyn ChunkTransform>,
+    inner: Vec<u64>,
+    dtype: DType,
+}
+
 /// One array's chunk transforms, in order, and what its chunks become.
 #[derive(Clone, Debug)]
 pub struct Pipeline {
-    /// Each step with the inner shape and dtype it promised to make.
-    steps: Vec<(Arc<dyn ChunkTransform>, (Vec<u64>, DType))>,
+    steps: Vec<Step>,
     output_inner: Vec<u64>,
     output_dtype: DType,
 }
@@ -1104,7 +1115,7 @@ impl Pipeline {
 
     /// Every step's identity, in order (the array's cache fingerprint is made of these).
     pub fn identities(&self) -> Vec<String> {
-        self.steps.iter().map(|(s, _)| s.identity()).collect()
+        self.steps.iter().map(|s| s.transform.identity()).collect()
     }
 
     /// The inner shape of a sample after the transforms (what batches and the cache hold).
@@ -1128,7 +1139,12 @@ impl Pipeline {
             dtype,
             bytes,
         };
-        for (step, (inner, dtype)) in &self.steps {
+        for Step {
+            transform: step,
+            inner,
+            dtype,
+        } in &self.steps
+        {
             step.apply(&mut chunk);
             let elements = chunk.shape.iter().product::<u64>() as usize;
             if chunk.shape[0] != shape[0]
