@@ -89,3 +89,23 @@ def test_transforms_example(tmp_path):
     for _, _, low, high, wind_low in epochs:
         # Kelvin-like synthetic fields shifted to Celsius; wind is the norm of two such fields.
         assert -100 < float(low) < float(high) < 100 and float(wind_low) > 0, out
+
+
+def test_fit_scaler_example(tmp_path):
+    """examples/python/fit_scaler.py: fit over the loader, then train on revived raw chunks."""
+    if not BIN.is_file():
+        pytest.skip("needs `cargo build --release`")
+    store = tmp_path / "era5.zarr"
+    subprocess.run([BIN, "make-dataset", store, "--samples", "64", "--grid", "16x32"], check=True,
+                   capture_output=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+    out = subprocess.run([sys.executable, ROOT / "examples" / "python" / "fit_scaler.py", store,
+                          tmp_path / "cache"], check=True, capture_output=True, text=True,
+                         env=env).stdout
+    epochs = re.findall(r"epoch (\d): 0 misses, (\d+) hits \((\d+) from cache files\), 0 bytes "
+                        r"decoded; t2m mean (\S+) std (\S+), u10 mean (\S+) std (\S+)", out)
+    assert [e[0] for e in epochs] == ["0", "1"], out
+    assert epochs[0][1:3] == ("16", "16"), out  # 64 samples, 8 per chunk, 2 variables: revived
+    for *_, tm, ts, um, us in epochs:
+        assert abs(float(tm)) < 1e-3 and abs(float(um)) < 1e-3, out
+        assert abs(float(ts) - 1) < 1e-3 and abs(float(us) - 1) < 1e-3, out
