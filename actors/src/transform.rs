@@ -122,8 +122,9 @@ pub trait ChunkTransform: Send + Sync + fmt::Debug {
     /// not in `inner_shape` and a transform cannot change it.
     fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String>;
     /// Transforms the chunk, in place or by replacing its bytes, shape and type with what
-    /// [`output`](Self::output) promised. Cannot fail: everything that could is refused by
-    /// `output`.
+    /// [`output`](Self::output) promised. It has no error to return: whatever could go wrong is
+    /// refused by `output` when the dataset is built. A chunk that does not come out as promised
+    /// fails the pass with an error naming this transform (see [`Pipeline::apply`]).
     fn apply(&self, chunk: &mut Chunk);
 }
 
