@@ -26,7 +26,9 @@
 //!   {"type": "fill_nan", "value": 0.0},
 //!   {"type": "clip", "min": -5.0, "max": 5.0},
 //!   {"type": "cast", "dtype": "float32"},
-//!   {"type": "coarsen", "factors": [2, 2]}
+//!   {"type": "coarsen", "factors": [2, 2]},
+//!   {"type": "regrid", "axes": [0, 1], "src": [[90.0, 0.0, -90.0], [0.0, 180.0]],
+//!    "dst": [[45.0, -45.0], [90.0]]}
 //! ]
 //! ```
 //!
@@ -36,9 +38,10 @@
 //! (`float32` or `float64`; `cast` an integer array first), exactly as numpy computes `x *
 //! float32(scale) + float32(offset)` and `(x - float32(mean)) / float32(std)`. `cast` converts
 //! as numpy's `astype` does; `coarsen` takes block means (summed in f64) with one factor per
-//! inner axis and drops the elements past the last whole block of an axis. Each step's
-//! [`ChunkTransform::output`] says what it makes of its input, or refuses it, when the dataset
-//! is built.
+//! inner axis and drops the elements past the last whole block of an axis; `regrid`
+//! interpolates linearly along two inner axes in turn, each pass as `numpy.interp` does. Each
+//! step's [`ChunkTransform::output`] says what it makes of its input, or refuses it, when the
+//! dataset is built.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -239,6 +242,21 @@ pub struct Coarsen {
     pub factors: Vec<u64>,
 }
 
+/// Linear interpolation onto another rectilinear grid along two inner axes (bilinear: first
+/// along `axes[0]`, then along `axes[1]`), in f64, each pass exactly as `numpy.interp` computes
+/// it: target coordinates outside the source range take the edge value. Source coordinates may
+/// run either way (ERA5's latitudes fall from 90 to -90).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Regrid {
+    /// The two inner axes the grid spans (`[0, 1]` for a `(latitude, longitude)` field).
+    pub axes: [usize; 2],
+    /// Source coordinates along each axis, strictly monotonic, one per index.
+    pub src: [Vec<f64>; 2],
+    /// Target coordinates along each axis.
+    pub dst: [Vec<f64>; 2],
+}
+
 fn one() -> Values {
     Values::One(1.0)
 }
@@ -368,6 +386,133 @@ impl Coarsen {
         }
         Ok(())
     }
+}
+
+impl Regrid {
+    /// Bilinear interpolation from `src` to `dst` coordinates along inner axes `axes`.
+    pub fn new(axes: [usize; 2], src: [Vec<f64>; 2], dst: [Vec<f64>; 2]) -> Result<Self, String> {
+        let t = Self { axes, src, dst };
+        t.validate()?;
+        Ok(t)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.axes[0] == self.axes[1] {
+            return Err(format!(
+                "`axes` must be two different inner axes, not {:?}",
+                self.axes
+            ));
+        }
+        for k in 0..2 {
+            let (src, dst) = (&self.src[k], &self.dst[k]);
+            if src.len() < 2 || dst.is_empty() {
+                return Err(format!(
+                    "axis {}: `src` needs at least 2 coordinates and `dst` at least 1",
+                    self.axes[k]
+                ));
+            }
+            if src.iter().chain(dst).any(|x| !x.is_finite()) {
+                return Err(format!("axis {}: coordinates must be finite", self.axes[k]));
+            }
+            let rising = src.windows(2).all(|w| w[0] < w[1]);
+            let falling = src.windows(2).all(|w| w[0] > w[1]);
+            if !rising && !falling {
+                return Err(format!(
+                    "axis {}: `src` coordinates must rise or fall strictly",
+                    self.axes[k]
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How one target coordinate reads the source, decided once per target as `numpy.interp`
+/// decides it: an edge or an exact hit copies a source value, anything else interpolates
+/// between two neighbours (`lo` and `lo + 1` in ascending order).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Tap {
+    Copy(usize),
+    Lerp { lo: usize, dx: f64, step: f64 },
+}
+
+/// The taps of targets `dst` over ascending coordinates `xp`.
+fn taps(xp: &[f64], dst: &[f64]) -> Vec<Tap> {
+    let n = xp.len();
+    dst.iter()
+        .map(|&x| {
+            if x <= xp[0] {
+                return Tap::Copy(0);
+            }
+            if x >= xp[n - 1] {
+                return Tap::Copy(n - 1);
+            }
+            // The last j with xp[j] <= x (x is inside, so 0 <= j < n - 1).
+            let j = xp.partition_point(|&p| p <= x) - 1;
+            if x == xp[j] {
+                Tap::Copy(j)
+            } else {
+                Tap::Lerp {
+                    lo: j,
+                    dx: x - xp[j],
+                    step: xp[j + 1] - xp[j],
+                }
+            }
+        })
+        .collect()
+}
+
+/// Interpolates `values` (dims `dims`, C order) along dim `d` from `src` to `dst` coordinates,
+/// each value as `numpy.interp` computes it: `(f[j + 1] - f[j]) / (x[j + 1] - x[j]) * (x -
+/// x[j]) + f[j]`.
+fn interp_axis(values: &[f64], dims: &[usize], d: usize, src: &[f64], dst: &[f64]) -> Vec<f64> {
+    let n = src.len();
+    // In ascending order; `at` maps an ascending position back to the source index.
+    let falling = src[0] > src[n - 1];
+    let xp: Vec<f64> = if falling {
+        src.iter().rev().copied().collect()
+    } else {
+        src.to_vec()
+    };
+    let at = |i: usize| if falling { n - 1 - i } else { i };
+    let taps = taps(&xp, dst);
+    let outer: usize = dims[..d].iter().product();
+    let inner: usize = dims[d + 1..].iter().product();
+    let mut out = vec![0f64; outer * dst.len() * inner];
+    let lerp = |a: f64, b: f64, dx: f64, step: f64| (b - a) / step * dx + a;
+    if inner == 1 {
+        // The last axis: one value per tap, read straight from the row.
+        for (src_row, dst_row) in values.chunks_exact(n).zip(out.chunks_exact_mut(dst.len())) {
+            for (tap, o) in taps.iter().zip(dst_row) {
+                *o = match *tap {
+                    Tap::Copy(i) => src_row[at(i)],
+                    Tap::Lerp { lo, dx, step } => {
+                        lerp(src_row[at(lo)], src_row[at(lo + 1)], dx, step)
+                    }
+                };
+            }
+        }
+        return out;
+    }
+    for (src_block, dst_block) in values
+        .chunks_exact(n * inner)
+        .zip(out.chunks_exact_mut(dst.len() * inner))
+    {
+        let row = |i: usize| &src_block[at(i) * inner..(at(i) + 1) * inner];
+        for (tap, dst_row) in taps.iter().zip(dst_block.chunks_exact_mut(inner)) {
+            match *tap {
+                Tap::Copy(i) => dst_row.copy_from_slice(row(i)),
+                Tap::Lerp { lo, dx, step } => {
+                    let (f0, f1) = (row(lo), row(lo + 1));
+                    for ((o, &a), &b) in dst_row.iter_mut().zip(f0).zip(f1) {
+                        *o = lerp(a, b, dx, step);
+                    }
+                }
+            }
+        }
+    }
+    debug_assert_eq!(values.len(), outer * n * inner);
+    out
 }
 
 fn finite(name: &str, v: &Values) -> Result<(), String> {
@@ -863,14 +1008,66 @@ impl ChunkTransform for Coarsen {
     }
 }
 
+impl ChunkTransform for Regrid {
+    fn kind(&self) -> &'static str {
+        "regrid"
+    }
+    fn identity(&self) -> String {
+        identity_of(self.kind(), self)
+    }
+    fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
+        check_float(dtype)?;
+        let mut out = inner_shape.to_vec();
+        for k in 0..2 {
+            let a = self.axes[k];
+            let Some(&n) = inner_shape.get(a) else {
+                return Err(format!(
+                    "`axes` names inner axis {a} but the chunks have {} (inner shape \
+                     {inner_shape:?})",
+                    inner_shape.len()
+                ));
+            };
+            if n != self.src[k].len() as u64 {
+                return Err(format!(
+                    "inner axis {a} has {n} indices but `src` gives {} coordinates for it",
+                    self.src[k].len()
+                ));
+            }
+            out[a] = self.dst[k].len() as u64;
+        }
+        Ok((out, dtype))
+    }
+    fn apply(&self, chunk: &mut Chunk) {
+        let mut dims: Vec<usize> = chunk.shape.iter().map(|&d| d as usize).collect();
+        let mut values: Vec<f64> = on_float!(chunk, |T| elements::<T>(&chunk.bytes)
+            .iter()
+            .map(|x| x.to_f64())
+            .collect());
+        for k in 0..2 {
+            let d = self.axes[k] + 1; // the chunk's dim 0 is the sample axis
+            values = interp_axis(&values, &dims, d, &self.src[k], &self.dst[k]);
+            dims[d] = self.dst[k].len();
+        }
+        let mut bytes = Vec::with_capacity(values.len() * chunk.dtype.size_bytes());
+        on_float!(chunk, |T| {
+            for v in &values {
+                T::of(*v).write_to(&mut bytes);
+            }
+        });
+        chunk.bytes = bytes;
+        chunk.shape = dims.iter().map(|&d| d as u64).collect();
+    }
+}
+
 /// The kinds [`ChunkTransforms::extend_from_json`] knows.
-pub const BUILTIN_KINDS: [&str; 6] = [
+pub const BUILTIN_KINDS: [&str; 7] = [
     "affine",
     "standardize",
     "fill_nan",
     "clip",
     "cast",
     "coarsen",
+    "regrid",
 ];
 
 /// Parses one built-in from its JSON object (without `type` and `applies`).
@@ -908,6 +1105,11 @@ fn builtin(kind: &str, params: serde_json::Value) -> Result<Arc<dyn ChunkTransfo
         }
         "coarsen" => {
             let t: Coarsen = parse(params)?;
+            t.validate()?;
+            Arc::new(t)
+        }
+        "regrid" => {
+            let t: Regrid = parse(params)?;
             t.validate()?;
             Arc::new(t)
         }
@@ -1314,6 +1516,80 @@ mod tests {
                 .contains("inner axes")
         );
         assert!(Coarsen::new(vec![2, 0]).is_err());
+    }
+
+    #[test]
+    fn regrid_interpolates_as_numpy_interp_along_each_axis() {
+        // numpy.interp semantics: edges clamp, exact hits copy, else the two neighbours.
+        let xp = [0.0, 1.0, 3.0];
+        let got = taps(&xp, &[-1.0, 0.0, 0.5, 1.0, 2.0, 3.0, 7.0]);
+        assert_eq!(
+            got,
+            vec![
+                Tap::Copy(0),
+                Tap::Copy(0),
+                Tap::Lerp {
+                    lo: 0,
+                    dx: 0.5,
+                    step: 1.0
+                },
+                Tap::Copy(1),
+                Tap::Lerp {
+                    lo: 1,
+                    dx: 1.0,
+                    step: 2.0
+                },
+                Tap::Copy(2),
+                Tap::Copy(2),
+            ]
+        );
+        // A falling axis (latitudes 90..-90) reads the same values as its rising mirror.
+        let v = [10.0, 20.0, 40.0]; // at 3, 1, 0 when falling
+        let falling = interp_axis(&v, &[3], 0, &[3.0, 1.0, 0.0], &[2.0, 0.5]);
+        assert_eq!(falling, vec![15.0, 30.0]);
+        // Two axes of a [1, 2, 3] chunk: rows interpolated, then columns.
+        let t = Regrid::new(
+            [0, 1],
+            [vec![0.0, 1.0], vec![0.0, 1.0, 2.0]],
+            [vec![0.5], vec![0.5, 2.0]],
+        )
+        .unwrap();
+        let mut c = Chunk {
+            shape: vec![1, 2, 3],
+            dtype: DType::Float32,
+            bytes: f32s(&[0.0, 2.0, 4.0, 10.0, 12.0, 14.0]),
+        };
+        assert_eq!(
+            t.output(&[2, 3], DType::Float32).unwrap(),
+            (vec![1, 2], DType::Float32)
+        );
+        t.apply(&mut c);
+        assert_eq!(
+            (c.shape.clone(), back(&c.bytes)),
+            (vec![1, 1, 2], vec![6.0, 9.0])
+        );
+        assert!(
+            t.output(&[3, 3], DType::Float32)
+                .unwrap_err()
+                .contains("3 indices")
+        );
+        assert!(
+            Regrid::new(
+                [1, 1],
+                [vec![0.0, 1.0], vec![0.0, 1.0]],
+                [vec![0.0], vec![0.0]]
+            )
+            .is_err()
+        );
+        assert!(
+            Regrid::new(
+                [0, 1],
+                [vec![0.0, 2.0, 1.0], vec![0.0, 1.0]],
+                [vec![0.0], vec![0.0]]
+            )
+            .unwrap_err()
+            .contains("strictly")
+        );
     }
 
     #[test]

@@ -129,7 +129,16 @@ impl TransformReport {
         );
         out.push_str("transforms, in order:\n");
         for (i, t) in self.transforms.iter().enumerate() {
-            out.push_str(&format!("  [{i}] {t}\n"));
+            // Coordinates or per-level statistics can run to thousands of numbers; JSON output
+            // has them all.
+            let shown: String = t.chars().take(160).collect();
+            let more = t.chars().count().saturating_sub(160);
+            let tail = if more > 0 {
+                format!(" ... ({more} more characters; --json has them)")
+            } else {
+                String::new()
+            };
+            out.push_str(&format!("  [{i}] {shown}{tail}\n"));
         }
         out.push_str(&format!("cache fingerprint: {}\n", self.fingerprint));
         out.push_str(&format!(

@@ -33,7 +33,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Affine", "Cast", "Clip", "Coarsen", "FillNaN", "Standardize", "applies", "to_config"]
+__all__ = [
+    "Affine", "Cast", "Clip", "Coarsen", "FillNaN", "Regrid", "Standardize", "applies", "to_config",
+]
 
 
 def _values(name: str, v: Any) -> float | list[float]:
@@ -134,6 +136,26 @@ class Coarsen:
 
 
 @dataclass(frozen=True)
+class Regrid:
+    """Bilinear interpolation onto another rectilinear grid along two inner axes: along
+    ``axes[0]`` from ``src[0]`` to ``dst[0]`` coordinates, then along ``axes[1]``, each pass in
+    float64 exactly as ``numpy.interp`` computes it (targets outside the source range take the
+    edge value). Source coordinates may fall (latitudes from 90 to -90)."""
+
+    axes: Sequence[int]
+    src: Sequence[Any]
+    dst: Sequence[Any]
+
+    def to_config(self) -> dict:
+        axes = [int(a) for a in self.axes]
+        if len(axes) != 2 or len(self.src) != 2 or len(self.dst) != 2:
+            raise ValueError("Regrid: give two axes, and src and dst coordinates for each")
+        coords = lambda name, c: [_values(f"{name}[{k}]", np.ravel(v)) for k, v in enumerate(c)]
+        return {"type": "regrid", "axes": axes, "src": coords("src", self.src),
+                "dst": coords("dst", self.dst)}
+
+
+@dataclass(frozen=True)
 class _Scoped:
     paths: tuple[str, ...]
     transform: Any
@@ -168,7 +190,7 @@ def _one(t) -> dict:
         raise TypeError(
             f"chunk transform {t!r} is a Python callable; chunk transforms run in the Rust "
             "decoder and must be built-ins (insitubatch.transforms: Affine, Standardize, FillNaN, "
-            "Clip, Cast, Coarsen). Per-batch Python work goes in batch_transforms"
+            "Clip, Cast, Coarsen, Regrid). Per-batch Python work goes in batch_transforms"
         )
     raise TypeError(f"chunk transform {t!r} is not a transform from insitubatch.transforms")
 

@@ -9,7 +9,9 @@ import pytest
 import zarr
 
 import insitubatch as isb
-from insitubatch.transforms import Affine, Cast, Clip, Coarsen, FillNaN, Standardize, applies
+from insitubatch.transforms import (
+    Affine, Cast, Clip, Coarsen, FillNaN, Regrid, Standardize, applies,
+)
 
 
 def store_of(fixtures, name):
@@ -162,3 +164,29 @@ def test_cast_and_coarsen_change_what_a_sample_is(fixtures, tmp_path):
         isb.InSituDataset(store, chunk_transforms=[Affine(scale=2.0)])
     with pytest.raises(ValueError, match="positive"):
         isb.InSituDataset(store, chunk_transforms=[Coarsen([0, 1])])
+
+
+def test_regrid_equals_numpy_interp_along_each_axis(fixtures):
+    # t2m (12, 9, 16): latitudes 90..-90 (falling), longitudes 0..337.5. Targets include an
+    # exact hit, points between, and points past both ends (edge values, as numpy.interp).
+    store = store_of(fixtures, "era5_v3.zarr")
+    ref = zarr.open_array(store / "t2m", mode="r")[...]
+    lat = zarr.open_array(store / "latitude", mode="r")[...].astype(np.float64)
+    lon = zarr.open_array(store / "longitude", mode="r")[...].astype(np.float64)
+    new_lat = np.array([95.0, 67.5, 10.0, -3.3, -90.0])
+    new_lon = np.array([-5.0, 0.0, 100.0, 200.25, 337.5, 350.0])
+
+    def interp(a, axis, xp, x):
+        order = np.argsort(xp)  # numpy.interp wants rising coordinates
+        return np.apply_along_axis(lambda r: np.interp(x, xp[order], r[order]), axis, a)
+
+    want = interp(interp(ref.astype(np.float64), 1, lat, new_lat), 2, lon, new_lon)
+    want = want.astype(np.float32)
+    with isb.InSituDataset(store, None, isb.open_geometries(store, ["t2m"]), batch_size=5,
+                           chunk_transforms=[Regrid(axes=(0, 1), src=(lat, lon),
+                                                    dst=(new_lat, new_lon))]) as ds:
+        assert ds.sample_formats["t2m"] == ((5, 6), np.dtype("float32"))
+        assert check(ds, "t2m", want) == 12
+    with pytest.raises(isb.InvalidArgument, match="9 indices"):
+        isb.InSituDataset(store, chunk_transforms=[applies("t2m", Regrid(
+            axes=(0, 1), src=(lat[:5], lon), dst=(new_lat, new_lon)))])
