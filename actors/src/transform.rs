@@ -731,13 +731,24 @@ fn identity_of(kind: &str, params: &impl Serialize) -> String {
     format!("{kind}{json}")
 }
 
-impl ChunkTransform for Affine {
-    fn kind(&self) -> &'static str {
-        "affine"
-    }
-    fn identity(&self) -> String {
-        identity_of(self.kind(), self)
-    }
+/// A built-in's `impl ChunkTransform`: its kind, its identity (the kind and its parameters as
+/// serde writes them), and the `output` and `apply` given.
+macro_rules! builtin {
+    ($ty:ty, $kind:literal, $($methods:tt)*) => {
+        impl ChunkTransform for $ty {
+            fn kind(&self) -> &'static str {
+                $kind
+            }
+            fn identity(&self) -> String {
+                identity_of($kind, self)
+            }
+            $($methods)*
+        }
+    };
+}
+
+builtin! {
+    Affine, "affine",
     fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
         let lists = [("scale", &self.scale), ("offset", &self.offset)];
         check_float_and_axis(self.axis, &lists, inner_shape, dtype)?;
@@ -755,13 +766,8 @@ impl ChunkTransform for Affine {
     }
 }
 
-impl ChunkTransform for Standardize {
-    fn kind(&self) -> &'static str {
-        "standardize"
-    }
-    fn identity(&self) -> String {
-        identity_of(self.kind(), self)
-    }
+builtin! {
+    Standardize, "standardize",
     fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
         let lists = [("mean", &self.mean), ("std", &self.std)];
         check_float_and_axis(self.axis, &lists, inner_shape, dtype)?;
@@ -779,13 +785,8 @@ impl ChunkTransform for Standardize {
     }
 }
 
-impl ChunkTransform for FillNan {
-    fn kind(&self) -> &'static str {
-        "fill_nan"
-    }
-    fn identity(&self) -> String {
-        identity_of(self.kind(), self)
-    }
+builtin! {
+    FillNan, "fill_nan",
     fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
         check_float(dtype)?;
         Ok((inner_shape.to_vec(), dtype))
@@ -803,13 +804,8 @@ impl ChunkTransform for FillNan {
     }
 }
 
-impl ChunkTransform for Clip {
-    fn kind(&self) -> &'static str {
-        "clip"
-    }
-    fn identity(&self) -> String {
-        identity_of(self.kind(), self)
-    }
+builtin! {
+    Clip, "clip",
     fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
         check_float(dtype)?;
         Ok((inner_shape.to_vec(), dtype))
@@ -865,13 +861,8 @@ macro_rules! cast_to {
     }};
 }
 
-impl ChunkTransform for Cast {
-    fn kind(&self) -> &'static str {
-        "cast"
-    }
-    fn identity(&self) -> String {
-        identity_of(self.kind(), self)
-    }
+builtin! {
+    Cast, "cast",
     fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
         match dtype {
             DType::Float16 | DType::Complex64 | DType::Complex128 => Err(format!(
@@ -969,13 +960,8 @@ fn coarsen<T: Float>(shape: &[u64], bytes: &[u8], factors: &[u64]) -> (Vec<u64>,
     (out_shape, out)
 }
 
-impl ChunkTransform for Coarsen {
-    fn kind(&self) -> &'static str {
-        "coarsen"
-    }
-    fn identity(&self) -> String {
-        identity_of(self.kind(), self)
-    }
+builtin! {
+    Coarsen, "coarsen",
     fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
         check_float(dtype)?;
         if self.factors.len() != inner_shape.len() {
@@ -1008,13 +994,8 @@ impl ChunkTransform for Coarsen {
     }
 }
 
-impl ChunkTransform for Regrid {
-    fn kind(&self) -> &'static str {
-        "regrid"
-    }
-    fn identity(&self) -> String {
-        identity_of(self.kind(), self)
-    }
+builtin! {
+    Regrid, "regrid",
     fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
         check_float(dtype)?;
         let mut out = inner_shape.to_vec();
