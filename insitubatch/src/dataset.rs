@@ -76,7 +76,8 @@ pub struct DatasetBuilder {
     even_train: bool,
     storage_options: Vec<(String, String)>,
     chunk_transforms: ChunkTransforms,
-    chunk_transforms_json: Vec<String>,
+    /// The first bad `chunk_transforms_json`, reported by `build`.
+    chunk_transforms_error: Option<EngineError>,
 }
 
 impl DatasetBuilder {
@@ -378,7 +379,11 @@ impl DatasetBuilder {
     /// -273.15, "applies": ["t2m"]}, ...]`; see [`insitubatch_actors::transform`]), after those
     /// added so far. Checked when the dataset is built.
     pub fn chunk_transforms_json(mut self, json: impl Into<String>) -> Self {
-        self.chunk_transforms_json.push(json.into());
+        // Parsed now, so the list keeps the order the builder's calls gave; an error waits for
+        // `build`.
+        if let Err(e) = self.chunk_transforms.extend_from_json(&json.into()) {
+            self.chunk_transforms_error.get_or_insert(e);
+        }
         self
     }
 
@@ -492,11 +497,10 @@ impl DatasetBuilder {
             .iter()
             .map(|v| (v.geom.path.clone(), hierarchy.arrays[&v.geom.path].clone()))
             .collect();
-        let mut chunk_transforms = self.chunk_transforms;
-        for json in &self.chunk_transforms_json {
-            chunk_transforms.extend_from_json(json)?;
+        if let Some(e) = self.chunk_transforms_error {
+            return Err(e);
         }
-        let transforms = chunk_transforms.pipelines(
+        let transforms = self.chunk_transforms.pipelines(
             &variables
                 .iter()
                 .map(|v| (v.geom.path.clone(), (v.geom.inner_shape(), v.geom.dtype)))
@@ -687,7 +691,7 @@ impl InSituDataset {
             even_train: true,
             storage_options: Vec::new(),
             chunk_transforms: ChunkTransforms::default(),
-            chunk_transforms_json: Vec::new(),
+            chunk_transforms_error: None,
         }
     }
 

@@ -383,3 +383,24 @@ fn a_transform_that_breaks_its_promise_ends_the_pass_naming_it() {
         assert_eq!((p.pinned_slots, p.reserved_bytes), (0, 0), "{case}: {p:?}");
     }
 }
+
+#[test]
+fn json_and_typed_transforms_run_in_the_order_the_builder_was_given_them() {
+    // JSON first, then a typed clip: clip(x - 273.15). The other order would clip the kelvins
+    // to 10 first and give -263.15 everywhere.
+    let t = fixture("era5_v3", "t2m");
+    let want = transformed(&t, None, f32_of, f32_bytes, |_, x| {
+        (x + (-273.15f64) as f32).clamp(-10.0, 10.0)
+    });
+    let ds = InSituDataset::builder(&t.store)
+        .variable("t", "t2m")
+        .batch_size(4)
+        .chunk_transforms_json(r#"[{"type": "affine", "offset": -273.15}]"#)
+        .chunk_transform(Clip::new(-10.0, 10.0).unwrap())
+        .build()
+        .unwrap();
+    check_epoch(&ds, "all", &[("t", &want, 0)]);
+    // The clip bites on both sides for these values, so the order is visible.
+    let raw: Vec<f32> = t.reference.chunks_exact(4).map(f32_of).collect();
+    assert!(raw.iter().any(|x| x - 273.15 < -10.0) && raw.iter().any(|x| x - 273.15 > 10.0));
+}
