@@ -121,7 +121,7 @@ pub(crate) async fn deliver<S: Store>(
     // to.
     let transform = |chunk: Vec<u8>| {
         pipeline
-            .apply(layout.slot_shape(), dtype, chunk)
+            .apply(layout.chunk_shape(), dtype, chunk)
             .map_err(|e| format!("array `{}` chunk {}: {e}", job.slot.key().path, job.key))
     };
     let mut broken: Option<String> = None;
@@ -137,7 +137,7 @@ pub(crate) async fn deliver<S: Store>(
         let fill = |buf: &mut [u8]| layout.copy_into_slot(job.tile, &bytes, buf);
         let finish = |chunk| transform(chunk).inspect_err(|e| broken = Some(e.clone()));
         job.slot
-            .deliver_tile(layout.slot_bytes(), fill, finish)
+            .deliver_tile(layout.chunk_bytes(), fill, finish)
             .unwrap_or(false)
     };
     if let Some(message) = broken {

@@ -392,7 +392,7 @@ impl Pass {
             layouts.push(TileLayout::new(&p.geom));
             let pipeline = ctx.transforms.get(&*p.path).cloned();
             pipelines.push(
-                pipeline.unwrap_or_else(|| Pipeline::identity(p.geom.inner_shape(), p.geom.dtype)),
+                pipeline.unwrap_or_else(|| Pipeline::none(p.geom.inner_shape(), p.geom.dtype)),
             );
         }
         let n_slots = plan.slots.len();

@@ -15,7 +15,7 @@ pub struct TileLayout {
     field_axes: Vec<usize>,
     field_grid: Vec<u64>,
     elem: usize,
-    slot_dims: Vec<u64>,
+    chunk_dims: Vec<u64>,
     slot_strides: Vec<usize>,
 }
 
@@ -43,19 +43,20 @@ impl TileLayout {
             field_axes,
             field_grid,
             elem,
-            slot_dims: dims,
+            chunk_dims: dims,
             slot_strides,
         }
     }
 
-    /// A slot's shape: `[samples_per_chunk, *inner_shape]` (what a chunk transform sees).
-    pub fn slot_shape(&self) -> &[u64] {
-        &self.slot_dims
+    /// A whole decoded chunk's shape, sample-first: `[samples_per_chunk, *inner_shape]` (what
+    /// the first chunk transform sees; the slot has it too unless a transform reshapes it).
+    pub fn chunk_shape(&self) -> &[u64] {
+        &self.chunk_dims
     }
 
     /// Bytes of a whole decoded chunk, assembled sample-first (before chunk transforms).
-    pub fn slot_bytes(&self) -> usize {
-        self.slot_dims.iter().product::<u64>() as usize * self.elem
+    pub fn chunk_bytes(&self) -> usize {
+        self.chunk_dims.iter().product::<u64>() as usize * self.elem
     }
 
     /// Stored chunks per slot.

@@ -1284,7 +1284,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// No transform: chunks stay as decoded (`inner_shape`, `dtype`).
-    pub fn identity(inner_shape: Vec<u64>, dtype: DType) -> Self {
+    pub fn none(inner_shape: Vec<u64>, dtype: DType) -> Self {
         Self {
             steps: Vec::new(),
             output_inner: inner_shape,

@@ -126,6 +126,11 @@ pub unsafe extern "C" fn isb_open_geometries(
     })
 }
 
+/// `json` parsed as `T`; an error names `what` and serde's reason (an unknown key by name).
+fn parse_json<T: serde::de::DeserializeOwned>(json: &str, what: &str) -> Result<T, IsbError> {
+    serde_json::from_str(json).map_err(|e| invalid(format!("{what}: {e}")))
+}
+
 fn geometries_json(
     geoms: std::collections::BTreeMap<String, insitubatch::ArrayGeometry>,
 ) -> String {
@@ -165,8 +170,7 @@ pub unsafe extern "C" fn isb_open_geometries_with(
         let store = unsafe { arg_str(store, "store") }?;
         // SAFETY: forwarded contract.
         let params = unsafe { arg_str(params_json, "params_json") }?;
-        let p: GeometryParams = serde_json::from_str(params)
-            .map_err(|e| invalid(format!("geometry parameters: {e}")))?;
+        let p: GeometryParams = parse_json(params, "geometry parameters")?;
         let options = storage_options(p.storage_options)?;
         let geoms = insitubatch::geometries_with(store, None, p.sample_axis, &options)?;
         out_string(out_json, geometries_json(geoms))
@@ -214,8 +218,7 @@ pub unsafe extern "C" fn isb_split_by_chunk(
         let store = unsafe { arg_str(store, "store") }?;
         // SAFETY: forwarded contract.
         let params = unsafe { arg_str(params_json, "params_json") }?;
-        let p: SplitParams =
-            serde_json::from_str(params).map_err(|e| invalid(format!("split parameters: {e}")))?;
+        let p: SplitParams = parse_json(params, "split parameters")?;
         let names = if array.is_null() {
             None
         } else {
@@ -313,8 +316,7 @@ fn storage_options(
 }
 
 fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
-    let c: DatasetConfig =
-        serde_json::from_str(json).map_err(|e| invalid(format!("dataset config: {e}")))?;
+    let c: DatasetConfig = parse_json(json, "dataset config")?;
     let mut b = InSituDataset::builder(&c.store).sample_axis(c.sample_axis);
     if c.variables.as_ref().is_some_and(|v| v.is_empty()) {
         return Err(insitubatch::EngineError::arg(
