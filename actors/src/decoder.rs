@@ -120,9 +120,10 @@ pub(crate) async fn deliver<S: Store>(
     // An error below means the slot is no longer loading (the pass failed); nothing to deliver
     // to.
     let transform = |chunk: Vec<u8>| {
+        let key = job.slot.key();
         pipeline
-            .apply(layout.chunk_shape(), dtype, chunk)
-            .map_err(|e| format!("array `{}` chunk {}: {e}", job.slot.key().path, job.key))
+            .apply(&key.path, key.chunk, layout.chunk_shape(), dtype, chunk)
+            .map_err(|e| format!("array `{}` chunk {}: {e}", key.path, job.key))
     };
     let mut broken: Option<String> = None;
     let completed = if layout.can_adopt() {
@@ -141,9 +142,9 @@ pub(crate) async fn deliver<S: Store>(
             .unwrap_or(false)
     };
     if let Some(message) = broken {
-        // A transform whose output broke its promise ends the pass, naming it: a slot of the
-        // wrong size must never reach the pool, the gather or the cache.
-        job.shared.fail(EngineError::Runtime(message.clone()));
+        // A transform that failed, or whose output broke its promise, ends the pass, naming
+        // it: a slot of the wrong size must never reach the pool, the gather or the cache.
+        job.shared.fail(EngineError::Transform(message.clone()));
         job.slot.fail(SlotFailure {
             cancelled: false,
             message: message.into(),

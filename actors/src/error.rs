@@ -110,6 +110,10 @@ pub enum EngineError {
         /// The panic message.
         message: String,
     },
+    /// A chunk transform failed on a chunk, or made something other than it promised; the
+    /// message names the transform, the array and the chunk.
+    #[error("{0}")]
+    Transform(String),
     /// The runtime could not start or was shut down.
     #[error("runtime: {0}")]
     Runtime(String),

@@ -55,6 +55,10 @@ use crate::error::EngineError;
 /// One decoded chunk on its way through an array's transforms.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Chunk {
+    /// The path of the array the chunk belongs to.
+    pub array: String,
+    /// The chunk's index along the sample axis: its first row is sample `index * shape[0]`.
+    pub index: u64,
     /// `[samples_per_chunk, *inner_shape]`, sample axis first, C order. The last chunk of an
     /// array is full size too; its rows past the end are never emitted.
     pub shape: Vec<u64>,
@@ -94,20 +98,23 @@ pub struct Chunk {
 ///             other => Err(format!("needs float32, not {}", other.name())),
 ///         }
 ///     }
-///     fn apply(&self, chunk: &mut Chunk) {
+///     fn apply(&self, chunk: &mut Chunk) -> Result<(), String> {
 ///         for b in chunk.bytes.chunks_exact_mut(4) {
 ///             let x = f32::from_ne_bytes(b.try_into().unwrap());
 ///             b.copy_from_slice(&(x / 100.0).min(1.0).to_ne_bytes());
 ///         }
+///         Ok(())
 ///     }
 /// }
 ///
 /// let mut chunk = Chunk {
+///     array: "rh".into(),
+///     index: 0,
 ///     shape: vec![1, 2],
 ///     dtype: DType::Float32,
 ///     bytes: [55.0f32, 120.0].iter().flat_map(|x| x.to_ne_bytes()).collect(),
 /// };
-/// PercentToFraction.apply(&mut chunk);
+/// PercentToFraction.apply(&mut chunk).unwrap();
 /// assert_eq!(chunk.bytes[..4], 0.55f32.to_ne_bytes());
 /// assert_eq!(chunk.bytes[4..], 1.0f32.to_ne_bytes());
 /// // A dataset takes it like a built-in:
@@ -125,10 +132,11 @@ pub trait ChunkTransform: Send + Sync + fmt::Debug {
     /// not in `inner_shape` and a transform cannot change it.
     fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String>;
     /// Transforms the chunk, in place or by replacing its bytes, shape and type with what
-    /// [`output`](Self::output) promised. It has no error to return: whatever could go wrong is
-    /// refused by `output` when the dataset is built. A chunk that does not come out as promised
-    /// fails the pass with an error naming this transform (see [`Pipeline::apply`]).
-    fn apply(&self, chunk: &mut Chunk);
+    /// [`output`](Self::output) promised. Whatever can be known when the dataset is built
+    /// belongs in `output`; an error here (a callback into other code that failed) fails the
+    /// pass, and so does a chunk that does not come out as promised, each with a message naming
+    /// this transform, the array and the chunk (see [`Pipeline::apply`]).
+    fn apply(&self, chunk: &mut Chunk) -> Result<(), String>;
 }
 
 /// A parameter given once for the whole chunk or once per index along an inner axis.
@@ -754,7 +762,7 @@ builtin! {
         check_float_and_axis(self.axis, &lists, inner_shape, dtype)?;
         Ok((inner_shape.to_vec(), dtype))
     }
-    fn apply(&self, chunk: &mut Chunk) {
+    fn apply(&self, chunk: &mut Chunk) -> Result<(), String> {
         let (a, b) = (&self.scale, &self.offset);
         on_float!(chunk, |T| per_index::<T>(
             chunk,
@@ -762,7 +770,8 @@ builtin! {
             a,
             b,
             |x, s, o| x * s + o
-        ))
+        ));
+        Ok(())
     }
 }
 
@@ -773,7 +782,7 @@ builtin! {
         check_float_and_axis(self.axis, &lists, inner_shape, dtype)?;
         Ok((inner_shape.to_vec(), dtype))
     }
-    fn apply(&self, chunk: &mut Chunk) {
+    fn apply(&self, chunk: &mut Chunk) -> Result<(), String> {
         let (a, b) = (&self.mean, &self.std);
         on_float!(chunk, |T| per_index::<T>(
             chunk,
@@ -781,7 +790,8 @@ builtin! {
             a,
             b,
             |x, m, s| (x - m) / s
-        ))
+        ));
+        Ok(())
     }
 }
 
@@ -791,7 +801,7 @@ builtin! {
         check_float(dtype)?;
         Ok((inner_shape.to_vec(), dtype))
     }
-    fn apply(&self, chunk: &mut Chunk) {
+    fn apply(&self, chunk: &mut Chunk) -> Result<(), String> {
         on_float!(chunk, |T| {
             let v = T::of(self.value);
             runs::<T>(&chunk.shape, &mut chunk.bytes, None, |_, run| {
@@ -800,7 +810,8 @@ builtin! {
                     *x = if x.is_nan() { v } else { *x };
                 }
             })
-        })
+        });
+        Ok(())
     }
 }
 
@@ -810,7 +821,7 @@ builtin! {
         check_float(dtype)?;
         Ok((inner_shape.to_vec(), dtype))
     }
-    fn apply(&self, chunk: &mut Chunk) {
+    fn apply(&self, chunk: &mut Chunk) -> Result<(), String> {
         on_float!(chunk, |T| {
             let (lo, hi) = (T::of(self.min), T::of(self.max));
             runs::<T>(&chunk.shape, &mut chunk.bytes, None, |_, run| {
@@ -821,7 +832,8 @@ builtin! {
                     *x = if y > hi { hi } else { y };
                 }
             })
-        })
+        });
+        Ok(())
     }
 }
 
@@ -872,9 +884,9 @@ builtin! {
             _ => Ok((inner_shape.to_vec(), self.dtype)),
         }
     }
-    fn apply(&self, chunk: &mut Chunk) {
+    fn apply(&self, chunk: &mut Chunk) -> Result<(), String> {
         if chunk.dtype == self.dtype {
-            return;
+            return Ok(());
         }
         chunk.bytes = match self.dtype {
             DType::Float32 => cast_to!(chunk.bytes, chunk.dtype, f32),
@@ -882,6 +894,7 @@ builtin! {
             other => unreachable!("validate refused {other:?}"),
         };
         chunk.dtype = self.dtype;
+        Ok(())
     }
 }
 
@@ -983,7 +996,7 @@ builtin! {
         }
         Ok((out, dtype))
     }
-    fn apply(&self, chunk: &mut Chunk) {
+    fn apply(&self, chunk: &mut Chunk) -> Result<(), String> {
         let (shape, bytes) = on_float!(chunk, |T| coarsen::<T>(
             &chunk.shape,
             &chunk.bytes,
@@ -991,6 +1004,7 @@ builtin! {
         ));
         chunk.shape = shape;
         chunk.bytes = bytes;
+        Ok(())
     }
 }
 
@@ -1018,7 +1032,7 @@ builtin! {
         }
         Ok((out, dtype))
     }
-    fn apply(&self, chunk: &mut Chunk) {
+    fn apply(&self, chunk: &mut Chunk) -> Result<(), String> {
         let mut dims: Vec<usize> = chunk.shape.iter().map(|&d| d as usize).collect();
         let mut values: Vec<f64> = on_float!(chunk, |T| elements::<T>(&chunk.bytes)
             .iter()
@@ -1037,6 +1051,7 @@ builtin! {
         });
         chunk.bytes = bytes;
         chunk.shape = dims.iter().map(|&d| d as u64).collect();
+        Ok(())
     }
 }
 
@@ -1052,7 +1067,11 @@ pub const BUILTIN_KINDS: [&str; 7] = [
 ];
 
 /// Parses one built-in from its JSON object (without `type` and `applies`).
-fn builtin(kind: &str, params: serde_json::Value) -> Result<Arc<dyn ChunkTransform>, String> {
+fn builtin(
+    kind: &str,
+    params: serde_json::Value,
+    known: &str,
+) -> Result<Arc<dyn ChunkTransform>, String> {
     fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, String> {
         serde_json::from_value(v).map_err(|e| e.to_string())
     }
@@ -1096,8 +1115,7 @@ fn builtin(kind: &str, params: serde_json::Value) -> Result<Arc<dyn ChunkTransfo
         }
         other => {
             return Err(format!(
-                "unknown transform type `{other}`; the built-ins are {}",
-                BUILTIN_KINDS.join(", ")
+                "unknown transform type `{other}`; the kinds are {known}"
             ));
         }
     })
@@ -1124,6 +1142,25 @@ impl ChunkTransforms {
 
     /// Appends the built-ins of a JSON list (see the module docs). Errors name the entry.
     pub fn extend_from_json(&mut self, json: &str) -> Result<(), EngineError> {
+        self.extend_from_json_with(json, &[], |_, _| unreachable!("no other kinds"))
+    }
+
+    /// [`extend_from_json`](Self::extend_from_json), with more kinds than the built-ins: an
+    /// entry whose `type` is one of `kinds` is made by `make(kind, params)` from its other
+    /// fields (without `type` and `applies`), in list order with the built-ins. The C ABI's
+    /// callback transforms are made this way.
+    pub fn extend_from_json_with(
+        &mut self,
+        json: &str,
+        kinds: &[&str],
+        mut make: impl FnMut(&str, serde_json::Value) -> Result<Arc<dyn ChunkTransform>, String>,
+    ) -> Result<(), EngineError> {
+        let known = BUILTIN_KINDS
+            .iter()
+            .chain(kinds)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ");
         let whole = |msg: String| EngineError::arg("chunk_transforms", json, msg);
         let list: serde_json::Value =
             serde_json::from_str(json).map_err(|e| whole(format!("not valid JSON: {e}")))?;
@@ -1139,10 +1176,7 @@ impl ChunkTransforms {
             };
             let kind = match obj.remove("type") {
                 Some(serde_json::Value::String(k)) => k,
-                _ => {
-                    let kinds = BUILTIN_KINDS.join(", ");
-                    return Err(bad(format!("needs a string `type`: one of {kinds}")));
-                }
+                _ => return Err(bad(format!("needs a string `type`: one of {known}"))),
             };
             let applies = match obj.remove("applies") {
                 None | Some(serde_json::Value::Null) => None,
@@ -1151,8 +1185,13 @@ impl ChunkTransforms {
                         .map_err(|_| bad("`applies` must be a list of array paths".into()))?,
                 ),
             };
-            let transform = builtin(&kind, serde_json::Value::Object(obj))
-                .map_err(|e| bad(format!("{kind}: {e}")))?;
+            let params = serde_json::Value::Object(obj);
+            let transform = if kinds.contains(&kind.as_str()) {
+                make(&kind, params)
+            } else {
+                builtin(&kind, params, &known)
+            }
+            .map_err(|e| bad(format!("{kind}: {e}")))?;
             self.push(applies, transform);
         }
         Ok(())
@@ -1312,13 +1351,26 @@ impl Pipeline {
         self.output_dtype
     }
 
-    /// Runs every step on a decoded chunk of `shape` (`[samples_per_chunk, *inner_shape]`) and
-    /// returns the transformed bytes, which have the shape and type the steps promised. An error
-    /// names the step that broke its promise (a [`ChunkTransform`] written outside this crate
+    /// Runs every step on a decoded chunk of array `array`, `index` along the sample axis, of
+    /// `shape` (`[samples_per_chunk, *inner_shape]`) and returns the transformed bytes, which
+    /// have the shape and type the steps promised. An error names the step that failed, with
+    /// its reason, or that broke its promise (a [`ChunkTransform`] written outside this crate
     /// whose `apply` disagrees with its `output`), so that a wrongly sized chunk never reaches
     /// the pool.
-    pub fn apply(&self, shape: &[u64], dtype: DType, bytes: Vec<u8>) -> Result<Vec<u8>, String> {
+    pub fn apply(
+        &self,
+        array: &str,
+        index: u64,
+        shape: &[u64],
+        dtype: DType,
+        bytes: Vec<u8>,
+    ) -> Result<Vec<u8>, String> {
+        if self.steps.is_empty() {
+            return Ok(bytes);
+        }
         let mut chunk = Chunk {
+            array: array.to_owned(),
+            index,
             shape: shape.to_vec(),
             dtype,
             bytes,
@@ -1329,7 +1381,8 @@ impl Pipeline {
             dtype,
         } in &self.steps
         {
-            step.apply(&mut chunk);
+            step.apply(&mut chunk)
+                .map_err(|why| format!("chunk transform {} failed: {why}", step.identity()))?;
             let elements = chunk.shape.iter().product::<u64>() as usize;
             if chunk.shape[0] != shape[0]
                 || chunk.shape[1..] != inner[..]
@@ -1373,11 +1426,13 @@ mod tests {
 
     fn run(t: &dyn ChunkTransform, shape: &[u64], v: &[f32]) -> Vec<f32> {
         let mut c = Chunk {
+            array: "a".into(),
+            index: 0,
             shape: shape.to_vec(),
             dtype: DType::Float32,
             bytes: f32s(v),
         };
-        t.apply(&mut c);
+        t.apply(&mut c).unwrap();
         back(&c.bytes)
     }
 
@@ -1439,11 +1494,13 @@ mod tests {
     fn float64_arrays_compute_in_float64() {
         let t = Affine::new(0.1, 0.0).unwrap();
         let mut c = Chunk {
+            array: "a".into(),
+            index: 0,
             shape: vec![1],
             dtype: DType::Float64,
             bytes: 3.0f64.to_ne_bytes().to_vec(),
         };
-        t.apply(&mut c);
+        t.apply(&mut c).unwrap();
         assert_eq!(f64::from_ne_bytes(c.bytes.try_into().unwrap()), 3.0 * 0.1);
     }
 
@@ -1452,11 +1509,13 @@ mod tests {
         // 2^24 + 1 is not a float32: it rounds to 2^24 (ties to even), and i64::MAX to 2^63.
         let v: [i64; 3] = [-7, (1 << 24) + 1, i64::MAX];
         let mut c = Chunk {
+            array: "a".into(),
+            index: 0,
             shape: vec![3],
             dtype: DType::Int64,
             bytes: v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
         };
-        Cast::new(DType::Float32).unwrap().apply(&mut c);
+        Cast::new(DType::Float32).unwrap().apply(&mut c).unwrap();
         assert_eq!(c.dtype, DType::Float32);
         assert_eq!(back(&c.bytes), vec![-7.0, 16_777_216.0, 9.223_372e18]);
         let t = Cast::new(DType::Float64).unwrap();
@@ -1478,11 +1537,13 @@ mod tests {
             (vec![1, 2], DType::Float32)
         );
         let mut c = Chunk {
+            array: "a".into(),
+            index: 0,
             shape: vec![2, 3, 5],
             dtype: DType::Float32,
             bytes: f32s(&x),
         };
-        t.apply(&mut c);
+        t.apply(&mut c).unwrap();
         assert_eq!(c.shape, vec![2, 1, 2]);
         // Sample 0: (0+1+5+6)/4, (2+3+7+8)/4; sample 1 adds 15.
         assert_eq!(back(&c.bytes), vec![3.0, 5.0, 18.0, 20.0]);
@@ -1536,6 +1597,8 @@ mod tests {
         )
         .unwrap();
         let mut c = Chunk {
+            array: "a".into(),
+            index: 0,
             shape: vec![1, 2, 3],
             dtype: DType::Float32,
             bytes: f32s(&[0.0, 2.0, 4.0, 10.0, 12.0, 14.0]),
@@ -1544,7 +1607,7 @@ mod tests {
             t.output(&[2, 3], DType::Float32).unwrap(),
             (vec![1, 2], DType::Float32)
         );
-        t.apply(&mut c);
+        t.apply(&mut c).unwrap();
         assert_eq!(
             (c.shape.clone(), back(&c.bytes)),
             (vec![1, 1, 2], vec![6.0, 9.0])
@@ -1589,7 +1652,7 @@ mod tests {
         );
         let x: Vec<i16> = (0..12).collect();
         let bytes = x.iter().flat_map(|v| v.to_ne_bytes()).collect();
-        let out = p.apply(&[1, 4, 3], DType::Int16, bytes).unwrap();
+        let out = p.apply("a", 0, &[1, 4, 3], DType::Int16, bytes).unwrap();
         // Rows (0,1,2)+(3,4,5) and (6,7,8)+(9,10,11), halved, doubled.
         assert_eq!(back(&out), vec![3.0, 5.0, 7.0, 15.0, 17.0, 19.0]);
         // Without the cast the affine sees int16 and says what to put before it.

@@ -244,8 +244,8 @@ pub fn check_transform(
         let input = padded.clone();
         let t = Instant::now();
         out = pipeline
-            .apply(&chunk_shape, geom.dtype, input)
-            .map_err(EngineError::Runtime)?;
+            .apply(&geom.path, chunk, &chunk_shape, geom.dtype, input)
+            .map_err(EngineError::Transform)?;
         times.push(t.elapsed().as_secs_f64());
     }
     let rows = (samples.1 - samples.0) as usize;

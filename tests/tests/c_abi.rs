@@ -189,3 +189,23 @@ fn threads_sharing_iterations_and_datasets_through_the_c_abi_get_every_sample_on
     );
     std::fs::remove_file(exe).ok();
 }
+
+#[test]
+fn chunk_transforms_written_in_c_run_once_per_chunk_and_fail_cleanly() {
+    let f = fixture_arrays()
+        .into_iter()
+        .find(|f| f.case == "era5_v3" && f.array == "t2m")
+        .expect("era5_v3 fixture");
+    let exe = compile(
+        &root().join("bindings/c/tests/callbacks.c"),
+        "isb-callbacks",
+    );
+    let out = c_program(&exe).arg(&f.store).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(exe).ok();
+}

@@ -351,9 +351,10 @@ impl insitubatch::ChunkTransform for BrokenPromise {
     fn output(&self, inner: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
         Ok((inner.to_vec(), dtype))
     }
-    fn apply(&self, chunk: &mut insitubatch::transform::Chunk) {
+    fn apply(&self, chunk: &mut insitubatch::transform::Chunk) -> Result<(), String> {
         let copy = chunk.bytes.clone();
         chunk.bytes.extend(copy);
+        Ok(())
     }
 }
 
@@ -403,4 +404,79 @@ fn json_and_typed_transforms_run_in_the_order_the_builder_was_given_them() {
     // The clip bites on both sides for these values, so the order is visible.
     let raw: Vec<f32> = t.reference.chunks_exact(4).map(f32_of).collect();
     assert!(raw.iter().any(|x| x - 273.15 < -10.0) && raw.iter().any(|x| x - 273.15 > 10.0));
+}
+
+/// Records which chunks of which arrays it is shown, and refuses chunk 2 of `u10`.
+#[derive(Debug, Default)]
+struct Recorder {
+    seen: std::sync::Mutex<Vec<(String, u64, Vec<u64>)>>,
+}
+
+impl insitubatch::ChunkTransform for Recorder {
+    fn kind(&self) -> &'static str {
+        "recorder"
+    }
+    fn identity(&self) -> String {
+        "recorder".into()
+    }
+    fn output(&self, inner: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
+        Ok((inner.to_vec(), dtype))
+    }
+    fn apply(&self, chunk: &mut insitubatch::transform::Chunk) -> Result<(), String> {
+        let entry = (chunk.array.clone(), chunk.index, chunk.shape.clone());
+        self.seen.lock().unwrap().push(entry);
+        if chunk.array == "u10" && chunk.index == 2 {
+            return Err("u10 chunk 2 is not wanted".into());
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_transform_is_shown_each_chunks_array_and_index_and_its_error_ends_the_pass() {
+    let f = fixture("era5_v3", "t2m");
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let ds = InSituDataset::builder(&f.store)
+        .variable("t", "t2m")
+        .variable("u", "u10")
+        .batch_size(4)
+        .shuffle(false)
+        .chunk_transforms(&{
+            let mut list = insitubatch::transform::ChunkTransforms::default();
+            list.push(None, recorder.clone());
+            list
+        })
+        .build()
+        .unwrap();
+    let mut pass = ds.all().unwrap();
+    let err = pass
+        .by_ref()
+        .find_map(|b| b.err())
+        .expect("the refused chunk must end the pass");
+    assert!(
+        matches!(err, insitubatch::EngineError::Transform(_)),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("u10 chunk 2 is not wanted")
+            && msg.contains("array `u10`")
+            && msg.contains("recorder failed"),
+        "{msg}"
+    );
+    assert!(pass.next().is_none(), "the pass ends after its error");
+    drop(pass);
+    let mut seen = recorder.seen.lock().unwrap().clone();
+    seen.sort();
+    seen.dedup();
+    // Every chunk the pass got to, with its own array and index and the chunk's full shape.
+    for (array, index, shape) in &seen {
+        assert!(array == "t2m" || array == "u10", "{array}");
+        assert!(*index < 3, "{array} chunk {index}");
+        assert_eq!(shape, &vec![4, 9, 16], "{array} chunk {index}");
+    }
+    assert!(seen.iter().any(|(a, i, _)| a == "u10" && *i == 2));
+    assert!(seen.iter().any(|(a, i, _)| a == "t2m" && *i == 0));
+    let p = ds.pool_stats();
+    assert_eq!((p.pinned_slots, p.reserved_bytes), (0, 0), "{p:?}");
 }

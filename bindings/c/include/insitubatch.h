@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 4
+#define ISB_ABI_VERSION 5
 
 /*
  DLPack version of the exported structs.
@@ -117,6 +117,11 @@ enum IsbStatus
    nothing was lost (call again).
    */
   ISB_TIMED_OUT = 16,
+  /*
+   A chunk transform failed on a chunk (a callback returned an error) or made something
+   other than it declared; the message names the transform, the array and the chunk.
+   */
+  ISB_TRANSFORM = 17,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -145,6 +150,78 @@ typedef struct IsbError IsbError;
  One epoch over one split, used by one thread at a time (a second caller gets an error).
  */
 typedef struct IsbIter IsbIter;
+
+/*
+ One chunk as a callback sees it: the input (read-only unless it is also the output) or the
+ output to fill.
+ */
+typedef struct IsbChunk {
+  /*
+   The array's path (NUL-terminated UTF-8).
+   */
+  const char *array;
+  /*
+   The chunk's index along the sample axis: its first row is sample `index * shape[0]`.
+   */
+  uint64_t index;
+  /*
+   Entries in `shape`: 1 + the number of inner axes.
+   */
+  size_t ndim;
+  /*
+   `[samples_per_chunk, *inner_shape]`, sample axis first.
+   */
+  const uint64_t *shape;
+  /*
+   The element type's name (`"float32"`, `"int16"`, ...; NUL-terminated).
+   */
+  const char *dtype;
+  /*
+   The elements, C order, native-endian.
+   */
+  void *data;
+  /*
+   Bytes at `data`.
+   */
+  size_t nbytes;
+} IsbChunk;
+
+/*
+ A chunk transform: reads `input`, writes `output` (whose shape and type are the ones the
+ config entry declared; `output->data == input->data` when they are the input's, and the
+ transform then runs in place). Returns 0, or anything else with a message of at most
+ `message_len` bytes (NUL included) written to `message`. Called from the library's executor
+ threads, several at once: it must be thread-safe, and must not call back into this library.
+ */
+typedef int32_t (*IsbTransformFn)(void *user_data,
+                                  const struct IsbChunk *input,
+                                  const struct IsbChunk *output,
+                                  char *message,
+                                  size_t message_len);
+
+/*
+ Called once when the library no longer needs `user_data` (NULL: nothing to release).
+ */
+typedef void (*IsbReleaseFn)(void *user_data);
+
+/*
+ A callback chunk transform, referred to by its position from the config's
+ `{"type": "callback", "callback": <position>, ...}` entries.
+ */
+typedef struct IsbTransformCallback {
+  /*
+   The transform (required).
+   */
+  IsbTransformFn apply;
+  /*
+   Releases `user_data` (may be NULL).
+   */
+  IsbReleaseFn release;
+  /*
+   Passed to `apply` and `release` as they were given.
+   */
+  void *user_data;
+} IsbTransformCallback;
 
 /*
  `DLPackVersion`.
@@ -323,6 +400,39 @@ IsbStatus isb_split_by_chunk(const char *store,
  `config_json` is NUL-terminated; `out` is writable; `err` is NULL or writable.
  */
 IsbStatus isb_dataset_open(const char *config_json, struct IsbDataset **out, struct IsbError **err);
+
+/*
+ `isb_dataset_open` with chunk transforms written as C functions: `callbacks` is an array of
+ `n_callbacks`, and a config entry `{"type": "callback", "callback": i}` runs the `i`-th on
+ every chunk of the arrays in its scope, in list order with the built-ins. An entry may also
+ give `applies`, `shape` (the inner shape of a sample afterwards; default unchanged), `dtype`
+ (default unchanged) and `identity` (what the function is: the cache fingerprint; required
+ with `persist`). The library owns every `user_data` from this call on, whatever it returns:
+ each callback's `release` runs once, when the dataset and everything using it are gone, or
+ before this call returns if it fails. Callbacks run on the library's threads, several at
+ once; one that returns non-zero fails the pass with `ISB_TRANSFORM` and its message.
+
+ # Safety
+ As `isb_dataset_open`; `callbacks` points to `n_callbacks` entries (or is NULL when
+ `n_callbacks` is 0), each `apply` is thread-safe and valid until its `release` runs.
+ */
+IsbStatus isb_dataset_open_with_transforms(const char *config_json,
+                                           const struct IsbTransformCallback *callbacks,
+                                           size_t n_callbacks,
+                                           struct IsbDataset **out,
+                                           struct IsbError **err);
+
+/*
+ Stops every callback transform in the process for good, waiting up to `timeout_ms` for
+ those running to return: afterwards a chunk that needs one fails its pass with
+ `ISB_TRANSFORM`, and no `release` is called. For a host about to tear down what its
+ callbacks need (the Python shim calls it at interpreter exit). `ISB_TIMED_OUT` when some
+ were still running at the deadline.
+
+ # Safety
+ `err` is NULL or writable.
+ */
+IsbStatus isb_callbacks_shutdown(uint64_t timeout_ms, struct IsbError **err);
 
 /*
  Closes a dataset: stops its runtime once every iteration and exported tensor is released.

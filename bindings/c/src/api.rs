@@ -3,16 +3,18 @@
 use std::ffi::{CStr, CString, c_char};
 use std::sync::Arc;
 
+use insitubatch::transform::ChunkTransforms;
 use insitubatch::{
     Batch, InSituDataset, IoBackendChoice, OnBadChunk, Pass, SplitManifest, split_by_chunk,
 };
 use serde::Deserialize;
 
+use crate::callback::{Callback, CallbackTransform, IsbTransformCallback};
 use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 4;
+pub const ISB_ABI_VERSION: u32 = 5;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -315,7 +317,21 @@ fn storage_options(
         .collect()
 }
 
-fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
+/// The config's `chunk_transforms`: built-ins, and `callback` entries made from `callbacks`.
+fn chunk_transforms(
+    list: &serde_json::Value,
+    callbacks: &[Arc<Callback>],
+    persist: bool,
+) -> Result<ChunkTransforms, insitubatch::EngineError> {
+    let mut out = ChunkTransforms::default();
+    out.extend_from_json_with(&list.to_string(), &["callback"], |_, params| {
+        let t = CallbackTransform::from_json(params, callbacks, persist)?;
+        Ok(Arc::new(t) as Arc<dyn insitubatch::ChunkTransform>)
+    })?;
+    Ok(out)
+}
+
+fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset, IsbError> {
     let c: DatasetConfig = parse_json(json, "dataset config")?;
     let mut b = InSituDataset::builder(&c.store).sample_axis(c.sample_axis);
     if c.variables.as_ref().is_some_and(|v| v.is_empty()) {
@@ -380,8 +396,8 @@ fn open_dataset(json: &str) -> Result<InSituDataset, IsbError> {
     for (k, v) in storage_options(c.storage_options)? {
         b = b.storage_option(k, v);
     }
-    if let Some(t) = c.chunk_transforms {
-        b = b.chunk_transforms_json(t.to_string());
+    if let Some(t) = &c.chunk_transforms {
+        b = b.chunk_transforms(&chunk_transforms(t, callbacks, c.persist == Some(true))?);
     }
     if let Some(n) = c.executor_threads {
         if n == 0 {
@@ -434,7 +450,7 @@ pub unsafe extern "C" fn isb_dataset_open(
         }
         // SAFETY: forwarded contract.
         let json = unsafe { arg_str(config_json, "config_json") }?;
-        let ds = open_dataset(json)?;
+        let ds = open_dataset(json, &[])?;
         let handle = Box::new(IsbDataset {
             ds,
             pid: std::process::id(),
@@ -442,6 +458,87 @@ pub unsafe extern "C" fn isb_dataset_open(
         // SAFETY: checked non-NULL.
         unsafe { *out = Box::into_raw(handle) };
         Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// `isb_dataset_open` with chunk transforms written as C functions: `callbacks` is an array of
+/// `n_callbacks`, and a config entry `{"type": "callback", "callback": i}` runs the `i`-th on
+/// every chunk of the arrays in its scope, in list order with the built-ins. An entry may also
+/// give `applies`, `shape` (the inner shape of a sample afterwards; default unchanged), `dtype`
+/// (default unchanged) and `identity` (what the function is: the cache fingerprint; required
+/// with `persist`). The library owns every `user_data` from this call on, whatever it returns:
+/// each callback's `release` runs once, when the dataset and everything using it are gone, or
+/// before this call returns if it fails. Callbacks run on the library's threads, several at
+/// once; one that returns non-zero fails the pass with `ISB_TRANSFORM` and its message.
+///
+/// # Safety
+/// As `isb_dataset_open`; `callbacks` points to `n_callbacks` entries (or is NULL when
+/// `n_callbacks` is 0), each `apply` is thread-safe and valid until its `release` runs.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_dataset_open_with_transforms(
+    config_json: *const c_char,
+    callbacks: *const IsbTransformCallback,
+    n_callbacks: usize,
+    out: *mut *mut IsbDataset,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    // Owned first, so that `release` runs whatever happens below.
+    let owned: Vec<Arc<Callback>> = if callbacks.is_null() || n_callbacks == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: per the contract, `n_callbacks` readable entries.
+        unsafe { std::slice::from_raw_parts(callbacks, n_callbacks) }
+            .iter()
+            .map(Callback::new)
+            .collect()
+    };
+    boundary(err, || {
+        if callbacks.is_null() && n_callbacks > 0 {
+            return Err(null("callbacks"));
+        }
+        if let Some(i) = owned.iter().position(|c| !c.has_apply()) {
+            return Err(invalid(format!(
+                "callbacks[{i}].apply is NULL: each callback needs its function"
+            )));
+        }
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: forwarded contract.
+        let json = unsafe { arg_str(config_json, "config_json") }?;
+        let ds = open_dataset(json, &owned)?;
+        let handle = Box::new(IsbDataset {
+            ds,
+            pid: std::process::id(),
+        });
+        // SAFETY: checked non-NULL.
+        unsafe { *out = Box::into_raw(handle) };
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// Stops every callback transform in the process for good, waiting up to `timeout_ms` for
+/// those running to return: afterwards a chunk that needs one fails its pass with
+/// `ISB_TRANSFORM`, and no `release` is called. For a host about to tear down what its
+/// callbacks need (the Python shim calls it at interpreter exit). `ISB_TIMED_OUT` when some
+/// were still running at the deadline.
+///
+/// # Safety
+/// `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_callbacks_shutdown(
+    timeout_ms: u64,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        if crate::callback::shut_down(std::time::Duration::from_millis(timeout_ms)) {
+            Ok(IsbStatus::IsbOk)
+        } else {
+            Err(IsbError::new(
+                IsbStatus::IsbTimedOut,
+                format!("callback transforms were still running after {timeout_ms} ms"),
+            ))
+        }
     })
 }
 

@@ -8,10 +8,12 @@
 //! checks its pointers for NULL. See `examples/c/` for a program that embeds the loader.
 
 mod api;
+mod callback;
 mod dlpack;
 mod status;
 
 pub use api::*;
+pub use callback::{IsbChunk, IsbReleaseFn, IsbTransformCallback, IsbTransformFn};
 pub use dlpack::*;
 pub use status::*;
 

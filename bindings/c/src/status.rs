@@ -48,6 +48,9 @@ pub enum IsbStatus {
     /// `isb_iter_next_timeout`: no batch came within the timeout; the iteration goes on and
     /// nothing was lost (call again).
     IsbTimedOut = 16,
+    /// A chunk transform failed on a chunk (a callback returned an error) or made something
+    /// other than it declared; the message names the transform, the array and the chunk.
+    IsbTransform = 17,
 }
 
 /// An owned error: a status and the full message. Free it with `isb_error_free`.
@@ -103,6 +106,7 @@ pub(crate) fn status_of(e: &EngineError) -> IsbStatus {
         },
         EngineError::ActorPanicked { .. } => IsbStatus::IsbPanic,
         EngineError::Cancelled => IsbStatus::IsbCancelled,
+        EngineError::Transform(_) => IsbStatus::IsbTransform,
         EngineError::Runtime(_) => IsbStatus::IsbInternal,
     }
 }

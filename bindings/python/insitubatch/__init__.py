@@ -39,6 +39,7 @@ from .errors import (
     IOFailure,
     NotFound,
     StaleCache,
+    TransformError,
     Unsupported,
     WrongProcess,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "NotFound",
     "SplitManifest",
     "StaleCache",
+    "TransformError",
     "Unsupported",
     "WrongProcess",
     "open_geometries",

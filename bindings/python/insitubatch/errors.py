@@ -79,6 +79,14 @@ class CacheMiss(Error, LookupError):
     status = 15
 
 
+class TransformError(Error):
+    """A chunk transform failed on a chunk (a `transforms.Function` raised, or returned an
+    array of another shape than it declared); the message names the transform, the array and
+    the chunk, and ends with what the function raised."""
+
+    status = 17
+
+
 class CacheWarning(UserWarning):
     """A cache that is configured but not working as configured (a network cache_dir, a write
     that failed, a persistent cache that served no hits)."""
@@ -105,6 +113,7 @@ _BY_STATUS = {
     13: CacheLocked,
     14: StaleCache,
     15: CacheMiss,
+    17: TransformError,
 }
 
 
