@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import errors
+from . import _callbacks
 from . import transforms as _transforms
 from ._lib import DATA_OFFSET, lib
 
@@ -651,7 +652,7 @@ class InSituDataset:
             storage_options = carried[0] if carried else None
         if storage_options is not None:
             config["storage_options"] = _storage_options(storage_options)
-        chunk_transforms = _transforms.to_config(chunk_transforms)
+        chunk_transforms, functions = _transforms._config_and_functions(chunk_transforms)
         if chunk_transforms:
             config["chunk_transforms"] = chunk_transforms
         if executor_threads is not None:
@@ -687,10 +688,18 @@ class InSituDataset:
         for t in self._transforms:
             if not callable(t):
                 raise TypeError(f"batch_transforms: {t!r} is not callable")
-        # Opening reads the store's metadata: interruptible.
-        self._handle = _call_interruptible(
-            lib.isb_dataset_open, json.dumps(config).encode(), free=lib.isb_dataset_free
-        )
+        # Opening reads the store's metadata: interruptible. Python functions among the chunk
+        # transforms go as callbacks, which the library releases when it is done with them.
+        if functions:
+            cbs = _callbacks.callbacks(functions)
+            self._handle = _call_interruptible(
+                lib.isb_dataset_open_with_transforms, json.dumps(config).encode(),
+                ctypes.cast(cbs, ctypes.c_void_p), len(functions), free=lib.isb_dataset_free,
+            )
+        else:
+            self._handle = _call_interruptible(
+                lib.isb_dataset_open, json.dumps(config).encode(), free=lib.isb_dataset_free
+            )
         self.batch_size = batch_size
         self.rank, self.world_size = rank, world_size
         self._last_stats: dict = {}

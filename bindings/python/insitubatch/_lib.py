@@ -98,6 +98,11 @@ def _load() -> ctypes.CDLL:
         "isb_open_geometries_with": (U32, [S, S, OUT_STR, ERR]),
         "isb_split_by_chunk": (U32, [S, S, S, OUT_STR, ERR]),
         "isb_dataset_open": (U32, [S, ctypes.POINTER(P), ERR]),
+        "isb_dataset_open_with_transforms": (
+            U32,
+            [S, P, ctypes.c_size_t, ctypes.POINTER(P), ERR],
+        ),
+        "isb_callbacks_shutdown": (U32, [ctypes.c_uint64, ERR]),
         "isb_dataset_free": (None, [P]),
         "isb_dataset_set_epoch": (U32, [P, ctypes.c_uint64, ERR]),
         "isb_dataset_stats_json": (U32, [P, OUT_STR, ERR]),

@@ -21,6 +21,10 @@ cache of the arrays it applies to is stale (construction raises `StaleCache` nam
 `Cast` and `Coarsen` change what a sample is (its dtype, its inner shape): batches, the pool
 and the cache hold the result, and ``ds.sample_formats`` says what each label's samples are.
 
+`Function` runs a Python function on each chunk instead: the slow path, for what the
+built-ins cannot say. It holds a decoder thread and the GIL while it runs, so chunks go through
+it one at a time; measure before relying on it (docs/benchmarks.md has the cost of one).
+
 Work that needs the assembled batch, several variables or per-sample randomness belongs in
 ``batch_transforms`` (Python callables, run per batch, not cached).
 """
@@ -33,8 +37,11 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ._callbacks import ChunkInfo
+
 __all__ = [
-    "Affine", "Cast", "Clip", "Coarsen", "FillNaN", "Regrid", "Standardize", "applies", "to_config",
+    "Affine", "Cast", "ChunkInfo", "Clip", "Coarsen", "FillNaN", "Function", "Regrid",
+    "Standardize", "applies", "to_config",
 ]
 
 
@@ -155,13 +162,65 @@ class Regrid:
                 "dst": coords("dst", self.dst)}
 
 
+class Function:
+    """A Python function as a chunk transform (the slow path; prefer a built-in where one
+    says it).
+
+    ``fn(chunk)`` gets one chunk of one array as a read-only numpy array shaped
+    ``(samples_per_chunk, *inner_shape)`` and returns an array of the output shape: the input's
+    unless `shape` (a sample's inner shape afterwards) says otherwise, converted to the input's
+    dtype unless `dtype` says otherwise (numpy ``same_kind`` casting). With ``with_info=True``
+    it is called ``fn(chunk, info)``, `info` a `ChunkInfo` naming the array, the chunk's index
+    and its first sample. The chunk is valid only during the call: copy what you keep.
+
+    It must be deterministic (its output is cached as the chunk), and `identity` says what it
+    is — a name and a version you change whenever its output would change. That is the cache
+    fingerprint of the arrays it applies to, so a persisted cache (``persist=True``) requires
+    it: the library cannot see into Python code. An exception in `fn` ends the epoch with
+    `TransformError` carrying its type and message, the array and the chunk.
+    """
+
+    def __init__(self, fn, *, identity: str | None = None, shape: Sequence[int] | None = None,
+                 dtype: Any = None, with_info: bool = False):
+        if not callable(fn):
+            raise TypeError(f"Function: {fn!r} is not callable")
+        if identity is not None and (not isinstance(identity, str) or not identity.strip()):
+            raise ValueError(f"Function: `identity` must be a non-empty string, not {identity!r}")
+        if shape is not None:
+            shape = tuple(int(n) for n in shape)
+            if any(n < 1 for n in shape):
+                raise ValueError(f"Function: `shape` must have positive lengths, not {shape}")
+        self.fn = fn
+        self.identity = identity
+        self.shape = shape
+        self.dtype = None if dtype is None else np.dtype(dtype)
+        self.with_info = bool(with_info)
+
+    def __repr__(self) -> str:
+        name = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+        return f"Function({name}, identity={self.identity!r})"
+
+    def _config(self, position: int) -> dict:
+        cfg: dict = {"type": "callback", "callback": position}
+        if self.identity is not None:
+            cfg["identity"] = self.identity
+        if self.shape is not None:
+            cfg["shape"] = list(self.shape)
+        if self.dtype is not None:
+            cfg["dtype"] = self.dtype.name
+        return cfg
+
+
 @dataclass(frozen=True)
 class _Scoped:
     paths: tuple[str, ...]
     transform: Any
 
+    def _config(self, functions: list) -> dict:
+        return {**_one(self.transform, functions), "applies": list(self.paths)}
+
     def to_config(self) -> dict:
-        return {**_one(self.transform), "applies": list(self.paths)}
+        return self._config([])
 
 
 def applies(paths: Iterable[str] | str, transform) -> _Scoped:
@@ -179,7 +238,12 @@ def applies(paths: Iterable[str] | str, transform) -> _Scoped:
     return _Scoped(paths, transform)
 
 
-def _one(t) -> dict:
+def _one(t, functions: list) -> dict:
+    if isinstance(t, Function):
+        functions.append(t)
+        return t._config(len(functions) - 1)
+    if isinstance(t, _Scoped):
+        return t._config(functions)
     if hasattr(t, "to_config"):
         return t.to_config()
     if isinstance(t, dict):
@@ -188,22 +252,30 @@ def _one(t) -> dict:
         return dict(t)
     if callable(t):
         raise TypeError(
-            f"chunk transform {t!r} is a Python callable; chunk transforms run in the Rust "
-            "decoder and must be built-ins (insitubatch.transforms: Affine, Standardize, FillNaN, "
-            "Clip, Cast, Coarsen, Regrid). Per-batch Python work goes in batch_transforms"
+            f"chunk transform {t!r} is a bare Python callable: wrap it as "
+            "insitubatch.transforms.Function(fn, identity='name v1'), the slow path, or use a "
+            "built-in (Affine, Standardize, FillNaN, Clip, Cast, Coarsen, Regrid). Per-batch "
+            "Python work goes in batch_transforms"
         )
     raise TypeError(f"chunk transform {t!r} is not a transform from insitubatch.transforms")
 
 
 def to_config(transforms: Sequence) -> list[dict]:
-    """The JSON list the library takes (the C config's ``chunk_transforms``)."""
+    """The JSON list the library takes (the C config's ``chunk_transforms``). A `Function`
+    becomes a ``callback`` entry numbered by its place among the list's functions."""
+    return _config_and_functions(transforms)[0]
+
+
+def _config_and_functions(transforms: Sequence) -> tuple[list[dict], list[Function]]:
+    """The JSON list and, in the order its ``callback`` entries number them, the functions."""
     if isinstance(transforms, (str, bytes, dict)) or not isinstance(transforms, Iterable):
         raise TypeError("`chunk_transforms` must be a list of transforms")
-    out = []
+    out: list[dict] = []
+    functions: list[Function] = []
     for t in transforms:
-        cfg = _one(t)
+        cfg = _one(t, functions)
         for k, v in cfg.items():
             if isinstance(v, float) and not math.isfinite(v):
                 raise ValueError(f"chunk transform {t!r}: `{k}` must be finite")
         out.append(cfg)
-    return out
+    return out, functions
