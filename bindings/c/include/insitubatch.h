@@ -152,8 +152,7 @@ typedef struct IsbError IsbError;
 typedef struct IsbIter IsbIter;
 
 /*
- One chunk as a callback sees it: the input (read-only unless it is also the output) or the
- output to fill.
+ One chunk as a callback sees it: the input or the output to fill.
  */
 typedef struct IsbChunk {
   /*
@@ -189,7 +188,8 @@ typedef struct IsbChunk {
 /*
  A chunk transform: reads `input`, writes `output` (whose shape and type are the ones the
  config entry declared; `output->data == input->data` when they are the input's, and the
- transform then runs in place). Returns 0, or anything else with a message of at most
+ transform then runs in place). `input->data` is the decoder's own buffer, discarded
+ afterwards unless it is the output: a transform may use it as scratch. Returns 0, or anything else with a message of at most
  `message_len` bytes (NUL included) written to `message`. Called from the library's executor
  threads, several at once: it must be thread-safe, and must not call back into this library.
  */

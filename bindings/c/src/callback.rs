@@ -13,8 +13,7 @@ use insitubatch::DType;
 use insitubatch::transform::{Chunk, ChunkTransform};
 use serde::{Deserialize, Serialize};
 
-/// One chunk as a callback sees it: the input (read-only unless it is also the output) or the
-/// output to fill.
+/// One chunk as a callback sees it: the input or the output to fill.
 #[repr(C)]
 pub struct IsbChunk {
     /// The array's path (NUL-terminated UTF-8).
@@ -35,7 +34,8 @@ pub struct IsbChunk {
 
 /// A chunk transform: reads `input`, writes `output` (whose shape and type are the ones the
 /// config entry declared; `output->data == input->data` when they are the input's, and the
-/// transform then runs in place). Returns 0, or anything else with a message of at most
+/// transform then runs in place). `input->data` is the decoder's own buffer, discarded
+/// afterwards unless it is the output: a transform may use it as scratch. Returns 0, or anything else with a message of at most
 /// `message_len` bytes (NUL included) written to `message`. Called from the library's executor
 /// threads, several at once: it must be thread-safe, and must not call back into this library.
 pub type IsbTransformFn = Option<

@@ -68,15 +68,14 @@ _next_key = 1
 _shutdown_registered = False
 
 
-def _view(c: IsbChunk, writable: bool) -> np.ndarray:
+def _view(c: IsbChunk) -> np.ndarray:
+    """The chunk's memory as a writable numpy array (no copy)."""
     shape = tuple(c.shape[i] for i in range(c.ndim))
     dtype = np.dtype(c.dtype.decode())
     if c.nbytes == 0:
         return np.zeros(shape, dtype)
     raw = (ctypes.c_char * c.nbytes).from_address(c.data)
-    a = np.frombuffer(raw, dtype=dtype).reshape(shape)
-    a.flags.writeable = writable
-    return a
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
 def _describe(f) -> str:
@@ -89,20 +88,21 @@ def _apply(key, inp, out, message, message_len) -> int:
     try:
         f = _live[key]
         i, o = inp.contents, out.contents
-        x = _view(i, writable=False)
+        x = _view(i)
         if f.with_info:
             info = ChunkInfo(i.array.decode(), int(i.index), int(i.index) * int(i.shape[0]))
             y = f.fn(x, info)
         else:
             y = f.fn(x)
-        dst = _view(o, writable=True)
         y = np.asarray(y)
-        if y.shape != dst.shape:
+        out_shape = tuple(o.shape[k] for k in range(o.ndim))
+        if y.shape != out_shape:
             hint = "" if f.shape is not None else "; declare another with Function(shape=...)"
             raise ValueError(
-                f"it returned shape {y.shape} for a chunk whose output is {dst.shape}{hint}"
+                f"it returned shape {y.shape} for a chunk whose output is {out_shape}{hint}"
             )
-        np.copyto(dst, y, casting="same_kind")
+        if not (o.data == i.data and y is x):  # `x` changed in place is the output already
+            np.copyto(_view(o), y, casting="same_kind")
         return 0
     except BaseException as e:  # noqa: BLE001 - nothing may escape into ctypes
         who = _describe(f) if f is not None else "a Python function"

@@ -166,12 +166,15 @@ class Function:
     """A Python function as a chunk transform (the slow path; prefer a built-in where one
     says it).
 
-    ``fn(chunk)`` gets one chunk of one array as a read-only numpy array shaped
+    ``fn(chunk)`` gets one chunk of one array as a numpy array shaped
     ``(samples_per_chunk, *inner_shape)`` and returns an array of the output shape: the input's
     unless `shape` (a sample's inner shape afterwards) says otherwise, converted to the input's
-    dtype unless `dtype` says otherwise (numpy ``same_kind`` casting). With ``with_info=True``
-    it is called ``fn(chunk, info)``, `info` a `ChunkInfo` naming the array, the chunk's index
-    and its first sample. The chunk is valid only during the call: copy what you keep.
+    dtype unless `dtype` says otherwise (numpy ``same_kind`` casting). The chunk is the
+    decoder's own buffer: a function that keeps shape and dtype may change it in place
+    (``np.multiply(x, s, out=x)``) and return it, which copies nothing and allocates nothing.
+    With ``with_info=True`` it is called ``fn(chunk, info)``, `info` a `ChunkInfo` naming the
+    array, the chunk's index and its first sample. The chunk is valid only during the call:
+    copy what you keep.
 
     It must be deterministic (its output is cached as the chunk), and `identity` says what it
     is — a name and a version you change whenever its output would change. That is the cache
