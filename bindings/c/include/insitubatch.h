@@ -200,7 +200,8 @@ typedef int32_t (*IsbTransformFn)(void *user_data,
                                   size_t message_len);
 
 /*
- Called once when the library no longer needs `user_data` (NULL: nothing to release).
+ Called with the callback's `user_data`: as `release`, once when the library no longer needs
+ it; as `thread_exit`, on a library thread that ran `apply`, as that thread ends.
  */
 typedef void (*IsbReleaseFn)(void *user_data);
 
@@ -218,9 +219,15 @@ typedef struct IsbTransformCallback {
    */
   IsbReleaseFn release;
   /*
-   Passed to `apply` and `release` as they were given.
+   Passed to `apply`, `release` and `thread_exit` as they were given.
    */
   void *user_data;
+  /*
+   Called on each library thread that ran `apply`, once, as the thread ends (before
+   `release`), for a host that keeps state per thread: the Python shim keeps each thread's
+   interpreter state between calls and frees it here. May be NULL.
+   */
+  IsbReleaseFn thread_exit;
 } IsbTransformCallback;
 
 /*

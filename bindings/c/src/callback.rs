@@ -48,7 +48,8 @@ pub type IsbTransformFn = Option<
     ) -> i32,
 >;
 
-/// Called once when the library no longer needs `user_data` (NULL: nothing to release).
+/// Called with the callback's `user_data`: as `release`, once when the library no longer needs
+/// it; as `thread_exit`, on a library thread that ran `apply`, as that thread ends.
 pub type IsbReleaseFn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
 
 /// A callback chunk transform, referred to by its position from the config's
@@ -59,8 +60,12 @@ pub struct IsbTransformCallback {
     pub apply: IsbTransformFn,
     /// Releases `user_data` (may be NULL).
     pub release: IsbReleaseFn,
-    /// Passed to `apply` and `release` as they were given.
+    /// Passed to `apply`, `release` and `thread_exit` as they were given.
     pub user_data: *mut c_void,
+    /// Called on each library thread that ran `apply`, once, as the thread ends (before
+    /// `release`), for a host that keeps state per thread: the Python shim keeps each thread's
+    /// interpreter state between calls and frees it here. May be NULL.
+    pub thread_exit: IsbReleaseFn,
 }
 
 /// Closed by `isb_callbacks_shutdown`: from then on no callback (and no release) is called.
@@ -110,6 +115,7 @@ pub(crate) fn shut_down(timeout: Duration) -> bool {
 pub(crate) struct Callback {
     apply: IsbTransformFn,
     release: IsbReleaseFn,
+    thread_exit: IsbReleaseFn,
     user_data: *mut c_void,
 }
 
@@ -128,9 +134,46 @@ impl Callback {
         Arc::new(Self {
             apply: c.apply,
             release: c.release,
+            thread_exit: c.thread_exit,
             user_data: c.user_data,
         })
     }
+
+    /// Notes that this callback ran on the current thread, so that its `thread_exit` runs when
+    /// the thread ends (the thread holds the callback until then).
+    fn ran_on_this_thread(self: &Arc<Self>) {
+        if self.thread_exit.is_none() {
+            return;
+        }
+        // During the thread's own teardown the list is gone; nothing is kept then.
+        let _ = RAN_HERE.try_with(|ran| {
+            let mut ran = ran.0.borrow_mut();
+            if !ran.iter().any(|c| Arc::ptr_eq(c, self)) {
+                ran.push(Arc::clone(self));
+            }
+        });
+    }
+}
+
+/// The callbacks with a `thread_exit` that ran on this thread. Executor threads belong to one
+/// dataset's runtime, so this holds that dataset's callbacks only, and their `release` waits
+/// for the runtime's threads to end (which `isb_dataset_free` and the last iteration's end do).
+struct RanHere(std::cell::RefCell<Vec<Arc<Callback>>>);
+
+impl Drop for RanHere {
+    fn drop(&mut self) {
+        for c in self.0.get_mut().drain(..) {
+            if let (Some(exit), Some(_running)) = (c.thread_exit, Running::enter()) {
+                // SAFETY: the caller's function with the caller's pointer, on a thread that ran
+                // `apply`, once for this thread.
+                unsafe { exit(c.user_data) };
+            }
+        }
+    }
+}
+
+thread_local! {
+    static RAN_HERE: RanHere = const { RanHere(std::cell::RefCell::new(Vec::new())) };
 }
 
 impl Drop for Callback {
@@ -250,6 +293,7 @@ impl ChunkTransform for CallbackTransform {
                     .into(),
             );
         };
+        self.callback.ran_on_this_thread();
         let (inner, dtype) = self.output_format(&chunk.shape[1..], chunk.dtype);
         let mut shape = vec![chunk.shape[0]];
         shape.extend(&inner);

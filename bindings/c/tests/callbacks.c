@@ -29,9 +29,17 @@ typedef struct {
     atomic_ulong index_sum;
     atomic_int bad_input; /* a chunk that was not t2m's [4, 9, 16] float32, or out != in */
     atomic_int released;
+    atomic_int thread_exits;
+    atomic_int exits_before_release; /* thread_exits seen by release */
 } State;
 
-static void release(void *user_data) { atomic_fetch_add(&((State *)user_data)->released, 1); }
+static void release(void *user_data) {
+    State *s = user_data;
+    atomic_store(&s->exits_before_release, atomic_load(&s->thread_exits));
+    atomic_fetch_add(&s->released, 1);
+}
+
+static void thread_exit(void *user_data) { atomic_fetch_add(&((State *)user_data)->thread_exits, 1); }
 
 /* x * scale + offset, in place: what the built-in `affine` computes. */
 static int32_t scale_offset(void *user_data, const IsbChunk *in, const IsbChunk *out, char *msg, size_t len) {
@@ -117,7 +125,7 @@ static IsbDataset *open_t2m(const char *store, const char *transforms, IsbTransf
                             IsbStatus *status, char *why, size_t why_len) {
     char config[2048];
     snprintf(config, sizeof config,
-             "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"batch_size\": 5, \"shuffle\": false, "
+             "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"batch_size\": 5, \"shuffle\": false, \"executor_threads\": 2, "
              "\"chunk_transforms\": %s}",
              store, transforms);
     IsbDataset *ds = NULL;
@@ -145,7 +153,7 @@ int main(int argc, char **argv) {
     /* 1. In place, against the built-in affine: the same bits. */
     {
         State s = {.scale = 0.5f, .offset = -273.15f};
-        IsbTransformCallback cb = {.apply = scale_offset, .release = release, .user_data = &s};
+        IsbTransformCallback cb = {.apply = scale_offset, .release = release, .user_data = &s, .thread_exit = thread_exit};
         IsbDataset *ds = open_t2m(store, "[{\"type\": \"callback\", \"callback\": 0, \"identity\": \"k_to_c v1\"}]",
                                   &cb, 1, &st, why, sizeof why);
         EXPECT(st == ISB_OK, "open with a callback: %s", why);
@@ -171,6 +179,10 @@ int main(int argc, char **argv) {
         isb_dataset_free(ds);
         isb_dataset_free(builtin);
         EXPECT(atomic_load(&s.released) == 1, "released %d times after isb_dataset_free", atomic_load(&s.released));
+        /* Once per library thread that ran it (two executors: one or both), each before the release. */
+        int exits = atomic_load(&s.thread_exits);
+        EXPECT(exits >= 1 && exits <= 2 && atomic_load(&s.exits_before_release) == exits,
+               "thread_exit %d times, %d before release", exits, atomic_load(&s.exits_before_release));
     }
 
     /* 2. A new shape and dtype, declared: batches are (rows, 9) float64 row means. */
