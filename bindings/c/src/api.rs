@@ -444,21 +444,8 @@ pub unsafe extern "C" fn isb_dataset_open(
     out: *mut *mut IsbDataset,
     err: *mut *mut IsbError,
 ) -> IsbStatus {
-    boundary(err, || {
-        if out.is_null() {
-            return Err(null("out"));
-        }
-        // SAFETY: forwarded contract.
-        let json = unsafe { arg_str(config_json, "config_json") }?;
-        let ds = open_dataset(json, &[])?;
-        let handle = Box::new(IsbDataset {
-            ds,
-            pid: std::process::id(),
-        });
-        // SAFETY: checked non-NULL.
-        unsafe { *out = Box::into_raw(handle) };
-        Ok(IsbStatus::IsbOk)
-    })
+    // SAFETY: forwarded contract; no callbacks.
+    unsafe { isb_dataset_open_with_transforms(config_json, std::ptr::null(), 0, out, err) }
 }
 
 /// `isb_dataset_open` with chunk transforms written as C functions: `callbacks` is an array of
