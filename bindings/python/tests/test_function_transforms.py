@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -279,3 +280,50 @@ def test_library_threads_keep_a_thread_state_between_calls_and_free_it_as_they_e
             assert 1 <= ran_on <= 2
             assert during == before + ran_on, (before, during, ran_on)
     assert _thread_states() == before
+
+
+def test_epochs_stopped_failed_and_closed_in_any_order_leave_nothing_behind(fixtures):
+    # Functions that fail on some chunks, epochs abandoned at random points, datasets closed
+    # with epochs still open: every call ends, every function is released, no thread state
+    # stays, and nothing hangs.
+    import random
+
+    from insitubatch import _callbacks
+
+    store = store_of(fixtures, "paired.zarr")
+    g = isb.open_geometries(store, ["raw"])
+    rng = random.Random(7)
+    before_states, before_live = _thread_states(), set(_callbacks._live)
+    outcomes = {"ended": 0, "failed": 0, "abandoned": 0}
+
+    def sometimes_refuse(x, info):
+        if info.index % 11 == 5:
+            raise RuntimeError(f"refusing chunk {info.index}")
+        return x
+
+    for round_ in range(12):
+        ds = isb.InSituDataset(store, None, g, batch_size=rng.choice([1, 3, 8]),
+                               block_chunks=rng.choice([1, 4, 16]), seed=round_,
+                               chunk_transforms=[Function(sometimes_refuse, with_info=True)])
+        stop_after = rng.choice([0, 1, 5, None])
+        epoch = iter(ds.train)
+        try:
+            for n, _ in enumerate(epoch):
+                if stop_after is not None and n >= stop_after:
+                    outcomes["abandoned"] += 1
+                    break
+            else:
+                outcomes["ended"] += 1
+        except isb.TransformError as e:
+            assert "refusing chunk" in str(e) and "array `raw`" in str(e), str(e)
+            outcomes["failed"] += 1
+        if rng.random() < 0.5:
+            epoch.close()
+        ds.close()  # with the epoch maybe still open
+        del epoch, ds
+    assert outcomes["failed"] > 0 and outcomes["abandoned"] > 0, outcomes
+    deadline = time.monotonic() + 20
+    while set(_callbacks._live) - before_live and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not set(_callbacks._live) - before_live, "a function was never released"
+    assert _thread_states() == before_states
