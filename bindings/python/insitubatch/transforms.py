@@ -40,8 +40,8 @@ import numpy as np
 from ._callbacks import ChunkInfo
 
 __all__ = [
-    "Affine", "Cast", "ChunkInfo", "Clip", "Coarsen", "FillNaN", "Function", "Regrid",
-    "Standardize", "applies", "to_config",
+    "Affine", "Cast", "ChunkInfo", "Clip", "Coarsen", "FillNaN", "Function", "Preview", "Regrid",
+    "Standardize", "applies", "preview", "to_config",
 ]
 
 
@@ -282,3 +282,48 @@ def _config_and_functions(transforms: Sequence) -> tuple[list[dict], list[Functi
                 raise ValueError(f"chunk transform {t!r}: `{k}` must be finite")
         out.append(cfg)
     return out, functions
+
+
+@dataclass(frozen=True)
+class Preview:
+    """One stored chunk of an array before and after a pipeline (`preview`): `before` as
+    stored, `after` as batches and the cache will hold it, both ``(rows, *inner_shape)``; the
+    chunk's rows start at sample `first_sample`."""
+
+    array: str
+    chunk: int
+    first_sample: int
+    before: np.ndarray
+    after: np.ndarray
+
+
+def preview(store, array: str, chunk_transforms: Sequence, *, chunk: int = 0,
+            sample_axis: int = 0, storage_options=None) -> Preview:
+    """Runs `chunk_transforms` on one stored chunk of `array` (its `chunk`-th along the sample
+    axis) through the library, as a dataset would, and returns it before and after: to check a
+    `Function`'s declared shape and dtype, or a pipeline's values, on real data before a
+    training run depends on them. Raises what the dataset would: `InvalidArgument` for a
+    transform that cannot apply to the array, `TransformError` for one that fails on this
+    chunk. (`insitubatch check-transform` does the same for JSON pipelines, and times them.)"""
+    from . import errors
+    from ._core import InSituDataset, open_geometries, split_by_chunk  # _core imports this module
+
+    g = open_geometries(store, [array], sample_axis=sample_axis,
+                        storage_options=storage_options)[array]
+    spc, n = g.samples_per_chunk, g.n_samples
+    chunks = -(-n // spc)
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or not 0 <= chunk < chunks:
+        raise errors.InvalidArgument(
+            f"invalid argument `chunk` = {chunk!r}: array {array!r} has chunks 0 to {chunks - 1} "
+            "along its sample axis"
+        )
+    lo, hi = chunk * spc, min(n, (chunk + 1) * spc)
+    manifest = split_by_chunk(g, [1.0], sample_range=(lo, hi))
+
+    def rows(transforms) -> np.ndarray:
+        with InSituDataset(store, manifest, {"x": g}, batch_size=hi - lo, shuffle=False,
+                           sample_axis=sample_axis, chunk_transforms=transforms) as ds:
+            (batch,) = list(ds.train)
+            return batch.arrays["x"].copy()
+
+    return Preview(array, chunk, lo, rows([]), rows(chunk_transforms))

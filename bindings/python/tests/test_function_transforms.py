@@ -327,3 +327,22 @@ def test_epochs_stopped_failed_and_closed_in_any_order_leave_nothing_behind(fixt
         time.sleep(0.01)
     assert not set(_callbacks._live) - before_live, "a function was never released"
     assert _thread_states() == before_states
+
+
+def test_preview_shows_one_chunk_before_and_after_through_the_library(fixtures):
+    from insitubatch.transforms import preview
+
+    store = store_of(fixtures, "era5_v3.zarr")
+    t2m = zarr.open_array(store / "t2m", mode="r")[...]
+    p = preview(store, "t2m", [Affine(offset=-273.15)], chunk=2)
+    assert (p.array, p.chunk, p.first_sample) == ("t2m", 2, 8)
+    np.testing.assert_array_equal(p.before, t2m[8:12])
+    np.testing.assert_array_equal(p.after, t2m[8:12] + np.float32(-273.15))
+    # A function's declared format, on real data.
+    p = preview(store, "t2m", [Function(lambda x: x.mean(axis=2), shape=(9,))], chunk=0)
+    assert p.after.shape == (4, 9) and p.after.dtype == np.float32
+    np.testing.assert_array_equal(p.after, t2m[0:4].mean(axis=2))
+    with pytest.raises(isb.TransformError, match="returned shape"):
+        preview(store, "t2m", [Function(lambda x: x.mean(axis=2))])
+    with pytest.raises(isb.InvalidArgument, match="chunks 0 to 2"):
+        preview(store, "t2m", [], chunk=3)
