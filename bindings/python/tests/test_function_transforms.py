@@ -2,7 +2,8 @@
 numpy's, once per chunk, beside built-ins in list order; a new shape and dtype; what a function
 is shown; its exception ends the epoch naming it, the array and the chunk, and never hangs; a
 persisted cache needs and keys on `identity`; the interpreter exits cleanly with a function
-mid-epoch."""
+mid-epoch; library threads keep one thread state each and free it; epochs abandoned, failed and
+closed in any order leave nothing behind; `preview` of one chunk."""
 
 import os
 import subprocess
