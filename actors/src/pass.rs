@@ -295,13 +295,35 @@ pub fn rank_share(
     shard.share(split, samples_per_chunk, n_samples, &offsets)
 }
 
+/// Memory a pass needs that no knob sizes: the library's thread stacks and decoder contexts (a
+/// pass over a tiny store peaks at ~22 MiB of RSS in the CLI, the binary's pages included),
+/// plus an eighth of what the knobs size, for the allocator's slack (huge-page rounding, freed
+/// memory not yet returned, which a cgroup cannot reclaim). Under a cgroup limit 16 MiB alone
+/// left a pass that peaked ~10 % above its sized memory killed in one run of three.
+fn library_overhead(sized: u64) -> u64 {
+    (16u64 << 20).saturating_add(sized / 8)
+}
+
+/// What a pass holds besides its working set and batches, for [`check_memory`].
+struct OtherMemory {
+    /// When the pool's budget is fixed above the working set and slots live on the heap: the
+    /// budget, and the most the pool may hold (the budget, or every chunk of the pass's arrays
+    /// if that is less). `None`: the working set bounds it, or slots live in cache files.
+    cache: Option<(u64, u64)>,
+    /// Read buffers: one per read in flight or being decoded, each at most a stored chunk.
+    reads: u64,
+}
+
 /// The working set, and with it the batches the gather may run ahead with (`prefetch_depth` in
 /// the channel, one being filled and one the consumer holds, never more than the epoch has),
-/// against `limit`: an error naming the knob to lower.
+/// the reads in flight, a cache budget above the working set and the library's own memory,
+/// against `limit`: an error naming the knob to lower. An error here stands for a process the
+/// kernel would otherwise kill halfway through an epoch.
 fn check_memory(
     config: &PassConfig,
     plan: &crate::planner::ReadPlan,
     n_rows: usize,
+    other: &OtherMemory,
     limit: crate::planner::MemoryLimit,
 ) -> Result<(), EngineError> {
     if plan.read_ahead_bytes > limit.bytes {
@@ -336,19 +358,66 @@ fn check_memory(
         .saturating_add(2)
         .min(plan.n_batches as u64);
     let ahead = batch_bytes.saturating_mul(batches);
-    if ahead.saturating_add(plan.read_ahead_bytes) > limit.bytes {
+    let need = |resident: u64| {
+        let sized = resident.saturating_add(ahead).saturating_add(other.reads);
+        sized.saturating_add(library_overhead(sized))
+    };
+    if need(plan.read_ahead_bytes) > limit.bytes {
         return Err(EngineError::arg(
             "prefetch_depth",
             config.prefetch_depth,
             format!(
                 "up to {batches} batches of {batch_bytes} bytes may be in memory at once \
-                 (prefetch_depth + 2), which with the working set of {} bytes is more than \
-                 {limit}; lower prefetch_depth or batch_size",
-                plan.read_ahead_bytes
+                 (prefetch_depth + 2), which with the working set of {} bytes, {} bytes of \
+                 reads in flight (max_inflight, plus one per executor being decoded, each up to \
+                 a stored chunk) and the library's own and its allocator's slack comes to {} \
+                 bytes, more than {limit}; lower prefetch_depth, batch_size or max_inflight",
+                plan.read_ahead_bytes,
+                other.reads,
+                need(plan.read_ahead_bytes)
+            ),
+        ));
+    }
+    if let Some((budget, cache)) = other.cache
+        && need(cache) > limit.bytes
+    {
+        return Err(EngineError::arg(
+            "cache_budget_bytes",
+            budget,
+            format!(
+                "the pool may keep up to {cache} bytes of decoded chunks on the heap (the \
+                 budget, or every chunk of the arrays if fewer), which with the batches, the \
+                 reads in flight, the library's own and its allocator's slack comes to {} \
+                 bytes, more than {limit}; lower cache_budget_bytes, or give cache_dir to keep \
+                 slots in files",
+                need(cache)
             ),
         ));
     }
     Ok(())
+}
+
+/// The memory a pass over `plan` holds besides its working set and batches.
+fn other_memory<S: Store>(ctx: &EngineContext<S>, plan: &crate::planner::ReadPlan) -> OtherMemory {
+    let stored_chunk = plan
+        .paths
+        .iter()
+        .map(|p| p.geom.chunks.iter().product::<u64>() * p.geom.dtype.size_bytes() as u64)
+        .max()
+        .unwrap_or(0);
+    let reads = (ctx.read_buffers.max_buffers() as u64).saturating_mul(stored_chunk);
+    // Every slot of every array the pass reads, which a budget above it can never exceed.
+    let every_chunk = plan.paths.iter().fold(0u64, |acc, p| {
+        let n = p.geom.shape[p.geom.sample_axis].div_ceil(p.samples_per_chunk.max(1));
+        acc.saturating_add(n.saturating_mul(p.slot_bytes))
+    });
+    let cache = match (ctx.pool.fixed_budget(), ctx.pool.disk()) {
+        (Some(budget), None) => {
+            Some((budget, budget.min(every_chunk))).filter(|&(_, c)| c > plan.read_ahead_bytes)
+        }
+        _ => None,
+    };
+    OtherMemory { cache, reads }
 }
 
 impl Pass {
@@ -375,7 +444,8 @@ impl Pass {
         // machine's, its cgroup's, `ulimit -v`): fail now, naming the knob, rather than be killed
         // for memory halfway through the first block.
         if let Some(limit) = crate::planner::memory_limit() {
-            check_memory(&config, &plan, order.rows.len(), limit)?;
+            let other = other_memory(ctx, &plan);
+            check_memory(&config, &plan, order.rows.len(), &other, limit)?;
         }
         let owner = ctx.pool.register_owner(
             &format!("{}#{}", config.split, config.epoch),

@@ -2,7 +2,7 @@
 //! `make-dataset` + `inspect` round-trip.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// `insitubatch inspect STORE --json`, parsed.
 fn inspect_json(store: &std::path::Path) -> serde_json::Value {
@@ -412,6 +412,71 @@ fn a_working_set_over_ulimit_v_is_refused_by_name_not_aborted() {
         err.contains("block_chunks") && err.contains("ulimit -v"),
         "{err}"
     );
+}
+
+/// `insitubatch bench STORE args` under an address-space limit of `limit` bytes.
+fn bench_under_ulimit_v(store: &Path, args: &[&str], limit: u64) -> Output {
+    use std::os::unix::process::CommandExt;
+
+    let mut bench = cli();
+    bench.arg("bench").arg(store).args(args);
+    // SAFETY: the closure only calls setrlimit, which is async-signal-safe, between fork and
+    // exec.
+    unsafe {
+        bench.pre_exec(move || {
+            let rl = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &rl) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    bench.output().unwrap()
+}
+
+#[test]
+fn a_cache_budget_the_memory_limit_cannot_hold_is_refused_by_name_and_one_it_can_runs() {
+    // 64 samples of 4 MiB, no chunk on disk: a working set of two chunks, but 256 MiB of
+    // chunks that a heap pool with a large budget keeps, against an address-space limit of
+    // 320 MiB. Before this was checked, a budget like this got the process killed for memory
+    // once the pool had filled (under a cgroup limit: exit 137).
+    let tmp = tempfile::tempdir().unwrap();
+    let width = 1u64 << 20;
+    std::fs::write(
+        tmp.path().join("zarr.json"),
+        format!(
+            r#"{{"zarr_format":3,"node_type":"array","shape":[64,{width}],"data_type":"float32",
+            "chunk_grid":{{"name":"regular","configuration":{{"chunk_shape":[1,{width}]}}}},
+            "chunk_key_encoding":{{"name":"default","configuration":{{"separator":"/"}}}},
+            "fill_value":0.0,"codecs":[{{"name":"bytes","configuration":{{"endian":"little"}}}}]}}"#
+        ),
+    )
+    .unwrap();
+    let knobs = ["--epochs", "1", "--block-chunks", "1", "--batch-size", "1"];
+    let with_budget = |b: &'static str| [&knobs[..], &["--cache-budget-bytes", b]].concat();
+    let out = bench_under_ulimit_v(tmp.path(), &with_budget("1000000000"), 320 << 20);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "a clean refusal: {err}");
+    assert!(
+        err.contains("`cache_budget_bytes` = 1000000000")
+            && err.contains("268435456 bytes of decoded chunks")
+            && err.contains("ulimit -v")
+            && err.contains("cache_dir"),
+        "{err}"
+    );
+    // A budget the limit holds, and the automatic one, run the epoch.
+    for args in [with_budget("60000000"), knobs.to_vec()] {
+        let out = bench_under_ulimit_v(tmp.path(), &args, 320 << 20);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("epoch 0: 64 samples"),
+            "{args:?}: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]

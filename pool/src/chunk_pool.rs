@@ -167,6 +167,13 @@ impl std::fmt::Debug for ChunkPool {
 }
 
 impl ChunkPool {
+    /// The budget when it is a fixed number of bytes (`cache_budget_bytes`), not the working
+    /// set.
+    pub fn fixed_budget(&self) -> Option<u64> {
+        let inner = lock(&self.inner);
+        (!inner.auto).then_some(inner.budget)
+    }
+
     /// An empty pool on the heap.
     pub fn new(budget: Budget) -> Arc<Self> {
         Self::with_disk(budget, None)

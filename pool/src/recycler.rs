@@ -36,6 +36,11 @@ impl Recycler {
         }
     }
 
+    /// The most buffers it keeps.
+    pub fn max_buffers(&self) -> usize {
+        self.max_buffers
+    }
+
     /// Buffers free now.
     pub fn free_buffers(&self) -> usize {
         lock(&self.free).len()
