@@ -652,7 +652,8 @@ fn a_pass_whose_working_set_exceeds_the_machine_is_refused_naming_what_to_change
         .expect_err("1002 batches of memory")
         .to_string();
     assert!(
-        e.contains("`prefetch_depth` = 1000") && e.contains("lower prefetch_depth or batch_size"),
+        e.contains("`prefetch_depth` = 1000")
+            && e.contains("lower prefetch_depth, batch_size or max_inflight"),
         "{e}"
     );
     // The same with the default depth of 2: four batches fit.
