@@ -402,7 +402,10 @@ fn other_memory<S: Store>(ctx: &EngineContext<S>, plan: &crate::planner::ReadPla
     let stored_chunk = plan
         .paths
         .iter()
-        .map(|p| p.geom.chunks.iter().product::<u64>() * p.geom.dtype.size_bytes() as u64)
+        .map(|p| {
+            let elements = p.geom.chunks.iter().fold(1u64, |a, &c| a.saturating_mul(c));
+            elements.saturating_mul(p.geom.dtype.size_bytes() as u64)
+        })
         .max()
         .unwrap_or(0);
     let reads = (ctx.read_buffers.max_buffers() as u64).saturating_mul(stored_chunk);
