@@ -434,6 +434,22 @@ impl Pass {
         n_samples: u64,
         config: PassConfig,
     ) -> Result<Self, EngineError> {
+        if insitubatch_runtime::on_executor_thread() {
+            // A chunk transform (a callback) iterating a dataset from inside the decoder: its
+            // consumer would wait on the very threads it holds, and a pass of the same dataset
+            // never ends.
+            let thread = std::thread::current();
+            return Err(EngineError::arg(
+                "split",
+                &config.split,
+                format!(
+                    "an iteration was started on the library's own thread `{}` (from inside a \
+                     chunk transform?), where waiting for its batches could hang the pass that \
+                     runs the transform; a transform must not iterate a dataset",
+                    thread.name().unwrap_or("unnamed")
+                ),
+            ));
+        }
         let started = Instant::now();
         let order = plan_order(chunks, samples_per_chunk, n_samples, variables, &config)?;
         order.check_nonempty(&config.split)?;

@@ -77,6 +77,30 @@ static int32_t row_means(void *user_data, const IsbChunk *in, const IsbChunk *ou
     return 0;
 }
 
+/* Tries to iterate its own dataset from inside the decoder: refused, never a hang. */
+typedef struct {
+    IsbDataset *ds;
+    atomic_int calls;
+    atomic_int refused; /* isb_iter_start said ISB_INVALID_ARGUMENT naming the cause */
+} Nested;
+
+static int32_t iterate_own_dataset(void *user_data, const IsbChunk *in, const IsbChunk *out, char *msg, size_t len) {
+    (void)in;
+    (void)out;
+    (void)msg;
+    (void)len;
+    Nested *n = user_data;
+    atomic_fetch_add(&n->calls, 1);
+    IsbIter *it = NULL;
+    IsbError *err = NULL;
+    IsbStatus st = isb_iter_start(n->ds, "all", &it, &err);
+    if (st == ISB_INVALID_ARGUMENT && strstr(isb_error_message(err), "must not iterate a dataset"))
+        atomic_fetch_add(&n->refused, 1);
+    isb_error_free(err);
+    isb_iter_free(it);
+    return 0;
+}
+
 static int32_t refuse(void *user_data, const IsbChunk *in, const IsbChunk *out, char *msg, size_t len) {
     (void)out;
     atomic_fetch_add(&((State *)user_data)->calls, 1);
@@ -223,6 +247,21 @@ int main(int argc, char **argv) {
                "message: %s", why);
         isb_dataset_free(ds);
         EXPECT(atomic_load(&s.released) == 1, "released %d times", atomic_load(&s.released));
+    }
+
+    /* 3b. A callback that starts an iteration of its own dataset gets an error at once. */
+    {
+        Nested nested = {0};
+        IsbTransformCallback cb = {.apply = iterate_own_dataset, .release = NULL, .user_data = &nested};
+        IsbDataset *ds = open_t2m(store, "[{\"type\": \"callback\", \"callback\": 0}]", &cb, 1, &st, why, sizeof why);
+        EXPECT(st == ISB_OK, "open nested: %s", why);
+        nested.ds = ds;
+        double *got = values(ds, "t2m", &n, &failed, why, sizeof why);
+        EXPECT(got && n == n_plain, "the pass itself completes: %s", got ? "" : why);
+        EXPECT(atomic_load(&nested.calls) == 3 && atomic_load(&nested.refused) == 3, "calls %d, refused %d",
+               atomic_load(&nested.calls), atomic_load(&nested.refused));
+        free(got);
+        isb_dataset_free(ds);
     }
 
     /* 4. Bad entries: refused naming the thing, and every callback given is released anyway. */

@@ -347,3 +347,37 @@ def test_preview_shows_one_chunk_before_and_after_through_the_library(fixtures):
         preview(store, "t2m", [Function(lambda x: x.mean(axis=2))])
     with pytest.raises(isb.InvalidArgument, match="chunks 0 to 2"):
         preview(store, "t2m", [], chunk=3)
+
+
+def test_a_function_that_iterates_a_dataset_gets_an_error_not_a_hang(fixtures, tmp_path):
+    # From inside the decoder, an iteration of the function's own dataset would wait on the
+    # threads the function holds. Run in a child so that a regression is a failure, not a hang.
+    store = store_of(fixtures, "era5_v3.zarr")
+    script = tmp_path / "nested.py"
+    script.write_text(textwrap.dedent(f"""
+        import insitubatch as isb
+        from insitubatch.transforms import Function
+
+        g = isb.open_geometries({str(store)!r}, ["t2m"])
+        holder = {{}}
+
+        def nested(x):
+            next(iter(holder["ds"].val))
+            return x
+
+        m = isb.split_by_chunk(g["t2m"], [0.67, 0.33])
+        with isb.InSituDataset({str(store)!r}, m, g, batch_size=2, cache_budget_bytes=10**8,
+                               chunk_transforms=[Function(nested)]) as ds:
+            holder["ds"] = ds
+            try:
+                for _ in ds.train:
+                    pass
+            except isb.TransformError as e:
+                print("TransformError:", e)
+    """))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(isb.__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "TransformError:" in out.stdout and "must not iterate a dataset" in out.stdout, out.stdout
