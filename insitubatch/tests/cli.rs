@@ -367,51 +367,19 @@ fn a_rank_warms_its_whole_share_and_reads_it_readonly_in_every_shuffled_epoch() 
     );
 }
 
-#[test]
-fn a_working_set_over_ulimit_v_is_refused_by_name_not_aborted() {
-    use std::os::unix::process::CommandExt;
-
-    // 64 samples of 64 MiB each, no chunk on disk (every read is the fill value): 16 per block
-    // need 1 GiB, against an address-space limit of 512 MiB.
-    let tmp = tempfile::tempdir().unwrap();
-    let width = 16u64 << 20;
+/// A float32 array of `samples` rows of `width` values, one row per chunk, with no chunk on
+/// disk (every read is the fill value), in `dir`.
+fn unwritten_array(dir: &Path, samples: u64, width: u64) {
     std::fs::write(
-        tmp.path().join("zarr.json"),
+        dir.join("zarr.json"),
         format!(
-            r#"{{"zarr_format":3,"node_type":"array","shape":[64,{width}],"data_type":"float32",
+            r#"{{"zarr_format":3,"node_type":"array","shape":[{samples},{width}],"data_type":"float32",
             "chunk_grid":{{"name":"regular","configuration":{{"chunk_shape":[1,{width}]}}}},
             "chunk_key_encoding":{{"name":"default","configuration":{{"separator":"/"}}}},
             "fill_value":0.0,"codecs":[{{"name":"bytes","configuration":{{"endian":"little"}}}}]}}"#
         ),
     )
     .unwrap();
-    let mut bench = cli();
-    bench.arg("bench").arg(tmp.path()).args(["--epochs", "1"]);
-    // SAFETY: the closure only calls setrlimit, which is async-signal-safe, between fork and
-    // exec.
-    unsafe {
-        bench.pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: 512 << 20,
-                rlim_max: 512 << 20,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let out = bench.output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "a clean error exit, not an abort: {err}"
-    );
-    assert!(
-        err.contains("block_chunks") && err.contains("ulimit -v"),
-        "{err}"
-    );
 }
 
 /// `insitubatch bench STORE args` under an address-space limit of `limit` bytes.
@@ -438,23 +406,32 @@ fn bench_under_ulimit_v(store: &Path, args: &[&str], limit: u64) -> Output {
 }
 
 #[test]
+fn a_working_set_over_ulimit_v_is_refused_by_name_not_aborted() {
+    // 64 samples of 64 MiB each: 16 per block need 1 GiB, against an address-space limit of
+    // 512 MiB.
+    let tmp = tempfile::tempdir().unwrap();
+    unwritten_array(tmp.path(), 64, 16 << 20);
+    let out = bench_under_ulimit_v(tmp.path(), &["--epochs", "1"], 512 << 20);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a clean error exit, not an abort: {err}"
+    );
+    assert!(
+        err.contains("block_chunks") && err.contains("ulimit -v"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_cache_budget_the_memory_limit_cannot_hold_is_refused_by_name_and_one_it_can_runs() {
     // 64 samples of 4 MiB, no chunk on disk: a working set of two chunks, but 256 MiB of
     // chunks that a heap pool with a large budget keeps, against an address-space limit of
     // 320 MiB. Before this was checked, a budget like this got the process killed for memory
     // once the pool had filled (under a cgroup limit: exit 137).
     let tmp = tempfile::tempdir().unwrap();
-    let width = 1u64 << 20;
-    std::fs::write(
-        tmp.path().join("zarr.json"),
-        format!(
-            r#"{{"zarr_format":3,"node_type":"array","shape":[64,{width}],"data_type":"float32",
-            "chunk_grid":{{"name":"regular","configuration":{{"chunk_shape":[1,{width}]}}}},
-            "chunk_key_encoding":{{"name":"default","configuration":{{"separator":"/"}}}},
-            "fill_value":0.0,"codecs":[{{"name":"bytes","configuration":{{"endian":"little"}}}}]}}"#
-        ),
-    )
-    .unwrap();
+    unwritten_array(tmp.path(), 64, 1 << 20);
     let knobs = ["--epochs", "1", "--block-chunks", "1", "--batch-size", "1"];
     let with_budget = |b: &'static str| [&knobs[..], &["--cache-budget-bytes", b]].concat();
     let out = bench_under_ulimit_v(tmp.path(), &with_budget("1000000000"), 320 << 20);
