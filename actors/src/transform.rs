@@ -1072,53 +1072,33 @@ fn builtin(
     params: serde_json::Value,
     known: &str,
 ) -> Result<Arc<dyn ChunkTransform>, String> {
-    fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, String> {
-        serde_json::from_value(v).map_err(|e| e.to_string())
+    /// `T` from its JSON fields, checked by `validate`.
+    fn make<T: serde::de::DeserializeOwned + ChunkTransform + 'static>(
+        params: serde_json::Value,
+        validate: impl Fn(&T) -> Result<(), String>,
+    ) -> Result<Arc<dyn ChunkTransform>, String> {
+        let t: T = serde_json::from_value(params).map_err(|e| e.to_string())?;
+        validate(&t)?;
+        Ok(Arc::new(t))
     }
-    Ok(match kind {
-        "affine" => {
-            let t: Affine = parse(params)?;
-            t.validate()?;
-            Arc::new(t)
-        }
-        "standardize" => {
-            let t: Standardize = parse(params)?;
-            t.validate()?;
-            Arc::new(t)
-        }
-        "fill_nan" => {
-            let t: FillNan = parse(params)?;
+    match kind {
+        "affine" => make(params, Affine::validate),
+        "standardize" => make(params, Standardize::validate),
+        "fill_nan" => make(params, |t: &FillNan| {
             if t.value.is_nan() {
-                return Err("`value` must be a number, not NaN".into());
+                Err("`value` must be a number, not NaN".into())
+            } else {
+                Ok(())
             }
-            Arc::new(t)
-        }
-        "clip" => {
-            let t: Clip = parse(params)?;
-            t.validate()?;
-            Arc::new(t)
-        }
-        "cast" => {
-            let t: Cast = parse(params)?;
-            t.validate()?;
-            Arc::new(t)
-        }
-        "coarsen" => {
-            let t: Coarsen = parse(params)?;
-            t.validate()?;
-            Arc::new(t)
-        }
-        "regrid" => {
-            let t: Regrid = parse(params)?;
-            t.validate()?;
-            Arc::new(t)
-        }
-        other => {
-            return Err(format!(
-                "unknown transform type `{other}`; the kinds are {known}"
-            ));
-        }
-    })
+        }),
+        "clip" => make(params, Clip::validate),
+        "cast" => make(params, Cast::validate),
+        "coarsen" => make(params, Coarsen::validate),
+        "regrid" => make(params, Regrid::validate),
+        other => Err(format!(
+            "unknown transform type `{other}`; the kinds are {known}"
+        )),
+    }
 }
 
 /// One entry of the list: a transform and the arrays it applies to (`None`: every array).
