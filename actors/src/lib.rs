@@ -32,8 +32,8 @@ pub use pass::{
     EngineContext, OnBadChunk, Pass, PassConfig, TimedOut, count_order_rows, plan_order, rank_share,
 };
 pub use planner::{
-    EpochOrder, ReadPlan, Shard, SplitManifest, epoch_order, read_plan, shuffle_quality,
-    split_by_chunk,
+    EpochOrder, MemoryLimit, MemoryNeed, MemorySource, ReadPlan, Shard, SplitManifest, epoch_order,
+    memory_limit, read_plan, shuffle_quality, split_by_chunk,
 };
 pub use stats::{BadChunk, PassStats};
 pub use transform::{ChunkTransform, ChunkTransforms, Pipeline};

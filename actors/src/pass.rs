@@ -24,7 +24,7 @@ use insitubatch_store::{Store, ZarrArray};
 
 use crate::batch::Batch;
 use crate::error::EngineError;
-use crate::planner::{EpochOrder, OrderSpec, ReadPlan, Shard, epoch_order, read_plan};
+use crate::planner::{EpochOrder, MemoryNeed, OrderSpec, ReadPlan, Shard, epoch_order, read_plan};
 use crate::stats::{BadChunk, Counters, PassStats};
 use crate::tile::TileLayout;
 use crate::transform::Pipeline;
@@ -295,38 +295,52 @@ pub fn rank_share(
     shard.share(split, samples_per_chunk, n_samples, &offsets)
 }
 
-/// Memory a pass needs that no knob sizes: the library's thread stacks and decoder contexts (a
-/// pass over a tiny store peaks at ~22 MiB of RSS in the CLI, the binary's pages included),
-/// plus an eighth of what the knobs size, for the allocator's slack (huge-page rounding, freed
-/// memory not yet returned, which a cgroup cannot reclaim). Under a cgroup limit 16 MiB alone
-/// left a pass that peaked ~10 % above its sized memory killed in one run of three.
-fn library_overhead(sized: u64) -> u64 {
-    (16u64 << 20).saturating_add(sized / 8)
+/// The pool's heap beyond the working set and the read buffers of a pass over `plan`, for its
+/// [`MemoryNeed`].
+fn memory_need<S: Store>(
+    ctx: &EngineContext<S>,
+    config: &PassConfig,
+    plan: &ReadPlan,
+    n_rows: usize,
+) -> MemoryNeed {
+    let stored_chunk = plan
+        .paths
+        .iter()
+        .map(|p| {
+            let elements = p.geom.chunks.iter().fold(1u64, |a, &c| a.saturating_mul(c));
+            elements.saturating_mul(p.geom.dtype.size_bytes() as u64)
+        })
+        .max()
+        .unwrap_or(0);
+    let reads = (ctx.read_buffers.max_buffers() as u64).saturating_mul(stored_chunk);
+    // Every slot of every array the pass reads, which a budget above it can never exceed.
+    let every_chunk = plan.paths.iter().fold(0u64, |acc, p| {
+        let n = p.geom.shape[p.geom.sample_axis].div_ceil(p.samples_per_chunk.max(1));
+        acc.saturating_add(n.saturating_mul(p.slot_bytes))
+    });
+    let cache = match (ctx.pool.fixed_budget(), ctx.pool.disk()) {
+        (Some(budget), None) => Some((budget, budget.min(every_chunk))),
+        _ => None,
+    };
+    MemoryNeed::new(
+        plan,
+        config.batch_size,
+        config.prefetch_depth,
+        n_rows,
+        reads,
+        cache,
+    )
 }
 
-/// What a pass holds besides its working set and batches, for [`check_memory`].
-struct OtherMemory {
-    /// When the pool's budget is fixed above the working set and slots live on the heap: the
-    /// budget, and the most the pool may hold (the budget, or every chunk of the pass's arrays
-    /// if that is less). `None`: the working set bounds it, or slots live in cache files.
-    cache: Option<(u64, u64)>,
-    /// Read buffers: one per read in flight or being decoded, each at most a stored chunk.
-    reads: u64,
-}
-
-/// The working set, and with it the batches the gather may run ahead with (`prefetch_depth` in
-/// the channel, one being filled and one the consumer holds, never more than the epoch has),
-/// the reads in flight, a cache budget above the working set and the library's own memory,
-/// against `limit`: an error naming the knob to lower. An error here stands for a process the
+/// `need` against `limit`: an error naming the knob to lower, which stands for a process the
 /// kernel would otherwise kill halfway through an epoch.
 fn check_memory(
     config: &PassConfig,
-    plan: &crate::planner::ReadPlan,
-    n_rows: usize,
-    other: &OtherMemory,
+    plan: &ReadPlan,
+    need: &MemoryNeed,
     limit: crate::planner::MemoryLimit,
 ) -> Result<(), EngineError> {
-    if plan.read_ahead_bytes > limit.bytes {
+    if need.working_set > limit.bytes {
         let largest = plan.paths.iter().max_by_key(|p| p.slot_bytes);
         let fix = match largest {
             Some(p) if p.slot_bytes > limit.bytes => format!(
@@ -346,84 +360,83 @@ fn check_memory(
             format!(
                 "this pass must hold {} bytes of decoded chunks at once (its working set), \
                  more than {limit}; {fix}",
-                plan.read_ahead_bytes
+                need.working_set
             ),
         ));
     }
-    let rows = config.batch_size.min(n_rows) as u64;
-    let batch_bytes = plan.labels.iter().fold(0u64, |acc, l| {
-        acc.saturating_add(l.sample_bytes.saturating_mul(rows))
-    });
-    let batches = (config.prefetch_depth as u64)
-        .saturating_add(2)
-        .min(plan.n_batches as u64);
-    let ahead = batch_bytes.saturating_mul(batches);
-    let need = |resident: u64| {
-        let sized = resident.saturating_add(ahead).saturating_add(other.reads);
-        sized.saturating_add(library_overhead(sized))
-    };
-    if need(plan.read_ahead_bytes) > limit.bytes {
+    if need.without_cache() > limit.bytes {
         return Err(EngineError::arg(
             "prefetch_depth",
             config.prefetch_depth,
             format!(
-                "up to {batches} batches of {batch_bytes} bytes may be in memory at once \
-                 (prefetch_depth + 2), which with the working set of {} bytes, {} bytes of \
-                 reads in flight (max_inflight, plus one per executor being decoded, each up to \
-                 a stored chunk) and the library's own and its allocator's slack comes to {} \
-                 bytes, more than {limit}; lower prefetch_depth, batch_size or max_inflight",
-                plan.read_ahead_bytes,
-                other.reads,
-                need(plan.read_ahead_bytes)
+                "up to {} batches of {} bytes may be in memory at once (prefetch_depth + 2), \
+                 which with the working set of {} bytes, {} bytes of reads in flight \
+                 (max_inflight, plus one per executor being decoded, each up to a stored chunk) \
+                 and the library's own and its allocator's slack comes to {} bytes, more than \
+                 {limit}; lower prefetch_depth, batch_size or max_inflight",
+                need.batches,
+                need.batch_bytes,
+                need.working_set,
+                need.reads,
+                need.without_cache()
             ),
         ));
     }
-    if let Some((budget, cache)) = other.cache
-        && need(cache) > limit.bytes
+    if let Some(budget) = need.cache_budget
+        && need.total() > limit.bytes
     {
         return Err(EngineError::arg(
             "cache_budget_bytes",
             budget,
             format!(
-                "the pool may keep up to {cache} bytes of decoded chunks on the heap (the \
-                 budget, or every chunk of the arrays if fewer), which with the batches, the \
-                 reads in flight, the library's own and its allocator's slack comes to {} \
-                 bytes, more than {limit}; lower cache_budget_bytes, or give cache_dir to keep \
-                 slots in files",
-                need(cache)
+                "the pool may keep up to {} bytes of decoded chunks on the heap (the budget, or \
+                 every chunk of the arrays if fewer), which with the batches, the reads in \
+                 flight, the library's own and its allocator's slack comes to {} bytes, more \
+                 than {limit}; lower cache_budget_bytes, or give cache_dir to keep slots in \
+                 files",
+                need.pool,
+                need.total()
             ),
         ));
     }
     Ok(())
 }
 
-/// The memory a pass over `plan` holds besides its working set and batches.
-fn other_memory<S: Store>(ctx: &EngineContext<S>, plan: &crate::planner::ReadPlan) -> OtherMemory {
-    let stored_chunk = plan
-        .paths
-        .iter()
-        .map(|p| {
-            let elements = p.geom.chunks.iter().fold(1u64, |a, &c| a.saturating_mul(c));
-            elements.saturating_mul(p.geom.dtype.size_bytes() as u64)
-        })
-        .max()
-        .unwrap_or(0);
-    let reads = (ctx.read_buffers.max_buffers() as u64).saturating_mul(stored_chunk);
-    // Every slot of every array the pass reads, which a budget above it can never exceed.
-    let every_chunk = plan.paths.iter().fold(0u64, |acc, p| {
-        let n = p.geom.shape[p.geom.sample_axis].div_ceil(p.samples_per_chunk.max(1));
-        acc.saturating_add(n.saturating_mul(p.slot_bytes))
-    });
-    let cache = match (ctx.pool.fixed_budget(), ctx.pool.disk()) {
-        (Some(budget), None) => {
-            Some((budget, budget.min(every_chunk))).filter(|&(_, c)| c > plan.read_ahead_bytes)
-        }
-        _ => None,
-    };
-    OtherMemory { cache, reads }
+/// The order and the read plan of a pass over `chunks`, refusing an empty one.
+fn plan_pass(
+    chunks: &[u64],
+    samples_per_chunk: u64,
+    n_samples: u64,
+    variables: &[Variable],
+    config: &PassConfig,
+) -> Result<(EpochOrder, ReadPlan), EngineError> {
+    let order = plan_order(chunks, samples_per_chunk, n_samples, variables, config)?;
+    order.check_nonempty(&config.split)?;
+    let plan = read_plan(
+        &order,
+        variables,
+        config.batch_size,
+        config.release_each_block,
+    )?;
+    Ok((order, plan))
 }
 
 impl Pass {
+    /// The memory a pass [`Pass::start`] would start with these arguments holds at its peak,
+    /// counted from its plan without reading anything: the figure its start checks against
+    /// the process's memory limit.
+    pub fn memory_need<S: Store>(
+        ctx: &Arc<EngineContext<S>>,
+        variables: &[Variable],
+        chunks: &[u64],
+        samples_per_chunk: u64,
+        n_samples: u64,
+        config: &PassConfig,
+    ) -> Result<MemoryNeed, EngineError> {
+        let (order, plan) = plan_pass(chunks, samples_per_chunk, n_samples, variables, config)?;
+        Ok(memory_need(ctx, config, &plan, order.rows.len()))
+    }
+
     /// Plans the pass over `chunks` of the reference grid (`samples_per_chunk`, `n_samples`)
     /// and starts its actors.
     pub fn start<S: Store>(
@@ -451,20 +464,13 @@ impl Pass {
             ));
         }
         let started = Instant::now();
-        let order = plan_order(chunks, samples_per_chunk, n_samples, variables, &config)?;
-        order.check_nonempty(&config.split)?;
-        let plan = read_plan(
-            &order,
-            variables,
-            config.batch_size,
-            config.release_each_block,
-        )?;
+        let (order, plan) = plan_pass(chunks, samples_per_chunk, n_samples, variables, &config)?;
         // What must be resident at once cannot exceed the memory this process may use (the
         // machine's, its cgroup's, `ulimit -v`): fail now, naming the knob, rather than be killed
         // for memory halfway through the first block.
         if let Some(limit) = crate::planner::memory_limit() {
-            let other = other_memory(ctx, &plan);
-            check_memory(&config, &plan, order.rows.len(), &other, limit)?;
+            let need = memory_need(ctx, &config, &plan, order.rows.len());
+            check_memory(&config, &plan, &need, limit)?;
         }
         let owner = ctx.pool.register_owner(
             &format!("{}#{}", config.split, config.epoch),

@@ -7,11 +7,13 @@
 //! holding one `max_inflight` permit.
 
 mod memory;
+mod need;
 mod order;
 mod read_plan;
 mod split;
 
 pub use memory::{MemoryLimit, MemorySource, memory_limit};
+pub use need::MemoryNeed;
 
 /// An empty vector with room for `n` entries of a plan, or an error when they would not fit in
 /// the memory this process may use: an array whose metadata claims an absurd sample count must

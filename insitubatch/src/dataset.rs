@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use insitubatch_actors::{
-    ChunkTransform, ChunkTransforms, EngineContext, EngineError, EpochOrder, OnBadChunk, Pass,
-    PassConfig, Pipeline, Shard, SplitManifest, Variable, count_order_rows, plan_order, rank_share,
-    split_by_chunk,
+    ChunkTransform, ChunkTransforms, EngineContext, EngineError, EpochOrder, MemoryNeed,
+    MemorySource, OnBadChunk, Pass, PassConfig, Pipeline, Shard, SplitManifest, Variable,
+    count_order_rows, plan_order, rank_share, split_by_chunk,
 };
 use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
@@ -749,6 +749,24 @@ impl InSituDataset {
         Ok(plan.slots.iter().map(|s| s.nbytes).sum())
     }
 
+    /// The memory an iteration over `split` would hold at its peak, counted from its plan
+    /// without reading anything: the working set, the pool's heap, the batches, the read
+    /// buffers and the library's overhead. Its [`MemoryNeed::total`] is what starting the
+    /// iteration checks against this process's memory limit (the machine's, its cgroup's,
+    /// `ulimit -v`), so it is the figure to size a job's memory by. Errors as starting an
+    /// iteration would for an unknown or empty split.
+    pub fn memory_need(&self, split: &str) -> Result<MemoryNeed, EngineError> {
+        let (chunks, config) = self.plan_split(split)?;
+        Pass::memory_need(
+            &self.ctx,
+            &self.variables,
+            &chunks,
+            self.manifest.samples_per_chunk(),
+            self.manifest.n_samples(),
+            &config,
+        )
+    }
+
     /// The variables (label and geometry with its offset), in declaration order.
     pub fn variables(&self) -> &[Variable] {
         &self.variables
@@ -997,5 +1015,31 @@ pub fn geometry_json(g: &ArrayGeometry) -> serde_json::Value {
         "n_samples": g.n_samples(),
         "samples_per_chunk": g.samples_per_chunk(),
         "inner_shape": g.inner_shape(),
+    })
+}
+
+/// A pass's memory need as JSON, beside this process's limit (what `insitubatch memory
+/// --json`, the C ABI and the Python shim show): `total_bytes`, `working_set_bytes`,
+/// `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
+/// pool), `batch_bytes`, `batches`, `read_bytes`, `overhead_bytes`, `limit_bytes` and
+/// `limit_source` (`machine`, `cgroup`, `ulimit -v`; `null` when nothing says), and `fits`.
+pub fn memory_need_json(need: &MemoryNeed) -> serde_json::Value {
+    let limit = insitubatch_actors::memory_limit();
+    serde_json::json!({
+        "total_bytes": need.total(),
+        "working_set_bytes": need.working_set,
+        "pool_bytes": need.pool,
+        "cache_budget_bytes": need.cache_budget,
+        "batch_bytes": need.batch_bytes,
+        "batches": need.batches,
+        "read_bytes": need.reads,
+        "overhead_bytes": need.overhead,
+        "limit_bytes": limit.map(|l| l.bytes),
+        "limit_source": limit.map(|l| match l.source {
+            MemorySource::Machine => "machine",
+            MemorySource::Cgroup => "cgroup",
+            MemorySource::AddressSpace => "ulimit -v",
+        }),
+        "fits": limit.is_none_or(|l| need.total() <= l.bytes),
     })
 }

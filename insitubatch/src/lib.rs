@@ -15,13 +15,14 @@ pub mod synth;
 pub use dataset::{
     DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_INFLIGHT_PER_EXECUTOR,
     DEFAULT_PREFETCH_DEPTH, DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR, DatasetBuilder, InSituDataset,
-    MAX_INFLIGHT, geometries, geometries_with, geometry_json,
+    MAX_INFLIGHT, geometries, geometries_with, geometry_json, memory_need_json,
 };
 pub use insitubatch_actors as actors;
 pub use insitubatch_actors::transform;
 pub use insitubatch_actors::{
-    BadChunk, Batch, BatchArray, ChunkTransform, EngineError, EpochOrder, OnBadChunk, Pass,
-    PassStats, SplitManifest, TimedOut, Variable, shuffle_quality, split_by_chunk,
+    BadChunk, Batch, BatchArray, ChunkTransform, EngineError, EpochOrder, MemoryLimit, MemoryNeed,
+    MemorySource, OnBadChunk, Pass, PassStats, SplitManifest, TimedOut, Variable, memory_limit,
+    shuffle_quality, split_by_chunk,
 };
 pub use insitubatch_pool as pool;
 pub use insitubatch_pool::PoolStats;

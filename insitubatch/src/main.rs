@@ -99,6 +99,117 @@ struct RankArgs {
     world_size: usize,
 }
 
+/// A dataset and the pass over it that `bench` and `memory` run or plan.
+#[derive(clap::Args)]
+struct PassArgs {
+    /// Store directory or URL.
+    path: PathBuf,
+    /// Split manifest (default: every chunk in train).
+    #[arg(long)]
+    manifest: Option<PathBuf>,
+    /// Split to iterate.
+    #[arg(long, default_value = "train")]
+    split: String,
+    /// Variables (comma-separated; default: every data variable).
+    #[arg(long, value_delimiter = ',')]
+    variables: Option<Vec<String>>,
+    /// The sample axis.
+    #[arg(long, default_value_t = 0)]
+    sample_axis: usize,
+    /// Rows per batch.
+    #[arg(long, default_value_t = insitubatch::DEFAULT_BATCH_SIZE)]
+    batch_size: usize,
+    /// Chunks per shuffle block.
+    #[arg(long, default_value_t = insitubatch::DEFAULT_BLOCK_CHUNKS)]
+    block_chunks: usize,
+    /// Stored-chunk reads in flight (default: 4 per executor thread).
+    #[arg(long)]
+    max_inflight: Option<usize>,
+    /// Batches assembled ahead of the consumer.
+    #[arg(long, default_value_t = insitubatch::DEFAULT_PREFETCH_DEPTH)]
+    prefetch_depth: usize,
+    /// Pool budget in bytes (default: the working set); `split` = the whole split, so
+    /// epochs after the first are all hits.
+    #[arg(long)]
+    cache_budget_bytes: Option<String>,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Sequential order.
+    #[arg(long)]
+    no_shuffle: bool,
+    /// Put the pool's slots in files under this directory (the NVMe tier).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Keep and log the cache_dir files (a later run revives them).
+    #[arg(long, requires = "cache_dir")]
+    persist: bool,
+    /// Read a cache another job warmed; a miss is an error.
+    #[arg(long, requires = "cache_dir")]
+    readonly_cache: bool,
+    /// Write cache files through the page cache instead of O_DIRECT.
+    #[arg(long, requires = "cache_dir")]
+    buffered_cache_writes: bool,
+    /// Chunk transforms: a JSON list (or `@FILE`).
+    #[arg(long, value_name = "JSON")]
+    chunk_transforms: Option<String>,
+    #[command(flatten)]
+    ranks: RankArgs,
+    #[command(flatten)]
+    store: StoreOptions,
+}
+
+impl PassArgs {
+    /// The dataset with pool budget `budget` (default: the working set).
+    fn dataset(&self, budget: Option<u64>) -> Result<InSituDataset, Box<dyn std::error::Error>> {
+        let mut b = InSituDataset::builder(&self.path)
+            .sample_axis(self.sample_axis)
+            .batch_size(self.batch_size)
+            .block_chunks(self.block_chunks)
+            .prefetch_depth(self.prefetch_depth)
+            .seed(self.seed)
+            .shuffle(!self.no_shuffle)
+            .shard(self.ranks.rank, self.ranks.world_size)
+            .storage_options(&self.store.storage_options);
+        if let Some(n) = self.max_inflight {
+            b = b.max_inflight(n);
+        }
+        for v in self.variables.iter().flatten() {
+            b = b.variable(v.clone(), v.clone());
+        }
+        if let Some(m) = &self.manifest {
+            b = b.manifest(SplitManifest::load(m)?);
+        }
+        if let Some(bytes) = budget {
+            b = b.cache_budget_bytes(bytes);
+        }
+        if let Some(t) = &self.chunk_transforms {
+            b = b.chunk_transforms_json(transforms_arg(t)?);
+        }
+        if let Some(dir) = &self.cache_dir {
+            b = b
+                .cache_dir(dir)
+                .persist(self.persist)
+                .readonly_cache(self.readonly_cache)
+                .cache_direct_io(!self.buffered_cache_writes);
+        }
+        Ok(b.build()?)
+    }
+
+    /// `--cache-budget-bytes` in bytes (`split` sized on a dataset opened to ask).
+    fn budget(&self) -> Result<Option<u64>, Box<dyn std::error::Error>> {
+        let Some(s) = &self.cache_budget_bytes else {
+            return Ok(None);
+        };
+        if s == "split" {
+            return Ok(Some(self.dataset(None)?.split_bytes(&self.split)?));
+        }
+        Ok(Some(s.parse::<u64>().map_err(|_| {
+            format!("--cache-budget-bytes {s:?} is not a byte count or `split`")
+        })?))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Build a small ERA5-like store (in a temporary directory unless --dir), then run two
@@ -150,62 +261,13 @@ enum Command {
     },
     /// Run epochs through the engine and report; --ceilings adds the two baselines.
     Bench {
-        /// Store directory.
-        path: PathBuf,
-        /// Split manifest (default: every chunk in train).
-        #[arg(long)]
-        manifest: Option<PathBuf>,
-        /// Split to iterate.
-        #[arg(long, default_value = "train")]
-        split: String,
+        #[command(flatten)]
+        pass: PassArgs,
         /// Epochs.
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
         epochs: u64,
-        /// Variables (comma-separated; default: every data variable).
-        #[arg(long, value_delimiter = ',')]
-        variables: Option<Vec<String>>,
-        /// The sample axis.
-        #[arg(long, default_value_t = 0)]
-        sample_axis: usize,
-        /// Rows per batch.
-        #[arg(long, default_value_t = insitubatch::DEFAULT_BATCH_SIZE)]
-        batch_size: usize,
-        /// Chunks per shuffle block.
-        #[arg(long, default_value_t = insitubatch::DEFAULT_BLOCK_CHUNKS)]
-        block_chunks: usize,
-        /// Stored-chunk reads in flight (default: 4 per executor thread).
-        #[arg(long)]
-        max_inflight: Option<usize>,
-        /// Batches assembled ahead of the consumer.
-        #[arg(long, default_value_t = insitubatch::DEFAULT_PREFETCH_DEPTH)]
-        prefetch_depth: usize,
-        /// Pool budget in bytes (default: the working set); `split` = the whole split, so
-        /// epochs after the first are all hits.
-        #[arg(long)]
-        cache_budget_bytes: Option<String>,
-        /// Seed.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Sequential order.
-        #[arg(long)]
-        no_shuffle: bool,
-        /// Put the pool's slots in files under this directory (the NVMe tier).
-        #[arg(long)]
-        cache_dir: Option<PathBuf>,
-        /// Keep and log the cache_dir files (a later run revives them).
-        #[arg(long, requires = "cache_dir")]
-        persist: bool,
-        /// Read a cache another job warmed; a miss is an error.
-        #[arg(long, requires = "cache_dir")]
-        readonly_cache: bool,
-        /// Write cache files through the page cache instead of O_DIRECT.
-        #[arg(long, requires = "cache_dir")]
-        buffered_cache_writes: bool,
-        /// Chunk transforms: a JSON list (or `@FILE`).
-        #[arg(long, value_name = "JSON", conflicts_with = "ceilings")]
-        chunk_transforms: Option<String>,
         /// Also measure the decode ceiling (a) and the in-memory gather ceiling (b).
-        #[arg(long, conflicts_with = "cache_dir")]
+        #[arg(long, conflicts_with_all = ["cache_dir", "chunk_transforms"])]
         ceilings: bool,
         /// Repeats of each ceiling (best kept).
         #[arg(long, default_value_t = 3, value_parser = at_least_one())]
@@ -213,10 +275,16 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// The memory a pass with these knobs holds at its peak, counted from its plan without
+    /// reading a chunk: the figure to size a job by (a SLURM --mem, a container's limit).
+    /// Exits 1 when it exceeds this process's limit, as the pass would be refused.
+    Memory {
         #[command(flatten)]
-        ranks: RankArgs,
-        #[command(flatten)]
-        store: StoreOptions,
+        pass: PassArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Fill a persistent decoded-chunk cache (cache_dir, persist) for a split, so that any
     /// number of readonly_cache jobs can read it without fetching or decoding.
@@ -525,16 +593,58 @@ fn run_epochs_with_bar(
     Ok(out)
 }
 
-fn parse_budget(
-    s: &str,
-    ds: &InSituDataset,
+/// `insitubatch memory`'s table: each part of the need, what sizes it, and the limit.
+fn render_need(
     split: &str,
-) -> Result<u64, Box<dyn std::error::Error>> {
-    if s == "split" {
-        return Ok(ds.split_bytes(split)?);
+    need: &insitubatch::MemoryNeed,
+    limit: Option<insitubatch::MemoryLimit>,
+) -> String {
+    let row = |what: &str, bytes: u64, why: String| {
+        let line = format!("  {what:<12} {:>10}  {why}", human_bytes(bytes));
+        line.trim_end().to_string() + "\n"
+    };
+    let mut out = format!("a `{split}` pass holds at its peak:\n");
+    out += &row(
+        "working set",
+        need.working_set,
+        "decoded chunks pinned at once (block_chunks)".into(),
+    );
+    if need.pool > need.working_set {
+        out += &row(
+            "pool",
+            need.pool,
+            format!(
+                "kept on the heap, the working set included (cache_budget_bytes {})",
+                need.cache_budget.unwrap_or(0)
+            ),
+        );
     }
-    Ok(s.parse::<u64>()
-        .map_err(|_| format!("--cache-budget-bytes {s:?} is not a byte count or `split`"))?)
+    out += &row(
+        "batches",
+        need.batches_bytes(),
+        format!(
+            "{} of {} (prefetch_depth + 2, batch_size)",
+            need.batches,
+            human_bytes(need.batch_bytes)
+        ),
+    );
+    out += &row(
+        "reads",
+        need.reads,
+        "read buffers (max_inflight + one per decoder)".into(),
+    );
+    out += &row(
+        "overhead",
+        need.overhead,
+        "the library's threads and its allocator's slack".into(),
+    );
+    out += &row("total", need.total(), String::new());
+    match limit {
+        Some(l) if need.total() <= l.bytes => out += &format!("fits in {l}\n"),
+        Some(l) => out += &format!("does NOT fit in {l}\n"),
+        None => out += "no memory limit known\n",
+    }
+    out
 }
 
 fn run(cli: Cli) -> CliResult {
@@ -634,80 +744,20 @@ fn run(cli: Cli) -> CliResult {
             Ok(())
         }
         Command::Bench {
-            path,
-            manifest,
-            split,
+            pass,
             epochs,
-            variables,
-            sample_axis,
-            batch_size,
-            block_chunks,
-            max_inflight,
-            prefetch_depth,
-            cache_budget_bytes,
-            seed,
-            no_shuffle,
-            cache_dir,
-            persist,
-            readonly_cache,
-            buffered_cache_writes,
-            chunk_transforms,
             ceilings,
             repeat,
             json,
-            ranks,
-            store,
         } => {
-            let chunk_transforms = chunk_transforms
-                .as_deref()
-                .map(transforms_arg)
-                .transpose()?;
-            let builder =
-                |budget: Option<u64>| -> Result<InSituDataset, Box<dyn std::error::Error>> {
-                    let mut b = InSituDataset::builder(&path)
-                        .sample_axis(sample_axis)
-                        .batch_size(batch_size)
-                        .block_chunks(block_chunks)
-                        .prefetch_depth(prefetch_depth)
-                        .seed(seed)
-                        .shuffle(!no_shuffle)
-                        .shard(ranks.rank, ranks.world_size)
-                        .storage_options(&store.storage_options);
-                    if let Some(n) = max_inflight {
-                        b = b.max_inflight(n);
-                    }
-                    for v in variables.iter().flatten() {
-                        b = b.variable(v.clone(), v.clone());
-                    }
-                    if let Some(m) = &manifest {
-                        b = b.manifest(SplitManifest::load(m)?);
-                    }
-                    if let Some(bytes) = budget {
-                        b = b.cache_budget_bytes(bytes);
-                    }
-                    if let Some(t) = &chunk_transforms {
-                        b = b.chunk_transforms_json(t.clone());
-                    }
-                    if let Some(dir) = &cache_dir {
-                        b = b
-                            .cache_dir(dir)
-                            .persist(persist)
-                            .readonly_cache(readonly_cache)
-                            .cache_direct_io(!buffered_cache_writes);
-                    }
-                    Ok(b.build()?)
-                };
-            let probe = builder(None)?;
-            let budget = match &cache_budget_bytes {
-                Some(s) => Some(parse_budget(s, &probe, &split)?),
-                None => None,
-            };
-            drop(probe);
-            let ds = builder(budget)?;
+            let budget = pass.budget()?;
+            let split = &pass.split;
             if ceilings {
-                let make =
-                    |b: Option<u64>| builder(b).map_err(|e| EngineError::Runtime(e.to_string()));
-                let r = compare_with_ceilings(&split, repeat, &make)?;
+                let make = |b: Option<u64>| {
+                    pass.dataset(b)
+                        .map_err(|e| EngineError::Runtime(e.to_string()))
+                };
+                let r = compare_with_ceilings(split, repeat, &make)?;
                 if json {
                     println!("{}", serde_json::to_string_pretty(&r)?);
                     return Ok(());
@@ -729,25 +779,54 @@ fn run(cli: Cli) -> CliResult {
                 println!("peak RSS {}", human_bytes(peak_rss_bytes()));
                 return Ok(());
             }
+            let ds = pass.dataset(budget)?;
+            let need = ds.memory_need(split)?;
             let reports = if json {
                 let mut v = Vec::new();
                 for e in 0..epochs {
-                    v.push(run_epoch(&ds, &split, e, &|_, _| {})?);
+                    v.push(run_epoch(&ds, split, e, &|_, _| {})?);
                 }
                 v
             } else {
-                run_epochs_with_bar(&ds, &split, epochs)?
+                run_epochs_with_bar(&ds, split, epochs)?
             };
             if json {
                 let out = serde_json::json!({
                     "epochs": reports,
+                    "memory_need_bytes": need.total(),
                     "peak_rss_bytes": peak_rss_bytes(),
                 });
                 println!("{}", serde_json::to_string_pretty(&out)?);
                 return Ok(());
             }
-            println!("peak RSS {}", human_bytes(peak_rss_bytes()));
+            println!(
+                "peak RSS {}; memory need {}",
+                human_bytes(peak_rss_bytes()),
+                human_bytes(need.total())
+            );
             Ok(())
+        }
+        Command::Memory { pass, json } => {
+            let ds = pass.dataset(pass.budget()?)?;
+            let need = ds.memory_need(&pass.split)?;
+            let limit = insitubatch::memory_limit();
+            let fits = limit.is_none_or(|l| need.total() <= l.bytes);
+            if json {
+                let mut v = insitubatch::memory_need_json(&need);
+                v["split"] = pass.split.clone().into();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", render_need(&pass.split, &need, limit));
+            }
+            if fits {
+                Ok(())
+            } else {
+                // The refusal the pass itself would give, naming the knob.
+                Err(ds.iter(&pass.split).err().map_or_else(
+                    || "the pass needs more memory than this process may use".into(),
+                    |e| e.into(),
+                ))
+            }
         }
         Command::Inspect {
             path,

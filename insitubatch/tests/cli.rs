@@ -384,10 +384,15 @@ fn unwritten_array(dir: &Path, samples: u64, width: u64) {
 
 /// `insitubatch bench STORE args` under an address-space limit of `limit` bytes.
 fn bench_under_ulimit_v(store: &Path, args: &[&str], limit: u64) -> Output {
+    under_ulimit_v("bench", store, args, limit)
+}
+
+/// `insitubatch COMMAND STORE args` under an address-space limit of `limit` bytes.
+fn under_ulimit_v(command: &str, store: &Path, args: &[&str], limit: u64) -> Output {
     use std::os::unix::process::CommandExt;
 
     let mut bench = cli();
-    bench.arg("bench").arg(store).args(args);
+    bench.arg(command).arg(store).args(args);
     // SAFETY: the closure only calls setrlimit, which is async-signal-safe, between fork and
     // exec.
     unsafe {
@@ -454,6 +459,60 @@ fn a_cache_budget_the_memory_limit_cannot_hold_is_refused_by_name_and_one_it_can
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+#[test]
+fn memory_states_the_need_a_pass_is_checked_against_and_fails_where_the_pass_would() {
+    // 64 samples of 4 MiB, no chunk on disk, a heap budget that keeps all 256 MiB.
+    let tmp = tempfile::tempdir().unwrap();
+    unwritten_array(tmp.path(), 64, 1 << 20);
+    let knobs = [
+        "--block-chunks",
+        "1",
+        "--batch-size",
+        "1",
+        "--cache-budget-bytes",
+        "1000000000",
+    ];
+    let out = run_ok(
+        cli()
+            .arg("memory")
+            .arg(tmp.path())
+            .args(knobs)
+            .arg("--json"),
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
+    assert_eq!(
+        n("pool_bytes"),
+        64 << 22,
+        "every chunk, under the budget: {v}"
+    );
+    assert_eq!(n("cache_budget_bytes"), 1_000_000_000);
+    assert_eq!((n("batches"), n("batch_bytes")), (4, 4 << 20));
+    let total = n("total_bytes");
+    let parts = n("pool_bytes") + n("batches") * n("batch_bytes") + n("read_bytes");
+    assert_eq!(total, parts + n("overhead_bytes"), "{v}");
+    assert_eq!(v["fits"], true);
+    // A kibibyte short of it: `memory` exits 1 with the refusal the pass itself gives, and
+    // `bench` is refused stating the same total; at exactly the need, it fits.
+    let short = (total - 1) / 1024 * 1024;
+    for command in ["memory", "bench"] {
+        let out = under_ulimit_v(command, tmp.path(), &knobs, short);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{command}: {err}");
+        assert!(
+            err.contains("`cache_budget_bytes` = 1000000000")
+                && err.contains(&format!("comes to {total} bytes"))
+                && err.contains("ulimit -v"),
+            "{command}: {err}"
+        );
+    }
+    let out = under_ulimit_v("memory", tmp.path(), &knobs, short);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("does NOT fit"));
+    let out = under_ulimit_v("memory", tmp.path(), &knobs, total);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("fits in"), "{text}");
 }
 
 #[test]

@@ -651,10 +651,17 @@ fn a_pass_whose_working_set_exceeds_the_machine_is_refused_naming_what_to_change
         .map(|_| ())
         .expect_err("1002 batches of memory")
         .to_string();
+    let need = ds.memory_need("all").unwrap();
     assert!(
         e.contains("`prefetch_depth` = 1000")
-            && e.contains("lower prefetch_depth, batch_size or max_inflight"),
-        "{e}"
+            && e.contains("lower prefetch_depth, batch_size or max_inflight")
+            && e.contains(&format!("comes to {} bytes", need.total())),
+        "the refusal states the need the query gives, {need}: {e}"
+    );
+    assert!(
+        !insitubatch::memory_need_json(&need)["fits"]
+            .as_bool()
+            .unwrap()
     );
     // The same with the default depth of 2: four batches fit.
     let ds = InSituDataset::builder(dir.path())
@@ -663,6 +670,77 @@ fn a_pass_whose_working_set_exceeds_the_machine_is_refused_naming_what_to_change
         .build()
         .unwrap();
     assert!(ds.all().is_ok());
+    let need = insitubatch::memory_need_json(&ds.memory_need("all").unwrap());
+    assert_eq!(need["fits"], true, "{need}");
+}
+
+#[test]
+fn the_memory_need_counts_what_a_pass_holds_and_is_the_figure_its_start_checks() {
+    // 64 samples of 256 KiB, one per chunk, no chunk on disk.
+    let chunk = 256u64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    wide_array(dir.path(), 64, chunk / 4, 0.0);
+    let build = |b: insitubatch::DatasetBuilder| {
+        b.batch_size(5)
+            .block_chunks(4)
+            .prefetch_depth(3)
+            .max_inflight(6)
+            .executor_threads(2)
+            .build()
+            .unwrap()
+    };
+    let ds = build(InSituDataset::builder(dir.path()));
+    let need = ds.memory_need("train").unwrap();
+    let pass = ds.train().unwrap();
+    assert_eq!(need.working_set, pass.read_ahead_bytes());
+    assert_eq!((need.pool, need.cache_budget), (need.working_set, None));
+    assert_eq!(need.batch_bytes, 5 * chunk, "five rows of one label");
+    assert_eq!(
+        need.batches,
+        3 + 2,
+        "prefetch_depth + the one filled + the one held"
+    );
+    assert_eq!(
+        need.reads,
+        (6 + 2) * chunk,
+        "max_inflight + one per executor"
+    );
+    let sized = need.working_set + 5 * need.batch_bytes + need.reads;
+    assert_eq!(need.overhead, (16 << 20) + sized / 8);
+    assert_eq!(need.total(), sized + need.overhead);
+    assert_eq!(need.without_cache(), need.total());
+    let rows: usize = pass.map(|b| b.unwrap().len()).sum();
+    assert_eq!(rows, 64);
+    assert!(ds.pool_stats().peak_resident_bytes <= need.pool);
+
+    // An epoch of one batch holds one.
+    let one = InSituDataset::builder(dir.path())
+        .batch_size(1000)
+        .build()
+        .unwrap();
+    let n = one.memory_need("all").unwrap();
+    assert_eq!((n.batches, n.batch_bytes), (1, 64 * chunk));
+
+    // A heap budget above the working set: the pool may keep it, or every chunk if fewer.
+    for (budget, held) in [(10 << 20, 10 << 20), (1 << 30, 64 * chunk)] {
+        let ds = build(InSituDataset::builder(dir.path()).cache_budget_bytes(budget));
+        let n = ds.memory_need("train").unwrap();
+        assert_eq!((n.pool, n.cache_budget), (held, Some(budget)), "{budget}");
+        assert_eq!(n.working_set, need.working_set);
+        assert!(n.total() > n.without_cache());
+        assert_eq!(n.without_cache(), need.total());
+    }
+    // Slots in cache files are the page cache's.
+    let cache = tempfile::tempdir().unwrap();
+    let ds = build(
+        InSituDataset::builder(dir.path())
+            .cache_budget_bytes(1 << 30)
+            .cache_dir(cache.path()),
+    );
+    assert_eq!(ds.memory_need("train").unwrap().pool, need.working_set);
+    // A split the pass would refuse, refused alike.
+    let e = ds.memory_need("nope").unwrap_err().to_string();
+    assert_eq!(e, ds.iter("nope").map(|_| ()).unwrap_err().to_string());
 }
 
 #[test]

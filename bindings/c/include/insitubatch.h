@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 5
+#define ISB_ABI_VERSION 6
 
 /*
  DLPack version of the exported structs.
@@ -472,6 +472,24 @@ IsbStatus isb_dataset_split_len(const struct IsbDataset *ds,
                                 uint64_t *samples,
                                 uint64_t *batches,
                                 struct IsbError **err);
+
+/*
+ The memory an iteration over `split` would hold at its peak, counted from its plan without
+ reading anything, as JSON: `total_bytes` (what `isb_iter_start` checks against this
+ process's memory limit, so the figure to size a job by) and its parts `working_set_bytes`,
+ `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
+ pool), `batch_bytes`, `batches`, `read_bytes`, `overhead_bytes`; the limit `limit_bytes` and
+ `limit_source` (`machine`, `cgroup` or `ulimit -v`; `null` when nothing says) and `fits`.
+ Errors as `isb_iter_start` would for an unknown or empty split.
+
+ # Safety
+ `ds` is NULL or a live dataset; `split` is NUL-terminated; `out_json` is writable; `err` is
+ NULL or writable.
+ */
+IsbStatus isb_dataset_memory_json(const struct IsbDataset *ds,
+                                  const char *split,
+                                  char **out_json,
+                                  struct IsbError **err);
 
 /*
  Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`

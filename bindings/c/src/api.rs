@@ -14,7 +14,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 5;
+pub const ISB_ABI_VERSION: u32 = 6;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -606,6 +606,34 @@ pub unsafe extern "C" fn isb_dataset_split_len(
             }
         }
         Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// The memory an iteration over `split` would hold at its peak, counted from its plan without
+/// reading anything, as JSON: `total_bytes` (what `isb_iter_start` checks against this
+/// process's memory limit, so the figure to size a job by) and its parts `working_set_bytes`,
+/// `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
+/// pool), `batch_bytes`, `batches`, `read_bytes`, `overhead_bytes`; the limit `limit_bytes` and
+/// `limit_source` (`machine`, `cgroup` or `ulimit -v`; `null` when nothing says) and `fits`.
+/// Errors as `isb_iter_start` would for an unknown or empty split.
+///
+/// # Safety
+/// `ds` is NULL or a live dataset; `split` is NUL-terminated; `out_json` is writable; `err` is
+/// NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_dataset_memory_json(
+    ds: *const IsbDataset,
+    split: *const c_char,
+    out_json: *mut *mut c_char,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let d = unsafe { dataset(ds) }?;
+        // SAFETY: forwarded contract.
+        let split = unsafe { arg_str(split, "split") }?;
+        let need = d.ds.memory_need(split)?;
+        out_string(out_json, insitubatch::memory_need_json(&need).to_string())
     })
 }
 

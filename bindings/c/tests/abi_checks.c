@@ -139,6 +139,23 @@ int main(int argc, char **argv) {
     CHECK("split length, unknown split", isb_dataset_split_len(ds, "holdout", &samples, NULL, &err), ISB_INVALID_ARGUMENT, "holdout");
     CHECK("split length, empty split", isb_dataset_split_len(ds, "val", NULL, &batches, &err), ISB_INVALID_ARGUMENT, "val");
     CHECK("split length, NULL split", isb_dataset_split_len(ds, NULL, NULL, NULL, &err), ISB_NULL_POINTER, "split");
+    /* The memory a pass holds at its peak, before it starts (ABI 6): three batches (the epoch
+     * has three, fewer than prefetch_depth + 2), above the library's own 16 MiB. */
+    char *need = NULL;
+    CHECK("memory need", isb_dataset_memory_json(ds, "train", &need, &err), ISB_OK, NULL);
+    unsigned long long total = 0, overhead = 0;
+    const char *total_at = need ? strstr(need, "\"total_bytes\":") : NULL;
+    const char *overhead_at = need ? strstr(need, "\"overhead_bytes\":") : NULL;
+    if (!total_at || !overhead_at || sscanf(total_at, "\"total_bytes\":%llu", &total) != 1 ||
+        sscanf(overhead_at, "\"overhead_bytes\":%llu", &overhead) != 1 || overhead < (16ull << 20) ||
+        total <= overhead || !strstr(need, "\"batches\":3,") || !strstr(need, "\"fits\":true")) {
+        fprintf(stderr, "FAIL memory need: %s\n", need ? need : "(null)");
+        failures++;
+    }
+    isb_string_free(need);
+    CHECK("memory need, unknown split", isb_dataset_memory_json(ds, "holdout", &need, &err), ISB_INVALID_ARGUMENT, "holdout");
+    CHECK("memory need, NULL split", isb_dataset_memory_json(ds, NULL, &need, &err), ISB_NULL_POINTER, "split");
+    CHECK("memory need, NULL dataset", isb_dataset_memory_json(NULL, "train", &need, &err), ISB_NULL_POINTER, "ds");
     IsbIter *it = NULL;
     CHECK("unknown split", isb_iter_start(ds, "holdout", &it, &err), ISB_INVALID_ARGUMENT, "holdout");
     CHECK("empty split", isb_iter_start(ds, "val", &it, &err), ISB_INVALID_ARGUMENT, "val");

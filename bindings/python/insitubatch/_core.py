@@ -775,6 +775,18 @@ class InSituDataset:
     def _dataset_stats(self) -> dict:
         return _json_call(lib.isb_dataset_stats_json, self._live())
 
+    def memory_need(self, split: str = "train") -> dict:
+        """The memory an iteration over `split` would hold at its peak, counted from its plan
+        without reading anything. `total_bytes` is what starting the iteration checks against
+        this process's memory limit (the machine's, its cgroup's, `ulimit -v`): the figure to
+        size a job by. Its parts are `working_set_bytes`, `pool_bytes`, `cache_budget_bytes`
+        (None unless a budget above the working set sizes the pool), `batch_bytes`, `batches`,
+        `read_bytes` and `overhead_bytes`; `limit_bytes`, `limit_source` and `fits` give the
+        limit. The interpreter, the framework and the model come on top."""
+        if not isinstance(split, str):
+            raise TypeError("split must be a str")
+        return _json_call(lib.isb_dataset_memory_json, self._live(), split.encode())
+
     def _split_len(self, split: str) -> tuple[int, int]:
         samples, batches = ctypes.c_uint64(), ctypes.c_uint64()
         err = ctypes.c_void_p()

@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 _LIB_NAME = "libinsitubatch.so"
 
 
@@ -106,6 +106,7 @@ def _load() -> ctypes.CDLL:
         "isb_dataset_free": (None, [P]),
         "isb_dataset_set_epoch": (U32, [P, ctypes.c_uint64, ERR]),
         "isb_dataset_stats_json": (U32, [P, OUT_STR, ERR]),
+        "isb_dataset_memory_json": (U32, [P, S, OUT_STR, ERR]),
         "isb_dataset_split_len": (
             U32,
             [P, S, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ERR],

@@ -54,6 +54,35 @@ def test_every_sample_equals_zarr_python_with_windows_and_each_anchor_once(fixtu
     assert repr(ds).endswith("batch_size 5 closed>")
 
 
+def test_memory_need_counts_the_batches_and_pool_a_pass_holds_before_it_runs(fixtures):
+    out, _ = fixtures
+    store = out / "paired.zarr"
+    g = isb.open_geometries(store, ["raw", "mask"])
+    with isb.InSituDataset(store, None, g, batch_size=7, block_chunks=2, prefetch_depth=1) as ds:
+        need = ds.memory_need("train")
+        sample = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in ds.sample_formats.values())
+        assert need["batch_bytes"] == 7 * sample
+        assert need["batches"] == min(1 + 2, len(ds.train))
+        assert need["pool_bytes"] == need["working_set_bytes"] and need["cache_budget_bytes"] is None
+        parts = need["pool_bytes"] + need["batches"] * need["batch_bytes"] + need["read_bytes"]
+        assert need["total_bytes"] == parts + need["overhead_bytes"]
+        assert need["overhead_bytes"] == (16 << 20) + parts // 8
+        assert need["fits"] and need["limit_bytes"] >= need["total_bytes"]
+        assert need["limit_source"] in ("machine", "cgroup", "ulimit -v")
+        assert sum(len(b) for b in ds.train) == 61
+        assert ds.stats()["pool"]["peak_resident_bytes"] <= need["pool_bytes"]
+        with pytest.raises(isb.InvalidArgument, match="unknown split `holdout`"):
+            ds.memory_need("holdout")
+        with pytest.raises(TypeError, match="split must be a str"):
+            ds.memory_need(0)
+    # A heap budget above the working set is held too, up to every chunk of the arrays.
+    with isb.InSituDataset(store, None, g, batch_size=7, block_chunks=2, cache_budget_bytes=1 << 40) as ds:
+        big = ds.memory_need("train")
+        assert big["cache_budget_bytes"] == 1 << 40
+        assert need["working_set_bytes"] < big["pool_bytes"] < 1 << 40
+        assert big["total_bytes"] > need["total_bytes"]
+
+
 def test_ranks_share_every_split_and_train_evenly(fixtures):
     # Two data-parallel ranks as torchrun would start them, each with its own dataset: the mask's
     # grid has chunks of 30, 30 and 1 samples, so rank 0 holds chunk 0 (30) and rank 1 the rest (31).
