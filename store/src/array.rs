@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::Value;
+use zarrs::array::codec::CodecChain;
 use zarrs::array::{Array, ArrayMetadata};
 use zarrs::array::{ArrayToBytesCodecTraits, CodecOptions};
 use zarrs::plugin::ZarrVersion;
@@ -42,6 +43,9 @@ pub struct ZarrArray {
     inner_chunk_shape: Option<Vec<u64>>,
     dimension_names: Option<Vec<String>>,
     codecs: Vec<String>,
+    /// The codec chain chunks are decoded with: zarrs', with its zstd codec keeping a context
+    /// per thread (`crate::zstd`).
+    chain: Arc<CodecChain>,
     options: CodecOptions,
 }
 
@@ -182,6 +186,8 @@ impl ZarrArray {
         // Decode on the calling thread: we run on our own executors, one per core, and must not
         // fan a decode out to a second (rayon) pool.
         let options = CodecOptions::default().with_concurrent_target(1);
+        let chain =
+            crate::zstd::reuse_contexts(&inner.codecs()).map_or_else(|| inner.codecs(), Arc::new);
         Ok(Self {
             path: path.to_string(),
             zarr_format: zarr_format as u8,
@@ -191,8 +197,15 @@ impl ZarrArray {
             inner_chunk_shape,
             dimension_names,
             codecs,
+            chain,
             options,
         })
+    }
+
+    /// zarrs' array (metadata and its own codec chain), for tests.
+    #[cfg(test)]
+    pub(crate) fn zarrs(&self) -> &Array<()> {
+        &self.inner
     }
 
     /// Key prefix of the array in its store (`""` at the root).
@@ -355,8 +368,7 @@ impl ZarrArray {
             .map(|&c| NonZeroU64::new(c).expect("zarr chunk dimensions are non-zero"))
             .collect();
         let decoded = self
-            .inner
-            .codecs()
+            .chain
             .decode(
                 encoded,
                 &shape,

@@ -28,6 +28,7 @@ mod geometry;
 mod hierarchy;
 mod remote;
 mod store;
+mod zstd;
 
 pub use array::{DecodedChunk, ZarrArray, array_label};
 pub use dtype::DType;
