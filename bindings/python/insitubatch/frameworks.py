@@ -1,5 +1,9 @@
 """torch and JAX adapters (both optional). Tensors are made through DLPack from the batch's numpy
-arrays, so they alias the Rust buffer: no copy on the CPU."""
+arrays, so they alias the Rust buffer: no copy on the CPU.
+
+Each adapter takes a `device_transform`, the spec's third transform stage: a function of the
+dict of tensors once they are on `device`, for work that is cheap there (normalisation,
+batched interpolation, FFTs). Its result is what the adapter returns."""
 
 from __future__ import annotations
 
@@ -9,19 +13,31 @@ from . import errors
 from ._core import _not_picklable
 
 
-def to_torch(batch, device=None) -> dict:
-    """label -> torch.Tensor aliasing the batch (moved to `device` if given)."""
+def _checked(device_transform):
+    if device_transform is not None and not callable(device_transform):
+        raise TypeError(
+            f"`device_transform` must be a function of the dict of tensors, not "
+            f"{type(device_transform).__name__}"
+        )
+    return device_transform
+
+
+def to_torch(batch, device=None, device_transform=None):
+    """label -> torch.Tensor aliasing the batch (moved to `device` if given), or what
+    `device_transform` makes of that dict."""
     import torch
 
+    _checked(device_transform)
     out = {}
     for label, arr in batch.arrays.items():
         t = torch.from_dlpack(arr)
         out[label] = t.to(device) if device is not None else t
-    return out
+    return device_transform(out) if device_transform is not None else out
 
 
-def to_jax(batch, device=None) -> dict:
-    """label -> jax.Array (on `device`, default jax.devices()[0]); a CPU import aliases.
+def to_jax(batch, device=None, device_transform=None):
+    """label -> jax.Array (on `device`, default jax.devices()[0]); a CPU import aliases. With
+    `device_transform`, what it makes of that dict (wrap it in `jax.jit` to compile it once).
 
     JAX without 64-bit types (its default) narrows int64, uint64, float64 and complex128 on
     import without a word (2**40 becomes 0, 1e300 becomes inf); such a label is an
@@ -29,6 +45,7 @@ def to_jax(batch, device=None) -> dict:
     transform."""
     import jax
 
+    _checked(device_transform)
     out = {}
     for label, arr in batch.arrays.items():
         narrowed = jax.dtypes.canonicalize_dtype(arr.dtype)
@@ -40,14 +57,17 @@ def to_jax(batch, device=None) -> dict:
             )
         x = jax.dlpack.from_dlpack(arr)
         out[label] = jax.device_put(x, device) if device is not None else x
-    return out
+    return device_transform(out) if device_transform is not None else out
 
 
-def as_torch(view, device=None):
+def as_torch(view, device=None, device_transform=None):
     """A torch IterableDataset over a view (`ds.train`): use it with
     `DataLoader(as_torch(ds.train), batch_size=None, num_workers=0)`; each item is a dict of
-    tensors. Parallelism is inside insitubatch, so DataLoader workers add nothing."""
+    tensors (on `device` if given), or what `device_transform` makes of it. Parallelism is
+    inside insitubatch, so DataLoader workers add nothing."""
     import torch
+
+    _checked(device_transform)
 
     class _Iterable(torch.utils.data.IterableDataset):
         def __reduce__(self):
@@ -62,7 +82,7 @@ def as_torch(view, device=None):
                     "and decodes in parallel itself)"
                 )
             for batch in view:
-                yield to_torch(batch, device)
+                yield to_torch(batch, device, device_transform)
 
         def __len__(self) -> int:
             # Batches per epoch: DataLoader(..., batch_size=None) reports it as its len().

@@ -32,6 +32,35 @@ def test_torch_shares_the_data_pointer_and_trains_two_epochs(fixtures):
         assert steps == 6 and np.isfinite(loss.item())
 
 
+def test_a_device_transform_runs_on_each_batch_once_it_is_on_the_device(fixtures):
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    store = fixtures[0] / "era5_v3.zarr"
+    calls = []
+
+    def wind_speed(t):
+        calls.append({k: v.device for k, v in t.items()})
+        return {"t2m_c": t["t2m"] - 273.15, "speed": t["u10"].abs()}
+
+    with isb.InSituDataset(store, batch_size=4, shuffle=False) as ds:
+        expected = [(b.arrays["t2m"].copy(), b.arrays["u10"].copy()) for b in ds.train]
+        got = list(as_torch(ds.train, device="cpu", device_transform=wind_speed))
+        assert len(got) == len(expected) == len(calls) == 3
+        assert all(set(c) == {"station", "t2m", "u10"} for c in calls)
+        assert all(d == torch.device("cpu") for c in calls for d in c.values())
+        for (t2m, u10), out in zip(expected, got):
+            np.testing.assert_array_equal(out["t2m_c"].numpy(), torch.from_numpy(t2m).sub(273.15).numpy())
+            np.testing.assert_array_equal(out["speed"].numpy(), np.abs(u10))
+        b = next(iter(ds.train))
+        assert to_torch(b, device_transform=lambda t: sorted(t)) == ["station", "t2m", "u10"]
+        jitted = jax.jit(lambda t: t["u10"].sum())
+        assert float(to_jax(b, device_transform=jitted)) == pytest.approx(float(b.arrays["u10"].sum()), rel=1e-6)
+        for adapter in (lambda: to_torch(b, device_transform=3), lambda: to_jax(b, device_transform="x"),
+                        lambda: as_torch(ds.train, device_transform=[])):
+            with pytest.raises(TypeError, match="`device_transform` must be a function"):
+                adapter()
+
+
 def test_jax_import_shares_the_buffer(fixtures):
     jax = pytest.importorskip("jax")
     store = fixtures[0] / "era5_v3.zarr"
