@@ -60,13 +60,25 @@ pub enum RuntimeError {
         message: String,
     },
     /// The OS refused a resource (thread, eventfd, ring).
-    #[error("runtime start-up failed creating {what}: {source}")]
+    #[error("runtime start-up failed creating {what}: {source}{}", out_of(source))]
     Os {
         /// What was being created.
         what: &'static str,
         /// The OS error.
         source: std::io::Error,
     },
+}
+
+/// What to do when the OS refuses a thread or memory: EAGAIN and ENOMEM from thread creation
+/// mean the process is at its thread limit or out of address space for a stack.
+fn out_of(e: &std::io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EAGAIN | libc::ENOMEM) => {
+            "; this process is out of threads or address space: raise `ulimit -u` or `ulimit -v`, \
+             or use fewer executor_threads"
+        }
+        _ => "",
+    }
 }
 
 /// Configures and starts a [`Runtime`].

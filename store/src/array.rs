@@ -68,6 +68,32 @@ fn unsupported(array: &str, what: &'static str, message: impl Into<String>) -> S
     }
 }
 
+/// The codec options every array decodes with: on the calling thread (`concurrent_target` 1),
+/// since we run on our own executors, one per core, and must not fan a decode out to a second
+/// (rayon) pool. zarrs' `CodecOptions::default()` asks rayon for its thread count, which starts
+/// rayon's global pool: one thread per core that nothing uses, named after whichever thread
+/// asked (an executor). So the pool is started first here, with one thread named
+/// `zarrs-rayon`; where that thread cannot start (under `ulimit -v`), opening an array is an
+/// error instead of a panic inside zarrs. A host that started rayon's pool itself keeps its own.
+fn codec_options() -> Result<CodecOptions, String> {
+    static OPTIONS: std::sync::OnceLock<Result<CodecOptions, String>> = std::sync::OnceLock::new();
+    OPTIONS
+        .get_or_init(|| {
+            let started = rayon_core::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .thread_name(|_| "zarrs-rayon".into())
+                .build_global();
+            match started {
+                Err(e) if !e.to_string().contains("already been initialized") => Err(format!(
+                    "could not start a thread for the codec library ({e}); this process is out \
+                     of threads or address space (ulimit -u, ulimit -v)"
+                )),
+                _ => Ok(CodecOptions::default().with_concurrent_target(1)),
+            }
+        })
+        .clone()
+}
+
 /// How messages name the array at `path`: the path itself, or `/` for an array at the store's
 /// root (whose path is empty).
 pub fn array_label(path: &str) -> &str {
@@ -89,6 +115,8 @@ impl ZarrArray {
             message,
         };
         let label = array_label(path);
+        // Before any call into zarrs, which may make codec options of its own.
+        let options = codec_options().map_err(|message| unsupported(label, "runtime", message))?;
         let zarr_format = meta.get("zarr_format").and_then(Value::as_u64).unwrap_or(0);
         let (metadata, dimension_names, inner_chunk_shape, codecs) = match zarr_format {
             3 => {
@@ -183,9 +211,6 @@ impl ZarrArray {
                 ));
             }
         }
-        // Decode on the calling thread: we run on our own executors, one per core, and must not
-        // fan a decode out to a second (rayon) pool.
-        let options = CodecOptions::default().with_concurrent_target(1);
         let chain =
             crate::zstd::reuse_contexts(&inner.codecs()).map_or_else(|| inner.codecs(), Arc::new);
         Ok(Self {
