@@ -221,15 +221,29 @@ fn a_forked_child_does_not_keep_the_writer_lock() {
     let cache = tempfile::tempdir().unwrap();
     let writer = era5(cache.path()).persist(true).build().unwrap();
     // A child made by fork (a fork-started DataLoader worker, say) that outlives the dataset.
-    // SAFETY: the child makes only async-signal-safe calls (sleep, _exit).
+    // It lets go of the lock as it starts (a fork handler, before `fork` returns in the child),
+    // so it tells the parent when it has started: until then it holds a copy of the descriptor,
+    // and on a loaded machine a child can wait tens of milliseconds for its first time slice.
+    let mut started = [0i32; 2];
+    // SAFETY: pipe writes two descriptors into the array.
+    assert_eq!(unsafe { libc::pipe(started.as_mut_ptr()) }, 0);
+    // SAFETY: the child makes only async-signal-safe calls (write, sleep, _exit).
     let child = unsafe { libc::fork() };
     assert!(child >= 0, "fork failed");
     if child == 0 {
         // SAFETY: see above.
         unsafe {
+            libc::write(started[1], [1u8].as_ptr().cast(), 1);
             libc::sleep(30);
             libc::_exit(0);
         }
+    }
+    let mut byte = [0u8];
+    // SAFETY: reads one byte into a live buffer, then closes our pipe ends.
+    unsafe {
+        assert_eq!(libc::read(started[0], byte.as_mut_ptr().cast(), 1), 1);
+        libc::close(started[0]);
+        libc::close(started[1]);
     }
     drop(writer);
     // SAFETY: waitpid on our own child, WNOHANG.

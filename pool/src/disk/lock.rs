@@ -8,7 +8,9 @@
 //! took it for as long as the child lives. So each held lock's descriptor is registered, and a
 //! `pthread_atfork` child handler points it at `/dev/null` in the child (`dup3`, a plain system
 //! call, async-signal-safe); the parent's lock is untouched and the child's copy of the
-//! descriptor stays valid, so nothing the child later does with it can touch another file.
+//! descriptor stays valid, so nothing the child later does with it can touch another file. The
+//! handler runs when the child first runs: between `fork` and then, the child's copy still
+//! holds the lock.
 #![allow(unsafe_code)]
 
 use std::io::{Read, Seek, Write};
