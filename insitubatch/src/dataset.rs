@@ -396,6 +396,7 @@ impl DatasetBuilder {
     /// Opens the store, resolves the variables and validates everything.
     pub fn build(self) -> Result<InSituDataset, EngineError> {
         self.check_knobs()?;
+        crate::allocator::fit_to_address_space();
         let store = AnyStore::open(&self.root, &self.storage_options)?;
         let mut rb = RuntimeBuilder::new().io_backend(self.io_backend);
         if let Some(n) = self.executor_threads {
@@ -971,6 +972,7 @@ pub(crate) fn open_store(
     root: &Path,
     storage_options: &[(String, String)],
 ) -> Result<(AnyStore, Hierarchy, Runtime), EngineError> {
+    crate::allocator::fit_to_address_space();
     let store = AnyStore::open(root, storage_options)?;
     let runtime = RuntimeBuilder::new()
         .executor_threads(1)

@@ -4,6 +4,7 @@
 //! public Rust API and the `insitubatch` command; the runtime lives in
 //! [`insitubatch_runtime`] and the Zarr read layer in [`insitubatch_store`], both re-exported.
 
+pub mod allocator;
 pub mod cachebench;
 pub mod check_transform;
 mod dataset;
