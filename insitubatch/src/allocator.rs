@@ -21,11 +21,14 @@ unsafe extern "C" {
 /// `mi_option_arena_reserve` in mimalloc 3's `mi_option_e` (its value is in KiB).
 const MI_OPTION_ARENA_RESERVE: std::ffi::c_int = 23;
 
-/// Runs as the binary or the shared library is loaded, before anything allocates.
+/// Runs as the binary or the shared library is loaded, before anything allocates (an ELF
+/// initializer; this library is Linux-only).
+#[cfg(target_os = "linux")]
 #[used]
 #[unsafe(link_section = ".init_array")]
 static FIT_AT_LOAD: extern "C" fn() = fit_at_load;
 
+#[cfg(target_os = "linux")]
 extern "C" fn fit_at_load() {
     fit_to_address_space();
 }
