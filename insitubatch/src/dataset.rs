@@ -1024,7 +1024,10 @@ pub fn geometry_json(g: &ArrayGeometry) -> serde_json::Value {
 /// --json`, the C ABI and the Python shim show): `total_bytes`, `working_set_bytes`,
 /// `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
 /// pool), `batch_bytes`, `batches`, `read_bytes`, `overhead_bytes`, `limit_bytes` and
-/// `limit_source` (`machine`, `cgroup`, `ulimit -v`; `null` when nothing says), and `fits`.
+/// `limit_source` (`machine`, `cgroup`, `ulimit -v`; `null` when nothing says), `fits`, and
+/// `process_rss_bytes`: this process's resident memory as it asks. Asked before any pass, that
+/// is the host (an interpreter, a framework, a model) which a job's memory must hold beside the
+/// need; after passes it also holds what the allocator kept of theirs.
 pub fn memory_need_json(need: &MemoryNeed) -> serde_json::Value {
     let limit = insitubatch_actors::memory_limit();
     serde_json::json!({
@@ -1043,5 +1046,6 @@ pub fn memory_need_json(need: &MemoryNeed) -> serde_json::Value {
             MemorySource::AddressSpace => "ulimit -v",
         }),
         "fits": limit.is_none_or(|l| need.total() <= l.bytes),
+        "process_rss_bytes": crate::enginebench::rss_bytes(),
     })
 }

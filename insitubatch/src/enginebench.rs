@@ -154,15 +154,19 @@ pub fn gather_ceiling(
 
 /// Peak resident set size of this process (VmHWM), bytes; 0 where /proc is unavailable.
 pub fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
+    status_kib("VmHWM:").map_or(0, |kb| kb * 1024)
+}
+
+/// This process's resident memory now (`VmRSS`), in bytes; 0 where /proc cannot say.
+pub fn rss_bytes() -> u64 {
+    status_kib("VmRSS:").map_or(0, |kb| kb * 1024)
+}
+
+/// A `kB` field of `/proc/self/status`.
+fn status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The engine against both ceilings, measured in one process (see the module docs).

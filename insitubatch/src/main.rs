@@ -639,6 +639,11 @@ fn render_need(
         "the library's threads and its allocator's slack".into(),
     );
     out += &row("total", need.total(), String::new());
+    out += &row(
+        "this process",
+        insitubatch::enginebench::rss_bytes(),
+        "resident now, before any pass: the host a job's memory holds beside the total".into(),
+    );
     match limit {
         Some(l) if need.total() <= l.bytes => out += &format!("fits in {l}\n"),
         Some(l) => out += &format!("does NOT fit in {l}\n"),

@@ -494,6 +494,10 @@ fn memory_states_the_need_a_pass_is_checked_against_and_fails_where_the_pass_wou
     let parts = n("pool_bytes") + n("batches") * n("batch_bytes") + n("read_bytes");
     assert_eq!(total, parts + n("overhead_bytes"), "{v}");
     assert_eq!(v["fits"], true);
+    assert!(
+        n("process_rss_bytes") > 1 << 20,
+        "the CLI's own resident memory: {v}"
+    );
     // A kibibyte short of it: `memory` exits 1 with the refusal the pass itself gives, and
     // `bench` is refused stating the same total; at exactly the need, it fits.
     let short = (total - 1) / 1024 * 1024;

@@ -479,8 +479,10 @@ IsbStatus isb_dataset_split_len(const struct IsbDataset *ds,
  process's memory limit, so the figure to size a job by) and its parts `working_set_bytes`,
  `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
  pool), `batch_bytes`, `batches`, `read_bytes`, `overhead_bytes`; the limit `limit_bytes` and
- `limit_source` (`machine`, `cgroup` or `ulimit -v`; `null` when nothing says) and `fits`.
- Errors as `isb_iter_start` would for an unknown or empty split.
+ `limit_source` (`machine`, `cgroup` or `ulimit -v`; `null` when nothing says) and `fits`;
+ `process_rss_bytes`, this process's resident memory as it asks (before any pass: the host
+ a job's memory holds beside the total). Errors as `isb_iter_start` would for an unknown or
+ empty split.
 
  # Safety
  `ds` is NULL or a live dataset; `split` is NUL-terminated; `out_json` is writable; `err` is

@@ -148,7 +148,8 @@ int main(int argc, char **argv) {
     const char *overhead_at = need ? strstr(need, "\"overhead_bytes\":") : NULL;
     if (!total_at || !overhead_at || sscanf(total_at, "\"total_bytes\":%llu", &total) != 1 ||
         sscanf(overhead_at, "\"overhead_bytes\":%llu", &overhead) != 1 || overhead < (16ull << 20) ||
-        total <= overhead || !strstr(need, "\"batches\":3,") || !strstr(need, "\"fits\":true")) {
+        total <= overhead || !strstr(need, "\"batches\":3,") || !strstr(need, "\"fits\":true") ||
+        !strstr(need, "\"process_rss_bytes\":") || strstr(need, "\"process_rss_bytes\":0,")) {
         fprintf(stderr, "FAIL memory need: %s\n", need ? need : "(null)");
         failures++;
     }

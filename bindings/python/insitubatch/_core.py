@@ -782,7 +782,8 @@ class InSituDataset:
         size a job by. Its parts are `working_set_bytes`, `pool_bytes`, `cache_budget_bytes`
         (None unless a budget above the working set sizes the pool), `batch_bytes`, `batches`,
         `read_bytes` and `overhead_bytes`; `limit_bytes`, `limit_source` and `fits` give the
-        limit. The interpreter, the framework and the model come on top."""
+        limit. The interpreter, the framework and the model come on top: `process_rss_bytes`,
+        this process's resident memory as it asks, is that host when asked before iterating."""
         if not isinstance(split, str):
             raise TypeError("split must be a str")
         return _json_call(lib.isb_dataset_memory_json, self._live(), split.encode())

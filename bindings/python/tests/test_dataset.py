@@ -69,6 +69,7 @@ def test_memory_need_counts_the_batches_and_pool_a_pass_holds_before_it_runs(fix
         assert need["overhead_bytes"] == (16 << 20) + parts // 8
         assert need["fits"] and need["limit_bytes"] >= need["total_bytes"]
         assert need["limit_source"] in ("machine", "cgroup", "ulimit -v")
+        assert need["process_rss_bytes"] > 16 << 20, "the interpreter and numpy alone are more"
         assert sum(len(b) for b in ds.train) == 61
         assert ds.stats()["pool"]["peak_resident_bytes"] <= need["pool_bytes"]
         with pytest.raises(isb.InvalidArgument, match="unknown split `holdout`"):
