@@ -12,7 +12,7 @@ mod order;
 mod read_plan;
 mod split;
 
-pub use memory::{MemoryLimit, MemorySource, memory_limit};
+pub use memory::{MemoryLimit, MemorySource, address_space_limit, memory_limit};
 pub use need::MemoryNeed;
 
 /// An empty vector with room for `n` entries of a plan, or an error when they would not fit in

@@ -38,7 +38,8 @@ extern "C" fn fit_at_load() {
 pub fn fit_to_address_space() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if let Some(kib) = address_space_limit().map(arena_reserve_kib) {
+        if let Some(kib) = insitubatch_actors::planner::address_space_limit().map(arena_reserve_kib)
+        {
             // SAFETY: sets one of mimalloc's options; any value is valid for this one.
             unsafe { mi_option_set(MI_OPTION_ARENA_RESERVE, kib) };
         }
@@ -49,17 +50,6 @@ pub fn fit_to_address_space() {
 /// eighth of the limit, between 8 MiB and mimalloc's own 1 GiB.
 fn arena_reserve_kib(limit: u64) -> std::ffi::c_long {
     ((limit / 8).clamp(8 << 20, 1 << 30) / 1024) as std::ffi::c_long
-}
-
-/// `RLIMIT_AS`, unless unlimited.
-fn address_space_limit() -> Option<u64> {
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one `rlimit` through a pointer to a live one.
-    let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut rl) } == 0;
-    (ok && rl.rlim_cur != libc::RLIM_INFINITY).then_some(rl.rlim_cur)
 }
 
 #[cfg(test)]

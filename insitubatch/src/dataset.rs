@@ -1045,7 +1045,7 @@ pub fn memory_need_json(need: &MemoryNeed) -> serde_json::Value {
             MemorySource::Cgroup => "cgroup",
             MemorySource::AddressSpace => "ulimit -v",
         }),
-        "fits": limit.is_none_or(|l| need.total() <= l.bytes),
+        "fits": need.fits(limit),
         "process_rss_bytes": crate::enginebench::rss_bytes(),
     })
 }

@@ -645,7 +645,7 @@ fn render_need(
         "resident now, before any pass: the host a job's memory holds beside the total".into(),
     );
     match limit {
-        Some(l) if need.total() <= l.bytes => out += &format!("fits in {l}\n"),
+        Some(l) if need.fits(limit) => out += &format!("fits in {l}\n"),
         Some(l) => out += &format!("does NOT fit in {l}\n"),
         None => out += "no memory limit known\n",
     }
@@ -755,7 +755,6 @@ fn run(cli: Cli) -> CliResult {
             repeat,
             json,
         } => {
-            let budget = pass.budget()?;
             let split = &pass.split;
             if ceilings {
                 let make = |b: Option<u64>| {
@@ -784,7 +783,7 @@ fn run(cli: Cli) -> CliResult {
                 println!("peak RSS {}", human_bytes(peak_rss_bytes()));
                 return Ok(());
             }
-            let ds = pass.dataset(budget)?;
+            let ds = pass.dataset(pass.budget()?)?;
             let need = ds.memory_need(split)?;
             let reports = if json {
                 let mut v = Vec::new();
@@ -815,7 +814,7 @@ fn run(cli: Cli) -> CliResult {
             let ds = pass.dataset(pass.budget()?)?;
             let need = ds.memory_need(&pass.split)?;
             let limit = insitubatch::memory_limit();
-            let fits = limit.is_none_or(|l| need.total() <= l.bytes);
+            let fits = need.fits(limit);
             if json {
                 let mut v = insitubatch::memory_need_json(&need);
                 v["split"] = pass.split.clone().into();

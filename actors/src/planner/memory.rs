@@ -69,8 +69,8 @@ fn machine_memory() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// `RLIMIT_AS`, unless unlimited.
-fn address_space_limit() -> Option<u64> {
+/// `RLIMIT_AS`, unless unlimited (read each call: no allocation, safe before `main`).
+pub fn address_space_limit() -> Option<u64> {
     let mut rl = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

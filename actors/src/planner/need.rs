@@ -2,7 +2,7 @@
 //! figure the check at a pass's start compares with the process's limit, and the one a user
 //! sizes a job's memory by (a SLURM `--mem`, a container's limit).
 
-use super::ReadPlan;
+use super::{MemoryLimit, ReadPlan};
 
 /// The memory one pass holds at its peak, by what sizes each part. [`MemoryNeed::total`] is
 /// what the pass is checked against when it starts; the parts say which knob moves it.
@@ -70,6 +70,12 @@ impl MemoryNeed {
     /// Everything: what the pass's start checks against the process's memory limit.
     pub fn total(&self) -> u64 {
         self.with_pool(self.pool)
+    }
+
+    /// True when the total fits in `limit` (or nothing limits it): the pass's start would not
+    /// refuse it.
+    pub fn fits(&self, limit: Option<MemoryLimit>) -> bool {
+        limit.is_none_or(|l| self.total() <= l.bytes)
     }
 
     /// The total if the pool held only the working set (no budget above it).
