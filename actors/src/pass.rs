@@ -24,7 +24,10 @@ use insitubatch_store::{Store, ZarrArray};
 
 use crate::batch::Batch;
 use crate::error::EngineError;
-use crate::planner::{EpochOrder, MemoryNeed, OrderSpec, ReadPlan, Shard, epoch_order, read_plan};
+use crate::planner::{
+    EpochOrder, MemoryNeed, OrderSpec, ReadPlan, RunningPass, RunningPasses, Shard, epoch_order,
+    read_plan,
+};
 use crate::stats::{BadChunk, Counters, PassStats};
 use crate::tile::TileLayout;
 use crate::transform::Pipeline;
@@ -108,6 +111,10 @@ pub struct PassConfig {
     pub release_each_block: bool,
     /// Emit at most this many rows (the ranks of a sharded train split, evened out).
     pub row_limit: Option<u64>,
+    /// Resume the epoch here: the batches before it are neither delivered nor read for (a
+    /// chunk only they draw from is not read). The batches from it on are those of a whole
+    /// pass.
+    pub start_batch: u64,
     /// Test hook: the decoder panics on this tile ordinal (`None` in real use).
     #[doc(hidden)]
     pub panic_on_tile: Option<u64>,
@@ -235,6 +242,8 @@ pub struct Pass {
     done: bool,
     stats: PassStats,
     latency: hdrhistogram::Histogram<u64>,
+    // This pass among the running ones whose memory a pass's start counts; leaves with it.
+    _running: RunningPass,
     // Dropped after the actors are joined: whatever must outlive them (the dataset's runtime).
     keep_alive: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -338,6 +347,7 @@ fn check_memory(
     config: &PassConfig,
     plan: &ReadPlan,
     need: &MemoryNeed,
+    others: &[&str],
     limit: crate::planner::MemoryLimit,
 ) -> Result<(), EngineError> {
     if need.working_set > limit.bytes {
@@ -383,7 +393,7 @@ fn check_memory(
         ));
     }
     if let Some(budget) = need.cache_budget
-        && need.total() > limit.bytes
+        && need.alone() > limit.bytes
     {
         return Err(EngineError::arg(
             "cache_budget_bytes",
@@ -395,11 +405,34 @@ fn check_memory(
                  than {limit}; lower cache_budget_bytes, or give cache_dir to keep slots in \
                  files",
                 need.pool,
+                need.alone()
+            ),
+        ));
+    }
+    if need.total() > limit.bytes {
+        return Err(EngineError::arg(
+            "split",
+            &config.split,
+            format!(
+                "this pass needs {} bytes on its own and the {} iterations already running in \
+                 this process ({}) hold {} bytes beside it, {} bytes in all with the library's \
+                 slack, more than {limit}; finish or drop them first (an iterator a loop broke \
+                 out of holds its batches until it is dropped), or lower their batch_size, \
+                 prefetch_depth or cache_budget_bytes",
+                need.alone(),
+                others.len(),
+                others.join(", "),
+                need.others,
                 need.total()
             ),
         ));
     }
     Ok(())
+}
+
+/// The pool's address: which passes share it (and the read buffers beside it).
+fn pool_address<S: Store>(ctx: &EngineContext<S>) -> usize {
+    Arc::as_ptr(&ctx.pool) as usize
 }
 
 /// The order and the read plan of a pass over `chunks`, refusing an empty one.
@@ -410,8 +443,27 @@ fn plan_pass(
     variables: &[Variable],
     config: &PassConfig,
 ) -> Result<(EpochOrder, ReadPlan), EngineError> {
-    let order = plan_order(chunks, samples_per_chunk, n_samples, variables, config)?;
+    let mut order = plan_order(chunks, samples_per_chunk, n_samples, variables, config)?;
     order.check_nonempty(&config.split)?;
+    if config.start_batch > 0 {
+        let n_batches = order.rows.len().div_ceil(config.batch_size) as u64;
+        if config.start_batch > n_batches {
+            return Err(EngineError::arg(
+                "start_batch",
+                config.start_batch,
+                format!(
+                    "an epoch of `{}` has {n_batches} batches of {} (0 to {}); resume at one \
+                     of them, or at {n_batches} for none",
+                    config.split,
+                    config.batch_size,
+                    n_batches - 1
+                ),
+            ));
+        }
+        // Whole batches: the rest are cut where a whole pass cuts them.
+        let rows = (config.start_batch as usize).saturating_mul(config.batch_size);
+        order.skip_front(rows);
+    }
     let plan = read_plan(
         &order,
         variables,
@@ -434,7 +486,8 @@ impl Pass {
         config: &PassConfig,
     ) -> Result<MemoryNeed, EngineError> {
         let (order, plan) = plan_pass(chunks, samples_per_chunk, n_samples, variables, config)?;
-        Ok(memory_need(ctx, config, &plan, order.rows.len()))
+        let need = memory_need(ctx, config, &plan, order.rows.len());
+        Ok(RunningPasses::count_beside(need, pool_address(ctx)))
     }
 
     /// Plans the pass over `chunks` of the reference grid (`samples_per_chunk`, `n_samples`)
@@ -465,17 +518,19 @@ impl Pass {
         }
         let started = Instant::now();
         let (order, plan) = plan_pass(chunks, samples_per_chunk, n_samples, variables, &config)?;
-        // What must be resident at once cannot exceed the memory this process may use (the
-        // machine's, its cgroup's, `ulimit -v`): fail now, naming the knob, rather than be killed
-        // for memory halfway through the first block.
-        if let Some(limit) = crate::planner::memory_limit() {
-            let need = memory_need(ctx, &config, &plan, order.rows.len());
-            check_memory(&config, &plan, &need, limit)?;
-        }
-        let owner = ctx.pool.register_owner(
-            &format!("{}#{}", config.split, config.epoch),
-            plan.read_ahead_bytes,
-        )?;
+        // What must be resident at once, with what the passes already running hold, cannot
+        // exceed the memory this process may use (the machine's, its cgroup's, `ulimit -v`):
+        // fail now, naming the knob, rather than be killed for memory halfway through the
+        // first block.
+        let name = format!("{}#{}", config.split, config.epoch);
+        let need = memory_need(ctx, &config, &plan, order.rows.len());
+        let running = RunningPasses::enter(need, pool_address(ctx), &name, |need, others| {
+            match crate::planner::memory_limit() {
+                Some(limit) => check_memory(&config, &plan, need, others, limit),
+                None => Ok(()),
+            }
+        })?;
+        let owner = ctx.pool.register_owner(&name, plan.read_ahead_bytes)?;
         let mut arrays = Vec::new();
         let mut layouts = Vec::new();
         let mut pipelines = Vec::new();
@@ -542,6 +597,7 @@ impl Pass {
             done: false,
             stats,
             latency: hdrhistogram::Histogram::new(3).expect("3 significant figures is valid"),
+            _running: running,
             keep_alive: None,
         })
     }

@@ -13,7 +13,7 @@ mod read_plan;
 mod split;
 
 pub use memory::{MemoryLimit, MemorySource, address_space_limit, memory_limit};
-pub use need::MemoryNeed;
+pub use need::{MemoryNeed, RunningPass, RunningPasses};
 
 /// An empty vector with room for `n` entries of a plan, or an error when they would not fit in
 /// the memory this process may use: an array whose metadata claims an absurd sample count must

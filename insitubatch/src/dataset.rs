@@ -752,8 +752,9 @@ impl InSituDataset {
 
     /// The memory an iteration over `split` would hold at its peak, counted from its plan
     /// without reading anything: the working set, the pool's heap, the batches, the read
-    /// buffers and the library's overhead. Its [`MemoryNeed::total`] is what starting the
-    /// iteration checks against this process's memory limit (the machine's, its cgroup's,
+    /// buffers and the library's overhead, and beside them what the iterations running in this
+    /// process now hold ([`MemoryNeed::others`]). Its [`MemoryNeed::total`] is what starting
+    /// the iteration checks against this process's memory limit (the machine's, its cgroup's,
     /// `ulimit -v`), so it is the figure to size a job's memory by. Errors as starting an
     /// iteration would for an unknown or empty split.
     pub fn memory_need(&self, split: &str) -> Result<MemoryNeed, EngineError> {
@@ -868,6 +869,7 @@ impl InSituDataset {
             on_bad_chunk: self.on_bad_chunk,
             release_each_block: self.release_each_block(split),
             row_limit,
+            start_batch: 0,
             panic_on_tile: self.panic_on_tile,
         }
     }
@@ -919,7 +921,30 @@ impl InSituDataset {
     /// Starts an iteration over `split` (`train`, `val`, `test` or `all`) at the current
     /// epoch. Several may run at once (train and val zipped), sharing the pool.
     pub fn iter(&self, split: &str) -> Result<Pass, EngineError> {
-        let (chunks, config) = self.plan_split(split)?;
+        self.iter_from(split, 0)
+    }
+
+    /// Resumes the current epoch of `split` at batch `start_batch`: the batches it yields are
+    /// batches `start_batch..` of a whole pass (the same samples in the same order; the order
+    /// depends on the seed and epoch only), and the chunks that only earlier batches draw
+    /// from are not read. For a job restarted mid-epoch from a checkpoint that saved
+    /// (epoch, batches done). `start_batch` may be the epoch's batch count, which yields
+    /// nothing; beyond it is an error naming `start_batch`.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), insitubatch::EngineError> {
+    /// let ds = insitubatch::InSituDataset::builder("/data/era5.zarr").build()?;
+    /// let (epoch, done) = (3, 120); // from the checkpoint
+    /// ds.set_epoch(epoch);
+    /// for batch in ds.iter_from("train", done)? {
+    ///     let batch = batch?;
+    ///     # let _ = batch;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn iter_from(&self, split: &str, start_batch: u64) -> Result<Pass, EngineError> {
+        let (chunks, mut config) = self.plan_split(split)?;
+        config.start_batch = start_batch;
         let pass = Pass::start(
             &self.ctx,
             &self.variables,
@@ -1023,7 +1048,9 @@ pub fn geometry_json(g: &ArrayGeometry) -> serde_json::Value {
 /// A pass's memory need as JSON, beside this process's limit (what `insitubatch memory
 /// --json`, the C ABI and the Python shim show): `total_bytes`, `working_set_bytes`,
 /// `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
-/// pool), `batch_bytes`, `batches`, `read_bytes`, `overhead_bytes`, `limit_bytes` and
+/// pool), `batch_bytes`, `batches`, `read_bytes`, `others_bytes` (what the `other_passes`
+/// iterations running in this process as it asks hold beside this one; `total_bytes` and
+/// `fits` count it), `overhead_bytes`, `limit_bytes` and
 /// `limit_source` (`machine`, `cgroup`, `ulimit -v`; `null` when nothing says), `fits`, and
 /// `process_rss_bytes`: this process's resident memory as it asks. Asked before any pass, that
 /// is the host (an interpreter, a framework, a model) which a job's memory must hold beside the
@@ -1038,6 +1065,8 @@ pub fn memory_need_json(need: &MemoryNeed) -> serde_json::Value {
         "batch_bytes": need.batch_bytes,
         "batches": need.batches,
         "read_bytes": need.reads,
+        "others_bytes": need.others,
+        "other_passes": need.other_passes,
         "overhead_bytes": need.overhead,
         "limit_bytes": limit.map(|l| l.bytes),
         "limit_source": limit.map(|l| match l.source {

@@ -633,6 +633,16 @@ fn render_need(
         need.reads,
         "read buffers (max_inflight + one per decoder)".into(),
     );
+    if need.other_passes > 0 {
+        out += &row(
+            "other passes",
+            need.others,
+            format!(
+                "held beside it by the {} iterations running in this process",
+                need.other_passes
+            ),
+        );
+    }
     out += &row(
         "overhead",
         need.overhead,

@@ -741,6 +741,118 @@ fn the_memory_need_counts_what_a_pass_holds_and_is_the_figure_its_start_checks()
 }
 
 #[test]
+fn the_memory_need_counts_the_iterations_already_running_beside_it() {
+    // 64 samples of 256 KiB, one per chunk, no chunk on disk.
+    let chunk = 256u64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    wide_array(dir.path(), 64, chunk / 4, 0.0);
+    let geom = InSituDataset::builder(dir.path())
+        .build()
+        .unwrap()
+        .variables()[0]
+        .geom
+        .clone();
+    let halves = split_by_chunk(&geom, &[0.5, 0.25, 0.25], 0, true, None).unwrap();
+    let build = |b: insitubatch::DatasetBuilder| {
+        b.batch_size(4)
+            .block_chunks(2)
+            .manifest(halves.clone())
+            .build()
+            .unwrap()
+    };
+    // A budget holding train's and val's working sets: the pool is counted once, train's
+    // batches are what it adds.
+    let ds = build(InSituDataset::builder(dir.path()).cache_budget_bytes(64 * chunk));
+    let alone = ds.memory_need("val").unwrap();
+    assert_eq!((alone.others, alone.other_passes), (0, 0));
+    let train_need = ds.memory_need("train").unwrap();
+    let mut train = ds.train().unwrap();
+    assert!(train.next().unwrap().is_ok());
+    let val = ds.memory_need("val").unwrap();
+    assert_eq!(val.other_passes, 1);
+    assert_eq!(val.others, train_need.batches_bytes());
+    assert_eq!(val.alone(), alone.total());
+    let sized = val.pool + val.batches_bytes() + val.reads + val.others;
+    assert_eq!(val.overhead, (16 << 20) + sized / 8);
+    assert_eq!(val.total(), sized + val.overhead);
+    let json = insitubatch::memory_need_json(&val);
+    assert_eq!(
+        (json["others_bytes"].as_u64(), json["other_passes"].as_u64()),
+        (Some(val.others), Some(1))
+    );
+    assert_eq!(json["total_bytes"].as_u64(), Some(val.total()));
+    // Zipped, both run to the end.
+    let rows: usize = train
+        .zip(ds.val().unwrap())
+        .map(|(t, v)| t.unwrap().len() + v.unwrap().len())
+        .sum();
+    assert!(rows > 0);
+    assert_eq!(ds.memory_need("val").unwrap().others, 0, "the passes left");
+
+    // With the automatic budget the pool holds the working sets together.
+    let auto = build(InSituDataset::builder(dir.path()));
+    let train = auto.train().unwrap();
+    let val = auto.memory_need("val").unwrap();
+    assert_eq!(
+        val.others,
+        train_need.working_set + train_need.batches_bytes()
+    );
+    drop(train);
+    // A pass of another dataset holds its pool, batches and reads.
+    let other = auto.all().unwrap();
+    let other_need = {
+        let d = build(InSituDataset::builder(dir.path()));
+        d.memory_need("all").unwrap()
+    };
+    let need = ds.memory_need("val").unwrap();
+    assert_eq!(
+        need.others,
+        other_need.pool + other_need.batches_bytes() + other_need.reads
+    );
+    drop(other);
+    assert_eq!(ds.memory_need("val").unwrap().other_passes, 0);
+}
+
+#[test]
+fn a_pass_that_fits_alone_but_not_beside_a_running_one_is_refused_naming_it() {
+    let limit = insitubatch::memory_limit().unwrap().bytes;
+    // Chunks of 1 MiB, no chunk on disk, as many as half the limit; each dataset's budget
+    // may keep them all, so either pass fits alone and the two do not fit together.
+    let chunk = 1u64 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    wide_array(dir.path(), limit / 2 / chunk, chunk / 4, 0.0);
+    let build = || {
+        InSituDataset::builder(dir.path())
+            .block_chunks(1)
+            .cache_budget_bytes(limit / 2)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    let alone = b.memory_need("all").unwrap();
+    assert!(alone.fits(insitubatch::memory_limit()), "{alone}");
+    let running = a.all().unwrap();
+    let beside = b.memory_need("all").unwrap();
+    assert!(!beside.fits(insitubatch::memory_limit()), "{beside}");
+    let e = b
+        .all()
+        .map(|_| ())
+        .expect_err("two halves of memory and more")
+        .to_string();
+    assert!(
+        e.contains("`split` = all")
+            && e.contains("the 1 iterations already running in this process (all#0)")
+            && e.contains(&format!("hold {} bytes beside it", beside.others))
+            && e.contains(&format!("{} bytes in all", beside.total()))
+            && e.contains("finish or drop them first"),
+        "{e}"
+    );
+    drop(running);
+    // It left: the same pass now starts.
+    assert!(b.all().is_ok());
+}
+
+#[test]
 fn a_panicking_decoder_reaches_the_consumer_as_an_error() {
     let f = fixture("paired", "raw");
     let ds = InSituDataset::builder(&f.store)
@@ -815,6 +927,92 @@ fn train_and_val_iterate_together_when_the_budget_holds_both() {
     }
     assert!(a.len() >= 28 && b.len() >= 28);
     assert!(a.iter().all(|x| !b.contains(x)));
+}
+
+/// A pass's batches as plain data: sample indices and each label's bytes (the batch itself
+/// goes back to the pool).
+fn batch_data(pass: insitubatch::Pass, labels: &[&str]) -> Vec<(Vec<u64>, Vec<Vec<u8>>)> {
+    pass.map(|b| {
+        let b = b.unwrap();
+        let arrays = labels
+            .iter()
+            .map(|l| b.array(l).unwrap().bytes().to_vec())
+            .collect();
+        (b.sample_indices().to_vec(), arrays)
+    })
+    .collect()
+}
+
+#[test]
+fn a_pass_resumed_at_a_batch_yields_the_rest_of_the_epoch_and_reads_only_its_chunks() {
+    // Shuffled, with a window, blocks of two chunks and a short last batch.
+    let f = fixture("era5_v3", "t2m");
+    let ds = InSituDataset::builder(&f.store)
+        .variable("x", "t2m")
+        .window("y", "t2m", 2)
+        .batch_size(3)
+        .block_chunks(2)
+        .build()
+        .unwrap();
+    let n = ds.split_batches("train").unwrap();
+    assert!(n >= 3 && !ds.split_samples("train").unwrap().is_multiple_of(3));
+    for epoch in [0, 1] {
+        ds.set_epoch(epoch);
+        let whole = batch_data(ds.train().unwrap(), &["x", "y"]);
+        assert_eq!(whole.len() as u64, n);
+        for k in 0..=n {
+            let rest = batch_data(ds.iter_from("train", k).unwrap(), &["x", "y"]);
+            assert_eq!(
+                rest,
+                whole[k as usize..],
+                "epoch {epoch}, resumed at batch {k}"
+            );
+        }
+    }
+    let e = ds
+        .iter_from("train", n + 1)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("`start_batch` = {}", n + 1))
+            && e.contains(&format!("has {n} batches of 3 (0 to {})", n - 1)),
+        "{e}"
+    );
+    // A rank of two resumes within its own share.
+    let rank = InSituDataset::builder(&f.store)
+        .variable("x", "t2m")
+        .batch_size(2)
+        .block_chunks(1)
+        .shard(1, 2)
+        .build()
+        .unwrap();
+    rank.set_epoch(5);
+    let whole = batch_data(rank.train().unwrap(), &["x"]);
+    assert!(whole.len() >= 2);
+    let rest = batch_data(rank.iter_from("train", 1).unwrap(), &["x"]);
+    assert_eq!(rest, whole[1..]);
+    // One sample per chunk: a resumed pass reads the chunks of the batches it yields only.
+    let f = fixture("paired", "raw");
+    let ds = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .batch_size(4)
+        .block_chunks(4)
+        .build()
+        .unwrap();
+    let (rows, n) = (
+        ds.split_samples("train").unwrap(),
+        ds.split_batches("train").unwrap(),
+    );
+    for k in [1, n / 2, n - 1, n] {
+        ds.clear_cache();
+        let mut pass = ds.iter_from("train", k).unwrap();
+        let got: u64 = pass.by_ref().map(|b| b.unwrap().len() as u64).sum();
+        assert_eq!(got, rows - (4 * k).min(rows), "resumed at {k}");
+        let s = pass.stats();
+        assert_eq!(s.tiles_read, got, "resumed at {k}: {s:?}");
+        assert_eq!(s.batches, n - k);
+    }
 }
 
 #[test]

@@ -1,6 +1,10 @@
 //! The memory a pass holds at its peak, counted from its plan before anything is read: the
 //! figure the check at a pass's start compares with the process's limit, and the one a user
-//! sizes a job's memory by (a SLURM `--mem`, a container's limit).
+//! sizes a job's memory by (a SLURM `--mem`, a container's limit). A process has one limit
+//! however many passes it runs, so the passes running at a pass's start are counted beside it
+//! ([`RunningPasses`]).
+
+use std::sync::Mutex;
 
 use super::{MemoryLimit, ReadPlan};
 
@@ -8,7 +12,9 @@ use super::{MemoryLimit, ReadPlan};
 /// what the pass is checked against when it starts; the parts say which knob moves it.
 ///
 /// Two passes at once (train and val zipped) share the pool and the read buffers: the second
-/// adds its working set, its batches and its share of the overhead.
+/// adds its working set, its batches and its share of the overhead, and a pass of another
+/// dataset adds all it holds. [`MemoryNeed::others`] counts what the passes already running
+/// hold beside this one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryNeed {
     /// Decoded chunks pinned at once: the read-ahead bound, which `block_chunks` and the
@@ -28,9 +34,15 @@ pub struct MemoryNeed {
     /// Read buffers: one per read in flight (`max_inflight`) or being decoded, each up to a
     /// stored chunk's decoded size.
     pub reads: u64,
+    /// What the passes running in this process when the need was counted hold beside this
+    /// one: a pass of the same dataset its batches (and its working set when the pool's budget
+    /// is automatic), a pass of another dataset its pool, batches and reads.
+    pub others: u64,
+    /// How many passes `others` counts.
+    pub other_passes: usize,
     /// The library's own memory (thread stacks, decoder contexts: 16 MiB) and its allocator's
-    /// slack (an eighth of everything above: huge-page rounding, freed memory not yet
-    /// returned, which a cgroup cannot reclaim).
+    /// slack (an eighth of everything above, `others` included: huge-page rounding, freed
+    /// memory not yet returned, which a cgroup cannot reclaim).
     pub overhead: u64,
 }
 
@@ -61,15 +73,23 @@ impl MemoryNeed {
             batch_bytes,
             batches,
             reads,
+            others: 0,
+            other_passes: 0,
             overhead: 0,
         };
         need.overhead = library_overhead(need.sized(need.pool));
         need
     }
 
-    /// Everything: what the pass's start checks against the process's memory limit.
+    /// Everything, the passes already running included: what the pass's start checks against
+    /// the process's memory limit.
     pub fn total(&self) -> u64 {
-        self.with_pool(self.pool)
+        self.figure(self.pool, self.others)
+    }
+
+    /// The pass on its own, as if no other pass ran.
+    pub fn alone(&self) -> u64 {
+        self.figure(self.pool, 0)
     }
 
     /// True when the total fits in `limit` (or nothing limits it): the pass's start would not
@@ -78,9 +98,9 @@ impl MemoryNeed {
         limit.is_none_or(|l| self.total() <= l.bytes)
     }
 
-    /// The total if the pool held only the working set (no budget above it).
+    /// The pass on its own if the pool held only the working set (no budget above it).
     pub fn without_cache(&self) -> u64 {
-        self.with_pool(self.working_set)
+        self.figure(self.working_set, 0)
     }
 
     /// The batches' bytes: `batches` × `batch_bytes`.
@@ -94,9 +114,118 @@ impl MemoryNeed {
             .saturating_add(self.reads)
     }
 
-    fn with_pool(&self, pool: u64) -> u64 {
-        let sized = self.sized(pool);
+    /// `pool` bytes of decoded chunks, the batches, the reads and `others`, with the overhead
+    /// on all of it.
+    fn figure(&self, pool: u64, others: u64) -> u64 {
+        let sized = self.sized(pool).saturating_add(others);
         sized.saturating_add(library_overhead(sized))
+    }
+
+    /// This need with what the passes running now hold beside it counted in `others`. Passes
+    /// of one dataset share its pool, holding the largest of their pool figures or all their
+    /// working sets together (the pool admits no more owners than its budget holds), and its
+    /// read buffers; each holds its own batches.
+    fn beside(mut self, running: &[Running], pool: usize) -> Self {
+        #[derive(Default)]
+        struct Shared {
+            pool: u64,
+            working_sets: u64,
+            reads: u64,
+            batches: u64,
+        }
+        let mut by_pool: Vec<(usize, Shared)> = Vec::new();
+        let entries = running.iter().map(|r| (r.pool, &r.need));
+        for (at, need) in entries.chain([(pool, &self)]) {
+            let i = match by_pool.iter().position(|(p, _)| *p == at) {
+                Some(i) => i,
+                None => {
+                    by_pool.push((at, Shared::default()));
+                    by_pool.len() - 1
+                }
+            };
+            let g = &mut by_pool[i].1;
+            g.pool = g.pool.max(need.pool);
+            g.working_sets = g.working_sets.saturating_add(need.working_set);
+            g.reads = g.reads.max(need.reads);
+            g.batches = g.batches.saturating_add(need.batches_bytes());
+        }
+        let all = by_pool.iter().fold(0u64, |acc, (_, g)| {
+            acc.saturating_add(g.pool.max(g.working_sets))
+                .saturating_add(g.reads)
+                .saturating_add(g.batches)
+        });
+        self.others = all.saturating_sub(self.sized(self.pool));
+        self.other_passes = running.len();
+        self.overhead = library_overhead(self.sized(self.pool).saturating_add(self.others));
+        self
+    }
+}
+
+/// One pass running in this process: its pool (by address, stable while the pass holds it),
+/// its name for messages, and its need on its own.
+struct Running {
+    id: u64,
+    pool: usize,
+    name: String,
+    need: MemoryNeed,
+}
+
+/// The passes running in this process, so a pass's start counts what they hold beside its own
+/// need: a training script that zips train and val, or runs two datasets, has one memory limit.
+static RUNNING: Mutex<(u64, Vec<Running>)> = Mutex::new((0, Vec::new()));
+
+fn running() -> std::sync::MutexGuard<'static, (u64, Vec<Running>)> {
+    // An entry is pushed or removed whole, so a panic elsewhere leaves the list consistent.
+    RUNNING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The passes running in this process, and a pass's place among them.
+pub struct RunningPasses;
+
+impl RunningPasses {
+    /// `need` of a pass on the pool at address `pool`, with the passes running now counted in
+    /// [`MemoryNeed::others`].
+    pub fn count_beside(need: MemoryNeed, pool: usize) -> MemoryNeed {
+        need.beside(&running().1, pool)
+    }
+
+    /// Counts the running passes into `need` and, when `admit` accepts the result (given the
+    /// running passes' names), enters the pass among them: one step under one lock, so two
+    /// passes that start at once each count the other. The pass leaves when the returned entry
+    /// drops.
+    pub fn enter<E>(
+        need: MemoryNeed,
+        pool: usize,
+        name: &str,
+        admit: impl FnOnce(&MemoryNeed, &[&str]) -> Result<(), E>,
+    ) -> Result<RunningPass, E> {
+        let mut guard = running();
+        let (next, list) = &mut *guard;
+        let counted = need.beside(list, pool);
+        let names: Vec<&str> = list.iter().map(|r| r.name.as_str()).collect();
+        admit(&counted, &names)?;
+        let id = *next;
+        *next += 1;
+        list.push(Running {
+            id,
+            pool,
+            name: name.to_string(),
+            need,
+        });
+        Ok(RunningPass { id })
+    }
+}
+
+/// A pass's entry among the running ones: dropped with the pass, when it no longer holds
+/// anything.
+#[derive(Debug)]
+pub struct RunningPass {
+    id: u64,
+}
+
+impl Drop for RunningPass {
+    fn drop(&mut self) {
+        running().1.retain(|r| r.id != self.id);
     }
 }
 
@@ -112,14 +241,21 @@ impl std::fmt::Display for MemoryNeed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} bytes: working set {}, pool {}, {} batches of {}, reads {}, overhead {}",
+            "{} bytes: working set {}, pool {}, {} batches of {}, reads {}, ",
             self.total(),
             self.working_set,
             self.pool,
             self.batches,
             self.batch_bytes,
             self.reads,
-            self.overhead
-        )
+        )?;
+        if self.other_passes > 0 {
+            write!(
+                f,
+                "{} other passes running {}, ",
+                self.other_passes, self.others
+            )?;
+        }
+        write!(f, "overhead {}", self.overhead)
     }
 }

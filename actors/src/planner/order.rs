@@ -60,6 +60,17 @@ impl EpochOrder {
     pub fn anchors(&self) -> Vec<u64> {
         (0..self.rows.len()).map(|i| self.anchor(i)).collect()
     }
+
+    /// Drops the first `n` rows (at most all): what a pass resumed past them still draws, in
+    /// the same order and the same blocks (a block the cut falls in keeps its later rows).
+    pub fn skip_front(&mut self, n: usize) {
+        let n = n.min(self.rows.len());
+        self.rows.drain(..n);
+        self.blocks.retain(|b| b.end > n);
+        for b in &mut self.blocks {
+            *b = b.start.saturating_sub(n)..b.end - n;
+        }
+    }
 }
 
 /// Inputs of [`epoch_order`].

@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 6
+#define ISB_ABI_VERSION 7
 
 /*
  DLPack version of the exported structs.
@@ -478,11 +478,12 @@ IsbStatus isb_dataset_split_len(const struct IsbDataset *ds,
  reading anything, as JSON: `total_bytes` (what `isb_iter_start` checks against this
  process's memory limit, so the figure to size a job by) and its parts `working_set_bytes`,
  `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
- pool), `batch_bytes`, `batches`, `read_bytes`, `overhead_bytes`; the limit `limit_bytes` and
- `limit_source` (`machine`, `cgroup` or `ulimit -v`; `null` when nothing says) and `fits`;
- `process_rss_bytes`, this process's resident memory as it asks (before any pass: the host
- a job's memory holds beside the total). Errors as `isb_iter_start` would for an unknown or
- empty split.
+ pool), `batch_bytes`, `batches`, `read_bytes`, `overhead_bytes`, and `others_bytes`, what
+ the `other_passes` iterations running in this process as it asks hold beside this one; the
+ limit `limit_bytes` and `limit_source` (`machine`, `cgroup` or `ulimit -v`; `null` when
+ nothing says) and `fits`; `process_rss_bytes`, this process's resident memory as it asks
+ (before any pass: the host a job's memory holds beside the total). Errors as
+ `isb_iter_start` would for an unknown or empty split.
 
  # Safety
  `ds` is NULL or a live dataset; `split` is NUL-terminated; `out_json` is writable; `err` is
@@ -519,6 +520,23 @@ IsbStatus isb_iter_start(const struct IsbDataset *ds,
                          const char *split,
                          struct IsbIter **out,
                          struct IsbError **err);
+
+/*
+ Resumes the current epoch of `split` at batch `start_batch`, as `isb_iter_start` starts it
+ at 0: the batches are batches `start_batch..` of a whole epoch (the same samples in the same
+ order), and chunks only earlier batches draw from are not read. For a job restarted from a
+ checkpoint that saved (epoch, batches done). `start_batch` equal to the epoch's batch count
+ (`isb_dataset_split_len`) yields none; beyond it is `ISB_INVALID_ARGUMENT` naming
+ `start_batch` (ABI 7).
+
+ # Safety
+ As `isb_iter_start`.
+ */
+IsbStatus isb_iter_start_at(const struct IsbDataset *ds,
+                            const char *split,
+                            uint64_t start_batch,
+                            struct IsbIter **out,
+                            struct IsbError **err);
 
 /*
  The next batch into `*out` (`ISB_OK`), or `ISB_END_OF_EPOCH` with `*out` set to NULL. After

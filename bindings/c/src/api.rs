@@ -14,7 +14,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 6;
+pub const ISB_ABI_VERSION: u32 = 7;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -613,11 +613,12 @@ pub unsafe extern "C" fn isb_dataset_split_len(
 /// reading anything, as JSON: `total_bytes` (what `isb_iter_start` checks against this
 /// process's memory limit, so the figure to size a job by) and its parts `working_set_bytes`,
 /// `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
-/// pool), `batch_bytes`, `batches`, `read_bytes`, `overhead_bytes`; the limit `limit_bytes` and
-/// `limit_source` (`machine`, `cgroup` or `ulimit -v`; `null` when nothing says) and `fits`;
-/// `process_rss_bytes`, this process's resident memory as it asks (before any pass: the host
-/// a job's memory holds beside the total). Errors as `isb_iter_start` would for an unknown or
-/// empty split.
+/// pool), `batch_bytes`, `batches`, `read_bytes`, `overhead_bytes`, and `others_bytes`, what
+/// the `other_passes` iterations running in this process as it asks hold beside this one; the
+/// limit `limit_bytes` and `limit_source` (`machine`, `cgroup` or `ulimit -v`; `null` when
+/// nothing says) and `fits`; `process_rss_bytes`, this process's resident memory as it asks
+/// (before any pass: the host a job's memory holds beside the total). Errors as
+/// `isb_iter_start` would for an unknown or empty split.
 ///
 /// # Safety
 /// `ds` is NULL or a live dataset; `split` is NUL-terminated; `out_json` is writable; `err` is
@@ -724,6 +725,27 @@ pub unsafe extern "C" fn isb_iter_start(
     out: *mut *mut IsbIter,
     err: *mut *mut IsbError,
 ) -> IsbStatus {
+    // SAFETY: forwarded contract.
+    unsafe { isb_iter_start_at(ds, split, 0, out, err) }
+}
+
+/// Resumes the current epoch of `split` at batch `start_batch`, as `isb_iter_start` starts it
+/// at 0: the batches are batches `start_batch..` of a whole epoch (the same samples in the same
+/// order), and chunks only earlier batches draw from are not read. For a job restarted from a
+/// checkpoint that saved (epoch, batches done). `start_batch` equal to the epoch's batch count
+/// (`isb_dataset_split_len`) yields none; beyond it is `ISB_INVALID_ARGUMENT` naming
+/// `start_batch` (ABI 7).
+///
+/// # Safety
+/// As `isb_iter_start`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_iter_start_at(
+    ds: *const IsbDataset,
+    split: *const c_char,
+    start_batch: u64,
+    out: *mut *mut IsbIter,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
     boundary(err, || {
         if out.is_null() {
             return Err(null("out"));
@@ -732,7 +754,7 @@ pub unsafe extern "C" fn isb_iter_start(
         let d = unsafe { dataset(ds) }?;
         // SAFETY: forwarded contract.
         let split = unsafe { arg_str(split, "split") }?;
-        let pass = d.ds.iter(split)?;
+        let pass = d.ds.iter_from(split, start_batch)?;
         let labels =
             d.ds.variables()
                 .iter()

@@ -149,7 +149,8 @@ int main(int argc, char **argv) {
     if (!total_at || !overhead_at || sscanf(total_at, "\"total_bytes\":%llu", &total) != 1 ||
         sscanf(overhead_at, "\"overhead_bytes\":%llu", &overhead) != 1 || overhead < (16ull << 20) ||
         total <= overhead || !strstr(need, "\"batches\":3,") || !strstr(need, "\"fits\":true") ||
-        !strstr(need, "\"process_rss_bytes\":") || strstr(need, "\"process_rss_bytes\":0,")) {
+        !strstr(need, "\"process_rss_bytes\":") || strstr(need, "\"process_rss_bytes\":0,") ||
+        !strstr(need, "\"other_passes\":0,") || !strstr(need, "\"others_bytes\":0,")) {
         fprintf(stderr, "FAIL memory need: %s\n", need ? need : "(null)");
         failures++;
     }
@@ -158,6 +159,39 @@ int main(int argc, char **argv) {
     CHECK("memory need, NULL split", isb_dataset_memory_json(ds, NULL, &need, &err), ISB_NULL_POINTER, "split");
     CHECK("memory need, NULL dataset", isb_dataset_memory_json(NULL, "train", &need, &err), ISB_NULL_POINTER, "ds");
     IsbIter *it = NULL;
+    /* Resuming an epoch (ABI 7): from batch 2 of 3 comes the whole epoch's last batch, from
+     * batch 3 nothing, and batch 4 is named as out of range. */
+    {
+        uint64_t last[5] = {0};
+        size_t n_last = 0;
+        IsbBatch *rb = NULL;
+        const uint64_t *idx = NULL;
+        size_t len = 0;
+        if (isb_iter_start(ds, "train", &it, &err) != ISB_OK) return 1;
+        while (isb_iter_next(it, &rb, &err) == ISB_OK) {
+            if (isb_batch_sample_indices(rb, &idx, &len, &err) == ISB_OK && len <= 5) {
+                memcpy(last, idx, len * sizeof *idx);
+                n_last = len;
+            }
+            isb_batch_free(rb);
+        }
+        isb_iter_free(it);
+        CHECK("resume at the last batch", isb_iter_start_at(ds, "train", 2, &it, &err), ISB_OK, NULL);
+        if (isb_iter_next(it, &rb, &err) != ISB_OK ||
+            isb_batch_sample_indices(rb, &idx, &len, &err) != ISB_OK || len != n_last ||
+            memcmp(idx, last, len * sizeof *idx) != 0) {
+            fprintf(stderr, "FAIL resumed batch 2 is not the epoch's last batch\n");
+            failures++;
+        }
+        isb_batch_free(rb);
+        CHECK("resumed epoch ends", isb_iter_next(it, &rb, &err), ISB_END_OF_EPOCH, NULL);
+        isb_iter_free(it);
+        CHECK("resume after the last batch", isb_iter_start_at(ds, "train", 3, &it, &err), ISB_OK, NULL);
+        CHECK("nothing after the last batch", isb_iter_next(it, &rb, &err), ISB_END_OF_EPOCH, NULL);
+        isb_iter_free(it);
+        it = NULL;
+        CHECK("resume past the epoch", isb_iter_start_at(ds, "train", 4, &it, &err), ISB_INVALID_ARGUMENT, "start_batch");
+    }
     CHECK("unknown split", isb_iter_start(ds, "holdout", &it, &err), ISB_INVALID_ARGUMENT, "holdout");
     CHECK("empty split", isb_iter_start(ds, "val", &it, &err), ISB_INVALID_ARGUMENT, "val");
     CHECK("NULL dataset", isb_iter_start(NULL, "train", &it, &err), ISB_NULL_POINTER, "ds");
@@ -167,6 +201,13 @@ int main(int argc, char **argv) {
     if (isb_iter_start(ds, "train", &it, &err) != ISB_OK) return 1;
     IsbBatch *b = NULL;
     if (isb_iter_next(it, &b, &err) != ISB_OK) return 1;
+    /* A second iteration's need counts the running one beside it. */
+    CHECK("memory need beside a pass", isb_dataset_memory_json(ds, "all", &need, &err), ISB_OK, NULL);
+    if (!need || !strstr(need, "\"other_passes\":1,") || strstr(need, "\"others_bytes\":0,")) {
+        fprintf(stderr, "FAIL memory need beside a running pass: %s\n", need ? need : "(null)");
+        failures++;
+    }
+    isb_string_free(need);
     DLManagedTensorVersioned *t = NULL;
     CHECK("unknown label", isb_batch_export(b, "nope", &t, &err), ISB_INVALID_ARGUMENT, "nope");
     const char *label = NULL;

@@ -551,6 +551,14 @@ class _View:
     def __iter__(self) -> Iterator[Batch]:
         return self._ds._iterate(self.split)
 
+    def from_batch(self, start_batch: int) -> Iterator[Batch]:
+        """Resumes the current epoch at batch `start_batch`: the batches are `start_batch`
+        onward of a whole epoch (the same samples in the same order, which depends on the seed
+        and epoch only), and chunks only the earlier batches draw from are not read. For a job
+        restarted mid-epoch from a checkpoint that saved the epoch and the batches done.
+        `len(view)` yields nothing; beyond it raises `InvalidArgument` naming `start_batch`."""
+        return self._ds._iterate(self.split, _check_int("start_batch", start_batch, 0))
+
     def __len__(self) -> int:
         """Batches one epoch of the split yields (the last may be short); the same every epoch."""
         return self._ds._split_len(self.split)[1]
@@ -781,8 +789,10 @@ class InSituDataset:
         this process's memory limit (the machine's, its cgroup's, `ulimit -v`): the figure to
         size a job by. Its parts are `working_set_bytes`, `pool_bytes`, `cache_budget_bytes`
         (None unless a budget above the working set sizes the pool), `batch_bytes`, `batches`,
-        `read_bytes` and `overhead_bytes`; `limit_bytes`, `limit_source` and `fits` give the
-        limit. The interpreter, the framework and the model come on top: `process_rss_bytes`,
+        `read_bytes` and `overhead_bytes`, and `others_bytes`, what the `other_passes`
+        iterations running in this process now hold beside it (counted in the total: a pass
+        zipped beside another needs room for both); `limit_bytes`, `limit_source` and `fits`
+        give the limit. The interpreter, the framework and the model come on top: `process_rss_bytes`,
         this process's resident memory as it asks, is that host when asked before iterating."""
         if not isinstance(split, str):
             raise TypeError("split must be a str")
@@ -799,12 +809,15 @@ class InSituDataset:
         )
         return samples.value, batches.value
 
-    def _iterate(self, split: str) -> "_Epoch":
+    def _iterate(self, split: str, start_batch: int = 0) -> "_Epoch":
         if not isinstance(split, str):
             raise TypeError("split must be a str")
         it = ctypes.c_void_p()
         err = ctypes.c_void_p()
-        _check(lib.isb_iter_start(self._live(), split.encode(), ctypes.byref(it), ctypes.byref(err)), err)
+        _check(
+            lib.isb_iter_start_at(self._live(), split.encode(), start_batch, ctypes.byref(it), ctypes.byref(err)),
+            err,
+        )
         return _Epoch(self, it)
 
     # reports ---------------------------------------------------------------------------

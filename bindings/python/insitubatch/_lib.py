@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 _LIB_NAME = "libinsitubatch.so"
 
 
@@ -112,6 +112,7 @@ def _load() -> ctypes.CDLL:
             [P, S, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ERR],
         ),
         "isb_iter_start": (U32, [P, S, ctypes.POINTER(P), ERR]),
+        "isb_iter_start_at": (U32, [P, S, ctypes.c_uint64, ctypes.POINTER(P), ERR]),
         "isb_iter_next": (U32, [P, ctypes.POINTER(P), ERR]),
         "isb_iter_next_timeout": (U32, [P, ctypes.c_uint64, ctypes.POINTER(P), ERR]),
         "isb_iter_stats_json": (U32, [P, OUT_STR, ERR]),

@@ -64,6 +64,7 @@ def test_memory_need_counts_the_batches_and_pool_a_pass_holds_before_it_runs(fix
         assert need["batch_bytes"] == 7 * sample
         assert need["batches"] == min(1 + 2, len(ds.train))
         assert need["pool_bytes"] == need["working_set_bytes"] and need["cache_budget_bytes"] is None
+        assert (need["others_bytes"], need["other_passes"]) == (0, 0), "no iteration is running"
         parts = need["pool_bytes"] + need["batches"] * need["batch_bytes"] + need["read_bytes"]
         assert need["total_bytes"] == parts + need["overhead_bytes"]
         assert need["overhead_bytes"] == (16 << 20) + parts // 8
@@ -77,11 +78,27 @@ def test_memory_need_counts_the_batches_and_pool_a_pass_holds_before_it_runs(fix
         with pytest.raises(TypeError, match="split must be a str"):
             ds.memory_need(0)
     # A heap budget above the working set is held too, up to every chunk of the arrays.
-    with isb.InSituDataset(store, None, g, batch_size=7, block_chunks=2, cache_budget_bytes=1 << 40) as ds:
+    thirds = isb.split_by_chunk(g["raw"], (0.5, 0.25, 0.25))
+    with isb.InSituDataset(store, thirds, g, batch_size=7, block_chunks=2, cache_budget_bytes=1 << 40) as ds:
         big = ds.memory_need("train")
         assert big["cache_budget_bytes"] == 1 << 40
         assert need["working_set_bytes"] < big["pool_bytes"] < 1 << 40
         assert big["total_bytes"] > need["total_bytes"]
+        # Zipped beside a running train iteration, val needs room for train's batches too (the
+        # pool, which holds both working sets, and the read buffers are shared).
+        alone = ds.memory_need("val")
+        it = iter(ds.train)
+        next(it)
+        beside = ds.memory_need("val")
+        train = ds.memory_need("train")
+        assert beside["other_passes"] == 1 and train["other_passes"] == 1
+        assert beside["others_bytes"] == train["batches"] * train["batch_bytes"]
+        parts = beside["pool_bytes"] + beside["batches"] * beside["batch_bytes"] + beside["read_bytes"]
+        assert beside["total_bytes"] == parts + beside["others_bytes"] + beside["overhead_bytes"]
+        assert beside["total_bytes"] > alone["total_bytes"]
+        assert sum(len(v) for _, v in zip(it, ds.val)) > 0
+        it.close()
+        assert ds.memory_need("val")["others_bytes"] == 0, "a closed iterator holds nothing"
 
 
 def test_ranks_share_every_split_and_train_evenly(fixtures):
@@ -141,6 +158,30 @@ def test_order_depends_on_seed_and_epoch_only(fixtures):
     assert a != b and sorted(a) == sorted(b) == list(range(61))
     assert isb.shuffle_quality(a, 1) > 0.5
     assert isb.shuffle_quality(list(range(64)), 8) < 0.1
+
+
+def test_a_resumed_epoch_yields_the_rest_of_a_whole_one_and_reads_only_its_chunks(fixtures):
+    out, _ = fixtures
+    store = out / "paired.zarr"
+    g = isb.open_geometries(store, ["raw"])
+    with isb.InSituDataset(store, None, g, batch_size=7, block_chunks=4, seed=3) as ds:
+        ds.set_epoch(2)
+        whole = [(b.sample_indices.tolist(), b.arrays["raw"].copy()) for b in ds.train]
+        n = len(ds.train)
+        assert len(whole) == n and len(whole[-1][0]) < 7, "a short last batch"
+        for k in (0, 1, n // 2, n - 1, n):
+            rest = [(b.sample_indices.tolist(), b.arrays["raw"].copy()) for b in ds.train.from_batch(k)]
+            assert [i for i, _ in rest] == [i for i, _ in whole[k:]], k
+            assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(rest, whole[k:]))
+            # One sample per chunk of `raw`: only the chunks of the batches yielded are drawn.
+            s = ds.stats()
+            assert s["cache_hits"] + s["cache_misses"] == sum(len(i) for i, _ in rest), k
+        with pytest.raises(isb.InvalidArgument, match=f"`start_batch` = {n + 1}: an epoch of `train` has {n} batches"):
+            ds.train.from_batch(n + 1)
+        with pytest.raises(isb.InvalidArgument, match="`start_batch` = -1"):
+            ds.train.from_batch(-1)
+        with pytest.raises(TypeError, match="`start_batch` must be an int"):
+            ds.train.from_batch(1.5)
 
 
 def test_arrays_alias_rust_memory_and_outlive_everything_in_any_drop_order(fixtures):
