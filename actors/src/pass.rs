@@ -410,19 +410,22 @@ fn check_memory(
         ));
     }
     if need.total() > limit.bytes {
+        let running = match others.len() {
+            1 => "the iteration".to_string(),
+            n => format!("the {n} iterations"),
+        };
         return Err(EngineError::arg(
             "split",
             &config.split,
             format!(
-                "this pass needs {} bytes on its own and the {} iterations already running in \
-                 this process ({}) hold {} bytes beside it, {} bytes in all with the library's \
-                 slack, more than {limit}; finish or drop them first (an iterator a loop broke \
-                 out of holds its batches until it is dropped), or lower their batch_size, \
-                 prefetch_depth or cache_budget_bytes",
+                "this pass needs {} bytes on its own, and {} bytes more are held beside it by \
+                 {running} already running in this process ({}): {} bytes in all with the \
+                 library's slack, more than {limit}; finish or drop those first (an iterator a \
+                 loop broke out of holds its batches until it is dropped), or lower their \
+                 batch_size, prefetch_depth or cache_budget_bytes",
                 need.alone(),
-                others.len(),
-                others.join(", "),
                 need.others,
+                others.join(", "),
                 need.total()
             ),
         ));

@@ -841,10 +841,13 @@ fn a_pass_that_fits_alone_but_not_beside_a_running_one_is_refused_naming_it() {
         .to_string();
     assert!(
         e.contains("`split` = all")
-            && e.contains("the 1 iterations already running in this process (all#0)")
-            && e.contains(&format!("hold {} bytes beside it", beside.others))
-            && e.contains(&format!("{} bytes in all", beside.total()))
-            && e.contains("finish or drop them first"),
+            && e.contains(&format!(
+                "{} bytes more are held beside it by the iteration already running in this \
+                 process (all#0): {} bytes in all",
+                beside.others,
+                beside.total()
+            ))
+            && e.contains("finish or drop those first"),
         "{e}"
     );
     drop(running);
