@@ -35,8 +35,9 @@ pub struct MemoryNeed {
     /// stored chunk's decoded size.
     pub reads: u64,
     /// What the passes running in this process when the need was counted hold beside this
-    /// one: a pass of the same dataset its batches (and its working set when the pool's budget
-    /// is automatic), a pass of another dataset its pool, batches and reads.
+    /// one: a pass of the same dataset its batches, and whatever the working sets together
+    /// need of the shared pool beyond this pass's `pool`; a pass of another dataset its pool,
+    /// batches and reads.
     pub others: u64,
     /// How many passes `others` counts.
     pub other_passes: usize,
