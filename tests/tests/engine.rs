@@ -814,6 +814,57 @@ fn the_memory_need_counts_the_iterations_already_running_beside_it() {
 }
 
 #[test]
+fn a_forked_child_counts_none_of_its_parents_passes_even_if_forked_mid_update() {
+    use insitubatch::actors::planner::RunningPasses;
+    let chunk = 256u64 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    wide_array(dir.path(), 64, chunk / 4, 0.0);
+    let ds = InSituDataset::builder(dir.path()).build().unwrap();
+    let _running = ds.all().unwrap();
+    let count = || RunningPasses::count_beside(Default::default(), 0).other_passes;
+    assert_eq!(count(), 1);
+    // Another thread holds the list while this one forks (a fork-started worker, say): the
+    // child has no such thread, and must neither wait for it nor count the parent's pass.
+    let (held, hold) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+    let holder = std::thread::spawn(move || {
+        RunningPasses::while_locked(|| {
+            held.0.send(()).unwrap();
+            hold.1.recv().unwrap();
+        })
+    });
+    held.1.recv().unwrap();
+    // SAFETY: the child counts (a lock word, a list it replaces) and exits with `_exit`.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork failed");
+    if child == 0 {
+        let code = if count() == 0 { 0 } else { 1 };
+        // SAFETY: ends the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // SAFETY: waitpid on our own child, WNOHANG.
+    while unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } == 0 {
+        if std::time::Instant::now() > deadline {
+            // SAFETY: kill and reap our own child.
+            unsafe {
+                libc::kill(child, libc::SIGKILL);
+                libc::waitpid(child, &mut status, 0);
+            }
+            panic!("the child still waits for a lock its parent's thread held at the fork");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    hold.0.send(()).unwrap();
+    holder.join().unwrap();
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child counted its parent's pass (status {status})"
+    );
+    assert_eq!(count(), 1, "the parent still counts its own");
+}
+
+#[test]
 fn a_pass_that_fits_alone_but_not_beside_a_running_one_is_refused_naming_it() {
     let limit = insitubatch::memory_limit().unwrap().bytes;
     // Chunks of 1 MiB, no chunk on disk, as many as half the limit; each dataset's budget

@@ -4,7 +4,9 @@
 //! however many passes it runs, so the passes running at a pass's start are counted beside it
 //! ([`RunningPasses`]).
 
-use std::sync::Mutex;
+use std::cell::UnsafeCell;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::{MemoryLimit, ReadPlan};
 
@@ -171,13 +173,96 @@ struct Running {
     need: MemoryNeed,
 }
 
+/// The passes running in a process.
+struct Registry {
+    /// The process they run in: a child made by `fork` inherits its parent's list, whose
+    /// passes do not run in the child.
+    pid: u32,
+    /// The next entry's id (kept across a fork, so an inherited entry's id is never reused).
+    next: u64,
+    list: Vec<Running>,
+}
+
 /// The passes running in this process, so a pass's start counts what they hold beside its own
 /// need: a training script that zips train and val, or runs two datasets, has one memory limit.
-static RUNNING: Mutex<(u64, Vec<Running>)> = Mutex::new((0, Vec::new()));
+struct Shared(UnsafeCell<Registry>);
 
-fn running() -> std::sync::MutexGuard<'static, (u64, Vec<Running>)> {
-    // An entry is pushed or removed whole, so a panic elsewhere leaves the list consistent.
-    RUNNING.lock().unwrap_or_else(|e| e.into_inner())
+// SAFETY: the registry is only reached through `Locked`, which holds `HOLDER`.
+unsafe impl Sync for Shared {}
+
+static REGISTRY: Shared = Shared(UnsafeCell::new(Registry {
+    pid: 0,
+    next: 0,
+    list: Vec::new(),
+}));
+
+/// The registry's lock: the id of the process whose thread holds it, 0 when free. A `std`
+/// mutex held by another thread at a `fork` stays locked in the child for good (that thread
+/// does not exist there), and the child's first pass would wait forever. Here the child sees
+/// its parent's id in the word and takes the lock over.
+static HOLDER: AtomicU32 = AtomicU32::new(0);
+
+/// The registry, locked.
+struct Locked(PhantomData<*mut Registry>);
+
+impl Locked {
+    fn new() -> Self {
+        let me = std::process::id();
+        loop {
+            match HOLDER.compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => break,
+                // Held by a thread of the process this one was forked from: nobody will free it.
+                Err(held) if held != 0 && held != me => {
+                    if HOLDER
+                        .compare_exchange(held, me, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        break;
+                    }
+                }
+                // Held by another thread here, for a few list operations.
+                Err(_) => std::thread::yield_now(),
+            }
+        }
+        let mut locked = Self(PhantomData);
+        if locked.pid != me {
+            // First use in this process, or in a child of a fork: start an empty list. An
+            // inherited one may be half-updated (a parent thread held the lock), so it is
+            // leaked, not dropped.
+            let inherited = std::mem::replace(
+                &mut *locked,
+                Registry {
+                    pid: me,
+                    next: 0,
+                    list: Vec::new(),
+                },
+            );
+            locked.next = inherited.next;
+            std::mem::forget(inherited);
+        }
+        locked
+    }
+}
+
+impl std::ops::Deref for Locked {
+    type Target = Registry;
+    fn deref(&self) -> &Registry {
+        // SAFETY: this thread holds `HOLDER`, so no other reference to the registry exists.
+        unsafe { &*REGISTRY.0.get() }
+    }
+}
+
+impl std::ops::DerefMut for Locked {
+    fn deref_mut(&mut self) -> &mut Registry {
+        // SAFETY: as in `deref`.
+        unsafe { &mut *REGISTRY.0.get() }
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        HOLDER.store(0, Ordering::Release);
+    }
 }
 
 /// The passes running in this process, and a pass's place among them.
@@ -187,7 +272,7 @@ impl RunningPasses {
     /// `need` of a pass on the pool at address `pool`, with the passes running now counted in
     /// [`MemoryNeed::others`].
     pub fn count_beside(need: MemoryNeed, pool: usize) -> MemoryNeed {
-        need.beside(&running().1, pool)
+        need.beside(&Locked::new().list, pool)
     }
 
     /// Counts the running passes into `need` and, when `admit` accepts the result (given the
@@ -200,20 +285,26 @@ impl RunningPasses {
         name: &str,
         admit: impl FnOnce(&MemoryNeed, &[&str]) -> Result<(), E>,
     ) -> Result<RunningPass, E> {
-        let mut guard = running();
-        let (next, list) = &mut *guard;
-        let counted = need.beside(list, pool);
-        let names: Vec<&str> = list.iter().map(|r| r.name.as_str()).collect();
+        let mut registry = Locked::new();
+        let counted = need.beside(&registry.list, pool);
+        let names: Vec<&str> = registry.list.iter().map(|r| r.name.as_str()).collect();
         admit(&counted, &names)?;
-        let id = *next;
-        *next += 1;
-        list.push(Running {
+        let id = registry.next;
+        registry.next += 1;
+        registry.list.push(Running {
             id,
             pool,
             name: name.to_string(),
             need,
         });
         Ok(RunningPass { id })
+    }
+
+    /// Test hook: runs `f` with the list locked (to fork while another thread holds it).
+    #[doc(hidden)]
+    pub fn while_locked<T>(f: impl FnOnce() -> T) -> T {
+        let _locked = Locked::new();
+        f()
     }
 }
 
@@ -226,7 +317,7 @@ pub struct RunningPass {
 
 impl Drop for RunningPass {
     fn drop(&mut self) {
-        running().1.retain(|r| r.id != self.id);
+        Locked::new().list.retain(|r| r.id != self.id);
     }
 }
 
