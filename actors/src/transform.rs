@@ -39,7 +39,9 @@
 //! float32(scale) + float32(offset)` and `(x - float32(mean)) / float32(std)`. `cast` converts
 //! as numpy's `astype` does; `coarsen` takes block means (summed in f64) with one factor per
 //! inner axis and drops the elements past the last whole block of an axis; `regrid`
-//! interpolates linearly along two inner axes in turn, each pass as `numpy.interp` does. Each
+//! interpolates linearly along two inner axes in turn, each pass as `numpy.interp` does, or
+//! with `"method": "nearest"` copies the value at the nearest source coordinate (any element
+//! type: masks, categories). Each
 //! step's [`ChunkTransform::output`] says what it makes of its input, or refuses it, when the
 //! dataset is built.
 
@@ -250,10 +252,11 @@ pub struct Coarsen {
     pub factors: Vec<u64>,
 }
 
-/// Linear interpolation onto another rectilinear grid along two inner axes (bilinear: first
-/// along `axes[0]`, then along `axes[1]`), in f64, each pass exactly as `numpy.interp` computes
-/// it: target coordinates outside the source range take the edge value. Source coordinates may
-/// run either way (ERA5's latitudes fall from 90 to -90).
+/// Onto another rectilinear grid along two inner axes, first along `axes[0]`, then along
+/// `axes[1]`. Linear (bilinear, the default) computes in f64, each pass exactly as
+/// `numpy.interp` does: target coordinates outside the source range take the edge value.
+/// Nearest copies the value at the nearest source coordinate, of any element type. Source
+/// coordinates may run either way (ERA5's latitudes fall from 90 to -90).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Regrid {
@@ -263,6 +266,29 @@ pub struct Regrid {
     pub src: [Vec<f64>; 2],
     /// Target coordinates along each axis.
     pub dst: [Vec<f64>; 2],
+    /// How a target between source coordinates is read. Left out of the JSON when linear, so
+    /// caches written before there was a choice keep their fingerprint.
+    #[serde(default, skip_serializing_if = "RegridMethod::is_linear")]
+    pub method: RegridMethod,
+}
+
+/// How [`Regrid`] reads the source between its coordinates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RegridMethod {
+    /// Linear along each axis in turn, as `numpy.interp` (float arrays).
+    #[default]
+    Linear,
+    /// The value at the nearest source coordinate, a tie going to the smaller coordinate, of
+    /// any element type and copied exactly: for categories and masks, which a mean would turn
+    /// into values that are none of them.
+    Nearest,
+}
+
+impl RegridMethod {
+    fn is_linear(&self) -> bool {
+        *self == Self::Linear
+    }
 }
 
 fn one() -> Values {
@@ -399,7 +425,23 @@ impl Coarsen {
 impl Regrid {
     /// Bilinear interpolation from `src` to `dst` coordinates along inner axes `axes`.
     pub fn new(axes: [usize; 2], src: [Vec<f64>; 2], dst: [Vec<f64>; 2]) -> Result<Self, String> {
-        let t = Self { axes, src, dst };
+        Self::with_method(axes, src, dst, RegridMethod::Linear)
+    }
+
+    /// From `src` to `dst` coordinates along inner axes `axes`, reading the source as
+    /// `method` says.
+    pub fn with_method(
+        axes: [usize; 2],
+        src: [Vec<f64>; 2],
+        dst: [Vec<f64>; 2],
+        method: RegridMethod,
+    ) -> Result<Self, String> {
+        let t = Self {
+            axes,
+            src,
+            dst,
+            method,
+        };
         t.validate()?;
         Ok(t)
     }
@@ -468,6 +510,73 @@ fn taps(xp: &[f64], dst: &[f64]) -> Vec<Tap> {
             }
         })
         .collect()
+}
+
+/// For each target coordinate, the index into `src` (rising or falling) of the nearest source
+/// coordinate; a tie goes to the smaller coordinate, and a target past either end takes the
+/// end.
+fn nearest_indices(src: &[f64], dst: &[f64]) -> Vec<usize> {
+    let n = src.len();
+    let falling = src[0] > src[n - 1];
+    let xp: Vec<f64> = if falling {
+        src.iter().rev().copied().collect()
+    } else {
+        src.to_vec()
+    };
+    dst.iter()
+        .map(|&x| {
+            // The first coordinate at or above x; the nearest is it or the one before.
+            let i = xp.partition_point(|&p| p < x);
+            let j = if i == 0 {
+                0
+            } else if i == n || x - xp[i - 1] <= xp[i] - x {
+                i - 1
+            } else {
+                i
+            };
+            if falling { n - 1 - j } else { j }
+        })
+        .collect()
+}
+
+/// The elements of `bytes` (dims `dims`, C order, `elem` bytes each) at indices `picks` along
+/// dim `d`: whole rows copied, whatever the element type.
+fn pick_along(bytes: &[u8], elem: usize, dims: &[usize], d: usize, picks: &[usize]) -> Vec<u8> {
+    let row = dims[d + 1..].iter().product::<usize>() * elem;
+    let outer: usize = dims[..d].iter().product();
+    let mut out = vec![0u8; outer * picks.len() * row];
+    if out.is_empty() {
+        return out;
+    }
+    let blocks = bytes
+        .chunks_exact(dims[d] * row)
+        .zip(out.chunks_exact_mut(picks.len() * row));
+    for (src, dst) in blocks {
+        // Along the last axis a row is one element: copied as a fixed-size value, not by a
+        // call per element.
+        match row {
+            1 => pick_rows::<1>(src, dst, picks),
+            2 => pick_rows::<2>(src, dst, picks),
+            4 => pick_rows::<4>(src, dst, picks),
+            8 => pick_rows::<8>(src, dst, picks),
+            16 => pick_rows::<16>(src, dst, picks),
+            _ => {
+                for (o, &i) in dst.chunks_exact_mut(row).zip(picks) {
+                    o.copy_from_slice(&src[i * row..(i + 1) * row]);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `dst`'s rows of `N` bytes are `src`'s rows at `picks`.
+fn pick_rows<const N: usize>(src: &[u8], dst: &mut [u8], picks: &[usize]) {
+    let (src, _) = src.as_chunks::<N>();
+    let (dst, _) = dst.as_chunks_mut::<N>();
+    for (o, &i) in dst.iter_mut().zip(picks) {
+        *o = src[i];
+    }
 }
 
 /// Interpolates `values` (dims `dims`, C order) along dim `d` from `src` to `dst` coordinates,
@@ -1011,7 +1120,11 @@ builtin! {
 builtin! {
     Regrid, "regrid",
     fn output(&self, inner_shape: &[u64], dtype: DType) -> Result<(Vec<u64>, DType), String> {
-        check_float(dtype)?;
+        if self.method == RegridMethod::Linear {
+            check_float(dtype).map_err(|e| {
+                format!("{e}; or regrid with \"method\": \"nearest\", which copies values")
+            })?;
+        }
         let mut out = inner_shape.to_vec();
         for k in 0..2 {
             let a = self.axes[k];
@@ -1034,6 +1147,17 @@ builtin! {
     }
     fn apply(&self, chunk: &mut Chunk) -> Result<(), String> {
         let mut dims: Vec<usize> = chunk.shape.iter().map(|&d| d as usize).collect();
+        if self.method == RegridMethod::Nearest {
+            let elem = chunk.dtype.size_bytes();
+            for k in 0..2 {
+                let d = self.axes[k] + 1; // the chunk's dim 0 is the sample axis
+                let picks = nearest_indices(&self.src[k], &self.dst[k]);
+                chunk.bytes = pick_along(&chunk.bytes, elem, &dims, d, &picks);
+                dims[d] = picks.len();
+            }
+            chunk.shape = dims.iter().map(|&d| d as u64).collect();
+            return Ok(());
+        }
         let mut values: Vec<f64> = on_float!(chunk, |T| elements::<T>(&chunk.bytes)
             .iter()
             .map(|x| x.to_f64())
@@ -1614,6 +1738,70 @@ mod tests {
             .unwrap_err()
             .contains("strictly")
         );
+    }
+
+    #[test]
+    fn regrid_nearest_copies_the_nearest_source_value_of_any_type() {
+        // Ties go to the smaller coordinate; past the ends, the end; either direction.
+        let rising = [0.0, 1.0, 3.0];
+        let dst = [-1.0, 0.4, 0.5, 0.6, 2.0, 2.1, 9.0];
+        assert_eq!(nearest_indices(&rising, &dst), vec![0, 0, 0, 1, 1, 2, 2]);
+        let falling = [3.0, 1.0, 0.0];
+        assert_eq!(nearest_indices(&falling, &dst), vec![2, 2, 2, 1, 1, 0, 0]);
+        // An int16 [1, 2, 3] chunk (a mask): rows, then columns, values copied exactly.
+        let t = Regrid::with_method(
+            [0, 1],
+            [vec![0.0, 1.0], vec![0.0, 1.0, 2.0]],
+            [vec![1.0, 0.2, 0.5], vec![2.0, 0.5]],
+            RegridMethod::Nearest,
+        )
+        .unwrap();
+        let int16 = |v: &[i16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let mut c = Chunk {
+            array: "mask".into(),
+            index: 0,
+            shape: vec![1, 2, 3],
+            dtype: DType::Int16,
+            bytes: int16(&[1, 2, 3, -4, -5, -6]),
+        };
+        assert_eq!(
+            t.output(&[2, 3], DType::Int16).unwrap(),
+            (vec![3, 2], DType::Int16)
+        );
+        t.apply(&mut c).unwrap();
+        assert_eq!(c.shape, vec![1, 3, 2]);
+        assert_eq!(c.bytes, int16(&[-6, -4, 3, 1, 3, 1]));
+        // Linear refuses integers, and says what would do.
+        let linear = Regrid::new([0, 1], t.src.clone(), t.dst.clone()).unwrap();
+        let e = linear.output(&[2, 3], DType::Int16).unwrap_err();
+        assert!(
+            e.contains("int16") && e.contains("\"method\": \"nearest\""),
+            "{e}"
+        );
+        // In JSON; a linear regrid's identity (its cache fingerprint) has no method, as before
+        // there was a choice.
+        let mut ts = ChunkTransforms::default();
+        ts.extend_from_json(
+            r#"[{"type": "regrid", "axes": [0, 1], "src": [[0, 1], [0, 1, 2]],
+                 "dst": [[1], [2]], "method": "nearest"},
+                {"type": "regrid", "axes": [0, 1], "src": [[0, 1], [0, 1, 2]],
+                 "dst": [[1], [2]]}]"#,
+        )
+        .unwrap();
+        let ids: Vec<String> = ts.entries.iter().map(|e| e.transform.identity()).collect();
+        assert!(ids[0].ends_with(r#""method":"nearest"}"#), "{ids:?}");
+        assert_eq!(
+            ids[1],
+            r#"regrid{"axes":[0,1],"src":[[0.0,1.0],[0.0,1.0,2.0]],"dst":[[1.0],[2.0]]}"#
+        );
+        let e = ChunkTransforms::default()
+            .extend_from_json(
+                r#"[{"type": "regrid", "axes": [0, 1], "src": [[0, 1], [0, 1]],
+                     "dst": [[1], [1]], "method": "cubic"}]"#,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cubic") && e.contains("nearest"), "{e}");
     }
 
     #[test]

@@ -144,22 +144,30 @@ class Coarsen:
 
 @dataclass(frozen=True)
 class Regrid:
-    """Bilinear interpolation onto another rectilinear grid along two inner axes: along
-    ``axes[0]`` from ``src[0]`` to ``dst[0]`` coordinates, then along ``axes[1]``, each pass in
-    float64 exactly as ``numpy.interp`` computes it (targets outside the source range take the
-    edge value). Source coordinates may fall (latitudes from 90 to -90)."""
+    """Onto another rectilinear grid along two inner axes: along ``axes[0]`` from ``src[0]`` to
+    ``dst[0]`` coordinates, then along ``axes[1]``. ``method="linear"`` (bilinear) computes each
+    pass in float64 exactly as ``numpy.interp`` does (targets outside the source range take the
+    edge value; float arrays). ``method="nearest"`` copies the value at the nearest source
+    coordinate, a tie going to the smaller coordinate, of any dtype: for masks and categories.
+    Source coordinates may fall (latitudes from 90 to -90)."""
 
     axes: Sequence[int]
     src: Sequence[Any]
     dst: Sequence[Any]
+    method: str = "linear"
 
     def to_config(self) -> dict:
         axes = [int(a) for a in self.axes]
         if len(axes) != 2 or len(self.src) != 2 or len(self.dst) != 2:
             raise ValueError("Regrid: give two axes, and src and dst coordinates for each")
+        if self.method not in ("linear", "nearest"):
+            raise ValueError(f"Regrid: method must be 'linear' or 'nearest', not {self.method!r}")
         coords = lambda name, c: [_values(f"{name}[{k}]", np.ravel(v)) for k, v in enumerate(c)]
-        return {"type": "regrid", "axes": axes, "src": coords("src", self.src),
-                "dst": coords("dst", self.dst)}
+        config = {"type": "regrid", "axes": axes, "src": coords("src", self.src),
+                  "dst": coords("dst", self.dst)}
+        if self.method != "linear":
+            config["method"] = self.method
+        return config
 
 
 class Function:

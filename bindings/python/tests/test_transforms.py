@@ -190,3 +190,34 @@ def test_regrid_equals_numpy_interp_along_each_axis(fixtures):
     with pytest.raises(isb.InvalidArgument, match="9 indices"):
         isb.InSituDataset(store, chunk_transforms=[applies("t2m", Regrid(
             axes=(0, 1), src=(lat[:5], lon), dst=(new_lat, new_lon)))])
+
+
+def test_regrid_nearest_copies_a_mask_exactly(fixtures):
+    # mask: uint8 (61, 5, 6) in chunks of 30. Targets between, on ties, and past both ends.
+    store = store_of(fixtures, "paired.zarr")
+    ref = zarr.open_array(store / "mask", mode="r")[...]
+    src = (np.array([80.0, 60.0, 40.0, 20.0, 0.0]), np.arange(6) * 2.0)  # falling, rising
+    dst = (np.array([90.0, 70.0, 51.0, 3.0, -9.0]), np.array([-1.0, 1.0, 2.9, 3.0, 11.0]))
+
+    def nearest(xp, x):
+        # argmin of the distance, a tie to the smaller coordinate.
+        d = np.abs(xp[None, :] - x[:, None])
+        best = d == d.min(axis=1, keepdims=True)
+        return np.array([np.flatnonzero(row)[np.argmin(xp[row])] for row in best])
+
+    want = ref[:, nearest(src[0], dst[0])][:, :, nearest(src[1], dst[1])]
+    with isb.InSituDataset(store, None, isb.open_geometries(store, ["mask"]), batch_size=7,
+                           chunk_transforms=[Regrid((0, 1), src, dst, method="nearest")]) as ds:
+        assert ds.sample_formats["mask"] == ((5, 5), np.dtype("uint8"))
+        got = {}
+        for b in ds.train:
+            for i, s in zip(b.sample_indices.tolist(), b.arrays["mask"]):
+                got[i] = s.copy()
+        assert sorted(got) == list(range(61))
+        assert all(np.array_equal(got[i], want[i]) for i in got)
+    # Linear needs floats, and says nearest would do.
+    with pytest.raises(isb.InvalidArgument, match="uint8.*nearest"):
+        isb.InSituDataset(store, None, isb.open_geometries(store, ["mask"]),
+                          chunk_transforms=[Regrid((0, 1), src, dst)])
+    with pytest.raises(ValueError, match="'linear' or 'nearest'"):
+        isb.InSituDataset(store, chunk_transforms=[Regrid((0, 1), src, dst, method="cubic")])
