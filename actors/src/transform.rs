@@ -512,17 +512,23 @@ fn taps(xp: &[f64], dst: &[f64]) -> Vec<Tap> {
         .collect()
 }
 
+/// Strictly monotonic coordinates in ascending order, and whether they fell.
+fn ascending(src: &[f64]) -> (Vec<f64>, bool) {
+    let falling = src.first() > src.last();
+    let xp = if falling {
+        src.iter().rev().copied().collect()
+    } else {
+        src.to_vec()
+    };
+    (xp, falling)
+}
+
 /// For each target coordinate, the index into `src` (rising or falling) of the nearest source
 /// coordinate; a tie goes to the smaller coordinate, and a target past either end takes the
 /// end.
 fn nearest_indices(src: &[f64], dst: &[f64]) -> Vec<usize> {
     let n = src.len();
-    let falling = src[0] > src[n - 1];
-    let xp: Vec<f64> = if falling {
-        src.iter().rev().copied().collect()
-    } else {
-        src.to_vec()
-    };
+    let (xp, falling) = ascending(src);
     dst.iter()
         .map(|&x| {
             // The first coordinate at or above x; the nearest is it or the one before.
@@ -584,13 +590,8 @@ fn pick_rows<const N: usize>(src: &[u8], dst: &mut [u8], picks: &[usize]) {
 /// x[j]) + f[j]`.
 fn interp_axis(values: &[f64], dims: &[usize], d: usize, src: &[f64], dst: &[f64]) -> Vec<f64> {
     let n = src.len();
-    // In ascending order; `at` maps an ascending position back to the source index.
-    let falling = src[0] > src[n - 1];
-    let xp: Vec<f64> = if falling {
-        src.iter().rev().copied().collect()
-    } else {
-        src.to_vec()
-    };
+    // `at` maps an ascending position back to the source index.
+    let (xp, falling) = ascending(src);
     let at = |i: usize| if falling { n - 1 - i } else { i };
     let taps = taps(&xp, dst);
     let outer: usize = dims[..d].iter().product();
