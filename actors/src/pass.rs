@@ -85,6 +85,9 @@ pub struct EngineContext<S: Store> {
     pub buffers: BufferPool,
     /// Read buffers for encoded stored chunks (size it to `max_inflight`).
     pub read_buffers: Recycler,
+    /// The memory a pass may count on: the lower of the process's limit and the dataset's
+    /// `memory_limit_bytes`.
+    pub memory_limit: Option<crate::planner::MemoryLimit>,
 }
 
 /// Settings of one pass.
@@ -331,14 +334,16 @@ fn memory_need<S: Store>(
         (Some(budget), None) => Some((budget, budget.min(every_chunk))),
         _ => None,
     };
-    MemoryNeed::new(
+    let mut need = MemoryNeed::new(
         plan,
         config.batch_size,
         config.prefetch_depth,
         n_rows,
         reads,
         cache,
-    )
+    );
+    need.limit = ctx.memory_limit;
+    need
 }
 
 /// `need` against `limit`: an error naming the knob to lower, which stands for a process the
@@ -527,12 +532,13 @@ impl Pass {
         // first block.
         let name = format!("{}#{}", config.split, config.epoch);
         let need = memory_need(ctx, &config, &plan, order.rows.len());
-        let running = RunningPasses::enter(need, pool_address(ctx), &name, |need, others| {
-            match crate::planner::memory_limit() {
-                Some(limit) => check_memory(&config, &plan, need, others, limit),
-                None => Ok(()),
-            }
-        })?;
+        let running =
+            RunningPasses::enter(need, pool_address(ctx), &name, |need, others| {
+                match ctx.memory_limit {
+                    Some(limit) => check_memory(&config, &plan, need, others, limit),
+                    None => Ok(()),
+                }
+            })?;
         let owner = ctx.pool.register_owner(&name, plan.read_ahead_bytes)?;
         let mut arrays = Vec::new();
         let mut layouts = Vec::new();

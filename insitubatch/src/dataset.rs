@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use insitubatch_actors::{
-    ChunkTransform, ChunkTransforms, EngineContext, EngineError, EpochOrder, MemoryNeed,
-    MemorySource, OnBadChunk, Pass, PassConfig, Pipeline, Shard, SplitManifest, Variable,
-    count_order_rows, plan_order, rank_share, split_by_chunk,
+    ChunkTransform, ChunkTransforms, EngineContext, EngineError, EpochOrder, MemoryLimit,
+    MemoryNeed, OnBadChunk, Pass, PassConfig, Pipeline, Shard, SplitManifest, Variable,
+    count_order_rows, memory_limit, plan_order, rank_share, split_by_chunk,
 };
 use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
@@ -62,6 +62,7 @@ pub struct DatasetBuilder {
     seed: u64,
     shuffle: bool,
     cache_budget_bytes: Option<u64>,
+    memory_limit_bytes: Option<u64>,
     on_bad_chunk: OnBadChunk,
     executor_threads: Option<usize>,
     io_backend: IoBackendChoice,
@@ -165,6 +166,17 @@ impl DatasetBuilder {
     /// working set, drained chunks stay resident and later epochs hit them.
     pub fn cache_budget_bytes(mut self, bytes: u64) -> Self {
         self.cache_budget_bytes = Some(bytes);
+        self
+    }
+
+    /// The memory the library may hold in this process when an iteration of this dataset
+    /// starts, its need and what the iterations already running hold (default: all this
+    /// process may use, the least of the machine's memory, its cgroup's limit and `ulimit -v`).
+    /// Set below that, it leaves the rest to the host: a training script's model, a
+    /// simulation's own arrays. Starting an iteration that does not fit is an error naming
+    /// what to lower, rather than a process the kernel kills mid-epoch.
+    pub fn memory_limit_bytes(mut self, bytes: u64) -> Self {
+        self.memory_limit_bytes = Some(bytes);
         self
     }
 
@@ -305,6 +317,15 @@ impl DatasetBuilder {
                     hint: "it needs a cache_dir; set cache_dir to a directory on local NVMe".into(),
                 });
             }
+        }
+        if self.memory_limit_bytes == Some(0) {
+            return Err(EngineError::InvalidArgument {
+                name: "memory_limit_bytes",
+                value: "0".into(),
+                hint: "leave it unset for all this process may use, or give a positive byte \
+                       count"
+                    .into(),
+            });
         }
         if self.cache_budget_bytes == Some(0) {
             return Err(EngineError::InvalidArgument {
@@ -552,6 +573,7 @@ impl DatasetBuilder {
             buffers: BufferPool::new(),
             // One per read in flight, plus one per executor for reads being decoded.
             read_buffers: Recycler::new(max_inflight + runtime.executor_threads()),
+            memory_limit: MemoryLimit::with_given(memory_limit(), self.memory_limit_bytes),
         });
         let ds = InSituDataset {
             root: self.root,
@@ -678,6 +700,7 @@ impl InSituDataset {
             seed: 0,
             shuffle: true,
             cache_budget_bytes: None,
+            memory_limit_bytes: None,
             on_bad_chunk: OnBadChunk::Raise,
             executor_threads: None,
             io_backend: IoBackendChoice::Auto,
@@ -1051,12 +1074,12 @@ pub fn geometry_json(g: &ArrayGeometry) -> serde_json::Value {
 /// pool), `batch_bytes`, `batches`, `read_bytes`, `others_bytes` (what the `other_passes`
 /// iterations running in this process as it asks hold beside this one; `total_bytes` and
 /// `fits` count it), `overhead_bytes`, `limit_bytes` and
-/// `limit_source` (`machine`, `cgroup`, `ulimit -v`; `null` when nothing says), `fits`, and
+/// `limit_source` (`machine`, `cgroup`, `ulimit -v`, `memory_limit_bytes`; `null` when nothing says), `fits`, and
 /// `process_rss_bytes`: this process's resident memory as it asks. Asked before any pass, that
 /// is the host (an interpreter, a framework, a model) which a job's memory must hold beside the
 /// need; after passes it also holds what the allocator kept of theirs.
 pub fn memory_need_json(need: &MemoryNeed) -> serde_json::Value {
-    let limit = insitubatch_actors::memory_limit();
+    let limit = need.limit;
     serde_json::json!({
         "total_bytes": need.total(),
         "working_set_bytes": need.working_set,
@@ -1069,12 +1092,8 @@ pub fn memory_need_json(need: &MemoryNeed) -> serde_json::Value {
         "other_passes": need.other_passes,
         "overhead_bytes": need.overhead,
         "limit_bytes": limit.map(|l| l.bytes),
-        "limit_source": limit.map(|l| match l.source {
-            MemorySource::Machine => "machine",
-            MemorySource::Cgroup => "cgroup",
-            MemorySource::AddressSpace => "ulimit -v",
-        }),
-        "fits": need.fits(limit),
+        "limit_source": limit.map(|l| l.source.name()),
+        "fits": need.fits(),
         "process_rss_bytes": crate::enginebench::rss_bytes(),
     })
 }

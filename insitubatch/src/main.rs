@@ -132,6 +132,9 @@ struct PassArgs {
     /// epochs after the first are all hits.
     #[arg(long)]
     cache_budget_bytes: Option<String>,
+    /// The memory the library may hold when a pass starts (default: all this process may use).
+    #[arg(long)]
+    memory_limit_bytes: Option<u64>,
     /// Seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -182,6 +185,9 @@ impl PassArgs {
         }
         if let Some(bytes) = budget {
             b = b.cache_budget_bytes(bytes);
+        }
+        if let Some(bytes) = self.memory_limit_bytes {
+            b = b.memory_limit_bytes(bytes);
         }
         if let Some(t) = &self.chunk_transforms {
             b = b.chunk_transforms_json(transforms_arg(t)?);
@@ -594,11 +600,7 @@ fn run_epochs_with_bar(
 }
 
 /// `insitubatch memory`'s table: each part of the need, what sizes it, and the limit.
-fn render_need(
-    split: &str,
-    need: &insitubatch::MemoryNeed,
-    limit: Option<insitubatch::MemoryLimit>,
-) -> String {
+fn render_need(split: &str, need: &insitubatch::MemoryNeed) -> String {
     let row = |what: &str, bytes: u64, why: String| {
         let line = format!("  {what:<12} {:>10}  {why}", human_bytes(bytes));
         line.trim_end().to_string() + "\n"
@@ -654,8 +656,8 @@ fn render_need(
         insitubatch::enginebench::rss_bytes(),
         "resident now, before any pass: the host a job's memory holds beside the total".into(),
     );
-    match limit {
-        Some(l) if need.fits(limit) => out += &format!("fits in {l}\n"),
+    match need.limit {
+        Some(l) if need.fits() => out += &format!("fits in {l}\n"),
         Some(l) => out += &format!("does NOT fit in {l}\n"),
         None => out += "no memory limit known\n",
     }
@@ -823,14 +825,13 @@ fn run(cli: Cli) -> CliResult {
         Command::Memory { pass, json } => {
             let ds = pass.dataset(pass.budget()?)?;
             let need = ds.memory_need(&pass.split)?;
-            let limit = insitubatch::memory_limit();
-            let fits = need.fits(limit);
+            let fits = need.fits();
             if json {
                 let mut v = insitubatch::memory_need_json(&need);
                 v["split"] = pass.split.clone().into();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                print!("{}", render_need(&pass.split, &need, limit));
+                print!("{}", render_need(&pass.split, &need));
             }
             if fits {
                 Ok(())

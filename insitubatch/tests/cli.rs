@@ -517,6 +517,36 @@ fn memory_states_the_need_a_pass_is_checked_against_and_fails_where_the_pass_wou
     let out = under_ulimit_v("memory", tmp.path(), &knobs, total);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && text.contains("fits in"), "{text}");
+    // The same kibibyte short as `--memory-limit-bytes`, without a ulimit: refused alike,
+    // naming the knob; at the need, it fits.
+    let short_arg = short.to_string();
+    let out = cli()
+        .arg("memory")
+        .arg(tmp.path())
+        .args(knobs)
+        .args(["--memory-limit-bytes", &short_arg])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "comes to {total} bytes, more than the {short} bytes of memory_limit_bytes"
+        )),
+        "{err}"
+    );
+    let total_arg = total.to_string();
+    let out = run_ok(
+        cli()
+            .arg("memory")
+            .arg(tmp.path())
+            .args(knobs)
+            .args(["--memory-limit-bytes", &total_arg]),
+    );
+    assert!(
+        out.contains(&format!("fits in the {total} bytes of memory_limit_bytes")),
+        "{out}"
+    );
 }
 
 #[test]

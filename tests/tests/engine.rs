@@ -814,6 +814,67 @@ fn the_memory_need_counts_the_iterations_already_running_beside_it() {
 }
 
 #[test]
+fn memory_limit_bytes_caps_what_a_dataset_may_hold_and_is_named() {
+    use insitubatch::{MemoryLimit, MemorySource};
+    // 64 samples of 1 MiB, one per chunk, no chunk on disk.
+    let chunk = 1u64 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    wide_array(dir.path(), 64, chunk / 4, 0.0);
+    let limit = 64u64 << 20;
+    let builder = || {
+        InSituDataset::builder(dir.path())
+            .batch_size(4)
+            .max_inflight(4)
+            .executor_threads(2)
+    };
+    let given = Some(MemoryLimit {
+        bytes: limit,
+        source: MemorySource::Given,
+    });
+    // Two blocks of 16 MiB, four batches of 4 MiB and six reads, with the library's slack,
+    // come to ~77 MiB: more than the 64 MiB given, though far less than the machine.
+    let big = builder().memory_limit_bytes(limit).build().unwrap();
+    let need = big.memory_need("all").unwrap();
+    assert_eq!(need.limit, given);
+    assert!(!need.fits(), "{need}");
+    let json = insitubatch::memory_need_json(&need);
+    assert_eq!(
+        (json["limit_source"].as_str(), json["limit_bytes"].as_u64()),
+        (Some("memory_limit_bytes"), Some(limit))
+    );
+    let e = big.all().map(|_| ()).unwrap_err().to_string();
+    assert!(
+        e.contains("`prefetch_depth`")
+            && e.contains(&format!(
+                "more than the {limit} bytes of memory_limit_bytes"
+            )),
+        "{e}"
+    );
+    // Blocks of two chunks fit, and run.
+    let small = builder()
+        .block_chunks(2)
+        .memory_limit_bytes(limit)
+        .build()
+        .unwrap();
+    assert!(small.memory_need("all").unwrap().fits());
+    let rows: usize = small.all().unwrap().map(|b| b.unwrap().len()).sum();
+    assert_eq!(rows, 64);
+    // Above the process's own limit, the process's binds; 0 is refused by name.
+    let above = builder().memory_limit_bytes(u64::MAX).build().unwrap();
+    assert_eq!(
+        above.memory_need("all").unwrap().limit,
+        insitubatch::memory_limit()
+    );
+    let e = builder()
+        .memory_limit_bytes(0)
+        .build()
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`memory_limit_bytes` = 0"), "{e}");
+}
+
+#[test]
 fn a_forked_child_counts_none_of_its_parents_passes_even_if_forked_mid_update() {
     use insitubatch::actors::planner::RunningPasses;
     let chunk = 256u64 << 10;
@@ -881,10 +942,10 @@ fn a_pass_that_fits_alone_but_not_beside_a_running_one_is_refused_naming_it() {
     };
     let (a, b) = (build(), build());
     let alone = b.memory_need("all").unwrap();
-    assert!(alone.fits(insitubatch::memory_limit()), "{alone}");
+    assert!(alone.fits(), "{alone}");
     let running = a.all().unwrap();
     let beside = b.memory_need("all").unwrap();
-    assert!(!beside.fits(insitubatch::memory_limit()), "{beside}");
+    assert!(!beside.fits(), "{beside}");
     let e = b
         .all()
         .map(|_| ())

@@ -24,6 +24,35 @@ pub enum MemorySource {
     Cgroup,
     /// The address-space limit (`ulimit -v`).
     AddressSpace,
+    /// `memory_limit_bytes`, given to the dataset: the share of the process's memory the
+    /// library may take, leaving the rest to its host (a model, a simulation).
+    Given,
+}
+
+impl MemoryLimit {
+    /// The lower of this process's limit and `given` (`memory_limit_bytes`), if either.
+    pub fn with_given(process: Option<MemoryLimit>, given: Option<u64>) -> Option<MemoryLimit> {
+        let given = given.map(|bytes| MemoryLimit {
+            bytes,
+            source: MemorySource::Given,
+        });
+        match (process, given) {
+            (Some(p), Some(g)) if p.bytes < g.bytes => Some(p),
+            (p, g) => g.or(p),
+        }
+    }
+}
+
+impl MemorySource {
+    /// How the JSON reports it: `machine`, `cgroup`, `ulimit -v` or `memory_limit_bytes`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            MemorySource::Machine => "machine",
+            MemorySource::Cgroup => "cgroup",
+            MemorySource::AddressSpace => "ulimit -v",
+            MemorySource::Given => "memory_limit_bytes",
+        }
+    }
 }
 
 impl std::fmt::Display for MemoryLimit {
@@ -38,6 +67,7 @@ impl std::fmt::Display for MemoryLimit {
             MemorySource::AddressSpace => {
                 write!(f, "this process's {b}-byte address-space limit (ulimit -v)")
             }
+            MemorySource::Given => write!(f, "the {b} bytes of memory_limit_bytes"),
         }
     }
 }

@@ -43,6 +43,9 @@ pub struct MemoryNeed {
     pub others: u64,
     /// How many passes `others` counts.
     pub other_passes: usize,
+    /// What the need is checked against: the lower of the process's limit (the machine's, its
+    /// cgroup's, `ulimit -v`) and the dataset's `memory_limit_bytes`.
+    pub limit: Option<MemoryLimit>,
     /// The library's own memory (thread stacks, decoder contexts: 16 MiB) and its allocator's
     /// slack (an eighth of everything above, `others` included: huge-page rounding, freed
     /// memory not yet returned, which a cgroup cannot reclaim).
@@ -78,6 +81,7 @@ impl MemoryNeed {
             reads,
             others: 0,
             other_passes: 0,
+            limit: None,
             overhead: 0,
         };
         need.overhead = library_overhead(need.sized(need.pool));
@@ -95,10 +99,10 @@ impl MemoryNeed {
         self.figure(self.pool, 0)
     }
 
-    /// True when the total fits in `limit` (or nothing limits it): the pass's start would not
-    /// refuse it.
-    pub fn fits(&self, limit: Option<MemoryLimit>) -> bool {
-        limit.is_none_or(|l| self.total() <= l.bytes)
+    /// True when the total fits in the limit (or nothing limits it): the pass's start would
+    /// not refuse it.
+    pub fn fits(&self) -> bool {
+        self.limit.is_none_or(|l| self.total() <= l.bytes)
     }
 
     /// The pass on its own if the pool held only the working set (no budget above it).

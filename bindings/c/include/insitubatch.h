@@ -393,8 +393,9 @@ IsbStatus isb_split_by_chunk(const char *store,
  Opens a dataset from a JSON config: `store` (required), `variables` (array paths, or
  `{"label", "path", "offset"}` views; default every data variable), `sample_axis`, `manifest`
  (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
- `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`, `on_bad_chunk`
- (`"raise"` or `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`),
+ `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`,
+ `memory_limit_bytes` (the memory the library may hold in the process when an iteration of
+ this dataset starts; default all the process may use), `on_bad_chunk` (`"raise"` or `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`),
  the NVMe tier: `cache_dir` (a directory on local NVMe), `persist`, `reset_stale_cache`,
  `readonly_cache`, `cache_direct_io` (default true), and data-parallel ranks: `rank` and
  `world_size` (default 0 and 1; each rank reads its share of every split, and `train` is
@@ -406,7 +407,9 @@ IsbStatus isb_split_by_chunk(const char *store,
  # Safety
  `config_json` is NUL-terminated; `out` is writable; `err` is NULL or writable.
  */
-IsbStatus isb_dataset_open(const char *config_json, struct IsbDataset **out, struct IsbError **err);
+IsbStatus isb_dataset_open(const char *config_json,
+                           struct IsbDataset **out,
+                           struct IsbError **err);
 
 /*
  `isb_dataset_open` with chunk transforms written as C functions: `callbacks` is an array of

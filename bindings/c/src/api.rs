@@ -280,6 +280,7 @@ struct DatasetConfig {
     seed: Option<u64>,
     shuffle: Option<bool>,
     cache_budget_bytes: Option<u64>,
+    memory_limit_bytes: Option<u64>,
     on_bad_chunk: Option<String>,
     executor_threads: Option<usize>,
     io_backend: Option<String>,
@@ -378,6 +379,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
     if let Some(n) = c.cache_budget_bytes {
         b = b.cache_budget_bytes(n);
     }
+    if let Some(n) = c.memory_limit_bytes {
+        b = b.memory_limit_bytes(n);
+    }
     if let Some(p) = c.on_bad_chunk {
         b = b.on_bad_chunk(p.parse::<OnBadChunk>()?);
     }
@@ -426,8 +430,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// Opens a dataset from a JSON config: `store` (required), `variables` (array paths, or
 /// `{"label", "path", "offset"}` views; default every data variable), `sample_axis`, `manifest`
 /// (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
-/// `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`, `on_bad_chunk`
-/// (`"raise"` or `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`),
+/// `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`,
+/// `memory_limit_bytes` (the memory the library may hold in the process when an iteration of
+/// this dataset starts; default all the process may use), `on_bad_chunk` (`"raise"` or `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`),
 /// the NVMe tier: `cache_dir` (a directory on local NVMe), `persist`, `reset_stale_cache`,
 /// `readonly_cache`, `cache_direct_io` (default true), and data-parallel ranks: `rank` and
 /// `world_size` (default 0 and 1; each rank reads its share of every split, and `train` is

@@ -603,6 +603,7 @@ class InSituDataset:
         prefetch_depth: int = 2,
         cache_dir=None,
         cache_budget_bytes: int | None = None,
+        memory_limit_bytes: int | None = None,
         persist: bool = False,
         reset_stale_cache: bool = False,
         readonly_cache: bool = False,
@@ -642,6 +643,8 @@ class InSituDataset:
             config["max_inflight"] = _check_int("max_inflight", max_inflight)
         if cache_budget_bytes is not None:
             config["cache_budget_bytes"] = _check_int("cache_budget_bytes", cache_budget_bytes)
+        if memory_limit_bytes is not None:
+            config["memory_limit_bytes"] = _check_int("memory_limit_bytes", memory_limit_bytes)
         for name, flag in (
             ("persist", persist),
             ("reset_stale_cache", reset_stale_cache),

@@ -101,6 +101,25 @@ def test_memory_need_counts_the_batches_and_pool_a_pass_holds_before_it_runs(fix
         assert ds.memory_need("val")["others_bytes"] == 0, "a closed iterator holds nothing"
 
 
+def test_memory_limit_bytes_caps_what_the_dataset_may_hold(fixtures):
+    out, _ = fixtures
+    store = out / "paired.zarr"
+    g = isb.open_geometries(store, ["raw"])
+    with isb.InSituDataset(store, None, g, batch_size=7, memory_limit_bytes=1 << 20) as ds:
+        need = ds.memory_need("train")
+        assert (need["limit_source"], need["limit_bytes"]) == ("memory_limit_bytes", 1 << 20)
+        assert not need["fits"], "the library's own 16 MiB alone is more"
+        with pytest.raises(isb.InvalidArgument, match="1048576 bytes of memory_limit_bytes"):
+            next(iter(ds.train))
+    with isb.InSituDataset(store, None, g, batch_size=7, memory_limit_bytes=1 << 30) as ds:
+        assert ds.memory_need("train")["fits"]
+        assert sum(len(b) for b in ds.train) == 61
+    with pytest.raises(isb.InvalidArgument, match="`memory_limit_bytes` = 0"):
+        isb.InSituDataset(store, memory_limit_bytes=0)
+    with pytest.raises(TypeError, match="`memory_limit_bytes` must be an int"):
+        isb.InSituDataset(store, memory_limit_bytes=1.5e9)
+
+
 def test_ranks_share_every_split_and_train_evenly(fixtures):
     # Two data-parallel ranks as torchrun would start them, each with its own dataset: the mask's
     # grid has chunks of 30, 30 and 1 samples, so rank 0 holds chunk 0 (30) and rank 1 the rest (31).
