@@ -346,15 +346,18 @@ fn memory_need<S: Store>(
     need
 }
 
-/// `need` against `limit`: an error naming the knob to lower, which stands for a process the
-/// kernel would otherwise kill halfway through an epoch.
+/// `need` against the limit it carries: an error naming the knob to lower, which stands for a
+/// process the kernel would otherwise kill halfway through an epoch. `others` names the passes
+/// already running, which `need` counts.
 fn check_memory(
     config: &PassConfig,
     plan: &ReadPlan,
     need: &MemoryNeed,
     others: &[&str],
-    limit: crate::planner::MemoryLimit,
 ) -> Result<(), EngineError> {
+    let Some(limit) = need.limit else {
+        return Ok(());
+    };
     if need.working_set > limit.bytes {
         let largest = plan.paths.iter().max_by_key(|p| p.slot_bytes);
         let fix = match largest {
@@ -532,13 +535,9 @@ impl Pass {
         // first block.
         let name = format!("{}#{}", config.split, config.epoch);
         let need = memory_need(ctx, &config, &plan, order.rows.len());
-        let running =
-            RunningPasses::enter(need, pool_address(ctx), &name, |need, others| {
-                match ctx.memory_limit {
-                    Some(limit) => check_memory(&config, &plan, need, others, limit),
-                    None => Ok(()),
-                }
-            })?;
+        let running = RunningPasses::enter(need, pool_address(ctx), &name, |need, others| {
+            check_memory(&config, &plan, need, others)
+        })?;
         let owner = ctx.pool.register_owner(&name, plan.read_ahead_bytes)?;
         let mut arrays = Vec::new();
         let mut layouts = Vec::new();

@@ -1068,13 +1068,13 @@ pub fn geometry_json(g: &ArrayGeometry) -> serde_json::Value {
     })
 }
 
-/// A pass's memory need as JSON, beside this process's limit (what `insitubatch memory
-/// --json`, the C ABI and the Python shim show): `total_bytes`, `working_set_bytes`,
+/// A pass's memory need as JSON, beside the limit it is checked against (what `insitubatch
+/// memory --json`, the C ABI and the Python shim show): `total_bytes`, `working_set_bytes`,
 /// `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
 /// pool), `batch_bytes`, `batches`, `read_bytes`, `others_bytes` (what the `other_passes`
 /// iterations running in this process as it asks hold beside this one; `total_bytes` and
-/// `fits` count it), `overhead_bytes`, `limit_bytes` and
-/// `limit_source` (`machine`, `cgroup`, `ulimit -v`, `memory_limit_bytes`; `null` when nothing says), `fits`, and
+/// `fits` count it), `overhead_bytes`, `limit_bytes` and `limit_source` (`machine`, `cgroup`,
+/// `ulimit -v`, `memory_limit_bytes`; `null` when nothing says), `fits`, and
 /// `process_rss_bytes`: this process's resident memory as it asks. Asked before any pass, that
 /// is the host (an interpreter, a framework, a model) which a job's memory must hold beside the
 /// need; after passes it also holds what the allocator kept of theirs.
@@ -1090,7 +1090,7 @@ pub fn memory_need_json(need: &MemoryNeed) -> serde_json::Value {
         "read_bytes": need.reads,
         "others_bytes": need.others,
         "other_passes": need.other_passes,
-        "overhead_bytes": need.overhead,
+        "overhead_bytes": need.overhead(),
         "limit_bytes": limit.map(|l| l.bytes),
         "limit_source": limit.map(|l| l.source.name()),
         "fits": need.fits(),

@@ -647,7 +647,7 @@ fn render_need(split: &str, need: &insitubatch::MemoryNeed) -> String {
     }
     out += &row(
         "overhead",
-        need.overhead,
+        need.overhead(),
         "the library's threads and its allocator's slack".into(),
     );
     out += &row("total", need.total(), String::new());

@@ -703,8 +703,8 @@ fn the_memory_need_counts_what_a_pass_holds_and_is_the_figure_its_start_checks()
         "max_inflight + one per executor"
     );
     let sized = need.working_set + 5 * need.batch_bytes + need.reads;
-    assert_eq!(need.overhead, (16 << 20) + sized / 8);
-    assert_eq!(need.total(), sized + need.overhead);
+    assert_eq!(need.overhead(), (16 << 20) + sized / 8);
+    assert_eq!(need.total(), sized + need.overhead());
     assert_eq!(need.without_cache(), need.total());
     let rows: usize = pass.map(|b| b.unwrap().len()).sum();
     assert_eq!(rows, 64);
@@ -773,8 +773,8 @@ fn the_memory_need_counts_the_iterations_already_running_beside_it() {
     assert_eq!(val.others, train_need.batches_bytes());
     assert_eq!(val.alone(), alone.total());
     let sized = val.pool + val.batches_bytes() + val.reads + val.others;
-    assert_eq!(val.overhead, (16 << 20) + sized / 8);
-    assert_eq!(val.total(), sized + val.overhead);
+    assert_eq!(val.overhead(), (16 << 20) + sized / 8);
+    assert_eq!(val.total(), sized + val.overhead());
     let json = insitubatch::memory_need_json(&val);
     assert_eq!(
         (json["others_bytes"].as_u64(), json["other_passes"].as_u64()),

@@ -46,10 +46,6 @@ pub struct MemoryNeed {
     /// What the need is checked against: the lower of the process's limit (the machine's, its
     /// cgroup's, `ulimit -v`) and the dataset's `memory_limit_bytes`.
     pub limit: Option<MemoryLimit>,
-    /// The library's own memory (thread stacks, decoder contexts: 16 MiB) and its allocator's
-    /// slack (an eighth of everything above, `others` included: huge-page rounding, freed
-    /// memory not yet returned, which a cgroup cannot reclaim).
-    pub overhead: u64,
 }
 
 impl MemoryNeed {
@@ -72,7 +68,7 @@ impl MemoryNeed {
             .saturating_add(2)
             .min(plan.n_batches as u64);
         let cache = cache.filter(|&(_, held)| held > plan.read_ahead_bytes);
-        let mut need = Self {
+        Self {
             working_set: plan.read_ahead_bytes,
             pool: cache.map_or(plan.read_ahead_bytes, |(_, held)| held),
             cache_budget: cache.map(|(budget, _)| budget),
@@ -82,10 +78,14 @@ impl MemoryNeed {
             others: 0,
             other_passes: 0,
             limit: None,
-            overhead: 0,
-        };
-        need.overhead = library_overhead(need.sized(need.pool));
-        need
+        }
+    }
+
+    /// The library's own memory (thread stacks, decoder contexts: 16 MiB) and its allocator's
+    /// slack (an eighth of everything else, `others` included: huge-page rounding, freed
+    /// memory not yet returned, which a cgroup cannot reclaim).
+    pub fn overhead(&self) -> u64 {
+        library_overhead(self.sized(self.pool).saturating_add(self.others))
     }
 
     /// Everything, the passes already running included: what the pass's start checks against
@@ -134,19 +134,19 @@ impl MemoryNeed {
     /// read buffers; each holds its own batches.
     fn beside(mut self, running: &[Running], pool: usize) -> Self {
         #[derive(Default)]
-        struct Shared {
+        struct OnePool {
             pool: u64,
             working_sets: u64,
             reads: u64,
             batches: u64,
         }
-        let mut by_pool: Vec<(usize, Shared)> = Vec::new();
+        let mut by_pool: Vec<(usize, OnePool)> = Vec::new();
         let entries = running.iter().map(|r| (r.pool, &r.need));
         for (at, need) in entries.chain([(pool, &self)]) {
             let i = match by_pool.iter().position(|(p, _)| *p == at) {
                 Some(i) => i,
                 None => {
-                    by_pool.push((at, Shared::default()));
+                    by_pool.push((at, OnePool::default()));
                     by_pool.len() - 1
                 }
             };
@@ -163,7 +163,6 @@ impl MemoryNeed {
         });
         self.others = all.saturating_sub(self.sized(self.pool));
         self.other_passes = running.len();
-        self.overhead = library_overhead(self.sized(self.pool).saturating_add(self.others));
         self
     }
 }
@@ -352,6 +351,6 @@ impl std::fmt::Display for MemoryNeed {
                 self.other_passes, self.others
             )?;
         }
-        write!(f, "overhead {}", self.overhead)
+        write!(f, "overhead {}", self.overhead())
     }
 }

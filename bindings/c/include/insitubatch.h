@@ -395,7 +395,8 @@ IsbStatus isb_split_by_chunk(const char *store,
  (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
  `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`,
  `memory_limit_bytes` (the memory the library may hold in the process when an iteration of
- this dataset starts; default all the process may use), `on_bad_chunk` (`"raise"` or `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`),
+ this dataset starts; default all the process may use), `on_bad_chunk` (`"raise"` or
+ `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`),
  the NVMe tier: `cache_dir` (a directory on local NVMe), `persist`, `reset_stale_cache`,
  `readonly_cache`, `cache_direct_io` (default true), and data-parallel ranks: `rank` and
  `world_size` (default 0 and 1; each rank reads its share of every split, and `train` is
@@ -407,9 +408,7 @@ IsbStatus isb_split_by_chunk(const char *store,
  # Safety
  `config_json` is NUL-terminated; `out` is writable; `err` is NULL or writable.
  */
-IsbStatus isb_dataset_open(const char *config_json,
-                           struct IsbDataset **out,
-                           struct IsbError **err);
+IsbStatus isb_dataset_open(const char *config_json, struct IsbDataset **out, struct IsbError **err);
 
 /*
  `isb_dataset_open` with chunk transforms written as C functions: `callbacks` is an array of
@@ -483,8 +482,8 @@ IsbStatus isb_dataset_split_len(const struct IsbDataset *ds,
  `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
  pool), `batch_bytes`, `batches`, `read_bytes`, `overhead_bytes`, and `others_bytes`, what
  the `other_passes` iterations running in this process as it asks hold beside this one; the
- limit `limit_bytes` and `limit_source` (`machine`, `cgroup` or `ulimit -v`; `null` when
- nothing says) and `fits`; `process_rss_bytes`, this process's resident memory as it asks
+ limit `limit_bytes` and `limit_source` (`machine`, `cgroup`, `ulimit -v`, or
+ `memory_limit_bytes` when the config's is lower; `null` when nothing says) and `fits`; `process_rss_bytes`, this process's resident memory as it asks
  (before any pass: the host a job's memory holds beside the total). Errors as
  `isb_iter_start` would for an unknown or empty split.
 

@@ -556,7 +556,8 @@ class _View:
         onward of a whole epoch (the same samples in the same order, which depends on the seed
         and epoch only), and chunks only the earlier batches draw from are not read. For a job
         restarted mid-epoch from a checkpoint that saved the epoch and the batches done.
-        `len(view)` yields nothing; beyond it raises `InvalidArgument` naming `start_batch`."""
+        `start_batch == len(view)` yields nothing; beyond it raises `InvalidArgument` naming
+        `start_batch`."""
         return self._ds._iterate(self.split, _check_int("start_batch", start_batch, 0))
 
     def __len__(self) -> int:
@@ -795,8 +796,10 @@ class InSituDataset:
         `read_bytes` and `overhead_bytes`, and `others_bytes`, what the `other_passes`
         iterations running in this process now hold beside it (counted in the total: a pass
         zipped beside another needs room for both); `limit_bytes`, `limit_source` and `fits`
-        give the limit. The interpreter, the framework and the model come on top: `process_rss_bytes`,
-        this process's resident memory as it asks, is that host when asked before iterating."""
+        give the limit (`limit_source` is `memory_limit_bytes` when the dataset's own is the
+        lower). The interpreter, the framework and the model come on top: `process_rss_bytes`,
+        this process's resident memory as it asks, is that host when asked before
+        iterating."""
         if not isinstance(split, str):
             raise TypeError("split must be a str")
         return _json_call(lib.isb_dataset_memory_json, self._live(), split.encode())

@@ -111,7 +111,6 @@ def _load() -> ctypes.CDLL:
             U32,
             [P, S, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ERR],
         ),
-        "isb_iter_start": (U32, [P, S, ctypes.POINTER(P), ERR]),
         "isb_iter_start_at": (U32, [P, S, ctypes.c_uint64, ctypes.POINTER(P), ERR]),
         "isb_iter_next": (U32, [P, ctypes.POINTER(P), ERR]),
         "isb_iter_next_timeout": (U32, [P, ctypes.c_uint64, ctypes.POINTER(P), ERR]),
