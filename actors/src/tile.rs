@@ -8,12 +8,15 @@
 
 use insitubatch_store::ArrayGeometry;
 
-/// Tile geometry of one array.
+/// Tile geometry of one array (of its region, on a cropped view).
 #[derive(Clone, Debug)]
 pub struct TileLayout {
     geom: ArrayGeometry,
     field_axes: Vec<usize>,
-    field_grid: Vec<u64>,
+    /// Per field axis, the range of stored-chunk indices read (all of them without a crop).
+    tile_ranges: Vec<(u64, u64)>,
+    /// Per field axis, the range of elements read.
+    field_ranges: Vec<(u64, u64)>,
     elem: usize,
     chunk_dims: Vec<u64>,
     slot_strides: Vec<usize>,
@@ -22,16 +25,11 @@ pub struct TileLayout {
 impl TileLayout {
     /// Layout of `geom`'s tiles.
     pub fn new(geom: &ArrayGeometry) -> Self {
-        let nd = geom.shape.len();
-        let field_axes: Vec<usize> = (0..nd).filter(|&a| a != geom.sample_axis).collect();
-        let field_grid = field_axes
-            .iter()
-            .map(|&a| geom.shape[a].div_ceil(geom.chunks[a]))
-            .collect();
+        let field_axes: Vec<usize> = geom.field_axes().collect();
         let elem = geom.dtype.size_bytes();
         // Slot dims: [spc, field dims in physical order]; strides in bytes.
         let mut dims = vec![geom.samples_per_chunk()];
-        dims.extend(field_axes.iter().map(|&a| geom.shape[a]));
+        dims.extend(geom.inner_shape());
         let mut slot_strides = vec![0usize; dims.len()];
         let mut acc = elem;
         for d in (0..dims.len()).rev() {
@@ -41,7 +39,8 @@ impl TileLayout {
         Self {
             geom: geom.clone(),
             field_axes,
-            field_grid,
+            tile_ranges: geom.tile_ranges().collect(),
+            field_ranges: geom.field_ranges().collect(),
             elem,
             chunk_dims: dims,
             slot_strides,
@@ -61,24 +60,27 @@ impl TileLayout {
 
     /// Stored chunks per slot.
     pub fn tiles(&self) -> u64 {
-        self.field_grid.iter().product()
+        self.tile_ranges.iter().map(|(lo, hi)| hi - lo).product()
     }
 
     /// True when a decoded tile is byte-for-byte the slot.
     pub fn can_adopt(&self) -> bool {
         self.geom.sample_axis == 0
+            && self.geom.region.is_none()
             && self
                 .field_axes
                 .iter()
                 .all(|&a| self.geom.chunks[a] == self.geom.shape[a])
     }
 
+    /// Stored-chunk index of tile `tile` on each field axis.
     fn field_coords(&self, tile: u64) -> Vec<u64> {
-        let mut coords = vec![0u64; self.field_grid.len()];
+        let mut coords = vec![0u64; self.tile_ranges.len()];
         let mut t = tile;
-        for d in (0..self.field_grid.len()).rev() {
-            coords[d] = t % self.field_grid[d];
-            t /= self.field_grid[d];
+        for d in (0..self.tile_ranges.len()).rev() {
+            let (lo, hi) = self.tile_ranges[d];
+            coords[d] = lo + t % (hi - lo);
+            t /= hi - lo;
         }
         coords
     }
@@ -93,15 +95,17 @@ impl TileLayout {
         index
     }
 
-    /// Copies decoded tile `tile` (a full stored chunk, physical C order) into `slot`.
+    /// Copies decoded tile `tile` (a full stored chunk, physical C order) into `slot`: the
+    /// part of it inside the view's region, at its place in the region.
     pub fn copy_into_slot(&self, tile: u64, src: &[u8], slot: &mut [u8]) {
         let g = &self.geom;
         let nd = g.shape.len();
         let coords = self.field_coords(tile);
-        // Per physical axis: extent to copy, source stride, destination stride and origin.
+        // Per physical axis: extent to copy, source stride, destination stride and origins.
         let mut extent = vec![0usize; nd];
         let mut src_stride = vec![0usize; nd];
         let mut dst_stride = vec![0usize; nd];
+        let mut src_base = 0usize;
         let mut dst_base = 0usize;
         let mut acc = self.elem;
         for d in (0..nd).rev() {
@@ -124,10 +128,15 @@ impl TileLayout {
                     .iter()
                     .position(|&a| a == d)
                     .expect("field axis");
+                // The tile's elements on this axis that the region reads.
                 let origin = coords[f] * g.chunks[d];
-                extent[d] = (g.chunks[d].min(g.shape[d] - origin)) as usize;
+                let (lo, hi) = self.field_ranges[f];
+                let first = origin.max(lo);
+                let end = (origin + g.chunks[d]).min(hi);
+                extent[d] = (end - first) as usize;
                 dst_stride[d] = self.slot_strides[f + 1];
-                dst_base += origin as usize * dst_stride[d];
+                src_base += (first - origin) as usize * src_stride[d];
+                dst_base += (first - lo) as usize * dst_stride[d];
             }
         }
         let last = nd - 1;
@@ -135,7 +144,7 @@ impl TileLayout {
         let outer: usize = extent[..last].iter().product();
         let mut idx = vec![0usize; last];
         for _ in 0..outer {
-            let mut s = 0;
+            let mut s = src_base;
             let mut t = dst_base;
             for d in 0..last {
                 s += idx[d] * src_stride[d];
@@ -184,6 +193,7 @@ mod tests {
                 dtype: DType::Uint8,
                 sample_axis,
                 offset: 0,
+                region: None,
             };
             let layout = TileLayout::new(&g);
             let spc = g.chunks[sample_axis];
@@ -228,6 +238,124 @@ mod tests {
                 }
             }
             assert!(!layout.can_adopt());
+        }
+    }
+
+    /// Assembles every tile of sample-axis chunk `chunk` into a slot (each element's value is
+    /// `value` of its physical coordinates) and returns it with the tiles read.
+    fn assemble(g: &ArrayGeometry, chunk: u64) -> (Vec<u8>, Vec<Vec<u64>>) {
+        let layout = TileLayout::new(g);
+        let mut slot = vec![0u8; layout.chunk_bytes()];
+        let mut read = Vec::new();
+        for t in 0..layout.tiles() {
+            let ci = layout.chunk_index(chunk, t);
+            let mut src = Vec::new();
+            for i in 0..g.chunks[0] {
+                for j in 0..g.chunks[1] {
+                    for k in 0..g.chunks[2] {
+                        let c = [
+                            ci[0] * g.chunks[0] + i,
+                            ci[1] * g.chunks[1] + j,
+                            ci[2] * g.chunks[2] + k,
+                        ];
+                        src.push(value(&c));
+                    }
+                }
+            }
+            layout.copy_into_slot(t, &src, &mut slot);
+            read.push(ci);
+        }
+        (slot, read)
+    }
+
+    #[test]
+    fn a_cropped_view_reads_only_the_tiles_its_region_touches_and_places_the_region() {
+        // shape (5, 11, 9), chunks (2, 3, 4); regions across tile edges, inside one tile, and
+        // ending at a partial edge tile.
+        for sample_axis in 0..3 {
+            let whole = ArrayGeometry {
+                path: "a".into(),
+                shape: vec![5, 11, 9],
+                chunks: vec![2, 3, 4],
+                dtype: DType::Uint8,
+                sample_axis,
+                offset: 0,
+                region: None,
+            };
+            let axes: Vec<usize> = whole.field_axes().collect();
+            let regions: Vec<Vec<(u64, u64)>> = vec![
+                axes.iter().map(|&a| (1, whole.shape[a] - 1)).collect(),
+                axes.iter().map(|_| (1, 2)).collect(),
+                axes.iter().map(|&a| (2, whole.shape[a])).collect(),
+            ];
+            for region in regions {
+                let g = whole.crop(&region).unwrap();
+                assert_eq!(
+                    g.inner_shape(),
+                    region.iter().map(|(lo, hi)| hi - lo).collect::<Vec<_>>()
+                );
+                let (slot, read) = assemble(&g, 1);
+                // Exactly the tiles that intersect the region, each once.
+                let mut expect = Vec::new();
+                for (f, &a) in axes.iter().enumerate() {
+                    let (lo, hi) = region[f];
+                    let c = whole.chunks[a];
+                    expect.push(
+                        (0..whole.shape[a].div_ceil(c))
+                            .filter(move |t| t * c < hi && (t + 1) * c > lo)
+                            .count(),
+                    );
+                }
+                assert_eq!(read.len(), expect.iter().product::<usize>(), "{region:?}");
+                assert_eq!(g.tiles_per_sample_chunk(), read.len() as u64);
+                let inner = g.inner_shape();
+                let spc = whole.chunks[sample_axis];
+                for w in 0..spc {
+                    for p in 0..inner[0] {
+                        for q in 0..inner[1] {
+                            let mut phys = [0u64; 3];
+                            let mut fi = [p + region[0].0, q + region[1].0].into_iter();
+                            for (a, c) in phys.iter_mut().enumerate() {
+                                *c = if a == sample_axis {
+                                    spc + w
+                                } else {
+                                    fi.next().unwrap()
+                                };
+                            }
+                            let got = slot[((w * inner[0] + p) * inner[1] + q) as usize];
+                            assert_eq!(
+                                got,
+                                value(&phys),
+                                "axis {sample_axis} {region:?} at {phys:?}"
+                            );
+                        }
+                    }
+                }
+                assert!(!TileLayout::new(&g).can_adopt());
+            }
+        }
+    }
+
+    #[test]
+    fn a_region_is_checked_and_a_whole_one_is_no_crop() {
+        let g = ArrayGeometry {
+            path: "t2m".into(),
+            shape: vec![8, 4, 6],
+            chunks: vec![2, 4, 6],
+            dtype: DType::Float32,
+            sample_axis: 0,
+            offset: 0,
+            region: None,
+        };
+        assert_eq!(g.crop(&[(0, 4), (0, 6)]).unwrap().region, None);
+        assert!(TileLayout::new(&g.crop(&[(0, 4), (0, 6)]).unwrap()).can_adopt());
+        for (bad, says) in [
+            (vec![(0, 4)], "one (start, end) per field axis"),
+            (vec![(0, 4), (3, 3)], "0 <= start < end <= 6"),
+            (vec![(0, 5), (0, 6)], "axis 1 has length 4"),
+        ] {
+            let e = g.crop(&bad).unwrap_err().to_string();
+            assert!(e.contains("`t2m`") && e.contains(says), "{e}");
         }
     }
 }

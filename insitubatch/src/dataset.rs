@@ -42,6 +42,7 @@ enum VarSpec {
         label: String,
         path: String,
         offset: i64,
+        region: Option<Vec<(u64, u64)>>,
     },
     Geometry {
         label: String,
@@ -100,6 +101,27 @@ impl DatasetBuilder {
             label: label.into(),
             path: path.into(),
             offset,
+            region: None,
+        });
+        self
+    }
+
+    /// Adds the variable `label` reading a region of array `path`'s field, shifted `offset`
+    /// samples: one half-open `(start, end)` per field axis in physical order (see
+    /// [`ArrayGeometry::crop`]). Only the stored chunks the region touches are read, decoded
+    /// and held; a sample is the region. Views of one array must read the same region.
+    pub fn cropped_window(
+        mut self,
+        label: impl Into<String>,
+        path: impl Into<String>,
+        offset: i64,
+        region: &[(u64, u64)],
+    ) -> Self {
+        self.variables.push(VarSpec::Path {
+            label: label.into(),
+            path: path.into(),
+            offset,
+            region: Some(region.to_vec()),
         });
         self
     }
@@ -440,11 +462,17 @@ impl DatasetBuilder {
                     label,
                     path,
                     offset,
+                    region,
                 } => {
-                    let g = open_geometries(&hierarchy, Some(std::slice::from_ref(path)), axis)?
-                        .remove(path)
-                        .expect("open_geometries returns what it was asked for");
-                    variables.push(Variable::new(label.clone(), g.shift(*offset)));
+                    let mut g =
+                        open_geometries(&hierarchy, Some(std::slice::from_ref(path)), axis)?
+                            .remove(path)
+                            .expect("open_geometries returns what it was asked for")
+                            .shift(*offset);
+                    if let Some(r) = region {
+                        g = g.crop(r)?;
+                    }
+                    variables.push(Variable::new(label.clone(), g));
                 }
                 VarSpec::Geometry { label, geom } => {
                     let g = open_geometries(
@@ -465,7 +493,12 @@ impl DatasetBuilder {
                             ),
                         ));
                     }
-                    variables.push(Variable::new(label.clone(), geom.clone()));
+                    // A region that came as JSON is checked against the array here.
+                    let g = match &geom.region {
+                        Some(r) => geom.crop(r)?,
+                        None => geom.clone(),
+                    };
+                    variables.push(Variable::new(label.clone(), g));
                 }
             }
         }
@@ -475,6 +508,27 @@ impl DatasetBuilder {
                     "variables",
                     &v.label,
                     "labels must be unique; give each view its own label",
+                ));
+            }
+            let other_region = variables[..i]
+                .iter()
+                .find(|w| w.geom.path == v.geom.path && w.geom.region != v.geom.region);
+            if let Some(w) = other_region {
+                let show = |r: &Option<Vec<(u64, u64)>>| match r {
+                    Some(r) => format!("{r:?}"),
+                    None => "the whole field".to_string(),
+                };
+                return Err(EngineError::arg(
+                    "variables",
+                    format!("{} and {}", w.label, v.label),
+                    format!(
+                        "both read array `{}`, one {} and one {}; views of one array share its \
+                         decoded chunks, so they must read the same region (crop both alike, or \
+                         read the other region through a second dataset)",
+                        v.geom.path,
+                        show(&w.geom.region),
+                        show(&v.geom.region)
+                    ),
                 ));
             }
         }
@@ -599,11 +653,14 @@ impl DatasetBuilder {
     }
 }
 
-/// The fingerprint of an array's chunk-transform pipeline: the log format and every step's
-/// full identity (its kind and parameters, never a hash of its source), so that any change to
-/// what the array's cached chunks hold makes them stale.
-fn array_fingerprint(pipeline: Option<&Pipeline>) -> String {
-    let ids = pipeline.map(Pipeline::identities).unwrap_or_default();
+/// The fingerprint of what an array's cached chunks hold: the log format, the field region
+/// read (when cropped), and every chunk-transform step's full identity (its kind and
+/// parameters, never a hash of its source), so that any change to it makes them stale.
+fn array_fingerprint(pipeline: Option<&Pipeline>, region: Option<&[(u64, u64)]>) -> String {
+    let mut ids: Vec<String> = region
+        .map(|r| vec![format!("region {r:?}")])
+        .unwrap_or_default();
+    ids.extend(pipeline.map(Pipeline::identities).unwrap_or_default());
     insitubatch_pool::disk::fingerprint(&ids.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
@@ -620,7 +677,7 @@ fn cache_arrays(variables: &[Variable], transforms: &HashMap<String, Pipeline>) 
             path: v.geom.path.clone(),
             slot_shape,
             descr: v.sample_dtype.npy_descr(),
-            fingerprint: array_fingerprint(transforms.get(&v.geom.path)),
+            fingerprint: array_fingerprint(transforms.get(&v.geom.path), v.geom.region.as_deref()),
         });
     }
     out
@@ -1053,9 +1110,11 @@ pub fn geometries_with(
 }
 
 /// A geometry as JSON: `path`, `shape`, `chunks`, `dtype`, `sample_axis`, `offset`,
-/// `n_samples`, `samples_per_chunk`, `inner_shape` (what the C ABI and the Python shim show).
+/// `region` (`null` for the whole field), `n_samples`, `samples_per_chunk`, `inner_shape`
+/// (what the C ABI and the Python shim show).
 pub fn geometry_json(g: &ArrayGeometry) -> serde_json::Value {
     serde_json::json!({
+        "region": g.region,
         "path": g.path,
         "shape": g.shape,
         "chunks": g.chunks,

@@ -116,6 +116,11 @@ struct PassArgs {
     /// The sample axis.
     #[arg(long, default_value_t = 0)]
     sample_axis: usize,
+    /// Read only this region of every variable's field: START:STOP per field axis, in
+    /// physical order, comma-separated (e.g. 40:100,120:280); only the stored chunks it
+    /// touches are read.
+    #[arg(long, value_delimiter = ',', value_parser = parse_range, requires = "variables")]
+    region: Option<Vec<(u64, u64)>>,
     /// Rows per batch.
     #[arg(long, default_value_t = insitubatch::DEFAULT_BATCH_SIZE)]
     batch_size: usize,
@@ -178,7 +183,10 @@ impl PassArgs {
             b = b.max_inflight(n);
         }
         for v in self.variables.iter().flatten() {
-            b = b.variable(v.clone(), v.clone());
+            b = match &self.region {
+                Some(r) => b.cropped_window(v.clone(), v.clone(), 0, r),
+                None => b.variable(v.clone(), v.clone()),
+            };
         }
         if let Some(m) = &self.manifest {
             b = b.manifest(SplitManifest::load(m)?);

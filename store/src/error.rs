@@ -52,6 +52,16 @@ pub enum StoreError {
         /// The array's number of dimensions.
         ndim: usize,
     },
+    /// A field region (`crop`) that does not fit the array.
+    #[error("the region {region:?} of array `{array}` is invalid: {message}")]
+    Region {
+        /// Array path.
+        array: String,
+        /// The region given.
+        region: Vec<(u64, u64)>,
+        /// What is wrong and what to do.
+        message: String,
+    },
     /// A requested variable is not in the group.
     #[error("variable `{name}` is not in {group}; available arrays: {available}")]
     UnknownVariable {

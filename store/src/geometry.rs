@@ -28,6 +28,11 @@ pub struct ArrayGeometry {
     pub sample_axis: usize,
     /// Window offset: this view reads `array[anchor + offset]` along the sample axis.
     pub offset: i64,
+    /// The field region read, one half-open `(start, end)` per field axis in physical order
+    /// (`None`: the whole field). Only the stored chunks it touches are read; see
+    /// [`ArrayGeometry::crop`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<Vec<(u64, u64)>>,
 }
 
 impl ArrayGeometry {
@@ -47,6 +52,7 @@ impl ArrayGeometry {
             dtype: array.dtype(),
             sample_axis,
             offset: 0,
+            region: None,
         })
     }
 
@@ -70,9 +76,66 @@ impl ArrayGeometry {
         self.n_samples().div_ceil(self.samples_per_chunk())
     }
 
-    /// The per-sample payload shape: every field axis, in physical order.
+    /// The per-sample payload shape: every field axis, in physical order (the region's
+    /// extent on a cropped view).
     pub fn inner_shape(&self) -> Vec<u64> {
-        self.field_axes().map(|a| self.shape[a]).collect()
+        self.field_ranges().map(|(lo, hi)| hi - lo).collect()
+    }
+
+    /// The half-open range read on each field axis, in physical order: the region of a
+    /// cropped view, else the whole axis.
+    pub fn field_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.field_axes()
+            .enumerate()
+            .map(|(f, a)| match &self.region {
+                Some(r) => r[f],
+                None => (0, self.shape[a]),
+            })
+    }
+
+    /// The field axes, in physical order.
+    pub fn field_axes(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.shape.len()).filter(move |&a| a != self.sample_axis)
+    }
+
+    /// The same view restricted to a region of the field: one half-open `(start, end)` per
+    /// field axis, in physical order (the sample axis is not listed). Only the stored chunks
+    /// the region touches are read, and a sample is the region alone, so a regional model
+    /// over a global archive reads and holds its region only. A region that covers every
+    /// field axis whole is no crop. Cropping a cropped view crops the array again, not
+    /// within the earlier region.
+    pub fn crop(&self, region: &[(u64, u64)]) -> Result<Self, StoreError> {
+        let axes: Vec<usize> = self.field_axes().collect();
+        let bad = |message: String| StoreError::Region {
+            array: self.path.clone(),
+            region: region.to_vec(),
+            message,
+        };
+        if region.len() != axes.len() {
+            return Err(bad(format!(
+                "give one (start, end) per field axis: the array has {} dimensions, the sample \
+                 axis is {}, so {} ranges for axes {axes:?}",
+                self.shape.len(),
+                self.sample_axis,
+                axes.len()
+            )));
+        }
+        for (&(lo, hi), &a) in region.iter().zip(&axes) {
+            if lo >= hi || hi > self.shape[a] {
+                return Err(bad(format!(
+                    "axis {a} has length {}; each range must satisfy 0 <= start < end <= {}",
+                    self.shape[a], self.shape[a]
+                )));
+            }
+        }
+        let whole = region
+            .iter()
+            .zip(&axes)
+            .all(|(&(lo, hi), &a)| lo == 0 && hi == self.shape[a]);
+        Ok(Self {
+            region: (!whole).then(|| region.to_vec()),
+            ..self.clone()
+        })
     }
 
     /// Stored-chunk shape on the field axes.
@@ -89,11 +152,17 @@ impl ArrayGeometry {
             .collect()
     }
 
-    /// Stored chunks (tiles) that make up one sample-axis chunk: 1 unless field axes are chunked.
+    /// Stored chunks (tiles) that make up one sample-axis chunk: 1 unless field axes are chunked
+    /// (on a cropped view, those the region touches).
     pub fn tiles_per_sample_chunk(&self) -> u64 {
+        self.tile_ranges().map(|(lo, hi)| hi - lo).product()
+    }
+
+    /// Per field axis, the half-open range of stored-chunk indices the view reads.
+    pub fn tile_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.field_axes()
-            .map(|a| self.shape[a].div_ceil(self.chunks[a]))
-            .product()
+            .zip(self.field_ranges())
+            .map(|(a, (lo, hi))| (lo / self.chunks[a], hi.div_ceil(self.chunks[a])))
     }
 
     /// Bytes of one sample.
@@ -108,10 +177,6 @@ impl ArrayGeometry {
             offset: self.offset + k,
             ..self.clone()
         }
-    }
-
-    fn field_axes(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.shape.len()).filter(move |&a| a != self.sample_axis)
     }
 }
 

@@ -365,6 +365,7 @@ mod tests {
             dtype: DType::Float32,
             sample_axis: 0,
             offset: 0,
+            region: None,
         }
     }
 

@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 7
+#define ISB_ABI_VERSION 8
 
 /*
  DLPack version of the exported structs.
@@ -391,7 +391,9 @@ IsbStatus isb_split_by_chunk(const char *store,
 
 /*
  Opens a dataset from a JSON config: `store` (required), `variables` (array paths, or
- `{"label", "path", "offset"}` views; default every data variable), `sample_axis`, `manifest`
+ `{"label", "path", "offset", "region"}` views, `region` optional (ABI 8): `[[start, end],
+ ...]`, one half-open range per field axis in physical order, so that only the stored chunks
+ it touches are read; default every data variable), `sample_axis`, `manifest`
  (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
  `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`,
  `memory_limit_bytes` (the memory the library may hold in the process when an iteration of
@@ -498,7 +500,7 @@ IsbStatus isb_dataset_memory_json(const struct IsbDataset *ds,
 
 /*
  Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
- (label, path, offset, shape, dtype), `manifest`, `pool` (budget, resident and peak bytes,
+ (label, path, offset, region, shape, dtype, sample_shape), `manifest`, `pool` (budget, resident and peak bytes,
  evictions, hits, misses, revived), `cache` (`null` without `cache_dir`; else dir, persist,
  readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, revived, rejected) and
  `warnings` (every dataset warning so far, each also printed to stderr once).

@@ -14,7 +14,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 7;
+pub const ISB_ABI_VERSION: u32 = 8;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -239,7 +239,7 @@ pub unsafe extern "C" fn isb_split_by_chunk(
 }
 
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, deny_unknown_fields)]
 enum VarConfig {
     Path(String),
     View {
@@ -247,6 +247,8 @@ enum VarConfig {
         path: String,
         #[serde(default)]
         offset: i64,
+        #[serde(default)]
+        region: Option<Vec<(u64, u64)>>,
     },
 }
 
@@ -257,7 +259,8 @@ fn var_config(v: serde_json::Value) -> Result<VarConfig, insitubatch::EngineErro
             "variables",
             v,
             "each entry is an array path (a string) or an object {\"label\": ..., \"path\": ..., \
-             \"offset\": <integer>}",
+             \"offset\": <integer>, \"region\": [[start, end], ...] (optional, one pair per field \
+             axis)}",
         )
     })
 }
@@ -351,7 +354,14 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
                 label,
                 path,
                 offset,
+                region: None,
             } => b.window(label, path, offset),
+            VarConfig::View {
+                label,
+                path,
+                offset,
+                region: Some(region),
+            } => b.cropped_window(label, path, offset, &region),
         };
     }
     if let Some(m) = c.manifest {
@@ -428,7 +438,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 }
 
 /// Opens a dataset from a JSON config: `store` (required), `variables` (array paths, or
-/// `{"label", "path", "offset"}` views; default every data variable), `sample_axis`, `manifest`
+/// `{"label", "path", "offset", "region"}` views, `region` optional (ABI 8): `[[start, end],
+/// ...]`, one half-open range per field axis in physical order, so that only the stored chunks
+/// it touches are read; default every data variable), `sample_axis`, `manifest`
 /// (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
 /// `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`,
 /// `memory_limit_bytes` (the memory the library may hold in the process when an iteration of
@@ -647,7 +659,7 @@ pub unsafe extern "C" fn isb_dataset_memory_json(
 }
 
 /// Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
-/// (label, path, offset, shape, dtype), `manifest`, `pool` (budget, resident and peak bytes,
+/// (label, path, offset, region, shape, dtype, sample_shape), `manifest`, `pool` (budget, resident and peak bytes,
 /// evictions, hits, misses, revived), `cache` (`null` without `cache_dir`; else dir, persist,
 /// readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, revived, rejected) and
 /// `warnings` (every dataset warning so far, each also printed to stderr once).

@@ -88,6 +88,7 @@ pub(crate) fn status_of(e: &EngineError) -> IsbStatus {
             StoreError::Io { .. } | StoreError::Remote { .. } => IsbStatus::IsbIo,
             StoreError::BadUrl { .. }
             | StoreError::SampleAxis { .. }
+            | StoreError::Region { .. }
             | StoreError::UnknownVariable { .. }
             | StoreError::NoDataVariables { .. }
             | StoreError::ChunkIndex { .. } => IsbStatus::IsbInvalidArgument,

@@ -150,9 +150,10 @@ def _path(store) -> bytes:
 
 @dataclass(frozen=True)
 class ArrayGeometry:
-    """One variable's geometry: physical shape and stored-chunk shape, the sample axis, and the
-    window offset (`shift`). `storage_options` are the object-store options the store was
-    opened with (`split_by_chunk` and `InSituDataset` reuse them)."""
+    """One variable's geometry: physical shape and stored-chunk shape, the sample axis, the
+    window offset (`shift`) and the field region read (`crop`; `None` for the whole field).
+    `storage_options` are the object-store options the store was opened with (`split_by_chunk`
+    and `InSituDataset` reuse them)."""
 
     store: str
     path: str
@@ -162,6 +163,7 @@ class ArrayGeometry:
     sample_axis: int
     offset: int = 0
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    region: tuple | None = None
 
     @property
     def n_samples(self) -> int:
@@ -172,14 +174,69 @@ class ArrayGeometry:
         return self.chunks[self.sample_axis]
 
     @property
+    def field_axes(self) -> tuple:
+        """The physical axes other than the sample axis, in order."""
+        return tuple(a for a in range(len(self.shape)) if a != self.sample_axis)
+
+    @property
     def inner_shape(self) -> tuple:
-        return tuple(d for a, d in enumerate(self.shape) if a != self.sample_axis)
+        """One sample's shape: the field axes' lengths (the region's, when cropped)."""
+        if self.region is not None:
+            return tuple(hi - lo for lo, hi in self.region)
+        return tuple(self.shape[a] for a in self.field_axes)
 
     def shift(self, k: int) -> "ArrayGeometry":
         """The same array read `k` samples further along the sample axis."""
         if not isinstance(k, numbers.Integral) or isinstance(k, bool):
             raise TypeError(f"shift(k): k must be an int, not {type(k).__name__}")
         return replace(self, offset=self.offset + int(k))
+
+    def crop(self, *region) -> "ArrayGeometry":
+        """The same view restricted to a region of the field: one range per field axis, in
+        physical order (the sample axis is not listed), each a `slice` with step 1 (`slice(None)`
+        for the whole axis) or a `(start, end)` pair, half-open. Only the stored chunks the
+        region touches are read, decoded and held, and a sample is the region: a regional model
+        reads its region of a global archive, nothing more. Cropping again crops the array, not
+        the earlier region."""
+        axes = self.field_axes
+        if len(region) != len(axes):
+            raise errors.InvalidArgument(
+                f"crop of array {self.path!r}: give one range per field axis, {len(axes)} for "
+                f"axes {list(axes)} (the sample axis is {self.sample_axis}), not {len(region)}"
+            )
+        out = []
+        for a, r in zip(axes, region):
+            n = self.shape[a]
+            if isinstance(r, slice):
+                if r.step not in (None, 1):
+                    raise errors.InvalidArgument(
+                        f"crop of array {self.path!r}: axis {a} has step {r.step}; a region "
+                        "is contiguous (step 1)"
+                    )
+                lo, hi = r.start, r.stop
+                lo = 0 if lo is None else lo
+                hi = n if hi is None else hi
+            elif isinstance(r, (tuple, list)) and len(r) == 2:
+                lo, hi = r
+            else:
+                raise TypeError(
+                    f"crop of array {self.path!r}: axis {a} takes a slice or a (start, end) "
+                    f"pair, not {r!r}"
+                )
+            for v in (lo, hi):
+                if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+                    raise TypeError(
+                        f"crop of array {self.path!r}: axis {a}'s bounds must be ints, not {v!r}"
+                    )
+            lo, hi = int(lo), int(hi)
+            if not 0 <= lo < hi <= n:
+                raise errors.InvalidArgument(
+                    f"crop of array {self.path!r}: axis {a} has length {n}; the range "
+                    f"[{lo}, {hi}) must satisfy 0 <= start < end <= {n}"
+                )
+            out.append((lo, hi))
+        whole = all(lo == 0 and hi == self.shape[a] for a, (lo, hi) in zip(axes, out))
+        return replace(self, region=None if whole else tuple(out))
 
 
 def open_geometries(
@@ -694,7 +751,10 @@ class InSituDataset:
                     )
                 if g.sample_axis != sample_axis:
                     config["sample_axis"] = g.sample_axis
-                views.append({"label": str(label), "path": g.path, "offset": g.offset})
+                view = {"label": str(label), "path": g.path, "offset": g.offset}
+                if g.region is not None:
+                    view["region"] = [list(r) for r in g.region]
+                views.append(view)
             config["variables"] = views
         self._transforms = list(batch_transforms)
         for t in self._transforms:
@@ -732,6 +792,7 @@ class InSituDataset:
                 dtype=v["dtype"],
                 sample_axis=v["sample_axis"],
                 offset=v["offset"],
+                region=None if v.get("region") is None else tuple(tuple(r) for r in v["region"]),
             )
             for v in info["variables"]
         }

@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 _LIB_NAME = "libinsitubatch.so"
 
 

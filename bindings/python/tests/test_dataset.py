@@ -54,6 +54,42 @@ def test_every_sample_equals_zarr_python_with_windows_and_each_anchor_once(fixtu
     assert repr(ds).endswith("batch_size 5 closed>")
 
 
+def test_a_cropped_view_is_zarr_pythons_region_and_reads_only_the_chunks_it_touches(fixtures):
+    out, _ = fixtures
+    store = out / "v3_inner.zarr"  # (6, 7, 9), chunks (2, 3, 4): 3 x 3 tiles per sample chunk
+    ref = zarr.open_array(store, mode="r")[...]
+    g = isb.open_geometries(store)[""]  # the store's root array
+    x = g.crop(slice(4, 7), (1, 3))
+    assert x.region == ((4, 7), (1, 3)) and x.inner_shape == (3, 2)
+    assert g.crop(slice(None), (0, 9)) == g, "a whole-field region is no crop"
+    with isb.InSituDataset(store, None, {"x": x, "y": x.shift(1)}, batch_size=2) as ds:
+        assert ds.geometries["x"].region == ((4, 7), (1, 3))
+        assert ds.sample_formats["x"][0] == (3, 2)
+        seen = []
+        for b in ds.train:
+            assert b.arrays["x"].shape == (len(b), 3, 2)
+            for label in ("x", "y"):
+                for r, idx in enumerate(b.read_indices(label)):
+                    np.testing.assert_array_equal(b.arrays[label][r], ref[idx, 4:7, 1:3])
+            seen.extend(b.sample_indices.tolist())
+        assert sorted(seen) == list(range(5))
+        # 3 sample chunks, of each the 2 tiles the region touches (of 9).
+        assert ds.stats()["tiles_read"] == 3 * 2
+    for bad, err, says in [
+        ((slice(0, 2),), isb.InvalidArgument, "one range per field axis, 2"),
+        ((slice(0, 8), slice(None)), isb.InvalidArgument, "axis 1 has length 7"),
+        ((slice(3, 3), slice(None)), isb.InvalidArgument, "0 <= start < end"),
+        ((slice(0, 4, 2), slice(None)), isb.InvalidArgument, "step 2"),
+        (((0, 2.5), slice(None)), TypeError, "must be ints"),
+        (([0, 1, 2], slice(None)), TypeError, "a slice or a \\(start, end\\) pair"),
+    ]:
+        with pytest.raises(err, match=says):
+            g.crop(*bad)
+    # Views of one array read one region: the library names both labels.
+    with pytest.raises(isb.InvalidArgument, match="x and y.*same region"):
+        isb.InSituDataset(store, None, {"x": x, "y": g.shift(1)})
+
+
 def test_memory_need_counts_the_batches_and_pool_a_pass_holds_before_it_runs(fixtures):
     out, _ = fixtures
     store = out / "paired.zarr"

@@ -1,0 +1,291 @@
+//! Cropped views (`ArrayGeometry::crop`, `cropped_window`) against zarr-python fixtures: every
+//! sample is zarr-python's value over the region, only the stored chunks the region touches
+//! are read, windows and transforms compose with a crop, a crop is part of what a persistent
+//! cache holds, and every bad region is an error naming the array.
+
+use insitubatch::{EngineError, InSituDataset};
+use insitubatch_tests::{FixtureArray, fixture_arrays, item_size, sample_of};
+
+mod common;
+use common::{fixture, sample_axis_of, sorted};
+
+/// The single-array fixture `case`.
+fn fixture_case(case: &str) -> FixtureArray {
+    fixture_arrays()
+        .into_iter()
+        .find(|f| f.case == case)
+        .unwrap_or_else(|| panic!("fixture {case}"))
+}
+
+/// The bytes of `sample` (field axes in physical order, lengths `inner`) inside `region`.
+fn crop_bytes(sample: &[u8], inner: &[u64], region: &[(u64, u64)], item: usize) -> Vec<u8> {
+    let extent: Vec<u64> = region.iter().map(|(lo, hi)| hi - lo).collect();
+    let total: u64 = extent.iter().product();
+    let mut out = Vec::with_capacity(total as usize * item);
+    for flat in 0..total {
+        let mut rem = flat;
+        let mut at = vec![0u64; inner.len()];
+        for d in (0..inner.len()).rev() {
+            at[d] = region[d].0 + rem % extent[d];
+            rem /= extent[d];
+        }
+        let off = at.iter().zip(inner).fold(0u64, |acc, (i, n)| acc * n + i) as usize * item;
+        out.extend_from_slice(&sample[off..off + item]);
+    }
+    out
+}
+
+/// Runs one epoch of `train` and checks every label's samples against zarr-python's values
+/// over `region`; returns the anchors and the pass's stats.
+fn check_cropped_epoch(
+    ds: &InSituDataset,
+    labels: &[&str],
+    f: &FixtureArray,
+    axis: usize,
+    region: &[(u64, u64)],
+) -> (Vec<u64>, insitubatch::PassStats) {
+    let item = item_size(&f.dtype);
+    let inner: Vec<u64> = (0..f.shape.len())
+        .filter(|&a| a != axis)
+        .map(|a| f.shape[a])
+        .collect();
+    let cropped: Vec<usize> = region.iter().map(|(lo, hi)| (hi - lo) as usize).collect();
+    let sb = cropped.iter().product::<usize>() * item;
+    let mut anchors = Vec::new();
+    let mut pass = ds.train().unwrap();
+    for batch in pass.by_ref() {
+        let batch = batch.unwrap();
+        for label in labels {
+            let arr = batch.array(label).unwrap();
+            let mut shape = vec![batch.len()];
+            shape.extend(&cropped);
+            assert_eq!(arr.shape(), &shape[..], "{}: {label}", f.case);
+            for (r, idx) in batch.read_indices(label).unwrap().into_iter().enumerate() {
+                let full = sample_of(&f.reference, &f.shape, axis, idx, item);
+                let want = crop_bytes(&full, &inner, region, item);
+                assert!(
+                    arr.bytes()[r * sb..(r + 1) * sb] == want[..],
+                    "{} label {label} sample {idx} over {region:?} differs from zarr-python",
+                    f.case
+                );
+            }
+        }
+        anchors.extend_from_slice(batch.sample_indices());
+    }
+    (anchors, pass.stats())
+}
+
+/// Stored chunks along each field axis that `region` touches.
+fn tiles_touched(f: &FixtureArray, axis: usize, chunks: &[u64], region: &[(u64, u64)]) -> u64 {
+    (0..f.shape.len())
+        .filter(|&a| a != axis)
+        .zip(region)
+        .map(|(a, &(lo, hi))| hi.div_ceil(chunks[a]) - lo / chunks[a])
+        .product()
+}
+
+#[test]
+fn a_cropped_view_is_zarr_python_over_its_region_and_reads_only_the_chunks_it_touches() {
+    // (case, region per field axis, the stored chunk's shape: the shard when sharded)
+    type Region = Vec<(u64, u64)>;
+    let cases: [(&str, Region, Vec<u64>); 4] = [
+        // 3 × 3 tiles per sample chunk; the region touches 2 × 1 of them.
+        ("v3_inner", vec![(4, 7), (1, 3)], vec![2, 3, 4]),
+        // Across every tile edge, ending at the partial edge tiles.
+        ("v3_inner", vec![(2, 7), (3, 9)], vec![2, 3, 4]),
+        // One shard per sample chunk covers the field: the shard is read, the region kept.
+        ("v3_sharded", vec![(1, 5), (2, 7)], vec![4, 6, 8]),
+        // Sampled along z (axis 2): field axes t, c, y, x; t is chunked 1.
+        (
+            "v3_tczyx",
+            vec![(1, 2), (0, 2), (1, 4), (2, 6)],
+            vec![1, 2, 2, 5, 6],
+        ),
+    ];
+    for (case, region, chunks) in cases {
+        let f = fixture_case(case);
+        let axis = sample_axis_of(&f);
+        let n = f.shape[axis];
+        for shuffle in [true, false] {
+            let ds = InSituDataset::builder(&f.store)
+                .sample_axis(axis)
+                .cropped_window("x", f.array.clone(), 0, &region)
+                .cropped_window("y", f.array.clone(), 1, &region)
+                .batch_size(3)
+                .block_chunks(2)
+                .shuffle(shuffle)
+                .build()
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            let v = &ds.variables()[0];
+            assert_eq!(v.geom.region.as_deref(), Some(&region[..]));
+            assert_eq!(
+                v.sample_inner,
+                region.iter().map(|(lo, hi)| hi - lo).collect::<Vec<_>>()
+            );
+            let (anchors, stats) = check_cropped_epoch(&ds, &["x", "y"], &f, axis, &region);
+            assert_eq!(sorted(anchors), (0..n - 1).collect::<Vec<_>>(), "{case}");
+            // Each sample-axis chunk is read once, and of it only the tiles the region touches.
+            let sample_chunks = n.div_ceil(chunks[axis]);
+            let touched = tiles_touched(&f, axis, &chunks, &region);
+            assert_eq!(stats.cache_misses, sample_chunks, "{case}");
+            assert_eq!(
+                stats.tiles_read,
+                sample_chunks * touched,
+                "{case} {region:?}"
+            );
+            // Decoding is of whole stored chunks (the codec's unit); what the slots hold is the
+            // region (its shape is checked in every batch above).
+            let tile_bytes = chunks.iter().product::<u64>() * item_size(&f.dtype) as u64;
+            assert_eq!(stats.bytes_decoded, stats.tiles_read * tile_bytes, "{case}");
+        }
+    }
+    // Against the whole field, the first region reads 2 of every 9 tiles.
+    let f = fixture_case("v3_inner");
+    let whole = InSituDataset::builder(&f.store)
+        .variable("x", f.array.clone())
+        .build()
+        .unwrap();
+    let mut pass = whole.train().unwrap();
+    for b in pass.by_ref() {
+        b.unwrap();
+    }
+    assert_eq!(pass.stats().tiles_read, 3 * 9);
+}
+
+#[test]
+fn a_crop_composes_with_chunk_transforms_and_a_geometry_carries_it() {
+    let f = fixture("era5_v3", "t2m");
+    let g = insitubatch::geometries(&f.store, None, 0).unwrap()["t2m"].clone();
+    let region = [(1, g.shape[1] - 1), (2, g.shape[2])];
+    let cropped = g.crop(&region).unwrap();
+    // A shift of every value: the transform sees the region and keeps its shape.
+    let ds = InSituDataset::builder(&f.store)
+        .geometry("t", cropped.clone())
+        .chunk_transforms_json(r#"[{"type": "affine", "offset": 1.5}]"#)
+        .batch_size(4)
+        .build()
+        .unwrap();
+    let plain = InSituDataset::builder(&f.store)
+        .geometry("t", cropped)
+        .batch_size(4)
+        .build()
+        .unwrap();
+    let (mut a, mut b) = (ds.all().unwrap(), plain.all().unwrap());
+    let mut batches = 0;
+    while let (Some(x), Some(y)) = (a.next(), b.next()) {
+        let (x, y) = (x.unwrap(), y.unwrap());
+        let (x, y) = (x.array("t").unwrap(), y.array("t").unwrap());
+        assert_eq!(x.shape(), y.shape());
+        assert_eq!(
+            &x.shape()[1..],
+            &[
+                (region[0].1 - region[0].0) as usize,
+                (region[1].1 - region[1].0) as usize
+            ]
+        );
+        for (p, q) in x
+            .values::<f32>()
+            .unwrap()
+            .iter()
+            .zip(y.values::<f32>().unwrap())
+        {
+            assert_eq!(*p, q + 1.5);
+        }
+        batches += 1;
+    }
+    assert!(batches > 0);
+}
+
+#[test]
+fn bad_regions_are_errors_naming_the_array_and_views_of_one_array_share_one_region() {
+    let f = fixture("era5_v3", "t2m");
+    let g = insitubatch::geometries(&f.store, None, 0).unwrap()["t2m"].clone();
+    let (h, w) = (g.shape[1], g.shape[2]);
+    for (region, says) in [
+        (vec![(0, h)], "one (start, end) per field axis"),
+        (
+            vec![(0, h), (2, 2)],
+            "each range must satisfy 0 <= start < end",
+        ),
+        (vec![(0, h + 1), (0, w)], &*format!("axis 1 has length {h}")),
+    ] {
+        let e = InSituDataset::builder(&f.store)
+            .cropped_window("t", "t2m", 0, &region)
+            .build()
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("`t2m`") && msg.contains(says), "{msg}");
+        assert!(
+            matches!(&e, EngineError::Store(s) if matches!(**s, insitubatch::StoreError::Region { .. })),
+            "{e:?}"
+        );
+    }
+    // A geometry whose region was set by hand (as JSON may carry it) is checked too.
+    let mut forged = g.clone();
+    forged.region = Some(vec![(0, h), (w, w + 3)]);
+    let msg = InSituDataset::builder(&f.store)
+        .geometry("t", forged)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("`t2m`") && msg.contains(&format!("axis 2 has length {w}")),
+        "{msg}"
+    );
+    // Two labels of one array decode once, so they read one region.
+    let msg = InSituDataset::builder(&f.store)
+        .cropped_window("x", "t2m", 0, &[(0, 2), (0, 2)])
+        .window("y", "t2m", 1)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("x and y") && msg.contains("the whole field") && msg.contains("same region"),
+        "{msg}"
+    );
+    // A region that covers the whole field is no crop.
+    let whole = g.crop(&[(0, h), (0, w)]).unwrap();
+    assert_eq!(whole, g);
+}
+
+#[test]
+fn a_persistent_cache_holds_the_region_it_was_filled_with() {
+    let f = fixture("era5_v3", "t2m");
+    let axis = 0;
+    let region = [(1, 3), (0, 4)];
+    let dir = tempfile::tempdir().unwrap();
+    let build = |region: Option<&[(u64, u64)]>, reset: bool| {
+        let b = InSituDataset::builder(&f.store)
+            .batch_size(4)
+            .block_chunks(2);
+        let b = match region {
+            Some(r) => b.cropped_window("t", "t2m", 0, r),
+            None => b.variable("t", "t2m"),
+        };
+        b.cache_dir(dir.path())
+            .persist(true)
+            .reset_stale_cache(reset)
+            .build()
+    };
+    // Filled cropped, then revived cropped: nothing read, every value the region's.
+    let ds = build(Some(&region), false).unwrap();
+    let (_, filled) = check_cropped_epoch(&ds, &["t"], &f, axis, &region);
+    assert!(filled.tiles_read > 0);
+    drop(ds);
+    let ds = build(Some(&region), false).unwrap();
+    let (anchors, warm) = check_cropped_epoch(&ds, &["t"], &f, axis, &region);
+    assert_eq!(sorted(anchors), (0..f.shape[0]).collect::<Vec<_>>());
+    assert_eq!((warm.tiles_read, warm.bytes_decoded), (0, 0), "{warm:?}");
+    assert_eq!(warm.cache_revived, warm.cache_hits);
+    drop(ds);
+    // The whole field is not what the cache holds: stale, named, until reset.
+    let msg = build(None, false).unwrap_err().to_string();
+    assert!(
+        msg.contains("t2m") && msg.contains("reset_stale_cache"),
+        "{msg}"
+    );
+    let ds = build(None, true).unwrap();
+    let full: Vec<(u64, u64)> = vec![(0, f.shape[1]), (0, f.shape[2])];
+    let (_, refilled) = check_cropped_epoch(&ds, &["t"], &f, axis, &full);
+    assert_eq!(refilled.cache_revived, 0);
+}
