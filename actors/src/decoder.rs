@@ -74,9 +74,20 @@ pub(crate) async fn decode<S: Store>(
         panic!("injected decoder panic on tile {}", job.ordinal);
     }
     let array = &shared.arrays[job.path];
-    let decoded =
-        array.decode_chunk_from(&job.index, bytes.as_deref(), || ctx.store.locate(&job.key));
-    if let Some(b) = bytes {
+    let locate = || ctx.store.locate(&job.key);
+    // A cropped view of a sharded array decodes only the inner chunks its region touches;
+    // any other chunk is decoded whole (the codec's unit) and its part copied out.
+    let subset = array
+        .inner_chunk_shape()
+        .and_then(|_| shared.layouts[job.path].tile_subset(job.tile));
+    let (decoded, buffer) = match subset {
+        Some(subset) => array.decode_chunk_subset(&job.index, bytes, &subset, locate),
+        None => {
+            let decoded = array.decode_chunk_from(&job.index, bytes.as_deref(), locate);
+            (decoded, bytes)
+        }
+    };
+    if let Some(b) = buffer {
         ctx.read_buffers.give(b);
     }
     match decoded {

@@ -131,10 +131,22 @@ async fn fetch<S: Store>(
     decoder: &ActorSender<DecodeJob>,
     job: TileJob,
 ) {
-    // A recycled buffer: its pages are already faulted in, and the last one returned is the
-    // likeliest to be in the cache.
+    // A cropped view of a sharded array reads the shard's index and the inner chunks its
+    // region touches; anything else is read whole, into a recycled buffer (its pages are
+    // already faulted in, and the last one returned is the likeliest to be in the cache).
+    let array = &shared.arrays[job.path];
+    let part = array
+        .reads_chunk_parts()
+        .then(|| shared.layouts[job.path].tile_subset(job.tile))
+        .flatten();
+    let whole_or_part = async {
+        match &part {
+            Some(subset) => array.read_chunk_part(&*ctx.store, &job.index, subset).await,
+            None => ctx.store.get_into(&job.key, ctx.read_buffers.take()).await,
+        }
+    };
     let read = {
-        let mut read = std::pin::pin!(ctx.store.get_into(&job.key, ctx.read_buffers.take()));
+        let mut read = std::pin::pin!(whole_or_part);
         match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
             Poll::Ready(r) => Some((r, false)),
             Poll::Pending => {

@@ -95,12 +95,64 @@ impl TileLayout {
         index
     }
 
-    /// Copies decoded tile `tile` (a full stored chunk, physical C order) into `slot`: the
-    /// part of it inside the view's region, at its place in the region.
+    /// The part of tile `tile` the view reads, as one chunk-local half-open range per
+    /// physical axis (the sample axis whole), and where it lands in the slot: per physical
+    /// axis, the offset into the region.
+    fn tile_box(&self, tile: u64) -> (Vec<std::ops::Range<u64>>, Vec<u64>) {
+        let g = &self.geom;
+        let coords = self.field_coords(tile);
+        let mut range = vec![0..g.chunks[g.sample_axis]; g.shape.len()];
+        let mut at = vec![0u64; g.shape.len()];
+        for (f, &d) in self.field_axes.iter().enumerate() {
+            let origin = coords[f] * g.chunks[d];
+            let (lo, hi) = self.field_ranges[f];
+            let first = origin.max(lo);
+            let end = (origin + g.chunks[d]).min(hi);
+            range[d] = first - origin..end - origin;
+            at[d] = first - lo;
+        }
+        (range, at)
+    }
+
+    /// The chunk-local part of tile `tile` a cropped view reads, when it is less than the
+    /// tile (`None`: the view reads the whole tile, or the part of it inside the array).
+    pub fn tile_subset(&self, tile: u64) -> Option<Vec<std::ops::Range<u64>>> {
+        self.geom.region.as_ref()?;
+        let g = &self.geom;
+        let (range, _) = self.tile_box(tile);
+        let coords = self.field_coords(tile);
+        let partial = self.field_axes.iter().zip(&coords).any(|(&d, &c)| {
+            let in_array = g.chunks[d].min(g.shape[d] - c * g.chunks[d]);
+            range[d].end - range[d].start < in_array
+        });
+        partial.then_some(range)
+    }
+
+    /// Copies decoded tile `tile` into `slot`: the part of it inside the view's region, at its
+    /// place in the region. `src` is either the whole stored chunk or just that part (what
+    /// [`TileLayout::tile_subset`] names), in physical C order; its length says which.
     pub fn copy_into_slot(&self, tile: u64, src: &[u8], slot: &mut [u8]) {
         let g = &self.geom;
         let nd = g.shape.len();
-        let coords = self.field_coords(tile);
+        let (range, at) = self.tile_box(tile);
+        let whole: usize = g.chunks.iter().product::<u64>() as usize * self.elem;
+        let part: usize = range
+            .iter()
+            .map(|r| (r.end - r.start) as usize)
+            .product::<usize>()
+            * self.elem;
+        // The source's dims and where the part starts in it.
+        let (dims, start): (Vec<u64>, Vec<u64>) = if src.len() == whole {
+            (g.chunks.clone(), range.iter().map(|r| r.start).collect())
+        } else {
+            assert_eq!(
+                src.len(),
+                part,
+                "tile {tile} of `{}` is neither the stored chunk nor the part the view reads",
+                g.path
+            );
+            (range.iter().map(|r| r.end - r.start).collect(), vec![0; nd])
+        };
         // Per physical axis: extent to copy, source stride, destination stride and origins.
         let mut extent = vec![0usize; nd];
         let mut src_stride = vec![0usize; nd];
@@ -110,34 +162,22 @@ impl TileLayout {
         let mut acc = self.elem;
         for d in (0..nd).rev() {
             src_stride[d] = acc;
-            acc *= g.chunks[d] as usize;
+            acc *= dims[d] as usize;
         }
-        assert_eq!(
-            src.len(),
-            acc,
-            "tile {tile} of `{}` has the wrong size",
-            g.path
-        );
         for d in 0..nd {
-            if d == g.sample_axis {
-                extent[d] = g.chunks[d] as usize;
-                dst_stride[d] = self.slot_strides[0];
+            extent[d] = (range[d].end - range[d].start) as usize;
+            dst_stride[d] = if d == g.sample_axis {
+                self.slot_strides[0]
             } else {
                 let f = self
                     .field_axes
                     .iter()
                     .position(|&a| a == d)
                     .expect("field axis");
-                // The tile's elements on this axis that the region reads.
-                let origin = coords[f] * g.chunks[d];
-                let (lo, hi) = self.field_ranges[f];
-                let first = origin.max(lo);
-                let end = (origin + g.chunks[d]).min(hi);
-                extent[d] = (end - first) as usize;
-                dst_stride[d] = self.slot_strides[f + 1];
-                src_base += (first - origin) as usize * src_stride[d];
-                dst_base += (first - lo) as usize * dst_stride[d];
-            }
+                self.slot_strides[f + 1]
+            };
+            src_base += start[d] as usize * src_stride[d];
+            dst_base += at[d] as usize * dst_stride[d];
         }
         let last = nd - 1;
         let contiguous = src_stride[last] == self.elem && dst_stride[last] == self.elem;
@@ -243,8 +283,9 @@ mod tests {
 
     /// Assembles every tile of sample-axis chunk `chunk` into a slot (each element's value is
     /// `value` of its physical coordinates) and returns it with the tiles read.
-    fn assemble(g: &ArrayGeometry, chunk: u64) -> (Vec<u8>, Vec<Vec<u64>>) {
+    fn assemble(g: &ArrayGeometry, chunk: u64) -> (Vec<u8>, Vec<Vec<u64>>, usize) {
         let layout = TileLayout::new(g);
+        let mut partial = 0;
         let mut slot = vec![0u8; layout.chunk_bytes()];
         let mut read = Vec::new();
         for t in 0..layout.tiles() {
@@ -263,9 +304,32 @@ mod tests {
                 }
             }
             layout.copy_into_slot(t, &src, &mut slot);
+            // The part the view reads, handed over alone (a sharded array's partial decode),
+            // lands in the same place.
+            if let Some(sub) = layout.tile_subset(t) {
+                let mut part = Vec::new();
+                for i in sub[0].clone() {
+                    for j in sub[1].clone() {
+                        for k in sub[2].clone() {
+                            let at = (i * g.chunks[1] + j) * g.chunks[2] + k;
+                            part.push(src[at as usize]);
+                        }
+                    }
+                }
+                let mut again = slot.clone();
+                again.fill(0);
+                let mut whole = again.clone();
+                layout.copy_into_slot(t, &part, &mut again);
+                layout.copy_into_slot(t, &src, &mut whole);
+                assert_eq!(
+                    again, whole,
+                    "tile {t}: the part lands where the whole tile's does"
+                );
+                partial += 1;
+            }
             read.push(ci);
         }
-        (slot, read)
+        (slot, read, partial)
     }
 
     #[test]
@@ -294,7 +358,8 @@ mod tests {
                     g.inner_shape(),
                     region.iter().map(|(lo, hi)| hi - lo).collect::<Vec<_>>()
                 );
-                let (slot, read) = assemble(&g, 1);
+                let (slot, read, partial) = assemble(&g, 1);
+                assert!(partial > 0, "every region here cuts some tile");
                 // Exactly the tiles that intersect the region, each once.
                 let mut expect = Vec::new();
                 for (f, &a) in axes.iter().enumerate() {

@@ -210,13 +210,20 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
     assert_eq!(e[1]["stats"]["cache_hits"], 12);
     assert_eq!(e[1]["stats"]["tiles_read"], 0);
     // A region of the field: of the two 3 x 8 tiles per sample chunk, rows 3..6 touch one.
-    let out = run_ok(
-        bench_with(&store, &manifest)
-            .args(["--variables", "t2m,u10", "--region", "3:6,2:8", "--json"]),
-    );
+    let out = run_ok(bench_with(&store, &manifest).args([
+        "--variables",
+        "t2m,u10",
+        "--region",
+        "3:6,2:8",
+        "--json",
+    ]));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let s = &v["epochs"][0]["stats"];
-    assert_eq!((&s["samples"], &s["tiles_read"]), (&24.into(), &12.into()), "{s}");
+    assert_eq!(
+        (&s["samples"], &s["tiles_read"]),
+        (&24.into(), &12.into()),
+        "{s}"
+    );
     fails_with(
         bench_with(&store, &manifest).args(["--variables", "t2m", "--region", "3:6,2:9"]),
         &["`t2m`", "axis 2 has length 8"],

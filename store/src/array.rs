@@ -47,6 +47,8 @@ pub struct ZarrArray {
     /// per thread (`crate::zstd`).
     chain: Arc<CodecChain>,
     options: CodecOptions,
+    /// How to read part of a shard (`None`: not sharded, or a layout we read whole).
+    shard: Option<Arc<crate::shard::ShardLayout>>,
 }
 
 impl std::fmt::Debug for ZarrArray {
@@ -211,6 +213,7 @@ impl ZarrArray {
                 ));
             }
         }
+        let shard = crate::shard::ShardLayout::of(&inner.codecs(), &chunk_shape).map(Arc::new);
         let chain =
             crate::zstd::reuse_contexts(&inner.codecs()).map_or_else(|| inner.codecs(), Arc::new);
         Ok(Self {
@@ -224,6 +227,7 @@ impl ZarrArray {
             codecs,
             chain,
             options,
+            shard,
         })
     }
 
@@ -360,6 +364,105 @@ impl ZarrArray {
         self.decode_chunk_cow(index, encoded.map(Cow::Borrowed), file)
     }
 
+    /// The part `subset` (one chunk-local half-open range per axis) of the stored chunk at
+    /// `index`, from its encoded bytes (`None`: the key is missing, the fill value). On a
+    /// sharded array only the inner chunks the subset touches are decoded (zarrs' sharding
+    /// partial decoder over the shard's bytes); other chains decode the whole chunk first. The
+    /// returned chunk's shape is the subset's extent.
+    ///
+    /// The encoded bytes are the decoder's input for as long as it runs, so they are taken by
+    /// value and handed back (to be recycled) with the result.
+    pub fn decode_chunk_subset(
+        &self,
+        index: &[u64],
+        encoded: Option<Vec<u8>>,
+        subset: &[std::ops::Range<u64>],
+        file: impl FnOnce() -> PathBuf,
+    ) -> (Result<DecodedChunk, StoreError>, Option<Vec<u8>>) {
+        if let Err(e) = self.check_index(index) {
+            return (Err(e), encoded);
+        }
+        let shape: Vec<u64> = subset.iter().map(|r| r.end - r.start).collect();
+        let Some(encoded) = encoded else {
+            let fill = self.inner.fill_value().as_ne_bytes();
+            let n = shape.iter().product::<u64>() as usize;
+            let chunk = DecodedChunk {
+                shape,
+                dtype: self.dtype,
+                bytes: fill.repeat(n),
+                is_fill: true,
+            };
+            return (Ok(chunk), None);
+        };
+        let (decoded, encoded) = self.decode_subset_bytes(encoded, subset, &shape);
+        let chunk = decoded
+            .map(|bytes| DecodedChunk {
+                shape,
+                dtype: self.dtype,
+                bytes,
+                is_fill: false,
+            })
+            .map_err(|message| StoreError::CorruptChunk {
+                array: self.label().to_string(),
+                key: self.inner.chunk_key(index).as_str().to_string(),
+                path: file(),
+                message,
+            });
+        (chunk, encoded)
+    }
+
+    fn decode_subset_bytes(
+        &self,
+        encoded: Vec<u8>,
+        subset: &[std::ops::Range<u64>],
+        shape: &[u64],
+    ) -> (Result<Vec<u8>, String>, Option<Vec<u8>>) {
+        let chunk: Vec<NonZeroU64> = self
+            .chunk_shape
+            .iter()
+            .map(|&c| NonZeroU64::new(c).expect("zarr chunk dimensions are non-zero"))
+            .collect();
+        let within = subset.len() == chunk.len()
+            && subset
+                .iter()
+                .zip(&chunk)
+                .all(|(r, c)| r.start < r.end && r.end <= c.get());
+        if !within {
+            let message = format!(
+                "the subset {subset:?} is not inside the chunk shape {:?}",
+                self.chunk_shape
+            );
+            return (Err(message), Some(encoded));
+        }
+        // The partial decoder owns its input; it gets the buffer itself, which comes back
+        // once the decoder (its only other holder) is dropped.
+        let input = Arc::new(encoded);
+        let decoded = (|| {
+            let decoder = Arc::clone(&self.chain)
+                .partial_decoder(
+                    Arc::clone(&input) as Arc<_>,
+                    &chunk,
+                    self.inner.data_type(),
+                    self.inner.fill_value(),
+                    &self.options,
+                )
+                .map_err(|e| e.to_string())?;
+            let region = zarrs::array::ArraySubset::new_with_ranges(subset);
+            let bytes = decoder
+                .partial_decode(&region, &self.options)
+                .map_err(|e| e.to_string())?
+                .into_fixed()
+                .map_err(|e| e.to_string())?
+                .into_owned();
+            let expect = shape.iter().product::<u64>() as usize * self.dtype.size_bytes();
+            if bytes.len() != expect {
+                return Err(format!("decoded {} bytes, expected {expect}", bytes.len()));
+            }
+            Ok(bytes)
+        })();
+        (decoded, Arc::try_unwrap(input).ok())
+    }
+
     fn decode_chunk_cow(
         &self,
         index: &[u64],
@@ -411,6 +514,90 @@ impl ZarrArray {
             return Err(format!("decoded {} bytes, expected {expect}", bytes.len()));
         }
         Ok(bytes)
+    }
+
+    /// Reads from `store` what decoding part `subset` (one chunk-local range per axis) of the
+    /// stored chunk at `index` needs: on a sharded array, its index and the inner chunks the
+    /// subset touches, as a compact shard ([`crate::shard`]) that
+    /// [`ZarrArray::decode_chunk_subset`] decodes like the whole one; otherwise the whole
+    /// chunk. `None` when the key does not exist.
+    pub async fn read_chunk_part<S: Store>(
+        &self,
+        store: &S,
+        index: &[u64],
+        subset: &[std::ops::Range<u64>],
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = self.chunk_key(index)?;
+        let Some(shard) = &self.shard else {
+            return store.get(&key).await;
+        };
+        let corrupt = |message: String| StoreError::CorruptChunk {
+            array: self.label().to_string(),
+            key: key.clone(),
+            path: store.locate(&key),
+            message: format!("the shard {message}"),
+        };
+        let index_len = shard.index_len();
+        let (encoded_index, len) = if shard.index_at_end() {
+            match store.get_suffix(&key, index_len).await? {
+                Some(got) => got,
+                None => return Ok(None),
+            }
+        } else {
+            let head = 0..index_len;
+            match store.get_ranges(&key, std::slice::from_ref(&head)).await? {
+                Some(mut parts) => (parts.pop().unwrap_or_default(), u64::MAX),
+                None => return Ok(None),
+            }
+        };
+        if (encoded_index.len() as u64) < index_len {
+            return Err(corrupt(format!(
+                "is {} bytes, shorter than its {index_len}-byte index",
+                encoded_index.len()
+            )));
+        }
+        let entries = shard.decode_index(&encoded_index).map_err(corrupt)?;
+        let mut wanted = Vec::new();
+        let mut ranges = Vec::new();
+        for i in shard.touched(subset) {
+            let (offset, n) = entries[i];
+            if offset == u64::MAX && n == u64::MAX {
+                continue; // never written: the fill value
+            }
+            let end = offset.checked_add(n).filter(|&e| e <= len).ok_or_else(|| {
+                corrupt(format!(
+                    "index puts inner chunk {i} at bytes {offset}..+{n}, past its end ({len})"
+                ))
+            })?;
+            wanted.push(i);
+            ranges.push(offset..end);
+        }
+        let parts = if ranges.is_empty() {
+            Vec::new()
+        } else {
+            match store.get_ranges(&key, &ranges).await? {
+                Some(parts) => parts,
+                None => return Ok(None),
+            }
+        };
+        for (part, range) in parts.iter().zip(&ranges) {
+            if part.len() as u64 != range.end - range.start {
+                return Err(corrupt(format!(
+                    "ended inside inner chunk bytes {}..{}",
+                    range.start, range.end
+                )));
+            }
+        }
+        shard
+            .compact(wanted.into_iter().zip(parts).collect())
+            .map(Some)
+            .map_err(corrupt)
+    }
+
+    /// True when [`ZarrArray::read_chunk_part`] reads less than the whole chunk (a sharded
+    /// array whose layout it knows).
+    pub fn reads_chunk_parts(&self) -> bool {
+        self.shard.is_some()
     }
 
     /// Reads the stored chunk at `index` from `store` and decodes it.

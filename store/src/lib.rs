@@ -27,6 +27,7 @@ mod error;
 mod geometry;
 mod hierarchy;
 mod remote;
+mod shard;
 mod store;
 mod zstd;
 

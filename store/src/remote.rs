@@ -19,13 +19,33 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{
-    ClientConfigKey, ObjectStore, ObjectStoreExt, ObjectStoreScheme, RetryConfig, aws, azure, gcp,
-    http,
+    ClientConfigKey, GetOptions, GetRange, ObjectStore, ObjectStoreExt, ObjectStoreScheme,
+    RetryConfig, aws, azure, gcp, http,
 };
 use url::Url;
 
 use crate::error::StoreError;
 use crate::store::Store;
+
+/// A ranged read the server answered whole gets a hint saying what that means.
+fn ranges_refused(e: StoreError) -> StoreError {
+    match e {
+        StoreError::Remote { url, message, .. }
+            if message.contains("non-partial")
+                || message.contains("Range request not supported") =>
+        {
+            StoreError::Remote {
+                url,
+                message,
+                hint: "; reading part of a shard (a cropped view) needs a server that answers \
+                       byte-range requests: serve the store from one that does (every object \
+                       store does), or read the whole field"
+                    .to_string(),
+            }
+        }
+        e => e,
+    }
+}
 
 /// Threads of a remote store's tokio runtime. They only drive sockets and TLS; decoding stays
 /// on the executor threads.
@@ -285,6 +305,38 @@ impl Store for RemoteStore {
             }
         };
         self.request(key, get, "").await
+    }
+
+    async fn get_suffix(&self, key: &str, n: u64) -> Result<Option<(Vec<u8>, u64)>, StoreError> {
+        let (store, path) = (self.inner.store.clone(), self.path(key));
+        let get = async move {
+            let options = GetOptions::default().with_range(Some(GetRange::Suffix(n)));
+            match found(store.get_opts(&path, options).await)? {
+                Some(got) => {
+                    let len = got.meta.size;
+                    Ok(Some((Vec::from(got.bytes().await?), len)))
+                }
+                None => Ok(None),
+            }
+        };
+        self.request(key, get, "").await.map_err(ranges_refused)
+    }
+
+    async fn get_ranges(
+        &self,
+        key: &str,
+        ranges: &[std::ops::Range<u64>],
+    ) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
+        let (store, path) = (self.inner.store.clone(), self.path(key));
+        let ranges = ranges.to_vec();
+        let get = async move {
+            // The client merges nearby ranges into fewer requests.
+            match found(store.get_ranges(&path, &ranges).await)? {
+                Some(parts) => Ok(Some(parts.into_iter().map(Vec::from).collect())),
+                None => Ok(None),
+            }
+        };
+        self.request(key, get, "").await.map_err(ranges_refused)
     }
 
     async fn exists(&self, key: &str) -> Result<bool, StoreError> {

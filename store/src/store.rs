@@ -33,6 +33,45 @@ pub trait Store: Send + Sync + 'static {
         self.get(key)
     }
 
+    /// The last `n` bytes of a value (all of it when shorter) and the value's whole length, or
+    /// `None` when the key does not exist. The default reads the whole value.
+    fn get_suffix(
+        &self,
+        key: &str,
+        n: u64,
+    ) -> impl Future<Output = Result<Option<(Vec<u8>, u64)>, StoreError>> {
+        let whole = self.get(key);
+        async move {
+            Ok(whole.await?.map(|b| {
+                let len = b.len() as u64;
+                let start = len.saturating_sub(n) as usize;
+                (b[start..].to_vec(), len)
+            }))
+        }
+    }
+
+    /// The byte ranges `ranges` of a value, in order (a range past its end comes back short),
+    /// or `None` when the key does not exist. The default reads the whole value.
+    fn get_ranges(
+        &self,
+        key: &str,
+        ranges: &[std::ops::Range<u64>],
+    ) -> impl Future<Output = Result<Option<Vec<Vec<u8>>>, StoreError>> {
+        let whole = self.get(key);
+        let ranges = ranges.to_vec();
+        async move {
+            Ok(whole.await?.map(|b| {
+                ranges
+                    .iter()
+                    .map(|r| {
+                        let end = (r.end as usize).min(b.len());
+                        b[(r.start as usize).min(end)..end].to_vec()
+                    })
+                    .collect()
+            }))
+        }
+    }
+
     /// Whether the key exists.
     fn exists(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>>;
 
@@ -100,6 +139,51 @@ impl Store for LocalStore {
             Err(e) if missing(&e) => Ok(None),
             Err(source) => Err(StoreError::Io { path, source }),
         }
+    }
+
+    async fn get_suffix(&self, key: &str, n: u64) -> Result<Option<(Vec<u8>, u64)>, StoreError> {
+        let path = self.locate(key);
+        let io = |source| StoreError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = match fs::File::open(&path, fs::OpenOptions::read()).await {
+            Ok(f) => f,
+            Err(e) if missing(&e) => return Ok(None),
+            Err(e) => return Err(io(e)),
+        };
+        let len = file.stat().await.map_err(io)?.len;
+        let start = len.saturating_sub(n);
+        let bytes = file
+            .read_exact_at(start, (len - start) as usize)
+            .await
+            .map_err(io)?;
+        Ok(Some((bytes, len)))
+    }
+
+    async fn get_ranges(
+        &self,
+        key: &str,
+        ranges: &[std::ops::Range<u64>],
+    ) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
+        let path = self.locate(key);
+        let io = |source| StoreError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = match fs::File::open(&path, fs::OpenOptions::read()).await {
+            Ok(f) => f,
+            Err(e) if missing(&e) => return Ok(None),
+            Err(e) => return Err(io(e)),
+        };
+        // Issued together, so reads the device must serve overlap.
+        let reads = ranges
+            .iter()
+            .map(|r| file.read_exact_at(r.start, (r.end - r.start) as usize));
+        let parts = futures_util::future::try_join_all(reads)
+            .await
+            .map_err(io)?;
+        Ok(Some(parts))
     }
 
     async fn exists(&self, key: &str) -> Result<bool, StoreError> {
@@ -201,6 +285,24 @@ impl Store for AnyStore {
         match self {
             Self::Local(s) => s.get_into(key, buf).await,
             Self::Remote(s) => s.get_into(key, buf).await,
+        }
+    }
+
+    async fn get_suffix(&self, key: &str, n: u64) -> Result<Option<(Vec<u8>, u64)>, StoreError> {
+        match self {
+            Self::Local(s) => s.get_suffix(key, n).await,
+            Self::Remote(s) => s.get_suffix(key, n).await,
+        }
+    }
+
+    async fn get_ranges(
+        &self,
+        key: &str,
+        ranges: &[std::ops::Range<u64>],
+    ) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
+        match self {
+            Self::Local(s) => s.get_ranges(key, ranges).await,
+            Self::Remote(s) => s.get_ranges(key, ranges).await,
         }
     }
 

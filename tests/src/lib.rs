@@ -257,16 +257,26 @@ pub struct HttpServer {
 impl HttpServer {
     /// Serves `dir`; a GET of a path under any of `fail` (relative to `dir`) answers 500.
     pub fn serve(dir: &Path, fail: &[&str]) -> Self {
-        Self::start(dir, fail, None)
+        Self::start(dir, fail, None, true)
+    }
+
+    /// Serves `dir` like a server that ignores `Range` headers: every GET answers whole.
+    pub fn serve_without_ranges(dir: &Path) -> Self {
+        Self::start(dir, &[], None, false)
     }
 
     /// Serves `dir`, holding every response to a path under `prefix` for `delay` (counted in
     /// [`HttpServer::held_stats`]).
     pub fn serve_slow(dir: &Path, prefix: &str, delay: std::time::Duration) -> Self {
-        Self::start(dir, &[], Some((prefix, delay)))
+        Self::start(dir, &[], Some((prefix, delay)), true)
     }
 
-    fn start(dir: &Path, fail: &[&str], slow: Option<(&str, std::time::Duration)>) -> Self {
+    fn start(
+        dir: &Path,
+        fail: &[&str],
+        slow: Option<(&str, std::time::Duration)>,
+        ranges: bool,
+    ) -> Self {
         use std::io::BufRead;
         use std::process::Stdio;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/http_server.py");
@@ -275,6 +285,9 @@ impl HttpServer {
         cmd.arg(&script).arg(dir);
         for f in fail {
             cmd.arg("--fail").arg(f);
+        }
+        if !ranges {
+            cmd.arg("--no-ranges");
         }
         if let Some((prefix, delay)) = slow {
             cmd.arg("--slow")

@@ -75,6 +75,20 @@ fn check_cropped_epoch(
     (anchors, pass.stats())
 }
 
+/// Every file under `dir`.
+fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// Stored chunks along each field axis that `region` touches.
 fn tiles_touched(f: &FixtureArray, axis: usize, chunks: &[u64], region: &[(u64, u64)]) -> u64 {
     (0..f.shape.len())
@@ -88,13 +102,17 @@ fn tiles_touched(f: &FixtureArray, axis: usize, chunks: &[u64], region: &[(u64, 
 fn a_cropped_view_is_zarr_python_over_its_region_and_reads_only_the_chunks_it_touches() {
     // (case, region per field axis, the stored chunk's shape: the shard when sharded)
     type Region = Vec<(u64, u64)>;
-    let cases: [(&str, Region, Vec<u64>); 4] = [
+    let cases: [(&str, Region, Vec<u64>); 5] = [
         // 3 × 3 tiles per sample chunk; the region touches 2 × 1 of them.
         ("v3_inner", vec![(4, 7), (1, 3)], vec![2, 3, 4]),
         // Across every tile edge, ending at the partial edge tiles.
         ("v3_inner", vec![(2, 7), (3, 9)], vec![2, 3, 4]),
-        // One shard per sample chunk covers the field: the shard is read, the region kept.
-        ("v3_sharded", vec![(1, 5), (2, 7)], vec![4, 6, 8]),
+        // One shard per sample chunk covers the field: its index and the inner chunks the
+        // region touches are read.
+        ("v3_sharded", vec![(1, 3), (2, 7)], vec![4, 6, 8]),
+        // The index at the start of the shard, and an inner chunk the region touches that was
+        // never written (the fill value).
+        ("v3_sharded_start", vec![(3, 6), (4, 8)], vec![4, 6, 8]),
         // Sampled along z (axis 2): field axes t, c, y, x; t is chunked 1.
         (
             "v3_tczyx",
@@ -133,10 +151,28 @@ fn a_cropped_view_is_zarr_python_over_its_region_and_reads_only_the_chunks_it_to
                 sample_chunks * touched,
                 "{case} {region:?}"
             );
-            // Decoding is of whole stored chunks (the codec's unit); what the slots hold is the
-            // region (its shape is checked in every batch above).
-            let tile_bytes = chunks.iter().product::<u64>() * item_size(&f.dtype) as u64;
-            assert_eq!(stats.bytes_decoded, stats.tiles_read * tile_bytes, "{case}");
+            // A chunk is decoded whole (the codec's unit) and its part copied out; a shard
+            // decodes only the inner chunks the region touches, giving the part alone.
+            let item = item_size(&f.dtype) as u64;
+            let sharded = case.starts_with("v3_sharded");
+            let per_tile = if sharded {
+                chunks[axis] * region.iter().map(|(lo, hi)| hi - lo).product::<u64>() * item
+            } else {
+                chunks.iter().product::<u64>() * item
+            };
+            assert_eq!(stats.bytes_decoded, stats.tiles_read * per_tile, "{case}");
+            if sharded {
+                // Less than the shards: their indexes and the touched inner chunks.
+                let on_disk: u64 = walk_files(&f.store.join("c"))
+                    .iter()
+                    .map(|p| p.metadata().unwrap().len())
+                    .sum();
+                assert!(
+                    stats.bytes_read < on_disk,
+                    "{case}: read {} of {on_disk}",
+                    stats.bytes_read
+                );
+            }
         }
     }
     // Against the whole field, the first region reads 2 of every 9 tiles.
@@ -288,4 +324,71 @@ fn a_persistent_cache_holds_the_region_it_was_filled_with() {
     let full: Vec<(u64, u64)> = vec![(0, f.shape[1]), (0, f.shape[2])];
     let (_, refilled) = check_cropped_epoch(&ds, &["t"], &f, axis, &full);
     assert_eq!(refilled.cache_revived, 0);
+}
+
+/// The byte range of inner chunk `i` (C order over the shard's inner grid) in a shard file whose
+/// index (`n` entries of little-endian offset and length, then a crc32c) is at its end.
+fn inner_chunk_bytes(shard: &[u8], n: usize, i: usize) -> std::ops::Range<usize> {
+    let index = &shard[shard.len() - (n * 16 + 4)..shard.len() - 4];
+    let word = |k: usize| u64::from_le_bytes(index[k * 8..k * 8 + 8].try_into().unwrap()) as usize;
+    let (offset, len) = (word(2 * i), word(2 * i + 1));
+    offset..offset + len
+}
+
+#[test]
+fn a_region_of_a_sharded_array_reads_only_the_inner_chunks_it_touches() {
+    // v3_sharded: (9, 6, 8) in shards of (4, 6, 8), inner chunks (2, 3, 4): 2 x 2 x 2 inner
+    // chunks per shard. Garbage over inner chunk (0, 0, 0) of the first shard: the region
+    // rows 3..6, columns 4..8 never touches it (neither reads nor decodes it); the whole field
+    // does.
+    let f = fixture_case("v3_sharded");
+    let dir = tempfile::tempdir().unwrap();
+    insitubatch_tests::copy_dir(&f.store, dir.path());
+    let shard_path = dir.path().join("c/0/0/0");
+    let mut shard = std::fs::read(&shard_path).unwrap();
+    let bad = inner_chunk_bytes(&shard, 8, 0);
+    assert!(!bad.is_empty());
+    shard[bad].fill(0xa5);
+    std::fs::write(&shard_path, &shard).unwrap();
+    let corrupt = FixtureArray {
+        store: dir.path().to_path_buf(),
+        ..f
+    };
+    let region = [(3, 6), (4, 8)];
+    let ds = InSituDataset::builder(&corrupt.store)
+        .cropped_window("x", "", 0, &region)
+        .batch_size(2)
+        .build()
+        .unwrap();
+    let (anchors, stats) = check_cropped_epoch(&ds, &["x"], &corrupt, 0, &region);
+    assert_eq!(sorted(anchors), (0..9).collect::<Vec<_>>());
+    assert!(stats.bad_chunks.is_empty(), "{:?}", stats.bad_chunks);
+    // The whole field decodes every inner chunk, the damaged one included.
+    let whole = InSituDataset::builder(&corrupt.store)
+        .variable("x", "")
+        .batch_size(2)
+        .build()
+        .unwrap();
+    let err = whole
+        .train()
+        .unwrap()
+        .find_map(Result::err)
+        .expect("the damaged inner chunk is decoded for the whole field");
+    assert!(err.to_string().contains("corrupt"), "{err}");
+    // A shard cut short of its index is a corrupt chunk naming its key, not a panic or a hang.
+    std::fs::write(&shard_path, &shard[..10]).unwrap();
+    let fresh = InSituDataset::builder(&corrupt.store)
+        .cropped_window("x", "", 0, &region)
+        .build()
+        .unwrap();
+    let err = fresh
+        .train()
+        .unwrap()
+        .find_map(Result::err)
+        .expect("a truncated shard fails")
+        .to_string();
+    assert!(
+        err.contains("chunk `c/0/0/0`") && err.contains("shorter than its"),
+        "{err}"
+    );
 }

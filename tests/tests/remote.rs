@@ -70,6 +70,51 @@ fn every_fixture_served_over_http_equals_zarr_python_and_the_local_store() {
 }
 
 #[test]
+fn a_region_of_a_sharded_array_over_http_reads_byte_ranges_or_says_the_server_cannot() {
+    for case in ["v3_sharded", "v3_sharded_start"] {
+        let f = fixture_arrays()
+            .into_iter()
+            .find(|f| f.case == case)
+            .unwrap();
+        let build = |root: &str| {
+            InSituDataset::builder(root)
+                .cropped_window("x", "", 0, &[(3, 6), (4, 8)])
+                .batch_size(4)
+                .build()
+                .unwrap()
+        };
+        let epoch = |ds: &InSituDataset| {
+            let mut pass = ds.all().unwrap();
+            let bytes: Vec<Vec<u8>> = pass
+                .by_ref()
+                .map(|b| b.unwrap().array("x").unwrap().bytes().to_vec())
+                .collect();
+            (bytes, pass.stats())
+        };
+        let server = HttpServer::serve(&fixtures_dir(), &[]);
+        let (remote, remote_stats) = epoch(&build(&server.url(&store_name(&f))));
+        let (local, local_stats) = epoch(&build(f.store.to_str().unwrap()));
+        assert_eq!(remote, local, "{case}");
+        assert_eq!(remote_stats.bytes_read, local_stats.bytes_read, "{case}");
+        assert!(remote_stats.bad_chunks.is_empty());
+        // A server that answers every GET whole cannot serve part of a shard: the read fails
+        // naming the chunk's URL and why.
+        let plain = HttpServer::serve_without_ranges(&fixtures_dir());
+        let url = plain.url(&store_name(&f));
+        let err = build(&url)
+            .all()
+            .unwrap()
+            .find_map(Result::err)
+            .expect("a shard's index cannot be read by range")
+            .to_string();
+        assert!(
+            err.contains(&url) && err.contains("byte-range requests"),
+            "{case}: {err}"
+        );
+    }
+}
+
+#[test]
 fn a_group_that_cannot_be_listed_says_to_consolidate_it() {
     let server = HttpServer::serve(&fixtures_dir(), &[]);
     let url = server.url("era5_v2.zarr");

@@ -59,7 +59,7 @@ def s3(fixtures):
         )
         client.create_bucket(Bucket="data")
         out, _ = fixtures
-        for store in ("era5_v3.zarr", "era5_v2.zarr", "v3_sharded.zarr"):
+        for store in ("era5_v3.zarr", "era5_v2.zarr", "v3_sharded.zarr", "v3_sharded_start.zarr"):
             for dirpath, _, files in os.walk(out / store):
                 for name in files:
                     path = os.path.join(dirpath, name)
@@ -107,6 +107,26 @@ def test_a_sharded_root_array_in_s3_reads_as_zarr_python(fixtures, s3):
         assert order == list(range(ref.shape[0]))
         (arr,) = got.values()
         np.testing.assert_array_equal(arr, ref)
+
+
+@pytest.mark.parametrize("store", ["v3_sharded.zarr", "v3_sharded_start.zarr"])
+def test_a_region_of_a_sharded_array_in_s3_reads_its_index_and_touched_inner_chunks(fixtures, s3, store):
+    # Shards of (4, 6, 8) in inner chunks of (2, 3, 4); rows 3..6, columns 4..8 touch a quarter
+    # of each shard's inner chunks (v3_sharded_start: index first, one inner chunk absent).
+    out, _ = fixtures
+    ref = zarr.open_array(out / store, mode="r")[...]
+    region = (slice(3, 6), slice(4, 8))
+    views = {}
+    for where in (f"s3://data/{store}", out / store):
+        options = s3 if isinstance(where, str) else None
+        g = isb.open_geometries(where, storage_options=options)[""].crop(*region)
+        with isb.InSituDataset(where, None, {"x": g}, batch_size=4, storage_options=options) as ds:
+            order, got = _epoch(ds, "all")
+            assert order == list(range(ref.shape[0]))
+            np.testing.assert_array_equal(got["x"], ref[:, 3:6, 4:8])
+            views[where if isinstance(where, str) else "local"] = ds.stats()["bytes_read"]
+    on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out / store / "c") for f in fs)
+    assert views[f"s3://data/{store}"] == views["local"] < on_disk
 
 
 def test_a_missing_bucket_or_store_names_its_url_and_bad_options_are_refused(s3):
