@@ -222,6 +222,24 @@ mod tests {
         (c.iter().fold(0u64, |a, x| a * 31 + x) % 251) as u8
     }
 
+    /// A decoded 3-d tile at stored-chunk index `ci`: every element `value` of its physical
+    /// coordinates, C order.
+    fn tile_values(g: &ArrayGeometry, ci: &[u64]) -> Vec<u8> {
+        let mut src = Vec::new();
+        for i in 0..g.chunks[0] {
+            for j in 0..g.chunks[1] {
+                for k in 0..g.chunks[2] {
+                    src.push(value(&[
+                        ci[0] * g.chunks[0] + i,
+                        ci[1] * g.chunks[1] + j,
+                        ci[2] * g.chunks[2] + k,
+                    ]));
+                }
+            }
+        }
+        src
+    }
+
     #[test]
     fn tiles_assemble_sample_first_for_any_axis_and_partial_edges() {
         // shape (5, 7, 3), chunks (2, 3, 2): sample axis 1, so slot = [3, 5, 3].
@@ -245,19 +263,7 @@ mod tests {
             let mut slot = vec![0u8; (spc * inner[0] * inner[1]) as usize];
             for t in 0..layout.tiles() {
                 let ci = layout.chunk_index(chunk, t);
-                let mut src = Vec::new();
-                for i in 0..g.chunks[0] {
-                    for j in 0..g.chunks[1] {
-                        for k in 0..g.chunks[2] {
-                            let c = [
-                                ci[0] * g.chunks[0] + i,
-                                ci[1] * g.chunks[1] + j,
-                                ci[2] * g.chunks[2] + k,
-                            ];
-                            src.push(value(&c));
-                        }
-                    }
-                }
+                let src = tile_values(&g, &ci);
                 layout.copy_into_slot(t, &src, &mut slot);
             }
             for w in 0..spc {
@@ -290,19 +296,7 @@ mod tests {
         let mut read = Vec::new();
         for t in 0..layout.tiles() {
             let ci = layout.chunk_index(chunk, t);
-            let mut src = Vec::new();
-            for i in 0..g.chunks[0] {
-                for j in 0..g.chunks[1] {
-                    for k in 0..g.chunks[2] {
-                        let c = [
-                            ci[0] * g.chunks[0] + i,
-                            ci[1] * g.chunks[1] + j,
-                            ci[2] * g.chunks[2] + k,
-                        ];
-                        src.push(value(&c));
-                    }
-                }
-            }
+            let src = tile_values(g, &ci);
             layout.copy_into_slot(t, &src, &mut slot);
             // The part the view reads, handed over alone (a sharded array's partial decode),
             // lands in the same place.

@@ -109,6 +109,25 @@ impl LocalStore {
     }
 }
 
+impl LocalStore {
+    /// The file of `key` opened for reading (`None` when it does not exist), with what turns
+    /// an IO error on it into one naming its path.
+    async fn open_existing(
+        &self,
+        key: &str,
+    ) -> Result<Option<(fs::File, impl Fn(std::io::Error) -> StoreError)>, StoreError> {
+        let path = self.locate(key);
+        match fs::File::open(&path, fs::OpenOptions::read()).await {
+            Ok(file) => Ok(Some((file, move |source| StoreError::Io {
+                path: path.clone(),
+                source,
+            }))),
+            Err(e) if missing(&e) => Ok(None),
+            Err(source) => Err(StoreError::Io { path, source }),
+        }
+    }
+}
+
 fn missing(e: &std::io::Error) -> bool {
     // ENOTDIR: a path component is a file, so the key cannot exist either.
     e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(20)
@@ -142,22 +161,15 @@ impl Store for LocalStore {
     }
 
     async fn get_suffix(&self, key: &str, n: u64) -> Result<Option<(Vec<u8>, u64)>, StoreError> {
-        let path = self.locate(key);
-        let io = |source| StoreError::Io {
-            path: path.clone(),
-            source,
+        let Some((file, io)) = self.open_existing(key).await? else {
+            return Ok(None);
         };
-        let file = match fs::File::open(&path, fs::OpenOptions::read()).await {
-            Ok(f) => f,
-            Err(e) if missing(&e) => return Ok(None),
-            Err(e) => return Err(io(e)),
-        };
-        let len = file.stat().await.map_err(io)?.len;
+        let len = file.stat().await.map_err(&io)?.len;
         let start = len.saturating_sub(n);
         let bytes = file
             .read_exact_at(start, (len - start) as usize)
             .await
-            .map_err(io)?;
+            .map_err(&io)?;
         Ok(Some((bytes, len)))
     }
 
@@ -166,15 +178,8 @@ impl Store for LocalStore {
         key: &str,
         ranges: &[std::ops::Range<u64>],
     ) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
-        let path = self.locate(key);
-        let io = |source| StoreError::Io {
-            path: path.clone(),
-            source,
-        };
-        let file = match fs::File::open(&path, fs::OpenOptions::read()).await {
-            Ok(f) => f,
-            Err(e) if missing(&e) => return Ok(None),
-            Err(e) => return Err(io(e)),
+        let Some((file, io)) = self.open_existing(key).await? else {
+            return Ok(None);
         };
         // Issued together, so reads the device must serve overlap.
         let reads = ranges
@@ -182,7 +187,7 @@ impl Store for LocalStore {
             .map(|r| file.read_exact_at(r.start, (r.end - r.start) as usize));
         let parts = futures_util::future::try_join_all(reads)
             .await
-            .map_err(io)?;
+            .map_err(&io)?;
         Ok(Some(parts))
     }
 
