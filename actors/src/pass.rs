@@ -307,6 +307,44 @@ pub fn rank_share(
     shard.share(split, samples_per_chunk, n_samples, &offsets)
 }
 
+/// The most bytes one read of `path` holds: a stored chunk, or for a cropped view of a sharded
+/// array (which reads the shard's index and the inner chunks its region touches) twice those
+/// inner chunks' decoded size (what their encoded bytes rarely exceed) and the index: the
+/// inner chunks as read and the compact shard built from them coexist.
+fn read_size(path: &crate::planner::PathInfo, array: Option<&ZarrArray>) -> u64 {
+    let g = &path.geom;
+    let item = g.dtype.size_bytes() as u64;
+    let whole = g.chunks.iter().fold(item, |a, &c| a.saturating_mul(c));
+    let (Some(region), Some(array)) = (&g.region, array) else {
+        return whole;
+    };
+    let Some(inner) = array
+        .inner_chunk_shape()
+        .filter(|_| array.reads_chunk_parts())
+    else {
+        return whole;
+    };
+    let mut part = item;
+    let mut field = region.iter();
+    for (d, (&c, &i)) in g.chunks.iter().zip(inner).enumerate() {
+        let span = if d == g.sample_axis {
+            c
+        } else {
+            let &(lo, hi) = field.next().expect("one range per field axis");
+            ((hi.div_ceil(i) - lo / i) * i).min(c)
+        };
+        part = part.saturating_mul(span);
+    }
+    let inner_chunks = g
+        .chunks
+        .iter()
+        .zip(inner)
+        .fold(1u64, |a, (&c, &i)| a.saturating_mul(c / i.max(1)));
+    part.saturating_add(inner_chunks.saturating_mul(16) + 4)
+        .saturating_mul(2)
+        .min(whole)
+}
+
 /// The pool's heap beyond the working set and the read buffers of a pass over `plan`, for its
 /// [`MemoryNeed`].
 fn memory_need<S: Store>(
@@ -318,10 +356,7 @@ fn memory_need<S: Store>(
     let stored_chunk = plan
         .paths
         .iter()
-        .map(|p| {
-            let elements = p.geom.chunks.iter().fold(1u64, |a, &c| a.saturating_mul(c));
-            elements.saturating_mul(p.geom.dtype.size_bytes() as u64)
-        })
+        .map(|p| read_size(p, ctx.arrays.get(&*p.path)))
         .max()
         .unwrap_or(0);
     let reads = (ctx.read_buffers.max_buffers() as u64).saturating_mul(stored_chunk);

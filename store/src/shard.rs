@@ -140,18 +140,17 @@ impl ShardLayout {
     }
 
     /// A compact shard: the inner chunks `parts` (flat index and bytes, in any order) back to
-    /// back, and an index that points at them and marks every other inner chunk absent.
+    /// back, and an index that points at them and marks every other inner chunk absent. Each
+    /// part is freed as it is copied in.
     pub(crate) fn compact(&self, parts: Vec<(usize, Vec<u8>)>) -> Result<Vec<u8>, String> {
         let n = self.grid.iter().product::<u64>() as usize;
         let mut index = vec![ABSENT; 2 * n];
-        let data_len: usize = parts.iter().map(|(_, b)| b.len()).sum();
-        let mut out = Vec::with_capacity(data_len + self.index_len as usize);
         let base = if self.at_end { 0 } else { self.index_len };
-        let mut data = Vec::with_capacity(data_len);
-        for (i, bytes) in parts {
-            index[2 * i] = base + data.len() as u64;
+        let mut at = base;
+        for (i, bytes) in &parts {
+            index[2 * i] = at;
             index[2 * i + 1] = bytes.len() as u64;
-            data.extend_from_slice(&bytes);
+            at += bytes.len() as u64;
         }
         let shape = index_shape(&self.grid).ok_or("an empty shard grid")?;
         let raw: Vec<u8> = index.iter().flat_map(|w| w.to_ne_bytes()).collect();
@@ -165,12 +164,16 @@ impl ShardLayout {
                 &self.options,
             )
             .map_err(|e| format!("re-encoding its index: {e}"))?;
+        let data_len = (at - base) as usize;
+        let mut out = Vec::with_capacity(data_len + encoded.len());
+        if !self.at_end {
+            out.extend_from_slice(&encoded);
+        }
+        for (_, bytes) in parts {
+            out.extend_from_slice(&bytes);
+        }
         if self.at_end {
-            out.extend_from_slice(&data);
             out.extend_from_slice(&encoded);
-        } else {
-            out.extend_from_slice(&encoded);
-            out.extend_from_slice(&data);
         }
         Ok(out)
     }

@@ -392,3 +392,50 @@ fn a_region_of_a_sharded_array_reads_only_the_inner_chunks_it_touches() {
         "{err}"
     );
 }
+
+#[test]
+fn the_memory_need_of_a_cropped_sharded_view_counts_its_part_reads_not_whole_shards() {
+    // 16 samples of 40 x 64 float32 in shards of 4 samples holding inner chunks of 1 x 10 x 16
+    // (4 x 4 per field); rows 10..20 and columns 16..32 touch one inner chunk per sample.
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.zarr");
+    let spec = insitubatch::synth::SynthSpec {
+        samples: 16,
+        grid: (40, 64),
+        sample_chunk: 1,
+        inner_chunks: Some((10, 16)),
+        shard_samples: Some(4),
+        variables: vec!["t".into()],
+        ..Default::default()
+    };
+    insitubatch::synth::make_dataset(&store, &spec, false, &|_, _| {}).unwrap();
+    let need = |region: Option<&[(u64, u64)]>| {
+        let b = InSituDataset::builder(&store).max_inflight(2);
+        let b = match region {
+            Some(r) => b.cropped_window("t", "t", 0, r),
+            None => b.variable("t", "t"),
+        };
+        b.build().unwrap().memory_need("train").unwrap()
+    };
+    let whole = need(None);
+    let cropped = need(Some(&[(10, 20), (16, 32)]));
+    // Per read: twice (the parts as read and the compact shard) the touched inner chunks
+    // along the shard's 4 samples, plus the 4 x 4 x 4-entry index and its checksum.
+    let whole_read = 4 * 40 * 64 * 4;
+    let per_read = 2 * (4 * 10 * 16 * 4 + 64 * 16 + 4);
+    assert_eq!(whole.reads % whole_read, 0, "{whole:?}");
+    let buffers = whole.reads / whole_read;
+    assert!(buffers > 0);
+    assert_eq!(cropped.reads, buffers * per_read, "{cropped:?}");
+    // And a pass stays within it: the reads it makes are the parts.
+    let ds = InSituDataset::builder(&store)
+        .cropped_window("t", "t", 0, &[(10, 20), (16, 32)])
+        .build()
+        .unwrap();
+    let mut pass = ds.train().unwrap();
+    for b in pass.by_ref() {
+        b.unwrap();
+    }
+    let s = pass.stats();
+    assert!(s.bytes_read <= s.tiles_read * per_read / 2, "{s:?}");
+}
