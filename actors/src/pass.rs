@@ -593,6 +593,7 @@ impl Pass {
             split: config.split.clone(),
             epoch: config.epoch,
             batches_total: plan.n_batches as u64,
+            start_batch: config.start_batch,
             read_ahead_bytes: plan.read_ahead_bytes,
             dropped_anchors: order.dropped_anchors,
             trimmed_rows: order.trimmed_rows,

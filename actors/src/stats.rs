@@ -45,8 +45,11 @@ pub struct PassStats {
     pub epoch: u64,
     /// Batches delivered so far.
     pub batches: u64,
-    /// Batches in the epoch.
+    /// Batches this pass yields: the epoch's, or from `start_batch` on when resumed.
     pub batches_total: u64,
+    /// The epoch's batch this pass started at (0 unless resumed): it yields the epoch's
+    /// batches `start_batch..start_batch + batches_total`.
+    pub start_batch: u64,
     /// Samples delivered so far.
     pub samples: u64,
     /// Slots found resident (no fetch, no decode).

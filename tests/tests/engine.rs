@@ -1076,7 +1076,10 @@ fn a_pass_resumed_at_a_batch_yields_the_rest_of_the_epoch_and_reads_only_its_chu
         let whole = batch_data(ds.train().unwrap(), &["x", "y"]);
         assert_eq!(whole.len() as u64, n);
         for k in 0..=n {
-            let rest = batch_data(ds.iter_from("train", k).unwrap(), &["x", "y"]);
+            let pass = ds.iter_from("train", k).unwrap();
+            let s = pass.stats();
+            assert_eq!((s.start_batch, s.batches_total), (k, n - k));
+            let rest = batch_data(pass, &["x", "y"]);
             assert_eq!(
                 rest,
                 whole[k as usize..],

@@ -472,9 +472,10 @@ class _Epoch:
     """One epoch's iterator. Breaking out of the loop (or dropping it) stops the epoch and frees
     what it held; after an error, `next` raises `Cancelled` naming the first error."""
 
-    def __init__(self, ds: "InSituDataset", it: ctypes.c_void_p):
+    def __init__(self, ds: "InSituDataset", it: ctypes.c_void_p, n_batches: int):
         self._ds = ds
         self._it = it
+        self._len = n_batches
         self._reader = _BatchReader(ds.sample_formats, ds._offsets)
         self._b = ctypes.c_void_p()
         self._err = ctypes.c_void_p()
@@ -490,6 +491,11 @@ class _Epoch:
 
     def __iter__(self) -> "_Epoch":
         return self
+
+    def __len__(self) -> int:
+        """Batches this iterator yields in all: the epoch's, or from `start_batch` on when
+        resumed (`len(view) - start_batch`)."""
+        return self._len
 
     def __next__(self) -> Batch:
         if not self._lock.acquire(blocking=False):
@@ -881,11 +887,12 @@ class InSituDataset:
             raise TypeError("split must be a str")
         it = ctypes.c_void_p()
         err = ctypes.c_void_p()
+        n_batches = self._split_len(split)[1]
         _check(
             lib.isb_iter_start_at(self._live(), split.encode(), start_batch, ctypes.byref(it), ctypes.byref(err)),
             err,
         )
-        return _Epoch(self, it)
+        return _Epoch(self, it, n_batches - start_batch)
 
     # reports ---------------------------------------------------------------------------
     def stats(self) -> dict:

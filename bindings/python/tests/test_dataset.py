@@ -224,13 +224,18 @@ def test_a_resumed_epoch_yields_the_rest_of_a_whole_one_and_reads_only_its_chunk
         whole = [(b.sample_indices.tolist(), b.arrays["raw"].copy()) for b in ds.train]
         n = len(ds.train)
         assert len(whole) == n and len(whole[-1][0]) < 7, "a short last batch"
+        assert len(iter(ds.train)) == n
         for k in (0, 1, n // 2, n - 1, n):
-            rest = [(b.sample_indices.tolist(), b.arrays["raw"].copy()) for b in ds.train.from_batch(k)]
+            it = ds.train.from_batch(k)
+            assert len(it) == n - k, "len() of a resumed iterator is the batches it yields"
+            rest = [(b.sample_indices.tolist(), b.arrays["raw"].copy()) for b in it]
             assert [i for i, _ in rest] == [i for i, _ in whole[k:]], k
             assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(rest, whole[k:]))
             # One sample per chunk of `raw`: only the chunks of the batches yielded are drawn.
             s = ds.stats()
             assert s["cache_hits"] + s["cache_misses"] == sum(len(i) for i, _ in rest), k
+            # The report says where the pass started and how many it yielded.
+            assert (s["start_batch"], s["batches"], s["batches_total"]) == (k, n - k, n - k), s
         with pytest.raises(isb.InvalidArgument, match=f"`start_batch` = {n + 1}: an epoch of `train` has {n} batches"):
             ds.train.from_batch(n + 1)
         with pytest.raises(isb.InvalidArgument, match="`start_batch` = -1"):
