@@ -52,6 +52,11 @@ struct WarmArgs {
     /// The sample axis.
     #[arg(long, default_value_t = 0)]
     sample_axis: usize,
+    /// Warm only this region of every variable's field (START:STOP per field axis,
+    /// comma-separated), exactly what the readers will crop: the region is part of the cache
+    /// fingerprint.
+    #[arg(long, value_delimiter = ',', value_parser = parse_range, requires = "variables")]
+    region: Option<Vec<(u64, u64)>>,
     /// Delete and rebuild arrays whose cached chunks are stale.
     #[arg(long)]
     reset_stale_cache: bool,
@@ -462,6 +467,7 @@ fn warm(args: &WarmArgs) -> CliResult {
         split,
         variables,
         sample_axis,
+        region,
         reset_stale_cache,
         chunk_transforms,
         store,
@@ -480,7 +486,10 @@ fn warm(args: &WarmArgs) -> CliResult {
         b = b.chunk_transforms_json(transforms_arg(t)?);
     }
     for v in variables.iter().flatten() {
-        b = b.variable(v.clone(), v.clone());
+        b = match region {
+            Some(r) => b.cropped_window(v.clone(), v.clone(), 0, r),
+            None => b.variable(v.clone(), v.clone()),
+        };
     }
     if let Some(m) = manifest {
         b = b.manifest(SplitManifest::load(m)?);

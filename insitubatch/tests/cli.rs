@@ -329,6 +329,40 @@ fn warm_fills_a_cache_that_readonly_benches_read_without_decoding() {
         err.contains("readonly_cache") && err.contains("[chunk 6]"),
         "{err}"
     );
+    // A cache warmed with a region serves readers of that region, and is stale for others.
+    let cropped = tmp.path().join("cropped");
+    let region = ["--variables", "t2m,u10", "--region", "1:5,2:8"];
+    let out = run_ok(
+        cli()
+            .arg("warm")
+            .arg(&store)
+            .arg("--cache-dir")
+            .arg(&cropped)
+            .args(["--manifest"])
+            .arg(&manifest)
+            .args(["--split", "train"])
+            .args(region),
+    );
+    assert!(out.contains("12 chunks written"), "{out}");
+    let read = |extra: &[&str]| {
+        bench_with(&store, &manifest)
+            .args(["--epochs", "1", "--json", "--readonly-cache", "--cache-dir"])
+            .arg(&cropped)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = read(&region);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    let s = &v["epochs"][0]["stats"];
+    assert_eq!(
+        (s["tiles_read"].as_u64(), s["cache_revived"].as_u64()),
+        (Some(0), Some(12))
+    );
+    let out = read(&["--variables", "t2m,u10"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("stale"), "{err}");
 }
 
 #[test]

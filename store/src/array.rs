@@ -518,7 +518,7 @@ impl ZarrArray {
 
     /// Reads from `store` what decoding part `subset` (one chunk-local range per axis) of the
     /// stored chunk at `index` needs: on a sharded array, its index and the inner chunks the
-    /// subset touches, as a compact shard ([`crate::shard`]) that
+    /// subset touches, as a compact shard (see `shard.rs`) that
     /// [`ZarrArray::decode_chunk_subset`] decodes like the whole one; otherwise the whole
     /// chunk. `None` when the key does not exist.
     pub async fn read_chunk_part<S: Store>(
