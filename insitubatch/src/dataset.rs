@@ -76,6 +76,7 @@ pub struct DatasetBuilder {
     cache_fail_writes_after: Option<u64>,
     shard: Shard,
     even_train: bool,
+    drop_last: bool,
     storage_options: Vec<(String, String)>,
     chunk_transforms: ChunkTransforms,
     /// The first bad `chunk_transforms_json`, reported by `build`.
@@ -383,6 +384,17 @@ impl DatasetBuilder {
         self
     }
 
+    /// Whether every split's epoch leaves out its last batch when it would be short (default
+    /// false): every batch then has `batch_size` rows, as a compiled model with static shapes
+    /// (`torch.compile`, JAX `jit`, XLA) wants, and an epoch is ⌊samples / batch_size⌋
+    /// batches. The rows left out are the last of the epoch's order, so which they are
+    /// changes every shuffled epoch; chunks that only they draw from are not read. A split
+    /// with fewer samples than `batch_size` is then an error when iterated.
+    pub fn drop_last(mut self, yes: bool) -> Self {
+        self.drop_last = yes;
+        self
+    }
+
     /// Sets an object-store option (`aws_endpoint`, `aws_region`, `google_service_account`,
     /// `azure_storage_account_name`, `timeout`, ...: the `object_store` crate's configuration
     /// keys), applied after the environment's. Only for URL roots; given for a local directory
@@ -645,6 +657,7 @@ impl DatasetBuilder {
             panic_on_tile: self.panic_on_tile,
             shard: self.shard,
             even_train: self.even_train,
+            drop_last: self.drop_last,
             epoch: AtomicU64::new(0),
             warnings: Mutex::new(Vec::new()),
         };
@@ -726,6 +739,7 @@ pub struct InSituDataset {
     panic_on_tile: Option<u64>,
     shard: Shard,
     even_train: bool,
+    drop_last: bool,
     epoch: AtomicU64,
     warnings: Mutex<Vec<String>>,
 }
@@ -770,6 +784,7 @@ impl InSituDataset {
             cache_fail_writes_after: None,
             shard: Shard::WHOLE,
             even_train: true,
+            drop_last: false,
             storage_options: Vec::new(),
             chunk_transforms: ChunkTransforms::default(),
             chunk_transforms_error: None,
@@ -897,6 +912,36 @@ impl InSituDataset {
 
     /// This rank's chunks of `split` and the configuration of a pass over them.
     fn plan_split(&self, split: &str) -> Result<(Vec<u64>, PassConfig), EngineError> {
+        let (chunks, mut config) = self.plan_share(split)?;
+        if !self.drop_last {
+            return Ok((chunks, config));
+        }
+        // Whole batches only: the order stops at the last multiple of batch_size it reaches.
+        let (rows, _) = count_order_rows(
+            &chunks,
+            self.manifest.samples_per_chunk(),
+            self.manifest.n_samples(),
+            &self.variables,
+        );
+        let rows = config.row_limit.map_or(rows, |limit| rows.min(limit));
+        let bs = self.batch_size as u64;
+        if rows > 0 && rows < bs {
+            return Err(EngineError::arg(
+                "drop_last",
+                true,
+                format!(
+                    "an epoch of `{split}` has {rows} samples, fewer than batch_size {bs}, so \
+                     dropping the short last batch leaves none; lower batch_size or set \
+                     drop_last false"
+                ),
+            ));
+        }
+        config.row_limit = Some(rows / bs * bs);
+        Ok((chunks, config))
+    }
+
+    /// The chunks of `split` this rank reads and its pass settings (ranks evened out).
+    fn plan_share(&self, split: &str) -> Result<(Vec<u64>, PassConfig), EngineError> {
         let all = self.manifest.split_chunks(split)?;
         let world_size = self.shard.world_size;
         if world_size == 1 {
@@ -993,7 +1038,8 @@ impl InSituDataset {
     }
 
     /// Batches one epoch of `split` yields: ⌈samples / batch_size⌉, every batch full but the
-    /// last (what `len()` of a loader means).
+    /// last (what `len()` of a loader means); with `drop_last`, ⌊samples / batch_size⌋ (and
+    /// [`InSituDataset::split_samples`] counts only the rows they hold).
     pub fn split_batches(&self, split: &str) -> Result<u64, EngineError> {
         Ok(self.split_samples(split)?.div_ceil(self.batch_size as u64))
     }

@@ -151,6 +151,9 @@ struct PassArgs {
     /// Sequential order.
     #[arg(long)]
     no_shuffle: bool,
+    /// Leave out an epoch's last batch when it would be short.
+    #[arg(long)]
+    drop_last: bool,
     /// Put the pool's slots in files under this directory (the NVMe tier).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
@@ -182,6 +185,7 @@ impl PassArgs {
             .prefetch_depth(self.prefetch_depth)
             .seed(self.seed)
             .shuffle(!self.no_shuffle)
+            .drop_last(self.drop_last)
             .shard(self.ranks.rank, self.ranks.world_size)
             .storage_options(&self.store.storage_options);
         if let Some(n) = self.max_inflight {

@@ -1059,6 +1059,81 @@ fn batch_data(pass: insitubatch::Pass, labels: &[&str]) -> Vec<(Vec<u64>, Vec<Ve
 }
 
 #[test]
+fn drop_last_yields_only_full_batches_the_first_ones_of_the_whole_epoch() {
+    // 12 samples of t2m (and a window y = t + 1: 11 anchors), batches of 4: 3 batches, the
+    // last of 3 rows, which drop_last leaves out.
+    let f = fixture("era5_v3", "t2m");
+    let build = |drop_last: bool, bs: usize| {
+        InSituDataset::builder(&f.store)
+            .variable("x", "t2m")
+            .window("y", "t2m", 1)
+            .batch_size(bs)
+            .block_chunks(1)
+            .drop_last(drop_last)
+            .build()
+            .unwrap()
+    };
+    let (whole_ds, ds) = (build(false, 4), build(true, 4));
+    assert_eq!(whole_ds.split_batches("train").unwrap(), 3);
+    assert_eq!(ds.split_batches("train").unwrap(), 2);
+    assert_eq!(ds.split_samples("train").unwrap(), 8);
+    for epoch in [0, 1, 2] {
+        whole_ds.set_epoch(epoch);
+        ds.set_epoch(epoch);
+        for split in ["train", "all"] {
+            let whole = batch_data(whole_ds.iter(split).unwrap(), &["x", "y"]);
+            let pass = ds.iter(split).unwrap();
+            let s = pass.stats();
+            let kept = batch_data(pass, &["x", "y"]);
+            assert_eq!(kept.len(), 2);
+            assert!(kept.iter().all(|(i, _)| i.len() == 4), "every batch full");
+            assert_eq!(
+                kept,
+                whole[..2],
+                "epoch {epoch} {split}: the whole epoch's first batches"
+            );
+            assert_eq!(s.batches_total, 2);
+        }
+        // Resuming counts the batches of the epoch drop_last yields.
+        let kept = batch_data(ds.train().unwrap(), &["x"]);
+        assert_eq!(
+            batch_data(ds.iter_from("train", 1).unwrap(), &["x"]),
+            kept[1..]
+        );
+        assert!(ds.iter_from("train", 3).is_err());
+    }
+    // Ranks evened out, then whole batches: both ranks take the same full steps.
+    let ranks: Vec<Vec<usize>> = (0..2)
+        .map(|r| {
+            let ds = InSituDataset::builder(&f.store)
+                .variable("x", "t2m")
+                .batch_size(4)
+                .block_chunks(1)
+                .shard(r, 2)
+                .drop_last(true)
+                .build()
+                .unwrap();
+            ds.train().unwrap().map(|b| b.unwrap().len()).collect()
+        })
+        .collect();
+    assert_eq!(ranks[0], ranks[1]);
+    assert!(
+        !ranks[0].is_empty() && ranks[0].iter().all(|&n| n == 4),
+        "{ranks:?}"
+    );
+    // A split smaller than one batch leaves nothing: named, with what to change.
+    let e = build(true, 12)
+        .iter("train")
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`drop_last`") && e.contains("11 samples, fewer than batch_size 12"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_pass_resumed_at_a_batch_yields_the_rest_of_the_epoch_and_reads_only_its_chunks() {
     // Shuffled, with a window, blocks of two chunks and a short last batch.
     let f = fixture("era5_v3", "t2m");

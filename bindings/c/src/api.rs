@@ -295,6 +295,7 @@ struct DatasetConfig {
     rank: Option<usize>,
     world_size: Option<usize>,
     even_train: Option<bool>,
+    drop_last: Option<bool>,
     /// Object-store options (strings, numbers or booleans by key); checked by `storage_options`.
     #[serde(default)]
     storage_options: serde_json::Map<String, serde_json::Value>,
@@ -406,7 +407,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
     if c.rank.is_some() || c.world_size.is_some() {
         b = b.shard(c.rank.unwrap_or(0), c.world_size.unwrap_or(1));
     }
-    b = b.even_train(c.even_train.unwrap_or(true));
+    b = b
+        .even_train(c.even_train.unwrap_or(true))
+        .drop_last(c.drop_last.unwrap_or(false));
     for (k, v) in storage_options(c.storage_options)? {
         b = b.storage_option(k, v);
     }
@@ -450,6 +453,8 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// `readonly_cache`, `cache_direct_io` (default true), and data-parallel ranks: `rank` and
 /// `world_size` (default 0 and 1; each rank reads its share of every split, and `train` is
 /// evened out so every rank takes the same number of steps unless `even_train` is false),
+/// `drop_last` (default false: leave out an epoch's last batch when it would be short, so
+/// every batch has `batch_size` rows; a split smaller than one batch is then an error),
 /// `storage_options` (object-store configuration by key) and `chunk_transforms` (a list of
 /// built-in transforms such as `{"type": "affine", "offset": -273.15, "applies": ["t2m"]}`).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.

@@ -63,6 +63,16 @@ int main(int argc, char **argv) {
     CHECK("a valid transform", isb_dataset_open(config, &ds, &err), ISB_OK, NULL);
     isb_dataset_free(ds);
     ds = NULL;
+    /* drop_last with a batch larger than the split: opening works, iterating names it. */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 1000, \"drop_last\": true}", store);
+    CHECK("drop_last dataset", isb_dataset_open(config, &ds, &err), ISB_OK, NULL);
+    {
+        IsbIter *none = NULL;
+        CHECK("drop_last leaves no batch", isb_iter_start(ds, "train", &none, &err), ISB_INVALID_ARGUMENT, "drop_last");
+        isb_iter_free(none);
+    }
+    isb_dataset_free(ds);
+    ds = NULL;
     /* A cropped view: one [start, end) per field axis; only its region is read and held. */
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [{\"label\": \"t\", \"path\": \"t2m\", \"region\": [[0, 9], [3, 3]]}]}", store);
     CHECK("empty region", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "`t2m`");

@@ -648,6 +648,10 @@ class InSituDataset:
     (`even_train=False` yields each rank's whole share instead); `val`, `test` and `all` yield
     every sample once across the ranks.
 
+    `drop_last=True` leaves out each epoch's last batch when it would be short, so every batch
+    has `batch_size` rows (static shapes for `torch.compile` or `jax.jit`); `len(view)` is then
+    ⌊samples / batch_size⌋, and a split with fewer samples than one batch raises when iterated.
+
     `chunk_transforms` (built-ins from `insitubatch.transforms`, scoped with `applies`) run in
     the Rust decoder on every decoded chunk and are cached with it; `batch_transforms` (Python
     callables taking and returning a `Batch`) run on every batch, uncached.
@@ -681,6 +685,7 @@ class InSituDataset:
         rank: int = 0,
         world_size: int = 1,
         even_train: bool = True,
+        drop_last: bool = False,
         storage_options: Mapping[str, Any] | None = None,
     ):
         self._handle = None
@@ -694,7 +699,7 @@ class InSituDataset:
             "rank": _check_int("rank", rank, minimum=0),
             "world_size": _check_int("world_size", world_size),
         }
-        for name, flag in (("shuffle", shuffle), ("even_train", even_train)):
+        for name, flag in (("shuffle", shuffle), ("even_train", even_train), ("drop_last", drop_last)):
             if not isinstance(flag, bool):
                 raise TypeError(f"`{name}` must be a bool, not {type(flag).__name__}")
             config[name] = flag

@@ -244,6 +244,32 @@ def test_a_resumed_epoch_yields_the_rest_of_a_whole_one_and_reads_only_its_chunk
             ds.train.from_batch(1.5)
 
 
+def test_drop_last_yields_full_batches_the_whole_epochs_first_and_reads_only_their_chunks(fixtures):
+    out, _ = fixtures
+    store = out / "paired.zarr"
+    g = isb.open_geometries(store, ["raw"])
+    kw = dict(batch_size=7, block_chunks=4, seed=3)
+    with isb.InSituDataset(store, None, g, **kw) as whole, \
+            isb.InSituDataset(store, None, g, drop_last=True, **kw) as ds:
+        n = whole.train.n_samples
+        assert n % 7 and len(ds.train) == n // 7 == len(whole.train) - 1
+        assert ds.train.n_samples == n // 7 * 7
+        for epoch in (0, 1):
+            whole.set_epoch(epoch)
+            ds.set_epoch(epoch)
+            full = [b.sample_indices.tolist() for b in whole.train]
+            kept = [b.sample_indices.tolist() for b in ds.train]
+            assert kept == full[:-1] and all(len(i) == 7 for i in kept)
+            # One sample per chunk of `raw`: the left-out rows' chunks are not read.
+            s = ds.stats()
+            assert s["cache_hits"] + s["cache_misses"] == n // 7 * 7
+    with pytest.raises(TypeError, match="`drop_last` must be a bool"):
+        isb.InSituDataset(store, None, g, drop_last=1)
+    with isb.InSituDataset(store, None, g, batch_size=10**6, drop_last=True) as ds, \
+            pytest.raises(isb.InvalidArgument, match="`drop_last`.*fewer than batch_size"):
+        iter(ds.train)
+
+
 def test_arrays_alias_rust_memory_and_outlive_everything_in_any_drop_order(fixtures):
     store = era5(fixtures)
     ref = zarr.open_array(store / "t2m", mode="r")[...]
