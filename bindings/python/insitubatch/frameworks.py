@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from . import errors
+from . import _core
 from ._core import _not_picklable
 
 
@@ -60,14 +61,17 @@ def to_jax(batch, device=None, device_transform=None):
     return device_transform(out) if device_transform is not None else out
 
 
-def as_torch(view, device=None, device_transform=None):
+def as_torch(view, device=None, device_transform=None, start_batch=0):
     """A torch IterableDataset over a view (`ds.train`): use it with
     `DataLoader(as_torch(ds.train), batch_size=None, num_workers=0)`; each item is a dict of
     tensors (on `device` if given), or what `device_transform` makes of it. Parallelism is
-    inside insitubatch, so DataLoader workers add nothing."""
+    inside insitubatch, so DataLoader workers add nothing. `start_batch` resumes the first
+    epoch iterated at that batch (`view.from_batch`), for a job restarted from a checkpoint;
+    later iterations are whole epochs, and `len()` is the batches the next iteration yields."""
     import torch
 
     _checked(device_transform)
+    pending = [_core._check_int("start_batch", start_batch, 0)]
 
     class _Iterable(torch.utils.data.IterableDataset):
         def __reduce__(self):
@@ -81,11 +85,13 @@ def as_torch(view, device=None, device_transform=None):
                     "opened in the parent cannot be used; pass num_workers=0 (insitubatch reads "
                     "and decodes in parallel itself)"
                 )
-            for batch in view:
+            start, pending[0] = pending[0], 0
+            epoch = view.from_batch(start) if start else iter(view)
+            for batch in epoch:
                 yield to_torch(batch, device, device_transform)
 
         def __len__(self) -> int:
-            # Batches per epoch: DataLoader(..., batch_size=None) reports it as its len().
-            return len(view)
+            # Batches of the next iteration: DataLoader(..., batch_size=None) reports it.
+            return len(view) - pending[0]
 
     return _Iterable()

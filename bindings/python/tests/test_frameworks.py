@@ -32,6 +32,25 @@ def test_torch_shares_the_data_pointer_and_trains_two_epochs(fixtures):
         assert steps == 6 and np.isfinite(loss.item())
 
 
+def test_as_torch_resumes_its_first_epoch_at_start_batch_then_runs_whole_ones(fixtures):
+    torch = pytest.importorskip("torch")
+    store = fixtures[0] / "era5_v3.zarr"
+    with isb.InSituDataset(store, batch_size=4, seed=1) as ds:
+        ds.set_epoch(3)
+        whole = [b.sample_indices.tolist() for b in ds.train]
+        resumed = as_torch(ds.train, start_batch=1)
+        loader = torch.utils.data.DataLoader(resumed, batch_size=None, num_workers=0)
+        assert len(loader) == len(whole) - 1
+        first = [b["t2m"].numpy().copy() for b in loader]
+        rest = [b.arrays["t2m"].copy() for b in ds.train.from_batch(1)]
+        assert len(first) == len(rest) == len(whole) - 1
+        assert all(np.array_equal(a, b) for a, b in zip(first, rest)), "the epoch's batches 1.."
+        # The DataLoader's next epoch is a whole one.
+        assert len(loader) == len(whole) and len(list(loader)) == len(whole)
+        with pytest.raises(isb.InvalidArgument, match="`start_batch` = -1"):
+            as_torch(ds.train, start_batch=-1)
+
+
 def test_a_device_transform_runs_on_each_batch_once_it_is_on_the_device(fixtures):
     torch = pytest.importorskip("torch")
     jax = pytest.importorskip("jax")
