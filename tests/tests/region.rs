@@ -375,6 +375,34 @@ fn a_region_of_a_sharded_array_reads_only_the_inner_chunks_it_touches() {
         .find_map(Result::err)
         .expect("the damaged inner chunk is decoded for the whole field");
     assert!(err.to_string().contains("corrupt"), "{err}");
+    // A region over the damaged inner chunk meets it: with on_bad_chunk "nan" the shard's
+    // samples read as the fill value (0 for uint8) and the chunk is listed.
+    let over = InSituDataset::builder(&corrupt.store)
+        .cropped_window("x", "", 0, &[(0, 3), (0, 4)])
+        .on_bad_chunk(insitubatch::OnBadChunk::Nan)
+        .batch_size(2)
+        .shuffle(false)
+        .build()
+        .unwrap();
+    let mut pass = over.train().unwrap();
+    let mut zero_rows = Vec::new();
+    for b in pass.by_ref() {
+        let b = b.unwrap();
+        let a = b.array("x").unwrap().bytes();
+        for (r, &i) in b.sample_indices().iter().enumerate() {
+            if a[r * 12..(r + 1) * 12].iter().all(|&v| v == 0) {
+                zero_rows.push(i);
+            }
+        }
+    }
+    assert_eq!(
+        zero_rows,
+        vec![0, 1, 2, 3],
+        "the first shard's samples are the fill value"
+    );
+    let bad = pass.stats().bad_chunks;
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(format!("{bad:?}").contains("c/0/0/0"), "{bad:?}");
     // A shard cut short of its index is a corrupt chunk naming its key, not a panic or a hang.
     std::fs::write(&shard_path, &shard[..10]).unwrap();
     let fresh = InSituDataset::builder(&corrupt.store)
