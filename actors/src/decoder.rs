@@ -75,13 +75,10 @@ pub(crate) async fn decode<S: Store>(
     }
     let array = &shared.arrays[job.path];
     let locate = || ctx.store.locate(&job.key);
-    // A cropped view of a sharded array decodes only the inner chunks its region touches;
-    // any other chunk is decoded whole (the codec's unit) and its part copied out.
-    let subset = array
-        .inner_chunk_shape()
-        .and_then(|_| shared.layouts[job.path].tile_subset(job.tile));
-    let (decoded, buffer) = match subset {
-        Some(subset) => array.decode_chunk_subset(&job.index, bytes, &subset, locate),
+    // A part of a shard decodes only the inner chunks it touches; anything else is decoded
+    // whole (the codec's unit) and its part copied out.
+    let (decoded, buffer) = match &job.part {
+        Some(part) => array.decode_chunk_subset(&job.index, bytes, part, locate),
         None => {
             let decoded = array.decode_chunk_from(&job.index, bytes.as_deref(), locate);
             (decoded, bytes)

@@ -37,6 +37,9 @@ pub struct TileJob {
     pub(crate) key: String,
     pub(crate) index: Vec<u64>,
     pub(crate) tile: u64,
+    /// The chunk-local part of a shard the job needs (`None`: the whole stored chunk), set
+    /// when a cropped view's region covers less of the shard.
+    pub(crate) part: Option<Vec<std::ops::Range<u64>>>,
     pub(crate) ordinal: u64,
     #[allow(
         dead_code,
@@ -131,18 +134,16 @@ async fn fetch<S: Store>(
     decoder: &ActorSender<DecodeJob>,
     job: TileJob,
 ) {
-    // A cropped view of a sharded array reads the shard's index and the inner chunks its
-    // region touches; anything else is read whole, into a recycled buffer (its pages are
-    // already faulted in, and the last one returned is the likeliest to be in the cache).
+    // Part of a shard: its index and the inner chunks the part touches, where the store's
+    // sharding layout allows; anything else is read whole, into a recycled buffer (its pages
+    // are already faulted in, and the last one returned is the likeliest to be in the cache).
     let array = &shared.arrays[job.path];
-    let part = array
-        .reads_chunk_parts()
-        .then(|| shared.layouts[job.path].tile_subset(job.tile))
-        .flatten();
     let whole_or_part = async {
-        match &part {
-            Some(subset) => array.read_chunk_part(&*ctx.store, &job.index, subset).await,
-            None => ctx.store.get_into(&job.key, ctx.read_buffers.take()).await,
+        match &job.part {
+            Some(part) if array.reads_chunk_parts() => {
+                array.read_chunk_part(&*ctx.store, &job.key, part).await
+            }
+            _ => ctx.store.get_into(&job.key, ctx.read_buffers.take()).await,
         }
     };
     let read = {

@@ -313,36 +313,22 @@ pub fn rank_share(
 /// inner chunks as read and the compact shard built from them coexist.
 fn read_size(path: &crate::planner::PathInfo, array: Option<&ZarrArray>) -> u64 {
     let g = &path.geom;
-    let item = g.dtype.size_bytes() as u64;
-    let whole = g.chunks.iter().fold(item, |a, &c| a.saturating_mul(c));
-    let (Some(region), Some(array)) = (&g.region, array) else {
-        return whole;
-    };
-    let Some(inner) = array
-        .inner_chunk_shape()
-        .filter(|_| array.reads_chunk_parts())
-    else {
-        return whole;
-    };
-    let mut part = item;
-    let mut field = region.iter();
-    for (d, (&c, &i)) in g.chunks.iter().zip(inner).enumerate() {
-        let span = if d == g.sample_axis {
-            c
-        } else {
-            let &(lo, hi) = field.next().expect("one range per field axis");
-            ((hi.div_ceil(i) - lo / i) * i).min(c)
-        };
-        part = part.saturating_mul(span);
-    }
-    let inner_chunks = g
+    let whole = g
         .chunks
         .iter()
-        .zip(inner)
-        .fold(1u64, |a, (&c, &i)| a.saturating_mul(c / i.max(1)));
-    part.saturating_add(inner_chunks.saturating_mul(16) + 4)
-        .saturating_mul(2)
-        .min(whole)
+        .fold(g.dtype.size_bytes() as u64, |a, &c| a.saturating_mul(c));
+    let part = g.region.as_ref().zip(array).and_then(|(region, array)| {
+        // The region on every axis, the sample axis whole.
+        let mut field = region.iter().copied();
+        let ranges: Vec<(u64, u64)> = (0..g.shape.len())
+            .map(|d| match d == g.sample_axis {
+                true => (0, g.chunks[d]),
+                false => field.next().expect("one range per field axis"),
+            })
+            .collect();
+        array.chunk_part_bytes(&ranges)
+    });
+    part.map_or(whole, |p| p.saturating_mul(2).min(whole))
 }
 
 /// The pool's heap beyond the working set and the read buffers of a pass over `plan`, for its

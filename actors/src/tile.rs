@@ -96,13 +96,14 @@ impl TileLayout {
     }
 
     /// The part of tile `tile` the view reads, as one chunk-local half-open range per
-    /// physical axis (the sample axis whole), and where it lands in the slot: per physical
-    /// axis, the offset into the region.
-    fn tile_box(&self, tile: u64) -> (Vec<std::ops::Range<u64>>, Vec<u64>) {
+    /// physical axis (the sample axis whole); where it lands in the slot (per physical axis,
+    /// the offset into the region); and whether it is all of the tile inside the array.
+    fn tile_box(&self, tile: u64) -> (Vec<std::ops::Range<u64>>, Vec<u64>, bool) {
         let g = &self.geom;
         let coords = self.field_coords(tile);
         let mut range = vec![0..g.chunks[g.sample_axis]; g.shape.len()];
         let mut at = vec![0u64; g.shape.len()];
+        let mut whole = true;
         for (f, &d) in self.field_axes.iter().enumerate() {
             let origin = coords[f] * g.chunks[d];
             let (lo, hi) = self.field_ranges[f];
@@ -110,22 +111,17 @@ impl TileLayout {
             let end = (origin + g.chunks[d]).min(hi);
             range[d] = first - origin..end - origin;
             at[d] = first - lo;
+            whole &= end - first == g.chunks[d].min(g.shape[d] - origin);
         }
-        (range, at)
+        (range, at, whole)
     }
 
     /// The chunk-local part of tile `tile` a cropped view reads, when it is less than the
     /// tile (`None`: the view reads the whole tile, or the part of it inside the array).
     pub fn tile_subset(&self, tile: u64) -> Option<Vec<std::ops::Range<u64>>> {
         self.geom.region.as_ref()?;
-        let g = &self.geom;
-        let (range, _) = self.tile_box(tile);
-        let coords = self.field_coords(tile);
-        let partial = self.field_axes.iter().zip(&coords).any(|(&d, &c)| {
-            let in_array = g.chunks[d].min(g.shape[d] - c * g.chunks[d]);
-            range[d].end - range[d].start < in_array
-        });
-        partial.then_some(range)
+        let (range, _, whole) = self.tile_box(tile);
+        (!whole).then_some(range)
     }
 
     /// Copies decoded tile `tile` into `slot`: the part of it inside the view's region, at its
@@ -134,7 +130,7 @@ impl TileLayout {
     pub fn copy_into_slot(&self, tile: u64, src: &[u8], slot: &mut [u8]) {
         let g = &self.geom;
         let nd = g.shape.len();
-        let (range, at) = self.tile_box(tile);
+        let (range, at, _) = self.tile_box(tile);
         let whole: usize = g.chunks.iter().product::<u64>() as usize * self.elem;
         let part: usize = range
             .iter()

@@ -92,19 +92,8 @@ impl DatasetBuilder {
     /// Adds the variable `label` reading array `path` shifted `offset` samples along the sample
     /// axis (`array[anchor + offset]`): the forecasting `x`/`y = shift(h)` pattern. Labels of
     /// one path decode once.
-    pub fn window(
-        mut self,
-        label: impl Into<String>,
-        path: impl Into<String>,
-        offset: i64,
-    ) -> Self {
-        self.variables.push(VarSpec::Path {
-            label: label.into(),
-            path: path.into(),
-            offset,
-            region: None,
-        });
-        self
+    pub fn window(self, label: impl Into<String>, path: impl Into<String>, offset: i64) -> Self {
+        self.view(label.into(), path.into(), offset, None)
     }
 
     /// Adds the variable `label` reading a region of array `path`'s field, shifted `offset`
@@ -112,17 +101,27 @@ impl DatasetBuilder {
     /// [`ArrayGeometry::crop`]). Only the stored chunks the region touches are read, decoded
     /// and held; a sample is the region. Views of one array must read the same region.
     pub fn cropped_window(
-        mut self,
+        self,
         label: impl Into<String>,
         path: impl Into<String>,
         offset: i64,
         region: &[(u64, u64)],
     ) -> Self {
+        self.view(label.into(), path.into(), offset, Some(region.to_vec()))
+    }
+
+    fn view(
+        mut self,
+        label: String,
+        path: String,
+        offset: i64,
+        region: Option<Vec<(u64, u64)>>,
+    ) -> Self {
         self.variables.push(VarSpec::Path {
-            label: label.into(),
-            path: path.into(),
+            label,
+            path,
             offset,
-            region: Some(region.to_vec()),
+            region,
         });
         self
     }

@@ -327,18 +327,45 @@ impl ZarrArray {
 
     /// The fill-value chunk (what a never-written chunk reads as).
     pub fn fill_chunk(&self) -> DecodedChunk {
-        let fill = self.inner.fill_value().as_ne_bytes();
-        let n = self.chunk_shape.iter().product::<u64>() as usize;
-        let mut bytes = Vec::with_capacity(n * fill.len());
-        for _ in 0..n {
-            bytes.extend_from_slice(fill);
-        }
+        self.fill_of(self.chunk_shape.clone())
+    }
+
+    /// The fill value over `shape`.
+    fn fill_of(&self, shape: Vec<u64>) -> DecodedChunk {
+        let n = shape.iter().product::<u64>() as usize;
         DecodedChunk {
-            shape: self.chunk_shape.clone(),
+            shape,
             dtype: self.dtype,
-            bytes,
+            bytes: self.inner.fill_value().as_ne_bytes().repeat(n),
             is_fill: true,
         }
+    }
+
+    /// The error for the stored chunk at `index` that does not decode.
+    fn corrupt(&self, index: &[u64], path: PathBuf, message: String) -> StoreError {
+        StoreError::CorruptChunk {
+            array: self.label().to_string(),
+            key: self.inner.chunk_key(index).as_str().to_string(),
+            path,
+            message,
+        }
+    }
+
+    /// The stored chunk's shape as the codecs take it.
+    fn codec_shape(&self) -> Vec<NonZeroU64> {
+        self.chunk_shape
+            .iter()
+            .map(|&c| NonZeroU64::new(c).expect("zarr chunk dimensions are non-zero"))
+            .collect()
+    }
+
+    /// Checks a decoder's output against the `shape` it was asked for.
+    fn check_decoded(&self, bytes: Vec<u8>, shape: &[u64]) -> Result<Vec<u8>, String> {
+        let expect = shape.iter().product::<u64>() as usize * self.dtype.size_bytes();
+        if bytes.len() != expect {
+            return Err(format!("decoded {} bytes, expected {expect}", bytes.len()));
+        }
+        Ok(bytes)
     }
 
     /// Decodes the encoded bytes of the stored chunk at `index` (`None`: the key is missing,
@@ -384,15 +411,7 @@ impl ZarrArray {
         }
         let shape: Vec<u64> = subset.iter().map(|r| r.end - r.start).collect();
         let Some(encoded) = encoded else {
-            let fill = self.inner.fill_value().as_ne_bytes();
-            let n = shape.iter().product::<u64>() as usize;
-            let chunk = DecodedChunk {
-                shape,
-                dtype: self.dtype,
-                bytes: fill.repeat(n),
-                is_fill: true,
-            };
-            return (Ok(chunk), None);
+            return (Ok(self.fill_of(shape)), None);
         };
         let (decoded, encoded) = self.decode_subset_bytes(encoded, subset, &shape);
         let chunk = decoded
@@ -402,12 +421,7 @@ impl ZarrArray {
                 bytes,
                 is_fill: false,
             })
-            .map_err(|message| StoreError::CorruptChunk {
-                array: self.label().to_string(),
-                key: self.inner.chunk_key(index).as_str().to_string(),
-                path: file(),
-                message,
-            });
+            .map_err(|message| self.corrupt(index, file(), message));
         (chunk, encoded)
     }
 
@@ -417,11 +431,7 @@ impl ZarrArray {
         subset: &[std::ops::Range<u64>],
         shape: &[u64],
     ) -> (Result<Vec<u8>, String>, Option<Vec<u8>>) {
-        let chunk: Vec<NonZeroU64> = self
-            .chunk_shape
-            .iter()
-            .map(|&c| NonZeroU64::new(c).expect("zarr chunk dimensions are non-zero"))
-            .collect();
+        let chunk = self.codec_shape();
         let within = subset.len() == chunk.len()
             && subset
                 .iter()
@@ -454,11 +464,7 @@ impl ZarrArray {
                 .into_fixed()
                 .map_err(|e| e.to_string())?
                 .into_owned();
-            let expect = shape.iter().product::<u64>() as usize * self.dtype.size_bytes();
-            if bytes.len() != expect {
-                return Err(format!("decoded {} bytes, expected {expect}", bytes.len()));
-            }
-            Ok(bytes)
+            self.check_decoded(bytes, shape)
         })();
         (decoded, Arc::try_unwrap(input).ok())
     }
@@ -475,12 +481,7 @@ impl ZarrArray {
         };
         let bytes = self
             .decode_bytes(encoded)
-            .map_err(|message| StoreError::CorruptChunk {
-                array: self.label().to_string(),
-                key: self.inner.chunk_key(index).as_str().to_string(),
-                path: file(),
-                message,
-            })?;
+            .map_err(|message| self.corrupt(index, file(), message))?;
         Ok(DecodedChunk {
             shape: self.chunk_shape.clone(),
             dtype: self.dtype,
@@ -490,11 +491,7 @@ impl ZarrArray {
     }
 
     fn decode_bytes(&self, encoded: Cow<'_, [u8]>) -> Result<Vec<u8>, String> {
-        let shape: Vec<NonZeroU64> = self
-            .chunk_shape
-            .iter()
-            .map(|&c| NonZeroU64::new(c).expect("zarr chunk dimensions are non-zero"))
-            .collect();
+        let shape = self.codec_shape();
         let decoded = self
             .chain
             .decode(
@@ -509,43 +506,38 @@ impl ZarrArray {
             .into_fixed()
             .map_err(|e| e.to_string())?
             .into_owned();
-        let expect = self.chunk_bytes_decoded() as usize;
-        if bytes.len() != expect {
-            return Err(format!("decoded {} bytes, expected {expect}", bytes.len()));
-        }
-        Ok(bytes)
+        self.check_decoded(bytes, &self.chunk_shape)
     }
 
     /// Reads from `store` what decoding part `subset` (one chunk-local range per axis) of the
-    /// stored chunk at `index` needs: on a sharded array, its index and the inner chunks the
+    /// stored chunk with store key `key` needs: on a sharded array, its index and the inner chunks the
     /// subset touches, as a compact shard (see `shard.rs`) that
     /// [`ZarrArray::decode_chunk_subset`] decodes like the whole one; otherwise the whole
     /// chunk. `None` when the key does not exist.
     pub async fn read_chunk_part<S: Store>(
         &self,
         store: &S,
-        index: &[u64],
+        key: &str,
         subset: &[std::ops::Range<u64>],
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        let key = self.chunk_key(index)?;
         let Some(shard) = &self.shard else {
-            return store.get(&key).await;
+            return store.get(key).await;
         };
         let corrupt = |message: String| StoreError::CorruptChunk {
             array: self.label().to_string(),
-            key: key.clone(),
-            path: store.locate(&key),
+            key: key.to_string(),
+            path: store.locate(key),
             message: format!("the shard {message}"),
         };
         let index_len = shard.index_len();
         let (encoded_index, len) = if shard.index_at_end() {
-            match store.get_suffix(&key, index_len).await? {
+            match store.get_suffix(key, index_len).await? {
                 Some(got) => got,
                 None => return Ok(None),
             }
         } else {
             let head = 0..index_len;
-            match store.get_ranges(&key, std::slice::from_ref(&head)).await? {
+            match store.get_ranges(key, std::slice::from_ref(&head)).await? {
                 Some(mut parts) => (parts.pop().unwrap_or_default(), u64::MAX),
                 None => return Ok(None),
             }
@@ -575,7 +567,7 @@ impl ZarrArray {
         let parts = if ranges.is_empty() {
             Vec::new()
         } else {
-            match store.get_ranges(&key, &ranges).await? {
+            match store.get_ranges(key, &ranges).await? {
                 Some(parts) => parts,
                 None => return Ok(None),
             }
@@ -598,6 +590,17 @@ impl ZarrArray {
     /// array whose layout it knows).
     pub fn reads_chunk_parts(&self) -> bool {
         self.shard.is_some()
+    }
+
+    /// The most bytes [`ZarrArray::read_chunk_part`] reads of one stored chunk for a region
+    /// given as one range per axis in the array's coordinates: the index, and the inner chunks
+    /// the region touches at their decoded size (what their encoded bytes rarely exceed).
+    /// `None` when parts are read whole.
+    pub fn chunk_part_bytes(&self, region: &[(u64, u64)]) -> Option<u64> {
+        let shard = self.shard.as_ref()?;
+        let elements = shard.touched_span(region, &self.chunk_shape);
+        let data = elements.saturating_mul(self.dtype.size_bytes() as u64);
+        Some(data.saturating_add(shard.index_len()))
     }
 
     /// Reads the stored chunk at `index` from `store` and decodes it.

@@ -108,13 +108,27 @@ impl ShardLayout {
         Ok(words.chunks_exact(2).map(|p| (p[0], p[1])).collect())
     }
 
+    /// The most elements of inner chunks a range per axis (in the array's coordinates) touches
+    /// in one shard of shape `shard`.
+    pub(crate) fn touched_span(&self, ranges: &[(u64, u64)], shard: &[u64]) -> u64 {
+        ranges
+            .iter()
+            .zip(&self.inner)
+            .zip(shard)
+            .map(|((&(lo, hi), &i), &s)| {
+                let inner = inner_chunks(lo..hi, i);
+                (inner.end - inner.start).saturating_mul(i).min(s)
+            })
+            .fold(1u64, u64::saturating_mul)
+    }
+
     /// The inner chunks (flat C-order indices into the shard's grid) that `subset` (one
     /// shard-local range per axis) touches.
     pub(crate) fn touched(&self, subset: &[Range<u64>]) -> Vec<usize> {
         let ranges: Vec<Range<u64>> = subset
             .iter()
             .zip(&self.inner)
-            .map(|(r, i)| r.start / i..r.end.div_ceil(*i))
+            .map(|(r, &i)| inner_chunks(r.clone(), i))
             .collect();
         let mut out = Vec::new();
         let mut at: Vec<u64> = ranges.iter().map(|r| r.start).collect();
@@ -177,6 +191,11 @@ impl ShardLayout {
         }
         Ok(out)
     }
+}
+
+/// The indices of the inner chunks of size `inner` that the elements `range` fall in.
+fn inner_chunks(range: Range<u64>, inner: u64) -> Range<u64> {
+    range.start / inner..range.end.div_ceil(inner)
 }
 
 /// The shape of a shard index: the inner grid, then 2 (offset, length).
