@@ -308,27 +308,28 @@ pub fn rank_share(
 }
 
 /// The most bytes one read of `path` holds: a stored chunk, or for a cropped view of a sharded
-/// array (which reads the shard's index and the inner chunks its region touches) twice those
-/// inner chunks' decoded size (what their encoded bytes rarely exceed) and the index: the
-/// inner chunks as read and the compact shard built from them coexist.
+/// array (which reads the shard's index and the inner chunks its region touches) twice the
+/// largest such part at its decoded size (what its encoded bytes rarely exceed) and the index:
+/// the inner chunks as read and the compact shard built from them coexist.
 fn read_size(path: &crate::planner::PathInfo, array: Option<&ZarrArray>) -> u64 {
     let g = &path.geom;
     let whole = g
         .chunks
         .iter()
         .fold(g.dtype.size_bytes() as u64, |a, &c| a.saturating_mul(c));
-    let part = g.region.as_ref().zip(array).and_then(|(region, array)| {
-        // The region on every axis, the sample axis whole.
-        let mut field = region.iter().copied();
-        let ranges: Vec<(u64, u64)> = (0..g.shape.len())
-            .map(|d| match d == g.sample_axis {
-                true => (0, g.chunks[d]),
-                false => field.next().expect("one range per field axis"),
-            })
-            .collect();
-        array.chunk_part_bytes(&ranges)
-    });
-    part.map_or(whole, |p| p.saturating_mul(2).min(whole))
+    let Some(array) = array.filter(|a| g.region.is_some() && a.reads_chunk_parts()) else {
+        return whole;
+    };
+    let layout = crate::tile::TileLayout::new(g);
+    (0..layout.tiles())
+        .map(|t| {
+            layout
+                .tile_subset(t)
+                .and_then(|sub| array.chunk_part_bytes(&sub))
+                .map_or(whole, |p| p.saturating_mul(2).min(whole))
+        })
+        .max()
+        .unwrap_or(whole)
 }
 
 /// The pool's heap beyond the working set and the read buffers of a pass over `plan`, for its

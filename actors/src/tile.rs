@@ -6,20 +6,32 @@
 //! slot and is adopted without a copy; otherwise its rectangle is copied in (the one copy that
 //! assembling an inner-chunked field, or moving the sample axis first, costs).
 
-use insitubatch_store::ArrayGeometry;
+use std::ops::Range;
+
+use insitubatch_store::{ArrayGeometry, AxisTile};
 
 /// Tile geometry of one array (of its region, on a cropped view).
 #[derive(Clone, Debug)]
 pub struct TileLayout {
     geom: ArrayGeometry,
     field_axes: Vec<usize>,
-    /// Per field axis, the range of stored-chunk indices read (all of them without a crop).
-    tile_ranges: Vec<(u64, u64)>,
-    /// Per field axis, the range of elements read.
-    field_ranges: Vec<(u64, u64)>,
+    /// Per field axis, the stored chunks read along it, in the sample's order, with the
+    /// stretches of each the view reads (all of them, whole, without a crop).
+    axis_tiles: Vec<Vec<AxisTile>>,
     elem: usize,
     chunk_dims: Vec<u64>,
     slot_strides: Vec<usize>,
+}
+
+/// The part of one tile a view reads: per physical axis (the sample axis whole), the
+/// chunk-local stretches and where each lands in the slot.
+struct TileBox {
+    /// Per physical axis, the stretches read: (chunk-local range, offset in the slot's axis).
+    stretches: Vec<Vec<(Range<u64>, u64)>>,
+    /// Per physical axis, the chunk-local range that holds every stretch.
+    bounds: Vec<Range<u64>>,
+    /// True when the bounds are all of the tile inside the array.
+    whole: bool,
 }
 
 impl TileLayout {
@@ -39,8 +51,7 @@ impl TileLayout {
         Self {
             geom: geom.clone(),
             field_axes,
-            tile_ranges: geom.tile_ranges().collect(),
-            field_ranges: geom.field_ranges().collect(),
+            axis_tiles: geom.axis_tiles(),
             elem,
             chunk_dims: dims,
             slot_strides,
@@ -60,7 +71,7 @@ impl TileLayout {
 
     /// Stored chunks per slot.
     pub fn tiles(&self) -> u64 {
-        self.tile_ranges.iter().map(|(lo, hi)| hi - lo).product()
+        self.axis_tiles.iter().map(|t| t.len() as u64).product()
     }
 
     /// True when a decoded tile is byte-for-byte the slot.
@@ -73,55 +84,62 @@ impl TileLayout {
                 .all(|&a| self.geom.chunks[a] == self.geom.shape[a])
     }
 
-    /// Stored-chunk index of tile `tile` on each field axis.
-    fn field_coords(&self, tile: u64) -> Vec<u64> {
-        let mut coords = vec![0u64; self.tile_ranges.len()];
+    /// Tile `tile`'s entry along each field axis.
+    fn field_tiles(&self, tile: u64) -> Vec<&AxisTile> {
+        let mut out = Vec::with_capacity(self.axis_tiles.len());
         let mut t = tile;
-        for d in (0..self.tile_ranges.len()).rev() {
-            let (lo, hi) = self.tile_ranges[d];
-            coords[d] = lo + t % (hi - lo);
-            t /= hi - lo;
+        for tiles in self.axis_tiles.iter().rev() {
+            let n = tiles.len() as u64;
+            out.push(&tiles[(t % n) as usize]);
+            t /= n;
         }
-        coords
+        out.reverse();
+        out
     }
 
     /// Physical stored-chunk index of tile `tile` of sample-axis chunk `chunk`.
     pub fn chunk_index(&self, chunk: u64, tile: u64) -> Vec<u64> {
         let mut index = vec![0u64; self.geom.shape.len()];
         index[self.geom.sample_axis] = chunk;
-        for (&a, c) in self.field_axes.iter().zip(self.field_coords(tile)) {
-            index[a] = c;
+        for (&a, t) in self.field_axes.iter().zip(self.field_tiles(tile)) {
+            index[a] = t.index;
         }
         index
     }
 
-    /// The part of tile `tile` the view reads, as one chunk-local half-open range per
-    /// physical axis (the sample axis whole); where it lands in the slot (per physical axis,
-    /// the offset into the region); and whether it is all of the tile inside the array.
-    fn tile_box(&self, tile: u64) -> (Vec<std::ops::Range<u64>>, Vec<u64>, bool) {
+    /// The part of tile `tile` the view reads.
+    fn tile_box(&self, tile: u64) -> TileBox {
         let g = &self.geom;
-        let coords = self.field_coords(tile);
-        let mut range = vec![0..g.chunks[g.sample_axis]; g.shape.len()];
-        let mut at = vec![0u64; g.shape.len()];
+        let nd = g.shape.len();
+        let spc = g.chunks[g.sample_axis];
+        let mut stretches = vec![vec![(0..spc, 0)]; nd];
+        let mut bounds = vec![0..spc; nd];
         let mut whole = true;
-        for (f, &d) in self.field_axes.iter().enumerate() {
-            let origin = coords[f] * g.chunks[d];
-            let (lo, hi) = self.field_ranges[f];
-            let first = origin.max(lo);
-            let end = (origin + g.chunks[d]).min(hi);
-            range[d] = first - origin..end - origin;
-            at[d] = first - lo;
-            whole &= end - first == g.chunks[d].min(g.shape[d] - origin);
+        for (&d, t) in self.field_axes.iter().zip(self.field_tiles(tile)) {
+            stretches[d] = t
+                .stretches
+                .iter()
+                .map(|s| (s.within.clone(), s.at))
+                .collect();
+            let span = t.span();
+            let inside = g.chunks[d].min(g.shape[d] - t.index * g.chunks[d]);
+            whole &= span.start == 0 && span.end == inside;
+            bounds[d] = span;
         }
-        (range, at, whole)
+        TileBox {
+            stretches,
+            bounds,
+            whole,
+        }
     }
 
     /// The chunk-local part of tile `tile` a cropped view reads, when it is less than the
-    /// tile (`None`: the view reads the whole tile, or the part of it inside the array).
-    pub fn tile_subset(&self, tile: u64) -> Option<Vec<std::ops::Range<u64>>> {
+    /// tile (`None`: the view reads the whole tile, or the part of it inside the array): one
+    /// range per physical axis, holding every stretch the view reads of it.
+    pub fn tile_subset(&self, tile: u64) -> Option<Vec<Range<u64>>> {
         self.geom.region.as_ref()?;
-        let (range, _, whole) = self.tile_box(tile);
-        (!whole).then_some(range)
+        let b = self.tile_box(tile);
+        (!b.whole).then_some(b.bounds)
     }
 
     /// Copies decoded tile `tile` into `slot`: the part of it inside the view's region, at its
@@ -130,16 +148,17 @@ impl TileLayout {
     pub fn copy_into_slot(&self, tile: u64, src: &[u8], slot: &mut [u8]) {
         let g = &self.geom;
         let nd = g.shape.len();
-        let (range, at, _) = self.tile_box(tile);
+        let b = self.tile_box(tile);
         let whole: usize = g.chunks.iter().product::<u64>() as usize * self.elem;
-        let part: usize = range
+        let part: usize = b
+            .bounds
             .iter()
             .map(|r| (r.end - r.start) as usize)
             .product::<usize>()
             * self.elem;
-        // The source's dims and where the part starts in it.
-        let (dims, start): (Vec<u64>, Vec<u64>) = if src.len() == whole {
-            (g.chunks.clone(), range.iter().map(|r| r.start).collect())
+        // The source's dims and the chunk-local coordinate of its first element.
+        let (dims, origin): (Vec<u64>, Vec<u64>) = if src.len() == whole {
+            (g.chunks.clone(), vec![0; nd])
         } else {
             assert_eq!(
                 src.len(),
@@ -147,35 +166,63 @@ impl TileLayout {
                 "tile {tile} of `{}` is neither the stored chunk nor the part the view reads",
                 g.path
             );
-            (range.iter().map(|r| r.end - r.start).collect(), vec![0; nd])
+            (
+                b.bounds.iter().map(|r| r.end - r.start).collect(),
+                b.bounds.iter().map(|r| r.start).collect(),
+            )
         };
-        // Per physical axis: extent to copy, source stride, destination stride and origins.
-        let mut extent = vec![0usize; nd];
         let mut src_stride = vec![0usize; nd];
-        let mut dst_stride = vec![0usize; nd];
-        let mut src_base = 0usize;
-        let mut dst_base = 0usize;
         let mut acc = self.elem;
         for d in (0..nd).rev() {
             src_stride[d] = acc;
             acc *= dims[d] as usize;
         }
-        for d in 0..nd {
-            extent[d] = (range[d].end - range[d].start) as usize;
-            dst_stride[d] = if d == g.sample_axis {
-                self.slot_strides[0]
-            } else {
-                let f = self
-                    .field_axes
-                    .iter()
-                    .position(|&a| a == d)
-                    .expect("field axis");
-                self.slot_strides[f + 1]
+        let dst_stride: Vec<usize> = (0..nd)
+            .map(|d| match self.field_axes.iter().position(|&a| a == d) {
+                Some(f) => self.slot_strides[f + 1],
+                None => self.slot_strides[0],
+            })
+            .collect();
+        // Every combination of one stretch per axis is one box (one, unless a wrapping range
+        // starts and ends in this tile).
+        let mut pick = vec![0usize; nd];
+        loop {
+            let boxed: Vec<&(Range<u64>, u64)> =
+                (0..nd).map(|d| &b.stretches[d][pick[d]]).collect();
+            let mut extent = vec![0usize; nd];
+            let (mut src_base, mut dst_base) = (0usize, 0usize);
+            for d in 0..nd {
+                let (within, at) = boxed[d];
+                extent[d] = (within.end - within.start) as usize;
+                src_base += (within.start - origin[d]) as usize * src_stride[d];
+                dst_base += *at as usize * dst_stride[d];
+            }
+            self.copy_box(
+                src,
+                slot,
+                &extent,
+                (src_base, &src_stride),
+                (dst_base, &dst_stride),
+            );
+            let Some(d) = (0..nd).rev().find(|&d| pick[d] + 1 < b.stretches[d].len()) else {
+                break;
             };
-            src_base += start[d] as usize * src_stride[d];
-            dst_base += at[d] as usize * dst_stride[d];
+            pick[d] += 1;
+            pick[d + 1..].fill(0);
         }
-        let last = nd - 1;
+    }
+
+    /// Copies a box of `extent` elements per physical axis from `src` (at its base offset,
+    /// with its strides in bytes) to `dst` (likewise).
+    fn copy_box(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        extent: &[usize],
+        (src_base, src_stride): (usize, &[usize]),
+        (dst_base, dst_stride): (usize, &[usize]),
+    ) {
+        let last = extent.len() - 1;
         let contiguous = src_stride[last] == self.elem && dst_stride[last] == self.elem;
         let outer: usize = extent[..last].iter().product();
         let mut idx = vec![0usize; last];
@@ -188,12 +235,12 @@ impl TileLayout {
             }
             if contiguous {
                 let n = extent[last] * self.elem;
-                slot[t..t + n].copy_from_slice(&src[s..s + n]);
+                dst[t..t + n].copy_from_slice(&src[s..s + n]);
             } else {
                 for i in 0..extent[last] {
                     let a = s + i * src_stride[last];
                     let b = t + i * dst_stride[last];
-                    slot[b..b + self.elem].copy_from_slice(&src[a..a + self.elem]);
+                    dst[b..b + self.elem].copy_from_slice(&src[a..a + self.elem]);
                 }
             }
             // Odometer over the outer axes.
@@ -392,6 +439,66 @@ mod tests {
     }
 
     #[test]
+    fn a_wrapping_region_reads_each_tile_once_and_places_the_range_across_the_seam() {
+        // (shape, chunks, a wrapping range per field axis for sample axis 0): ranges that cross
+        // the end of their axis; one that starts and ends in the same tile (two stretches of
+        // it); a whole axis rotated.
+        type Case = (Vec<u64>, Vec<u64>, Vec<(i64, i64)>);
+        let cases: [Case; 4] = [
+            (vec![4, 11, 9], vec![2, 3, 4], vec![(-2, 3), (7, 12)]),
+            (vec![4, 11, 9], vec![2, 3, 4], vec![(1, 4), (-1, 1)]),
+            (vec![4, 7, 6], vec![2, 7, 6], vec![(5, 9), (-2, 3)]),
+            (vec![4, 7, 6], vec![2, 7, 3], vec![(0, 7), (-3, 3)]),
+        ];
+        for (shape, chunks, region) in cases {
+            let whole = ArrayGeometry {
+                path: "a".into(),
+                shape: shape.clone(),
+                chunks: chunks.clone(),
+                dtype: DType::Uint8,
+                sample_axis: 0,
+                offset: 0,
+                region: None,
+            };
+            let g = whole.crop_wrapping(&region).unwrap();
+            let extent: Vec<u64> = region.iter().map(|(lo, hi)| (hi - lo) as u64).collect();
+            assert_eq!(g.inner_shape(), extent, "{region:?}");
+            let (slot, read, _) = assemble(&g, 1);
+            // Each stored chunk the range touches is read once, however many stretches of it
+            // the sample holds.
+            let mut distinct = read.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!(distinct.len(), read.len(), "{region:?}: {read:?}");
+            let touched: usize = (1..3)
+                .map(|a| {
+                    let (lo, hi) = region[a - 1];
+                    let mut t: Vec<i64> = (lo..hi)
+                        .map(|x| x.rem_euclid(shape[a] as i64) / chunks[a] as i64)
+                        .collect();
+                    t.sort();
+                    t.dedup();
+                    t.len()
+                })
+                .product();
+            assert_eq!(read.len(), touched, "{region:?}");
+            assert_eq!(g.tiles_per_sample_chunk(), touched as u64);
+            for w in 0..chunks[0] {
+                for p in 0..extent[0] {
+                    for q in 0..extent[1] {
+                        let wrap = |f: usize, i: u64| {
+                            (region[f].0 + i as i64).rem_euclid(shape[f + 1] as i64) as u64
+                        };
+                        let phys = [chunks[0] + w, wrap(0, p), wrap(1, q)];
+                        let got = slot[((w * extent[0] + p) * extent[1] + q) as usize];
+                        assert_eq!(got, value(&phys), "{region:?} at {phys:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_region_is_checked_and_a_whole_one_is_no_crop() {
         let g = ArrayGeometry {
             path: "t2m".into(),
@@ -411,6 +518,36 @@ mod tests {
         ] {
             let e = g.crop(&bad).unwrap_err().to_string();
             assert!(e.contains("`t2m`") && e.contains(says), "{e}");
+        }
+        // Past the end of an axis is a wrapping crop's, and the message says so; a wrapping
+        // range longer than its axis or starting outside it is refused.
+        let e = g.crop(&[(0, 4), (4, 8)]).unwrap_err().to_string();
+        assert!(
+            e.contains("axis 2 has length 6") && e.contains("crop_wrapping"),
+            "{e}"
+        );
+        assert_eq!(
+            g.crop_wrapping(&[(0, 4), (-2, 2)]).unwrap().region,
+            Some(vec![(0, 4), (4, 8)])
+        );
+        assert_eq!(
+            g.crop_wrapping(&[(0, 4), (4, 8)]).unwrap(),
+            g.crop_wrapping(&[(0, 4), (-2, 2)]).unwrap()
+        );
+        assert_eq!(
+            g.crop_wrapping(&[(0, 4), (1, 3)]).unwrap(),
+            g.crop(&[(0, 4), (1, 3)]).unwrap()
+        );
+        for bad in [
+            vec![(0, 4), (-2, 5)],
+            vec![(0, 4), (-7, -3)],
+            vec![(0, 4), (6, 8)],
+        ] {
+            let e = g.crop_wrapping(&bad).unwrap_err().to_string();
+            assert!(
+                e.contains("`t2m`") && e.contains("-6 <= start < 6 and start < end <= start + 6"),
+                "{e}"
+            );
         }
     }
 }

@@ -37,12 +37,20 @@ pub const DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR: usize = 16;
 /// Default batches assembled ahead of the consumer.
 pub const DEFAULT_PREFETCH_DEPTH: usize = 2;
 
+/// A view's field region, as the builder was given it.
+enum Crop {
+    /// [`ArrayGeometry::crop`].
+    Plain(Vec<(u64, u64)>),
+    /// [`ArrayGeometry::crop_wrapping`].
+    Wrapping(Vec<(i64, i64)>),
+}
+
 enum VarSpec {
     Path {
         label: String,
         path: String,
         offset: i64,
-        region: Option<Vec<(u64, u64)>>,
+        region: Option<Crop>,
     },
     Geometry {
         label: String,
@@ -107,16 +115,25 @@ impl DatasetBuilder {
         offset: i64,
         region: &[(u64, u64)],
     ) -> Self {
-        self.view(label.into(), path.into(), offset, Some(region.to_vec()))
+        let region = Crop::Plain(region.to_vec());
+        self.view(label.into(), path.into(), offset, Some(region))
     }
 
-    fn view(
-        mut self,
-        label: String,
-        path: String,
+    /// [`DatasetBuilder::cropped_window`] with ranges that may wrap around the end of a
+    /// periodic axis (a longitude), as [`ArrayGeometry::crop_wrapping`] takes them: `(-100,
+    /// 180)` on a 1440-long axis is its last 100 and first 180 elements, in that order.
+    pub fn cropped_window_wrapping(
+        self,
+        label: impl Into<String>,
+        path: impl Into<String>,
         offset: i64,
-        region: Option<Vec<(u64, u64)>>,
+        region: &[(i64, i64)],
     ) -> Self {
+        let region = Crop::Wrapping(region.to_vec());
+        self.view(label.into(), path.into(), offset, Some(region))
+    }
+
+    fn view(mut self, label: String, path: String, offset: i64, region: Option<Crop>) -> Self {
         self.variables.push(VarSpec::Path {
             label,
             path,
@@ -480,8 +497,10 @@ impl DatasetBuilder {
                             .remove(path)
                             .expect("open_geometries returns what it was asked for")
                             .shift(*offset);
-                    if let Some(r) = region {
-                        g = g.crop(r)?;
+                    match region {
+                        Some(Crop::Plain(r)) => g = g.crop(r)?,
+                        Some(Crop::Wrapping(r)) => g = g.crop_wrapping(r)?,
+                        None => {}
                     }
                     variables.push(Variable::new(label.clone(), g));
                 }
@@ -504,9 +523,21 @@ impl DatasetBuilder {
                             ),
                         ));
                     }
-                    // A region that came as JSON is checked against the array here.
+                    // A region that came as JSON is checked against the array here (in its
+                    // normal form, a range that wraps ends past its axis).
                     let g = match &geom.region {
-                        Some(r) => geom.crop(r)?,
+                        Some(r) => {
+                            let signed: Vec<(i64, i64)> = r
+                                .iter()
+                                .map(|&(lo, hi)| {
+                                    (
+                                        lo.min(i64::MAX as u64) as i64,
+                                        hi.min(i64::MAX as u64) as i64,
+                                    )
+                                })
+                                .collect();
+                            geom.crop_wrapping(&signed)?
+                        }
                         None => geom.clone(),
                     };
                     variables.push(Variable::new(label.clone(), g));

@@ -18,7 +18,7 @@ use insitubatch::inspect::{human_bytes, inspect};
 use insitubatch::readbench::bench_read;
 use insitubatch::runtime::{Runtime, RuntimeBuilder};
 use insitubatch::synth::{Codec, SynthSpec, make_dataset};
-use insitubatch::{EngineError, InSituDataset, SplitManifest, split_by_chunk};
+use insitubatch::{DatasetBuilder, EngineError, InSituDataset, SplitManifest, split_by_chunk};
 
 #[derive(Parser)]
 #[command(
@@ -52,11 +52,10 @@ struct WarmArgs {
     /// The sample axis.
     #[arg(long, default_value_t = 0)]
     sample_axis: usize,
-    /// Warm only this region of every variable's field (START:STOP per field axis,
-    /// comma-separated), exactly what the readers will crop: the region is part of the cache
-    /// fingerprint.
-    #[arg(long, value_delimiter = ',', value_parser = parse_range, requires = "variables")]
-    region: Option<Vec<(u64, u64)>>,
+    /// Warm only a region of every variable's field, exactly what the readers will crop: the
+    /// region is part of the cache fingerprint.
+    #[command(flatten)]
+    region: RegionArgs,
     /// Delete and rebuild arrays whose cached chunks are stale.
     #[arg(long)]
     reset_stale_cache: bool,
@@ -121,11 +120,9 @@ struct PassArgs {
     /// The sample axis.
     #[arg(long, default_value_t = 0)]
     sample_axis: usize,
-    /// Read only this region of every variable's field: START:STOP per field axis, in
-    /// physical order, comma-separated (e.g. 40:100,120:280); only the stored chunks it
-    /// touches are read.
-    #[arg(long, value_delimiter = ',', value_parser = parse_range, requires = "variables")]
-    region: Option<Vec<(u64, u64)>>,
+    /// Read only a region of every variable's field.
+    #[command(flatten)]
+    region: RegionArgs,
     /// Rows per batch.
     #[arg(long, default_value_t = insitubatch::DEFAULT_BATCH_SIZE)]
     batch_size: usize,
@@ -192,10 +189,7 @@ impl PassArgs {
             b = b.max_inflight(n);
         }
         for v in self.variables.iter().flatten() {
-            b = match &self.region {
-                Some(r) => b.cropped_window(v.clone(), v.clone(), 0, r),
-                None => b.variable(v.clone(), v.clone()),
-            };
+            b = self.region.view(b, v)?;
         }
         if let Some(m) = &self.manifest {
             b = b.manifest(SplitManifest::load(m)?);
@@ -431,13 +425,63 @@ enum Command {
     },
 }
 
+/// A field region for `--variables` (`bench`, `memory`, `warm`).
+#[derive(clap::Args, Debug)]
+struct RegionArgs {
+    /// Read only this region of every variable's field: START:STOP per field axis, in
+    /// physical order, comma-separated (e.g. 40:100,120:280); only the stored chunks it
+    /// touches are read.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = parse_signed_range,
+        allow_hyphen_values = true,
+        requires = "variables"
+    )]
+    region: Option<Vec<(i64, i64)>>,
+    /// Let --region's ranges run across the end of a periodic axis (longitude): a negative
+    /// START counts from the axis's end (-100:180 on a 1440-long axis is its last 100 and
+    /// first 180 elements).
+    #[arg(long, requires = "region")]
+    wrap: bool,
+}
+
+impl RegionArgs {
+    /// Adds `path` as the variable of that name, cropped to the region if there is one.
+    fn view(&self, b: DatasetBuilder, path: &str) -> Result<DatasetBuilder, String> {
+        let Some(r) = &self.region else {
+            return Ok(b.variable(path, path));
+        };
+        if self.wrap {
+            return Ok(b.cropped_window_wrapping(path, path, 0, r));
+        }
+        let plain: Option<Vec<(u64, u64)>> = r
+            .iter()
+            .map(|&(lo, hi)| Some((u64::try_from(lo).ok()?, u64::try_from(hi).ok()?)))
+            .collect();
+        match plain {
+            Some(plain) => Ok(b.cropped_window(path, path, 0, &plain)),
+            None => Err(format!(
+                "--region {r:?} has a negative bound; a range across the end of a periodic axis \
+                 (longitude) needs --wrap"
+            )),
+        }
+    }
+}
+
 fn parse_range(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = parse_signed_range(s)?;
+    let p = |v: i64| u64::try_from(v).map_err(|_| format!("`{v}` in `{s}` is negative"));
+    Ok((p(a)?, p(b)?))
+}
+
+fn parse_signed_range(s: &str) -> Result<(i64, i64), String> {
     let (a, b) = s
         .split_once(':')
         .ok_or_else(|| format!("`{s}` is not of the form START:STOP"))?;
     let p = |v: &str| {
         v.trim()
-            .parse::<u64>()
+            .parse::<i64>()
             .map_err(|_| format!("`{v}` in `{s}` is not a whole number"))
     };
     Ok((p(a)?, p(b)?))
@@ -490,10 +534,7 @@ fn warm(args: &WarmArgs) -> CliResult {
         b = b.chunk_transforms_json(transforms_arg(t)?);
     }
     for v in variables.iter().flatten() {
-        b = match region {
-            Some(r) => b.cropped_window(v.clone(), v.clone(), 0, r),
-            None => b.variable(v.clone(), v.clone()),
-        };
+        b = region.view(b, v)?;
     }
     if let Some(m) = manifest {
         b = b.manifest(SplitManifest::load(m)?);

@@ -228,6 +228,27 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
         bench_with(&store, &manifest).args(["--variables", "t2m", "--region", "3:6,2:9"]),
         &["`t2m`", "axis 2 has length 8"],
     );
+    // Across the end of an axis with --wrap: rows 4, 5, 0, 1 touch both row tiles, columns
+    // 6, 7, 0, 1 the one column tile (read once).
+    let out = run_ok(bench_with(&store, &manifest).args([
+        "--variables",
+        "t2m,u10",
+        "--region",
+        "-2:2,6:10",
+        "--wrap",
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let s = &v["epochs"][0]["stats"];
+    assert_eq!(
+        (&s["samples"], &s["tiles_read"]),
+        (&24.into(), &24.into()),
+        "{s}"
+    );
+    fails_with(
+        bench_with(&store, &manifest).args(["--variables", "t2m", "--region", "-2:2,0:8"]),
+        &["--region", "--wrap"],
+    );
     fails_with(
         bench_with(&store, &manifest).args(["--variables", "t2m", "--region", "3-6"]),
         &["--region", "START:STOP"],

@@ -592,14 +592,15 @@ impl ZarrArray {
         self.shard.is_some()
     }
 
-    /// The most bytes [`ZarrArray::read_chunk_part`] reads of one stored chunk for a region
-    /// given as one range per axis in the array's coordinates: the index, and the inner chunks
-    /// the region touches at their decoded size (what their encoded bytes rarely exceed).
-    /// `None` when parts are read whole.
-    pub fn chunk_part_bytes(&self, region: &[(u64, u64)]) -> Option<u64> {
+    /// The most bytes [`ZarrArray::read_chunk_part`] reads of one stored chunk for `subset`
+    /// (one chunk-local range per axis): the index, and the inner chunks the subset touches at
+    /// their decoded size (what their encoded bytes rarely exceed). `None` when parts are
+    /// read whole.
+    pub fn chunk_part_bytes(&self, subset: &[std::ops::Range<u64>]) -> Option<u64> {
         let shard = self.shard.as_ref()?;
-        let elements = shard.touched_span(region, &self.chunk_shape);
-        let data = elements.saturating_mul(self.dtype.size_bytes() as u64);
+        let data = shard
+            .touched_span(subset)
+            .saturating_mul(self.dtype.size_bytes() as u64);
         Some(data.saturating_add(shard.index_len()))
     }
 

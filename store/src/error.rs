@@ -58,7 +58,7 @@ pub enum StoreError {
         /// Array path.
         array: String,
         /// The region given.
-        region: Vec<(u64, u64)>,
+        region: Vec<(i64, i64)>,
         /// What is wrong and what to do.
         message: String,
     },

@@ -83,7 +83,8 @@ impl ArrayGeometry {
     }
 
     /// The half-open range read on each field axis, in physical order: the region of a
-    /// cropped view, else the whole axis.
+    /// cropped view, else the whole axis. A range that wraps around its axis ends past the
+    /// axis length.
     pub fn field_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.field_axes()
             .enumerate()
@@ -103,8 +104,29 @@ impl ArrayGeometry {
     /// the region touches are read, and a sample is the region alone, so a regional model
     /// over a global archive reads and holds its region only. A region that covers every
     /// field axis whole is no crop. Cropping a cropped view crops the array again, not
-    /// within the earlier region.
+    /// within the earlier region. A region across the end of a periodic axis is
+    /// [`ArrayGeometry::crop_wrapping`].
     pub fn crop(&self, region: &[(u64, u64)]) -> Result<Self, StoreError> {
+        let signed: Vec<(i64, i64)> = region
+            .iter()
+            .map(|&(lo, hi)| (clamp_i64(lo), clamp_i64(hi)))
+            .collect();
+        self.cropped(&signed, false)
+    }
+
+    /// [`ArrayGeometry::crop`] for periodic axes (longitude on a global grid): a range may run
+    /// across the end of its axis and on from its start. Give it as `start < 0` (counted from
+    /// the axis's end: `(-100, 180)` on a 1440-long axis is its last 100 and first 180
+    /// elements) or as `end` past the axis length (`(1340, 1620)`, the same range); either
+    /// way no longer than the axis. The sample holds the range in that order, so the field
+    /// is continuous across the seam. Ranges that do not wrap are plain crops. A cropped
+    /// view's [`ArrayGeometry::region`] holds a wrapping range as `(start, end)` with `end`
+    /// past the axis length.
+    pub fn crop_wrapping(&self, region: &[(i64, i64)]) -> Result<Self, StoreError> {
+        self.cropped(region, true)
+    }
+
+    fn cropped(&self, region: &[(i64, i64)], wrap: bool) -> Result<Self, StoreError> {
         let axes: Vec<usize> = self.field_axes().collect();
         let bad = |message: String| StoreError::Region {
             array: self.path.clone(),
@@ -120,22 +142,78 @@ impl ArrayGeometry {
                 axes.len()
             )));
         }
+        let mut normal = Vec::with_capacity(region.len());
         for (&(lo, hi), &a) in region.iter().zip(&axes) {
-            if lo >= hi || hi > self.shape[a] {
+            let n = clamp_i64(self.shape[a]);
+            let fits = lo < hi && (0..n).contains(&lo) && hi <= n;
+            if !wrap && !fits {
+                let hint = if lo < 0 || hi > n {
+                    "; a range across the end of a periodic axis (longitude) needs a wrapping \
+                     crop (crop_wrapping in Rust, wrap=True in Python, \"wrap\": true in C)"
+                } else {
+                    ""
+                };
                 return Err(bad(format!(
-                    "axis {a} has length {}; each range must satisfy 0 <= start < end <= {}",
-                    self.shape[a], self.shape[a]
+                    "axis {a} has length {n}; each range must satisfy 0 <= start < end <= \
+                     {n}{hint}"
                 )));
             }
+            if wrap && !(lo < hi && (-n..n).contains(&lo) && hi - lo <= n) {
+                return Err(bad(format!(
+                    "axis {a} has length {n}; a wrapping range must satisfy -{n} <= start < \
+                     {n} and start < end <= start + {n}"
+                )));
+            }
+            // Normal form: 0 <= start < n, end past n only when the range wraps.
+            let start = lo.rem_euclid(n);
+            normal.push((start as u64, (start + (hi - lo)) as u64));
         }
-        let whole = region
+        let whole = normal
             .iter()
             .zip(&axes)
             .all(|(&(lo, hi), &a)| lo == 0 && hi == self.shape[a]);
         Ok(Self {
-            region: (!whole).then(|| region.to_vec()),
+            region: (!whole).then_some(normal),
             ..self.clone()
         })
+    }
+
+    /// Where each field axis's range lies in stored chunks: per field axis, the stored-chunk
+    /// indices the view reads along it in the order the sample holds them, each with the
+    /// stretches of the chunk it reads (one, or two when a wrapping range starts and ends in
+    /// the same chunk).
+    pub fn axis_tiles(&self) -> Vec<Vec<AxisTile>> {
+        self.field_axes()
+            .zip(self.field_ranges())
+            .map(|(a, (lo, hi))| {
+                let (n, c) = (self.shape[a], self.chunks[a]);
+                // The range as at most two pieces inside the axis: (first, end, offset in
+                // the sample).
+                let mut pieces = vec![(lo, hi.min(n), 0)];
+                if hi > n {
+                    pieces.push((0, hi - n, n - lo));
+                }
+                let mut tiles: Vec<AxisTile> = Vec::new();
+                for (first, end, at) in pieces {
+                    for t in first / c..end.div_ceil(c) {
+                        let origin = t * c;
+                        let (from, to) = (first.max(origin), end.min(origin + c));
+                        let stretch = Stretch {
+                            within: from - origin..to - origin,
+                            at: at + from - first,
+                        };
+                        match tiles.iter_mut().find(|x| x.index == t) {
+                            Some(x) => x.stretches.push(stretch),
+                            None => tiles.push(AxisTile {
+                                index: t,
+                                stretches: vec![stretch],
+                            }),
+                        }
+                    }
+                }
+                tiles
+            })
+            .collect()
     }
 
     /// Stored-chunk shape on the field axes.
@@ -155,14 +233,7 @@ impl ArrayGeometry {
     /// Stored chunks (tiles) that make up one sample-axis chunk: 1 unless field axes are chunked
     /// (on a cropped view, those the region touches).
     pub fn tiles_per_sample_chunk(&self) -> u64 {
-        self.tile_ranges().map(|(lo, hi)| hi - lo).product()
-    }
-
-    /// Per field axis, the half-open range of stored-chunk indices the view reads.
-    pub fn tile_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.field_axes()
-            .zip(self.field_ranges())
-            .map(|(a, (lo, hi))| (lo / self.chunks[a], hi.div_ceil(self.chunks[a])))
+        self.axis_tiles().iter().map(|t| t.len() as u64).product()
     }
 
     /// Bytes of one sample.
@@ -178,6 +249,38 @@ impl ArrayGeometry {
             ..self.clone()
         }
     }
+}
+
+/// One stored chunk along one field axis, as a view reads it ([`ArrayGeometry::axis_tiles`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AxisTile {
+    /// The chunk's index along the axis.
+    pub index: u64,
+    /// The stretches of it the view reads, in the sample's order.
+    pub stretches: Vec<Stretch>,
+}
+
+impl AxisTile {
+    /// The chunk-local range holding every stretch.
+    pub fn span(&self) -> std::ops::Range<u64> {
+        let lo = self.stretches.iter().map(|s| s.within.start).min();
+        let hi = self.stretches.iter().map(|s| s.within.end).max();
+        lo.unwrap_or(0)..hi.unwrap_or(0)
+    }
+}
+
+/// A stretch of one stored chunk along one axis and where it lands in the sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stretch {
+    /// Chunk-local half-open range.
+    pub within: std::ops::Range<u64>,
+    /// Its offset along the axis in the sample (the region).
+    pub at: u64,
+}
+
+/// `v` as an `i64`, saturating (lengths and indices never come near the limit).
+fn clamp_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// True when `array` is a coordinate: a 1-D array whose one dimension is named after itself.

@@ -34,7 +34,7 @@ mod zstd;
 pub use array::{DecodedChunk, ZarrArray, array_label};
 pub use dtype::DType;
 pub use error::StoreError;
-pub use geometry::{ArrayGeometry, is_coordinate, open_geometries};
+pub use geometry::{ArrayGeometry, AxisTile, Stretch, is_coordinate, open_geometries};
 pub use hierarchy::{Hierarchy, open_hierarchy};
 pub use remote::RemoteStore;
 pub use store::{AnyStore, LocalStore, Store};

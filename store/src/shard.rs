@@ -108,16 +108,14 @@ impl ShardLayout {
         Ok(words.chunks_exact(2).map(|p| (p[0], p[1])).collect())
     }
 
-    /// The most elements of inner chunks a range per axis (in the array's coordinates) touches
-    /// in one shard of shape `shard`.
-    pub(crate) fn touched_span(&self, ranges: &[(u64, u64)], shard: &[u64]) -> u64 {
-        ranges
+    /// Elements of the inner chunks `subset` (one shard-local range per axis) touches.
+    pub(crate) fn touched_span(&self, subset: &[Range<u64>]) -> u64 {
+        subset
             .iter()
             .zip(&self.inner)
-            .zip(shard)
-            .map(|((&(lo, hi), &i), &s)| {
-                let inner = inner_chunks(lo..hi, i);
-                (inner.end - inner.start).saturating_mul(i).min(s)
+            .map(|(r, &i)| {
+                let inner = inner_chunks(r.clone(), i);
+                (inner.end - inner.start).saturating_mul(i)
             })
             .fold(1u64, u64::saturating_mul)
     }

@@ -17,7 +17,8 @@ fn fixture_case(case: &str) -> FixtureArray {
         .unwrap_or_else(|| panic!("fixture {case}"))
 }
 
-/// The bytes of `sample` (field axes in physical order, lengths `inner`) inside `region`.
+/// The bytes of `sample` (field axes in physical order, lengths `inner`) inside `region` (a
+/// range ending past its axis wraps around to the axis's start).
 fn crop_bytes(sample: &[u8], inner: &[u64], region: &[(u64, u64)], item: usize) -> Vec<u8> {
     let extent: Vec<u64> = region.iter().map(|(lo, hi)| hi - lo).collect();
     let total: u64 = extent.iter().product();
@@ -26,7 +27,7 @@ fn crop_bytes(sample: &[u8], inner: &[u64], region: &[(u64, u64)], item: usize) 
         let mut rem = flat;
         let mut at = vec![0u64; inner.len()];
         for d in (0..inner.len()).rev() {
-            at[d] = region[d].0 + rem % extent[d];
+            at[d] = (region[d].0 + rem % extent[d]) % inner[d];
             rem /= extent[d];
         }
         let off = at.iter().zip(inner).fold(0u64, |acc, (i, n)| acc * n + i) as usize * item;
@@ -89,12 +90,18 @@ fn walk_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-/// Stored chunks along each field axis that `region` touches.
+/// Stored chunks along each field axis that `region` touches (each once, wrapping or not).
 fn tiles_touched(f: &FixtureArray, axis: usize, chunks: &[u64], region: &[(u64, u64)]) -> u64 {
     (0..f.shape.len())
         .filter(|&a| a != axis)
         .zip(region)
-        .map(|(a, &(lo, hi))| hi.div_ceil(chunks[a]) - lo / chunks[a])
+        .map(|(a, &(lo, hi))| {
+            let mut t: Vec<u64> = (lo..hi).map(|x| x % f.shape[a] / chunks[a]).collect();
+            t.dedup();
+            t.sort();
+            t.dedup();
+            t.len() as u64
+        })
         .product()
 }
 
@@ -186,6 +193,95 @@ fn a_cropped_view_is_zarr_python_over_its_region_and_reads_only_the_chunks_it_to
         b.unwrap();
     }
     assert_eq!(pass.stats().tiles_read, 3 * 9);
+}
+
+#[test]
+fn a_wrapping_region_is_zarr_python_across_the_seam_and_reads_each_chunk_once() {
+    // (case, wrapping ranges, their normal form, the stored chunk's shape)
+    type Case = (&'static str, Vec<(i64, i64)>, Vec<(u64, u64)>, Vec<u64>);
+    let cases: [Case; 3] = [
+        // Inner chunks: both field axes cross their end; tiles at both ends are read.
+        (
+            "v3_inner",
+            vec![(-2, 2), (7, 12)],
+            vec![(5, 9), (7, 12)],
+            vec![2, 3, 4],
+        ),
+        // A shard: the x range starts and ends inside the one shard along x, so two
+        // stretches of it land in the sample; its inner chunks are read by range.
+        (
+            "v3_sharded",
+            vec![(1, 3), (-2, 3)],
+            vec![(1, 3), (6, 11)],
+            vec![4, 6, 8],
+        ),
+        // Sampled along z: y and x wrap.
+        (
+            "v3_tczyx",
+            vec![(0, 2), (0, 2), (-1, 2), (-4, 2)],
+            vec![(0, 2), (0, 2), (4, 7), (2, 8)],
+            vec![1, 2, 2, 5, 6],
+        ),
+    ];
+    for (case, region, normal, chunks) in cases {
+        let f = fixture_case(case);
+        let axis = sample_axis_of(&f);
+        let n = f.shape[axis];
+        for shuffle in [true, false] {
+            let ds = InSituDataset::builder(&f.store)
+                .sample_axis(axis)
+                .cropped_window_wrapping("x", f.array.clone(), 0, &region)
+                .cropped_window_wrapping("y", f.array.clone(), 1, &region)
+                .batch_size(3)
+                .block_chunks(2)
+                .shuffle(shuffle)
+                .build()
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(ds.variables()[0].geom.region.as_deref(), Some(&normal[..]));
+            let (anchors, stats) = check_cropped_epoch(&ds, &["x", "y"], &f, axis, &normal);
+            assert_eq!(sorted(anchors), (0..n - 1).collect::<Vec<_>>(), "{case}");
+            let sample_chunks = n.div_ceil(chunks[axis]);
+            assert_eq!(stats.cache_misses, sample_chunks, "{case}");
+            assert_eq!(
+                stats.tiles_read,
+                sample_chunks * tiles_touched(&f, axis, &chunks, &normal),
+                "{case} {normal:?}"
+            );
+        }
+    }
+    // A whole longitude axis rotated (a 0–360° grid read as −180–180°): one tile, two
+    // stretches, every value in place.
+    let f = fixture("era5_v3", "t2m");
+    let w = f.shape[2] as i64;
+    let ds = InSituDataset::builder(&f.store)
+        .cropped_window_wrapping(
+            "t",
+            "t2m",
+            0,
+            &[(0, f.shape[1] as i64), (-w / 2, w - w / 2)],
+        )
+        .batch_size(4)
+        .build()
+        .unwrap();
+    let normal = [
+        (0, f.shape[1]),
+        ((w - w / 2) as u64, (2 * w - w / 2) as u64),
+    ];
+    let (anchors, stats) = check_cropped_epoch(&ds, &["t"], &f, 0, &normal);
+    assert_eq!(sorted(anchors), (0..f.shape[0]).collect::<Vec<_>>());
+    let g = insitubatch::geometries(&f.store, None, 0).unwrap()["t2m"].clone();
+    assert_eq!(g.chunks[1..], g.shape[1..], "one tile per field");
+    assert_eq!(stats.tiles_read, g.n_sample_chunks());
+    // Without the wrapping crop, a range past the axis is refused with the way to ask.
+    let msg = InSituDataset::builder(&f.store)
+        .cropped_window("t", "t2m", 0, &[(0, f.shape[1]), (1, f.shape[2] + 1)])
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("`t2m`") && msg.contains("crop_wrapping"),
+        "{msg}"
+    );
 }
 
 #[test]

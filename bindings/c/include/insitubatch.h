@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 8
+#define ISB_ABI_VERSION 9
 
 /*
  DLPack version of the exported structs.
@@ -391,9 +391,11 @@ IsbStatus isb_split_by_chunk(const char *store,
 
 /*
  Opens a dataset from a JSON config: `store` (required), `variables` (array paths, or
- `{"label", "path", "offset", "region"}` views, `region` optional (ABI 8): `[[start, end],
- ...]`, one half-open range per field axis in physical order, so that only the stored chunks
- it touches are read; default every data variable), `sample_axis`, `manifest`
+ `{"label", "path", "offset", "region", "wrap"}` views, `region` optional (ABI 8): `[[start,
+ end], ...]`, one half-open range per field axis in physical order, so that only the stored
+ chunks it touches are read; `wrap` (ABI 9, default false) lets a range run across the end of
+ a periodic axis, as `start < 0` or `end` past the axis length; default every data
+ variable), `sample_axis`, `manifest`
  (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
  `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`,
  `memory_limit_bytes` (the memory the library may hold in the process when an iteration of

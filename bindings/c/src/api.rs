@@ -14,7 +14,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 8;
+pub const ISB_ABI_VERSION: u32 = 9;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -248,7 +248,9 @@ enum VarConfig {
         #[serde(default)]
         offset: i64,
         #[serde(default)]
-        region: Option<Vec<(u64, u64)>>,
+        region: Option<Vec<(i64, i64)>>,
+        #[serde(default)]
+        wrap: bool,
     },
 }
 
@@ -260,7 +262,7 @@ fn var_config(v: serde_json::Value) -> Result<VarConfig, insitubatch::EngineErro
             v,
             "each entry is an array path (a string) or an object {\"label\": ..., \"path\": ..., \
              \"offset\": <integer>, \"region\": [[start, end], ...] (optional, one pair per field \
-             axis)}",
+             axis), \"wrap\": <bool> (optional: ranges may wrap around the end of an axis)}",
         )
     })
 }
@@ -356,13 +358,39 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
                 path,
                 offset,
                 region: None,
+                ..
             } => b.window(label, path, offset),
             VarConfig::View {
                 label,
                 path,
                 offset,
                 region: Some(region),
-            } => b.cropped_window(label, path, offset, &region),
+                wrap: true,
+            } => b.cropped_window_wrapping(label, path, offset, &region),
+            VarConfig::View {
+                label,
+                path,
+                offset,
+                region: Some(region),
+                wrap: false,
+            } => {
+                let Ok(plain) = region
+                    .iter()
+                    .map(|&(lo, hi)| Ok((u64::try_from(lo)?, u64::try_from(hi)?)))
+                    .collect::<Result<Vec<(u64, u64)>, std::num::TryFromIntError>>()
+                else {
+                    return Err(insitubatch::EngineError::arg(
+                        "variables",
+                        &label,
+                        format!(
+                            "the region {region:?} has a negative bound; a range across the end \
+                             of a periodic axis needs \"wrap\": true in the view"
+                        ),
+                    )
+                    .into());
+                };
+                b.cropped_window(label, path, offset, &plain)
+            }
         };
     }
     if let Some(m) = c.manifest {
@@ -441,9 +469,11 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 }
 
 /// Opens a dataset from a JSON config: `store` (required), `variables` (array paths, or
-/// `{"label", "path", "offset", "region"}` views, `region` optional (ABI 8): `[[start, end],
-/// ...]`, one half-open range per field axis in physical order, so that only the stored chunks
-/// it touches are read; default every data variable), `sample_axis`, `manifest`
+/// `{"label", "path", "offset", "region", "wrap"}` views, `region` optional (ABI 8): `[[start,
+/// end], ...]`, one half-open range per field axis in physical order, so that only the stored
+/// chunks it touches are read; `wrap` (ABI 9, default false) lets a range run across the end of
+/// a periodic axis, as `start < 0` or `end` past the axis length; default every data
+/// variable), `sample_axis`, `manifest`
 /// (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
 /// `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`,
 /// `memory_limit_bytes` (the memory the library may hold in the process when an iteration of

@@ -93,6 +93,24 @@ int main(int argc, char **argv) {
     }
     isb_dataset_free(ds);
     ds = NULL;
+    /* A range across the end of a periodic axis (ABI 9): a negative start with "wrap". */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [{\"label\": \"t\", \"path\": \"t2m\", \"region\": [[2, 5], [-4, 4]]}]}", store);
+    CHECK("negative start without wrap", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "\"wrap\": true");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [{\"label\": \"t\", \"path\": \"t2m\", \"region\": [[2, 5], [12, 20]]}]}", store);
+    CHECK("past the axis without wrap", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "crop_wrapping");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [{\"label\": \"t\", \"path\": \"t2m\", \"region\": [[2, 5], [-4, 4]], \"wrap\": true}]}", store);
+    CHECK("a wrapping view", isb_dataset_open(config, &ds, &err), ISB_OK, NULL);
+    {
+        char *facts = NULL;
+        CHECK("wrapping view's facts", isb_dataset_stats_json(ds, &facts, &err), ISB_OK, NULL);
+        if (!facts || !strstr(facts, "\"sample_shape\":[3,8]") || !strstr(facts, "\"region\":[[2,5],[12,20]]")) {
+            fprintf(stderr, "FAIL wrapping view: %s\n", facts ? facts : "(null)");
+            failures++;
+        }
+        isb_string_free(facts);
+    }
+    isb_dataset_free(ds);
+    ds = NULL;
     CHECK("unreadable scheme", isb_dataset_open("{\"store\": \"ftp://host/era5.zarr\"}", &ds, &err), ISB_INVALID_ARGUMENT, "ftp://");
     char *out = NULL;
     /* Geometries with parameters (ABI 4): options are for URLs, parameters are checked by key. */

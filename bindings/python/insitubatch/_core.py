@@ -191,13 +191,22 @@ class ArrayGeometry:
             raise TypeError(f"shift(k): k must be an int, not {type(k).__name__}")
         return replace(self, offset=self.offset + int(k))
 
-    def crop(self, *region) -> "ArrayGeometry":
+    def crop(self, *region, wrap: bool = False) -> "ArrayGeometry":
         """The same view restricted to a region of the field: one range per field axis, in
         physical order (the sample axis is not listed), each a `slice` with step 1 (`slice(None)`
         for the whole axis) or a `(start, end)` pair, half-open. Only the stored chunks the
         region touches are read, decoded and held, and a sample is the region: a regional model
         reads its region of a global archive, nothing more. Cropping again crops the array, not
-        the earlier region."""
+        the earlier region.
+
+        `wrap=True` is for periodic axes (longitude on a global grid): a range may then run
+        across the end of its axis and on from its start, given as a negative start (counted
+        from the end: `slice(-100, 180)` on a 1440-long axis is its last 100 and first 180
+        elements, in that order) or as an end past the axis length (`(1340, 1620)`, the same
+        range), no longer than the axis. `region` then holds such a range with its end past the
+        axis length."""
+        if not isinstance(wrap, bool):
+            raise TypeError(f"crop of array {self.path!r}: wrap must be a bool, not {wrap!r}")
         axes = self.field_axes
         if len(region) != len(axes):
             raise errors.InvalidArgument(
@@ -229,14 +238,36 @@ class ArrayGeometry:
                         f"crop of array {self.path!r}: axis {a}'s bounds must be ints, not {v!r}"
                     )
             lo, hi = int(lo), int(hi)
-            if not 0 <= lo < hi <= n:
+            if wrap:
+                if not (-n <= lo < n and lo < hi <= lo + n):
+                    raise errors.InvalidArgument(
+                        f"crop of array {self.path!r}: axis {a} has length {n}; a wrapping "
+                        f"range [{lo}, {hi}) must satisfy -{n} <= start < {n} and "
+                        f"start < end <= start + {n}"
+                    )
+                # Normal form: 0 <= start < n, the end past n only when the range wraps.
+                lo, hi = lo % n, lo % n + (hi - lo)
+            elif not 0 <= lo < hi <= n:
+                hint = (
+                    "; a range across the end of a periodic axis (longitude) needs wrap=True"
+                    if lo < 0 or hi > n
+                    else ""
+                )
                 raise errors.InvalidArgument(
                     f"crop of array {self.path!r}: axis {a} has length {n}; the range "
-                    f"[{lo}, {hi}) must satisfy 0 <= start < end <= {n}"
+                    f"[{lo}, {hi}) must satisfy 0 <= start < end <= {n}{hint}"
                 )
             out.append((lo, hi))
         whole = all(lo == 0 and hi == self.shape[a] for a, (lo, hi) in zip(axes, out))
         return replace(self, region=None if whole else tuple(out))
+
+    @property
+    def wraps(self) -> bool:
+        """True when a range of the region runs across the end of its axis (`crop(...,
+        wrap=True)`)."""
+        return self.region is not None and any(
+            hi > self.shape[a] for a, (_, hi) in zip(self.field_axes, self.region)
+        )
 
 
 def open_geometries(
@@ -765,6 +796,7 @@ class InSituDataset:
                 view = {"label": str(label), "path": g.path, "offset": g.offset}
                 if g.region is not None:
                     view["region"] = [list(r) for r in g.region]
+                    view["wrap"] = g.wraps
                 views.append(view)
             config["variables"] = views
         self._transforms = list(batch_transforms)

@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 _LIB_NAME = "libinsitubatch.so"
 
 

@@ -90,6 +90,42 @@ def test_a_cropped_view_is_zarr_pythons_region_and_reads_only_the_chunks_it_touc
         isb.InSituDataset(store, None, {"x": x, "y": g.shift(1)})
 
 
+def test_a_wrapping_crop_is_the_range_across_the_seam_in_order(fixtures):
+    out, _ = fixtures
+    store = out / "v3_inner.zarr"  # (6, 7, 9), chunks (2, 3, 4)
+    ref = zarr.open_array(store, mode="r")[...]
+    g = isb.open_geometries(store)[""]
+    # The last 2 and first 2 rows of y; x from 7 on across its end (length 9) to 3.
+    x = g.crop(slice(-2, 2), (7, 12), wrap=True)
+    assert x.region == ((5, 9), (7, 12)) and x.inner_shape == (4, 5) and x.wraps
+    assert g.crop((5, 9), slice(-2, 3), wrap=True) == x
+    assert g.crop(slice(1, 3), slice(None), wrap=True) == g.crop(slice(1, 3), slice(None))
+    assert not g.crop(slice(1, 3), slice(None)).wraps
+    rows = [5, 6, 0, 1]
+    cols = [7, 8, 0, 1, 2]
+    with isb.InSituDataset(store, None, {"x": x}, batch_size=2) as ds:
+        assert ds.geometries["x"].region == ((5, 9), (7, 12))
+        seen = []
+        for b in ds.train:
+            assert b.arrays["x"].shape == (len(b), 4, 5)
+            for r, idx in enumerate(b.read_indices("x")):
+                np.testing.assert_array_equal(b.arrays["x"][r], ref[idx][np.ix_(rows, cols)])
+            seen.extend(b.sample_indices.tolist())
+        assert sorted(seen) == list(range(6))
+        # Per sample chunk, tiles 1, 2, 0 along y and 1, 2, 0 along x: each once.
+        assert ds.stats()["tiles_read"] == 3 * 3 * 3
+    for bad, wrap, says in [
+        ((slice(-2, 2), slice(None)), False, "needs wrap=True"),
+        ((slice(0, 8), slice(None)), False, "needs wrap=True"),
+        ((slice(-2, 6), slice(None)), True, "start < end <= start \\+ 7"),
+        ((slice(-8, 0), slice(None)), True, "-7 <= start < 7"),
+    ]:
+        with pytest.raises(isb.InvalidArgument, match=says):
+            g.crop(*bad, wrap=wrap)
+    with pytest.raises(TypeError, match="wrap must be a bool"):
+        g.crop(slice(0, 2), slice(None), wrap=1)
+
+
 def test_memory_need_counts_the_batches_and_pool_a_pass_holds_before_it_runs(fixtures):
     out, _ = fixtures
     store = out / "paired.zarr"
