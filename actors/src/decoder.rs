@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use insitubatch_pool::{PendingWrite, SlotFailure};
 use insitubatch_runtime::{ActorPool, Mailbox, yield_now};
-use insitubatch_store::{DType, Store, StoreError, ZarrArray};
+use insitubatch_store::{DType, DecodedChunk, Store, StoreError, ZarrArray};
 
 use crate::error::EngineError;
 use crate::fetcher::TileJob;
@@ -78,7 +78,7 @@ pub(crate) async fn decode<S: Store>(
     // A part of a shard decodes only the inner chunks it touches; anything else is decoded
     // whole (the codec's unit) and its part copied out.
     let (decoded, buffer) = match &job.part {
-        Some(part) => array.decode_chunk_subset(&job.index, bytes, part, locate),
+        Some(parts) => decode_parts(array, &job.index, bytes, parts, locate),
         None => {
             let decoded = array.decode_chunk_from(&job.index, bytes.as_deref(), locate);
             (decoded, bytes)
@@ -97,6 +97,37 @@ pub(crate) async fn decode<S: Store>(
     // A decode holds the core for a while; let IO completions and other tasks on this executor
     // run before the next one.
     yield_now().await;
+}
+
+/// Decodes `parts` of a shard one after another into one buffer (what
+/// [`TileLayout::copy_into_slot`](crate::tile::TileLayout::copy_into_slot) takes), handing the
+/// encoded bytes from one partial decode to the next and back at the end.
+fn decode_parts(
+    array: &ZarrArray,
+    index: &[u64],
+    mut bytes: Option<Vec<u8>>,
+    parts: &[Vec<std::ops::Range<u64>>],
+    locate: impl Fn() -> std::path::PathBuf,
+) -> (Result<DecodedChunk, StoreError>, Option<Vec<u8>>) {
+    if let [part] = parts {
+        return array.decode_chunk_subset(index, bytes, part, locate);
+    }
+    let mut out: Option<DecodedChunk> = None;
+    for part in parts {
+        let (decoded, back) = array.decode_chunk_subset(index, bytes, part, &locate);
+        bytes = back;
+        match (decoded, &mut out) {
+            (Err(e), _) => return (Err(e), bytes),
+            (Ok(d), None) => out = Some(d),
+            (Ok(d), Some(o)) => {
+                o.bytes.extend_from_slice(&d.bytes);
+                o.is_fill &= d.is_fill;
+            }
+        }
+    }
+    let mut chunk = out.expect("a tile has at least one part");
+    chunk.shape = vec![(chunk.bytes.len() / array.dtype().size_bytes()) as u64];
+    (Ok(chunk), bytes)
 }
 
 /// Puts a decoded tile into its slot and completes the job. With a cache directory the

@@ -39,7 +39,7 @@ pub struct TileJob {
     pub(crate) tile: u64,
     /// The chunk-local part of a shard the job needs (`None`: the whole stored chunk), set
     /// when a cropped view's region covers less of the shard.
-    pub(crate) part: Option<Vec<std::ops::Range<u64>>>,
+    pub(crate) part: Option<Vec<Vec<std::ops::Range<u64>>>>,
     pub(crate) ordinal: u64,
     #[allow(
         dead_code,

@@ -324,8 +324,8 @@ fn read_size(path: &crate::planner::PathInfo, array: Option<&ZarrArray>) -> u64 
     (0..layout.tiles())
         .map(|t| {
             layout
-                .tile_subset(t)
-                .and_then(|sub| array.chunk_part_bytes(&sub))
+                .tile_parts(t)
+                .and_then(|parts| array.chunk_part_bytes(&parts))
                 .map_or(whole, |p| p.saturating_mul(2).min(whole))
         })
         .max()

@@ -180,9 +180,7 @@ async fn drive<S: Store>(
             let index = layout.chunk_index(ps.chunk, t);
             // A cropped view of a sharded array reads and decodes only the inner chunks its
             // region touches in this tile; anything else is a whole stored chunk.
-            let part = array
-                .inner_chunk_shape()
-                .and_then(|_| layout.tile_subset(t));
+            let part = array.inner_chunk_shape().and_then(|_| layout.tile_parts(t));
             let job = TileJob {
                 slot: Arc::clone(&slot),
                 path: ps.path,

@@ -23,15 +23,20 @@ pub struct TileLayout {
     slot_strides: Vec<usize>,
 }
 
-/// The part of one tile a view reads: per physical axis (the sample axis whole), the
-/// chunk-local stretches and where each lands in the slot.
+/// One box of a tile a view reads: per physical axis (the sample axis whole), the chunk-local
+/// range and where it starts in the slot's axis.
 struct TileBox {
-    /// Per physical axis, the stretches read: (chunk-local range, offset in the slot's axis).
-    stretches: Vec<Vec<(Range<u64>, u64)>>,
-    /// Per physical axis, the chunk-local range that holds every stretch.
-    bounds: Vec<Range<u64>>,
-    /// True when the bounds are all of the tile inside the array.
-    whole: bool,
+    within: Vec<Range<u64>>,
+    at: Vec<u64>,
+}
+
+impl TileBox {
+    fn extent(&self) -> Vec<usize> {
+        self.within
+            .iter()
+            .map(|r| (r.end - r.start) as usize)
+            .collect()
+    }
 }
 
 impl TileLayout {
@@ -107,13 +112,14 @@ impl TileLayout {
         index
     }
 
-    /// The part of tile `tile` the view reads.
-    fn tile_box(&self, tile: u64) -> TileBox {
+    /// The boxes of tile `tile` the view reads, one per combination of one stretch per axis
+    /// (a single box unless a wrapping range starts and ends in this tile), and whether the
+    /// range holding them all is the whole tile inside the array.
+    fn tile_boxes(&self, tile: u64) -> (Vec<TileBox>, bool) {
         let g = &self.geom;
         let nd = g.shape.len();
         let spc = g.chunks[g.sample_axis];
         let mut stretches = vec![vec![(0..spc, 0)]; nd];
-        let mut bounds = vec![0..spc; nd];
         let mut whole = true;
         for (&d, t) in self.field_axes.iter().zip(self.field_tiles(tile)) {
             stretches[d] = t
@@ -124,91 +130,97 @@ impl TileLayout {
             let span = t.span();
             let inside = g.chunks[d].min(g.shape[d] - t.index * g.chunks[d]);
             whole &= span.start == 0 && span.end == inside;
-            bounds[d] = span;
         }
-        TileBox {
-            stretches,
-            bounds,
-            whole,
+        let mut boxes = Vec::new();
+        let mut pick = vec![0usize; nd];
+        loop {
+            let (within, at) = (0..nd).map(|d| stretches[d][pick[d]].clone()).unzip();
+            boxes.push(TileBox { within, at });
+            let Some(d) = (0..nd).rev().find(|&d| pick[d] + 1 < stretches[d].len()) else {
+                break;
+            };
+            pick[d] += 1;
+            pick[d + 1..].fill(0);
         }
+        (boxes, whole)
     }
 
-    /// The chunk-local part of tile `tile` a cropped view reads, when it is less than the
+    /// The chunk-local parts of tile `tile` a cropped view reads, when they are less than the
     /// tile (`None`: the view reads the whole tile, or the part of it inside the array): one
-    /// range per physical axis, holding every stretch the view reads of it.
-    pub fn tile_subset(&self, tile: u64) -> Option<Vec<Range<u64>>> {
+    /// range per physical axis each, a single part unless a wrapping range starts and ends in
+    /// this tile (then the parts leave out the tile between its two ends).
+    pub fn tile_parts(&self, tile: u64) -> Option<Vec<Vec<Range<u64>>>> {
         self.geom.region.as_ref()?;
-        let b = self.tile_box(tile);
-        (!b.whole).then_some(b.bounds)
+        let (boxes, whole) = self.tile_boxes(tile);
+        (!whole).then(|| boxes.into_iter().map(|b| b.within).collect())
     }
 
     /// Copies decoded tile `tile` into `slot`: the part of it inside the view's region, at its
-    /// place in the region. `src` is either the whole stored chunk or just that part (what
-    /// [`TileLayout::tile_subset`] names), in physical C order; its length says which.
+    /// place in the region. `src` is either the whole stored chunk, in physical C order, or
+    /// the parts [`TileLayout::tile_parts`] names, each in physical C order, one after
+    /// another; its length says which.
     pub fn copy_into_slot(&self, tile: u64, src: &[u8], slot: &mut [u8]) {
         let g = &self.geom;
         let nd = g.shape.len();
-        let b = self.tile_box(tile);
-        let whole: usize = g.chunks.iter().product::<u64>() as usize * self.elem;
-        let part: usize = b
-            .bounds
-            .iter()
-            .map(|r| (r.end - r.start) as usize)
-            .product::<usize>()
-            * self.elem;
-        // The source's dims and the chunk-local coordinate of its first element.
-        let (dims, origin): (Vec<u64>, Vec<u64>) = if src.len() == whole {
-            (g.chunks.clone(), vec![0; nd])
-        } else {
-            assert_eq!(
-                src.len(),
-                part,
-                "tile {tile} of `{}` is neither the stored chunk nor the part the view reads",
-                g.path
-            );
-            (
-                b.bounds.iter().map(|r| r.end - r.start).collect(),
-                b.bounds.iter().map(|r| r.start).collect(),
-            )
+        let (boxes, _) = self.tile_boxes(tile);
+        let strides = |dims: &[usize]| {
+            let mut out = vec![0usize; nd];
+            let mut acc = self.elem;
+            for d in (0..nd).rev() {
+                out[d] = acc;
+                acc *= dims[d];
+            }
+            out
         };
-        let mut src_stride = vec![0usize; nd];
-        let mut acc = self.elem;
-        for d in (0..nd).rev() {
-            src_stride[d] = acc;
-            acc *= dims[d] as usize;
-        }
         let dst_stride: Vec<usize> = (0..nd)
             .map(|d| match self.field_axes.iter().position(|&a| a == d) {
                 Some(f) => self.slot_strides[f + 1],
                 None => self.slot_strides[0],
             })
             .collect();
-        // Every combination of one stretch per axis is one box (one, unless a wrapping range
-        // starts and ends in this tile).
-        let mut pick = vec![0usize; nd];
-        loop {
-            let boxed: Vec<&(Range<u64>, u64)> =
-                (0..nd).map(|d| &b.stretches[d][pick[d]]).collect();
-            let mut extent = vec![0usize; nd];
-            let (mut src_base, mut dst_base) = (0usize, 0usize);
-            for d in 0..nd {
-                let (within, at) = boxed[d];
-                extent[d] = (within.end - within.start) as usize;
-                src_base += (within.start - origin[d]) as usize * src_stride[d];
-                dst_base += *at as usize * dst_stride[d];
+        let dst_base = |b: &TileBox| {
+            b.at.iter()
+                .zip(&dst_stride)
+                .map(|(&at, s)| at as usize * s)
+                .sum::<usize>()
+        };
+        let chunk: Vec<usize> = g.chunks.iter().map(|&c| c as usize).collect();
+        if src.len() == chunk.iter().product::<usize>() * self.elem {
+            let src_stride = strides(&chunk);
+            for b in &boxes {
+                let src_base = b
+                    .within
+                    .iter()
+                    .zip(&src_stride)
+                    .map(|(r, s)| r.start as usize * s)
+                    .sum();
+                let (extent, to) = (b.extent(), dst_base(b));
+                self.copy_box(
+                    src,
+                    slot,
+                    &extent,
+                    (src_base, &src_stride),
+                    (to, &dst_stride),
+                );
             }
-            self.copy_box(
-                src,
-                slot,
-                &extent,
-                (src_base, &src_stride),
-                (dst_base, &dst_stride),
-            );
-            let Some(d) = (0..nd).rev().find(|&d| pick[d] + 1 < b.stretches[d].len()) else {
-                break;
-            };
-            pick[d] += 1;
-            pick[d + 1..].fill(0);
+            return;
+        }
+        let parts: usize = boxes
+            .iter()
+            .map(|b| b.extent().iter().product::<usize>() * self.elem)
+            .sum();
+        assert_eq!(
+            src.len(),
+            parts,
+            "tile {tile} of `{}` is neither the stored chunk nor the parts the view reads",
+            g.path
+        );
+        let mut offset = 0;
+        for b in &boxes {
+            let extent = b.extent();
+            let (src_stride, to) = (strides(&extent), dst_base(b));
+            self.copy_box(src, slot, &extent, (offset, &src_stride), (to, &dst_stride));
+            offset += extent.iter().product::<usize>() * self.elem;
         }
     }
 
@@ -341,15 +353,17 @@ mod tests {
             let ci = layout.chunk_index(chunk, t);
             let src = tile_values(g, &ci);
             layout.copy_into_slot(t, &src, &mut slot);
-            // The part the view reads, handed over alone (a sharded array's partial decode),
-            // lands in the same place.
-            if let Some(sub) = layout.tile_subset(t) {
+            // The parts the view reads, handed over alone one after another (a sharded
+            // array's partial decode), land in the same place.
+            if let Some(parts) = layout.tile_parts(t) {
                 let mut part = Vec::new();
-                for i in sub[0].clone() {
-                    for j in sub[1].clone() {
-                        for k in sub[2].clone() {
-                            let at = (i * g.chunks[1] + j) * g.chunks[2] + k;
-                            part.push(src[at as usize]);
+                for sub in parts {
+                    for i in sub[0].clone() {
+                        for j in sub[1].clone() {
+                            for k in sub[2].clone() {
+                                let at = (i * g.chunks[1] + j) * g.chunks[2] + k;
+                                part.push(src[at as usize]);
+                            }
                         }
                     }
                 }

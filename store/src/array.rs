@@ -509,16 +509,16 @@ impl ZarrArray {
         self.check_decoded(bytes, &self.chunk_shape)
     }
 
-    /// Reads from `store` what decoding part `subset` (one chunk-local range per axis) of the
-    /// stored chunk with store key `key` needs: on a sharded array, its index and the inner chunks the
-    /// subset touches, as a compact shard (see `shard.rs`) that
-    /// [`ZarrArray::decode_chunk_subset`] decodes like the whole one; otherwise the whole
-    /// chunk. `None` when the key does not exist.
+    /// Reads from `store` what decoding `parts` (each one chunk-local range per axis) of the
+    /// stored chunk with store key `key` needs: on a sharded array, its index and the inner
+    /// chunks the parts touch (each once), as a compact shard (see `shard.rs`) that
+    /// [`ZarrArray::decode_chunk_subset`] decodes like the whole one, part by part; otherwise
+    /// the whole chunk. `None` when the key does not exist.
     pub async fn read_chunk_part<S: Store>(
         &self,
         store: &S,
         key: &str,
-        subset: &[std::ops::Range<u64>],
+        parts: &[Vec<std::ops::Range<u64>>],
     ) -> Result<Option<Vec<u8>>, StoreError> {
         let Some(shard) = &self.shard else {
             return store.get(key).await;
@@ -551,7 +551,10 @@ impl ZarrArray {
         let entries = shard.decode_index(&encoded_index).map_err(corrupt)?;
         let mut wanted = Vec::new();
         let mut ranges = Vec::new();
-        for i in shard.touched(subset) {
+        let mut touched: Vec<usize> = parts.iter().flat_map(|p| shard.touched(p)).collect();
+        touched.sort_unstable();
+        touched.dedup();
+        for i in touched {
             let (offset, n) = entries[i];
             if offset == u64::MAX && n == u64::MAX {
                 continue; // never written: the fill value
@@ -592,15 +595,17 @@ impl ZarrArray {
         self.shard.is_some()
     }
 
-    /// The most bytes [`ZarrArray::read_chunk_part`] reads of one stored chunk for `subset`
-    /// (one chunk-local range per axis): the index, and the inner chunks the subset touches at
-    /// their decoded size (what their encoded bytes rarely exceed). `None` when parts are
+    /// The most bytes [`ZarrArray::read_chunk_part`] reads of one stored chunk for `parts`
+    /// (each one chunk-local range per axis): the index, and the inner chunks the parts touch
+    /// at their decoded size (what their encoded bytes rarely exceed). `None` when parts are
     /// read whole.
-    pub fn chunk_part_bytes(&self, subset: &[std::ops::Range<u64>]) -> Option<u64> {
+    pub fn chunk_part_bytes(&self, parts: &[Vec<std::ops::Range<u64>>]) -> Option<u64> {
         let shard = self.shard.as_ref()?;
-        let data = shard
-            .touched_span(subset)
-            .saturating_mul(self.dtype.size_bytes() as u64);
+        let elements = parts
+            .iter()
+            .map(|p| shard.touched_span(p))
+            .fold(0u64, u64::saturating_add);
+        let data = elements.saturating_mul(self.dtype.size_bytes() as u64);
         Some(data.saturating_add(shard.index_len()))
     }
 

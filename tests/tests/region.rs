@@ -563,3 +563,74 @@ fn the_memory_need_of_a_cropped_sharded_view_counts_its_part_reads_not_whole_sha
     let s = pass.stats();
     assert!(s.bytes_read <= s.tiles_read * per_read / 2, "{s:?}");
 }
+
+#[test]
+fn a_wrapping_region_of_a_shard_reads_only_the_inner_chunks_at_its_two_ends() {
+    // 16 samples of 40 x 64 float32 in shards of 4 samples holding inner chunks of 1 x 10 x 16
+    // (4 x 4 per field). Rows 10..20 and columns 56..64 then 0..8 (across the seam) touch inner
+    // chunks (1, 3) and (1, 0) of each sample: the two in between are not read.
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.zarr");
+    let spec = insitubatch::synth::SynthSpec {
+        samples: 16,
+        grid: (40, 64),
+        sample_chunk: 1,
+        inner_chunks: Some((10, 16)),
+        shard_samples: Some(4),
+        variables: vec!["t".into()],
+        ..Default::default()
+    };
+    insitubatch::synth::make_dataset(&store, &spec, false, &|_, _| {}).unwrap();
+    let region = [(10, 20), (-8, 8)];
+    let build = |b: insitubatch::DatasetBuilder| {
+        b.batch_size(4)
+            .shuffle(false)
+            .max_inflight(2)
+            .build()
+            .unwrap()
+    };
+    let cropped =
+        build(InSituDataset::builder(&store).cropped_window_wrapping("t", "t", 0, &region));
+    let whole = build(InSituDataset::builder(&store).variable("t", "t"));
+    // Every sample is the whole field's rows 10..20, columns 56..64 then 0..8.
+    let (mut a, mut b) = (cropped.train().unwrap(), whole.train().unwrap());
+    let mut rows = 0;
+    while let (Some(x), Some(y)) = (a.next(), b.next()) {
+        let (x, y) = (x.unwrap(), y.unwrap());
+        assert_eq!(x.sample_indices(), y.sample_indices());
+        let (x, y) = (x.array("t").unwrap(), y.array("t").unwrap());
+        assert_eq!(&x.shape()[1..], &[10, 16]);
+        let (x, y) = (x.values::<f32>().unwrap(), y.values::<f32>().unwrap());
+        for r in 0..x.len() / 160 {
+            for i in 0..10 {
+                for j in 0..16 {
+                    let col = (56 + j) % 64;
+                    assert_eq!(x[r * 160 + i * 16 + j], y[r * 2560 + (10 + i) * 64 + col]);
+                }
+            }
+            rows += 1;
+        }
+    }
+    assert_eq!(rows, 16);
+    // Bytes read: each shard's index and the two touched inner chunks of its 4 samples.
+    let index_len = 64 * 16 + 4;
+    let mut expect = 0;
+    for s in 0..4 {
+        let shard = std::fs::read(store.join(format!("t/c/{s}/0/0"))).unwrap();
+        expect += index_len;
+        for k in 0..4 {
+            for c in [0, 3] {
+                expect += inner_chunk_bytes(&shard, 64, k * 16 + 4 + c).len();
+            }
+        }
+    }
+    assert_eq!(a.stats().bytes_read, expect as u64, "{:?}", a.stats());
+    // The memory need counts those two inner chunks per sample, not the four between the ends.
+    let need = cropped.memory_need("train").unwrap();
+    let whole_need = whole.memory_need("train").unwrap();
+    let buffers = whole_need.reads / (4 * 40 * 64 * 4);
+    assert_eq!(
+        need.reads,
+        buffers * 2 * (2 * 4 * 10 * 16 * 4 + index_len as u64)
+    );
+}
