@@ -37,6 +37,9 @@ pub const DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR: usize = 16;
 /// Default batches assembled ahead of the consumer.
 pub const DEFAULT_PREFETCH_DEPTH: usize = 2;
 
+/// The splits a pass can iterate.
+const SPLITS: [&str; 4] = ["train", "val", "test", "all"];
+
 /// A view's field region, as the builder was given it.
 enum Crop {
     /// [`ArrayGeometry::crop`].
@@ -84,7 +87,8 @@ pub struct DatasetBuilder {
     cache_fail_writes_after: Option<u64>,
     shard: Shard,
     even_train: bool,
-    drop_last: bool,
+    /// The splits whose epochs leave out a short last batch.
+    drop_last: Vec<String>,
     storage_options: Vec<(String, String)>,
     chunk_transforms: ChunkTransforms,
     /// The first bad `chunk_transforms_json`, reported by `build`.
@@ -405,9 +409,22 @@ impl DatasetBuilder {
     /// (`torch.compile`, JAX `jit`, XLA) wants, and an epoch is ⌊samples / batch_size⌋
     /// batches. The rows left out are the last of the epoch's order, so which they are
     /// changes every shuffled epoch; chunks that only they draw from are not read. A split
-    /// with fewer samples than `batch_size` is then an error when iterated.
+    /// with fewer samples than `batch_size` is then an error when iterated. For some splits
+    /// only (static shapes for training, every sample for validation), see
+    /// [`DatasetBuilder::drop_last_splits`].
     pub fn drop_last(mut self, yes: bool) -> Self {
-        self.drop_last = yes;
+        self.drop_last = match yes {
+            true => SPLITS.iter().map(|s| s.to_string()).collect(),
+            false => Vec::new(),
+        };
+        self
+    }
+
+    /// [`DatasetBuilder::drop_last`] for the named splits only (`"train"`, `"val"`, `"test"`,
+    /// `"all"`), the others keeping their short last batch: train a compiled model on full
+    /// batches and still validate on every sample. An unknown name is an error at `build`.
+    pub fn drop_last_splits<S: AsRef<str>>(mut self, splits: &[S]) -> Self {
+        self.drop_last = splits.iter().map(|s| s.as_ref().to_string()).collect();
         self
     }
 
@@ -466,6 +483,17 @@ impl DatasetBuilder {
 
     /// Opens the store, resolves the variables and validates everything.
     pub fn build(self) -> Result<InSituDataset, EngineError> {
+        if let Some(bad) = self
+            .drop_last
+            .iter()
+            .find(|s| !SPLITS.contains(&s.as_str()))
+        {
+            return Err(EngineError::arg(
+                "drop_last",
+                bad,
+                "is not a split; name some of train, val, test and all",
+            ));
+        }
         self.check_knobs()?;
         crate::allocator::fit_to_address_space();
         let store = AnyStore::open(&self.root, &self.storage_options)?;
@@ -769,7 +797,7 @@ pub struct InSituDataset {
     panic_on_tile: Option<u64>,
     shard: Shard,
     even_train: bool,
-    drop_last: bool,
+    drop_last: Vec<String>,
     epoch: AtomicU64,
     warnings: Mutex<Vec<String>>,
 }
@@ -814,7 +842,7 @@ impl InSituDataset {
             cache_fail_writes_after: None,
             shard: Shard::WHOLE,
             even_train: true,
-            drop_last: false,
+            drop_last: Vec::new(),
             storage_options: Vec::new(),
             chunk_transforms: ChunkTransforms::default(),
             chunk_transforms_error: None,
@@ -943,7 +971,7 @@ impl InSituDataset {
     /// This rank's chunks of `split` and the configuration of a pass over them.
     fn plan_split(&self, split: &str) -> Result<(Vec<u64>, PassConfig), EngineError> {
         let (chunks, mut config) = self.plan_share(split)?;
-        if !self.drop_last {
+        if !self.drop_last.iter().any(|s| s == split) {
             return Ok((chunks, config));
         }
         // Whole batches only: the order stops at the last multiple of batch_size it reaches.

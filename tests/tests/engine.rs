@@ -1134,6 +1134,54 @@ fn drop_last_yields_only_full_batches_the_first_ones_of_the_whole_epoch() {
 }
 
 #[test]
+fn drop_last_for_named_splits_leaves_the_others_whole() {
+    // 12 samples in 3 chunks of 4, split 0.5 / 0.5 (train 2 chunks, val 1), batches of 3: train drops
+    // its short last batch, val keeps its own, and so does all.
+    let f = fixture("era5_v3", "t2m");
+    let g = insitubatch::geometries(&f.store, None, 0).unwrap()["t2m"].clone();
+    let manifest = insitubatch::split_by_chunk(&g, &[0.5, 0.5], 0, true, None).unwrap();
+    let build = |b: insitubatch::DatasetBuilder| {
+        b.variable("x", "t2m")
+            .manifest(manifest.clone())
+            .batch_size(3)
+            .block_chunks(1)
+            .build()
+    };
+    let ds = build(InSituDataset::builder(&f.store).drop_last_splits(&["train"])).unwrap();
+    let whole = build(InSituDataset::builder(&f.store)).unwrap();
+    for split in ["train", "val", "all"] {
+        let sizes: Vec<usize> = ds.iter(split).unwrap().map(|b| b.unwrap().len()).collect();
+        let full: Vec<usize> = whole
+            .iter(split)
+            .unwrap()
+            .map(|b| b.unwrap().len())
+            .collect();
+        if split == "train" {
+            assert_eq!(sizes, vec![3, 3], "train drops its short batch");
+            assert_eq!(ds.split_batches(split).unwrap(), 2);
+        } else {
+            assert_eq!(sizes, full, "{split} keeps every sample");
+            assert_eq!(
+                sizes.iter().sum::<usize>() as u64,
+                whole.split_samples(split).unwrap()
+            );
+            assert_eq!(ds.split_batches(split).unwrap(), full.len() as u64);
+        }
+        if split != "all" {
+            assert!(
+                full.last().is_some_and(|&n| n < 3),
+                "{split} has a short batch: {full:?}"
+            );
+        }
+    }
+    // A name that is not a split is refused at build, naming the argument.
+    let e = build(InSituDataset::builder(&f.store).drop_last_splits(&["training"]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`drop_last`") && e.contains("training"), "{e}");
+}
+
+#[test]
 fn a_pass_resumed_at_a_batch_yields_the_rest_of_the_epoch_and_reads_only_its_chunks() {
     // Shuffled, with a window, blocks of two chunks and a short last batch.
     let f = fixture("era5_v3", "t2m");

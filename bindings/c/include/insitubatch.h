@@ -406,7 +406,8 @@ IsbStatus isb_split_by_chunk(const char *store,
  `world_size` (default 0 and 1; each rank reads its share of every split, and `train` is
  evened out so every rank takes the same number of steps unless `even_train` is false),
  `drop_last` (default false: leave out an epoch's last batch when it would be short, so
- every batch has `batch_size` rows; a split smaller than one batch is then an error),
+ every batch has `batch_size` rows; a split smaller than one batch is then an error; `true`
+ for every split, or (ABI 9) a list of split names such as `["train"]`),
  `storage_options` (object-store configuration by key) and `chunk_transforms` (a list of
  built-in transforms such as `{"type": "affine", "offset": -273.15, "applies": ["t2m"]}`).
  An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.

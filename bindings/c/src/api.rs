@@ -297,7 +297,9 @@ struct DatasetConfig {
     rank: Option<usize>,
     world_size: Option<usize>,
     even_train: Option<bool>,
-    drop_last: Option<bool>,
+    /// `true`/`false` for every split, or a list of split names.
+    #[serde(default)]
+    drop_last: Option<serde_json::Value>,
     /// Object-store options (strings, numbers or booleans by key); checked by `storage_options`.
     #[serde(default)]
     storage_options: serde_json::Map<String, serde_json::Value>,
@@ -435,9 +437,31 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
     if c.rank.is_some() || c.world_size.is_some() {
         b = b.shard(c.rank.unwrap_or(0), c.world_size.unwrap_or(1));
     }
-    b = b
-        .even_train(c.even_train.unwrap_or(true))
-        .drop_last(c.drop_last.unwrap_or(false));
+    b = b.even_train(c.even_train.unwrap_or(true));
+    b = match c.drop_last {
+        None | Some(serde_json::Value::Bool(false)) => b,
+        Some(serde_json::Value::Bool(true)) => b.drop_last(true),
+        Some(serde_json::Value::Array(list)) => {
+            let names: Option<Vec<&str>> = list.iter().map(|n| n.as_str()).collect();
+            let Some(names) = names else {
+                return Err(insitubatch::EngineError::arg(
+                    "drop_last",
+                    serde_json::Value::Array(list.clone()),
+                    "a list of drop_last holds split names (strings)",
+                )
+                .into());
+            };
+            b.drop_last_splits(&names)
+        }
+        Some(other) => {
+            return Err(insitubatch::EngineError::arg(
+                "drop_last",
+                other,
+                "is true, false or a list of split names such as [\"train\"]",
+            )
+            .into());
+        }
+    };
     for (k, v) in storage_options(c.storage_options)? {
         b = b.storage_option(k, v);
     }
@@ -484,7 +508,8 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// `world_size` (default 0 and 1; each rank reads its share of every split, and `train` is
 /// evened out so every rank takes the same number of steps unless `even_train` is false),
 /// `drop_last` (default false: leave out an epoch's last batch when it would be short, so
-/// every batch has `batch_size` rows; a split smaller than one batch is then an error),
+/// every batch has `batch_size` rows; a split smaller than one batch is then an error; `true`
+/// for every split, or (ABI 9) a list of split names such as `["train"]`),
 /// `storage_options` (object-store configuration by key) and `chunk_transforms` (a list of
 /// built-in transforms such as `{"type": "affine", "offset": -273.15, "applies": ["t2m"]}`).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.

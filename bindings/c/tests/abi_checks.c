@@ -73,6 +73,20 @@ int main(int argc, char **argv) {
     }
     isb_dataset_free(ds);
     ds = NULL;
+    /* drop_last for named splits only (ABI 9): a name that is no split, a list of non-strings. */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 1000, \"drop_last\": [\"val\"]}", store);
+    CHECK("drop_last for val only", isb_dataset_open(config, &ds, &err), ISB_OK, NULL);
+    {
+        IsbIter *whole = NULL;
+        CHECK("train keeps its short batch", isb_iter_start(ds, "train", &whole, &err), ISB_OK, NULL);
+        isb_iter_free(whole);
+    }
+    isb_dataset_free(ds);
+    ds = NULL;
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"drop_last\": [\"training\"]}", store);
+    CHECK("drop_last names no split", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "training");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"drop_last\": 1}", store);
+    CHECK("drop_last not a bool or list", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "drop_last");
     /* A cropped view: one [start, end) per field axis; only its region is read and held. */
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [{\"label\": \"t\", \"path\": \"t2m\", \"region\": [[0, 9], [3, 3]]}]}", store);
     CHECK("empty region", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "`t2m`");

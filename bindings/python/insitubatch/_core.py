@@ -682,6 +682,8 @@ class InSituDataset:
     `drop_last=True` leaves out each epoch's last batch when it would be short, so every batch
     has `batch_size` rows (static shapes for `torch.compile` or `jax.jit`); `len(view)` is then
     ⌊samples / batch_size⌋, and a split with fewer samples than one batch raises when iterated.
+    A list of split names (`drop_last=["train"]`) does that for those splits only: train on
+    full batches, validate on every sample.
 
     `chunk_transforms` (built-ins from `insitubatch.transforms`, scoped with `applies`) run in
     the Rust decoder on every decoded chunk and are cached with it; `batch_transforms` (Python
@@ -716,7 +718,7 @@ class InSituDataset:
         rank: int = 0,
         world_size: int = 1,
         even_train: bool = True,
-        drop_last: bool = False,
+        drop_last: bool | Sequence[str] = False,
         storage_options: Mapping[str, Any] | None = None,
     ):
         self._handle = None
@@ -730,10 +732,21 @@ class InSituDataset:
             "rank": _check_int("rank", rank, minimum=0),
             "world_size": _check_int("world_size", world_size),
         }
-        for name, flag in (("shuffle", shuffle), ("even_train", even_train), ("drop_last", drop_last)):
+        for name, flag in (("shuffle", shuffle), ("even_train", even_train)):
             if not isinstance(flag, bool):
                 raise TypeError(f"`{name}` must be a bool, not {type(flag).__name__}")
             config[name] = flag
+        if isinstance(drop_last, bool):
+            config["drop_last"] = drop_last
+        elif isinstance(drop_last, (list, tuple, set, frozenset)) and all(
+            isinstance(s, str) for s in drop_last
+        ):
+            config["drop_last"] = sorted(drop_last)
+        else:
+            raise TypeError(
+                "`drop_last` must be a bool or a list of split names such as ['train'], not "
+                f"{drop_last!r}"
+            )
         if on_bad_chunk not in ("raise", "nan"):
             raise errors.InvalidArgument(
                 f"invalid argument `on_bad_chunk` = {on_bad_chunk!r}: use 'raise' or 'nan'"

@@ -299,11 +299,23 @@ def test_drop_last_yields_full_batches_the_whole_epochs_first_and_reads_only_the
             # One sample per chunk of `raw`: the left-out rows' chunks are not read.
             s = ds.stats()
             assert s["cache_hits"] + s["cache_misses"] == n // 7 * 7
-    with pytest.raises(TypeError, match="`drop_last` must be a bool"):
+    with pytest.raises(TypeError, match="`drop_last` must be a bool or a list of split names"):
         isb.InSituDataset(store, None, g, drop_last=1)
+    with pytest.raises(TypeError, match="`drop_last` must be a bool or a list of split names"):
+        isb.InSituDataset(store, None, g, drop_last=["train", 1])
     with isb.InSituDataset(store, None, g, batch_size=10**6, drop_last=True) as ds, \
             pytest.raises(isb.InvalidArgument, match="`drop_last`.*fewer than batch_size"):
         iter(ds.train)
+    # For train only: full training batches, every validation sample.
+    thirds = isb.split_by_chunk(g["raw"], (0.5, 0.5, 0.0))
+    with isb.InSituDataset(store, thirds, g, drop_last=["train"], **kw) as ds, \
+            isb.InSituDataset(store, thirds, g, **kw) as whole:
+        assert [len(b) for b in ds.train] == [7] * (whole.train.n_samples // 7)
+        val = [b.sample_indices.tolist() for b in ds.val]
+        assert val == [b.sample_indices.tolist() for b in whole.val]
+        assert sum(map(len, val)) == whole.val.n_samples and len(val[-1]) < 7
+    with pytest.raises(isb.InvalidArgument, match="`drop_last`.*training"):
+        isb.InSituDataset(store, thirds, g, drop_last=("training",))
 
 
 def test_arrays_alias_rust_memory_and_outlive_everything_in_any_drop_order(fixtures):
