@@ -138,12 +138,20 @@ async fn fetch<S: Store>(
     // sharding layout allows; anything else is read whole, into a recycled buffer (its pages
     // are already faulted in, and the last one returned is the likeliest to be in the cache).
     let array = &shared.arrays[job.path];
+    // Either way: the bytes to decode, and how many were fetched from the store.
     let whole_or_part = async {
         match &job.part {
             Some(part) if array.reads_chunk_parts() => {
                 array.read_chunk_part(&*ctx.store, &job.key, part).await
             }
-            _ => ctx.store.get_into(&job.key, ctx.read_buffers.take()).await,
+            _ => {
+                let whole = ctx
+                    .store
+                    .get_into(&job.key, ctx.read_buffers.take())
+                    .await?;
+                let n = whole.as_ref().map_or(0, |b| b.len() as u64);
+                Ok((whole, n))
+            }
         }
     };
     let read = {
@@ -167,12 +175,9 @@ async fn fetch<S: Store>(
         return job.cancel();
     };
     match result {
-        Ok(bytes) => {
+        Ok((bytes, fetched)) => {
             Counters::add(&shared.counters.tiles_read, 1);
-            Counters::add(
-                &shared.counters.bytes_read,
-                bytes.as_ref().map_or(0, |b| b.len() as u64),
-            );
+            Counters::add(&shared.counters.bytes_read, fetched);
             if waited {
                 Counters::add(&shared.counters.tiles_read_waited, 1);
                 // If the decoder is gone the job is dropped unfinished, which fails the pass.

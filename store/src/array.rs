@@ -513,42 +513,34 @@ impl ZarrArray {
     /// stored chunk with store key `key` needs: on a sharded array, its index and the inner
     /// chunks the parts touch (each once), as a compact shard (see `shard.rs`) that
     /// [`ZarrArray::decode_chunk_subset`] decodes like the whole one, part by part; otherwise
-    /// the whole chunk. `None` when the key does not exist.
+    /// the whole chunk. `None` when the key does not exist. Also returns the bytes fetched from
+    /// the store: a shard's index is read once and kept for the array's later reads of that
+    /// shard (up to a bound), so a later part costs its inner chunks only.
     pub async fn read_chunk_part<S: Store>(
         &self,
         store: &S,
         key: &str,
         parts: &[Vec<std::ops::Range<u64>>],
-    ) -> Result<Option<Vec<u8>>, StoreError> {
+    ) -> Result<(Option<Vec<u8>>, u64), StoreError> {
         let Some(shard) = &self.shard else {
-            return store.get(key).await;
+            let whole = store.get(key).await?;
+            let n = whole.as_ref().map_or(0, |b| b.len() as u64);
+            return Ok((whole, n));
         };
-        let corrupt = |message: String| StoreError::CorruptChunk {
-            array: self.label().to_string(),
-            key: key.to_string(),
-            path: store.locate(key),
-            message: format!("the shard {message}"),
-        };
-        let index_len = shard.index_len();
-        let (encoded_index, len) = if shard.index_at_end() {
-            match store.get_suffix(key, index_len).await? {
-                Some(got) => got,
-                None => return Ok(None),
-            }
-        } else {
-            let head = 0..index_len;
-            match store.get_ranges(key, std::slice::from_ref(&head)).await? {
-                Some(mut parts) => (parts.pop().unwrap_or_default(), u64::MAX),
-                None => return Ok(None),
+        let corrupt = |message: String| self.shard_corrupt(store, key, message);
+        let mut fetched = 0;
+        let index = match shard.cached_index(key) {
+            Some(index) => index,
+            None => {
+                let Some(index) = self.read_shard_index(store, key, shard).await? else {
+                    return Ok((None, 0));
+                };
+                fetched += shard.index_len();
+                shard.keep_index(key, Arc::clone(&index));
+                index
             }
         };
-        if (encoded_index.len() as u64) < index_len {
-            return Err(corrupt(format!(
-                "is {} bytes, shorter than its {index_len}-byte index",
-                encoded_index.len()
-            )));
-        }
-        let entries = shard.decode_index(&encoded_index).map_err(corrupt)?;
+        let (entries, len) = (&index.0, index.1);
         let mut wanted = Vec::new();
         let mut ranges = Vec::new();
         let mut touched: Vec<usize> = parts.iter().flat_map(|p| shard.touched(p)).collect();
@@ -572,9 +564,10 @@ impl ZarrArray {
         } else {
             match store.get_ranges(key, &ranges).await? {
                 Some(parts) => parts,
-                None => return Ok(None),
+                None => return Ok((None, fetched)),
             }
         };
+        fetched += parts.iter().map(|p| p.len() as u64).sum::<u64>();
         for (part, range) in parts.iter().zip(&ranges) {
             if part.len() as u64 != range.end - range.start {
                 return Err(corrupt(format!(
@@ -583,10 +576,53 @@ impl ZarrArray {
                 )));
             }
         }
-        shard
+        let compact = shard
             .compact(wanted.into_iter().zip(parts).collect())
-            .map(Some)
-            .map_err(corrupt)
+            .map_err(corrupt)?;
+        Ok((Some(compact), fetched))
+    }
+
+    /// Reads and decodes the index of the shard at `key` (`None`: the key does not exist).
+    async fn read_shard_index<S: Store>(
+        &self,
+        store: &S,
+        key: &str,
+        shard: &crate::shard::ShardLayout,
+    ) -> Result<Option<crate::shard::ShardIndex>, StoreError> {
+        let index_len = shard.index_len();
+        let (encoded_index, len) = if shard.index_at_end() {
+            match store.get_suffix(key, index_len).await? {
+                Some(got) => got,
+                None => return Ok(None),
+            }
+        } else {
+            let head = 0..index_len;
+            match store.get_ranges(key, std::slice::from_ref(&head)).await? {
+                Some(mut parts) => (parts.pop().unwrap_or_default(), u64::MAX),
+                None => return Ok(None),
+            }
+        };
+        if (encoded_index.len() as u64) < index_len {
+            let message = format!(
+                "is {} bytes, shorter than its {index_len}-byte index",
+                encoded_index.len()
+            );
+            return Err(self.shard_corrupt(store, key, message));
+        }
+        let entries = shard
+            .decode_index(&encoded_index)
+            .map_err(|m| self.shard_corrupt(store, key, m))?;
+        Ok(Some(Arc::new((entries, len))))
+    }
+
+    /// A shard that does not hold together, named by key and file.
+    fn shard_corrupt<S: Store>(&self, store: &S, key: &str, message: String) -> StoreError {
+        StoreError::CorruptChunk {
+            array: self.label().to_string(),
+            key: key.to_string(),
+            path: store.locate(key),
+            message: format!("the shard {message}"),
+        }
     }
 
     /// True when [`ZarrArray::read_chunk_part`] reads less than the whole chunk (a sharded

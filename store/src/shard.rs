@@ -8,9 +8,10 @@
 //! and to mark every other inner chunk absent. zarrs' sharding codec decodes that like any
 //! shard, so decoding stays zarrs'; only the IO is ours.
 
+use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU64;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use zarrs::array::codec::api::{ArrayToBytesCodecTraits, CodecMetadataOptions, CodecOptions};
 use zarrs::array::codec::{
@@ -31,6 +32,50 @@ pub(crate) struct ShardLayout {
     index_len: u64,
     at_end: bool,
     options: CodecOptions,
+    /// Shard indexes decoded so far, by store key.
+    indexes: Mutex<IndexCache>,
+}
+
+/// A decoded shard index and the shard's length (`u64::MAX` when the index is at the start,
+/// where reading it does not tell the length).
+pub(crate) type ShardIndex = Arc<(Vec<(u64, u64)>, u64)>;
+
+/// Decoded shard indexes kept for the next read of the same shard (the next epoch's): a part
+/// read then costs one request, not two. Bounded by [`INDEX_CACHE_BYTES`], oldest out first. A
+/// dataset assumes its store does not change while it is open, as its pool's hits do.
+#[derive(Debug, Default)]
+struct IndexCache {
+    map: HashMap<String, ShardIndex>,
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+/// The most bytes of decoded shard indexes one array keeps: 4 MiB, 2,048 indexes of 128 inner
+/// chunks each (a shard an epoch reads more of than fit is read with its index every time).
+pub(crate) const INDEX_CACHE_BYTES: usize = 4 << 20;
+
+impl IndexCache {
+    fn cost(key: &str, index: &ShardIndex) -> usize {
+        key.len() + index.0.len() * 16 + 64
+    }
+
+    fn insert(&mut self, key: &str, index: ShardIndex) {
+        let cost = Self::cost(key, &index);
+        if cost > INDEX_CACHE_BYTES || self.map.contains_key(key) {
+            return;
+        }
+        while self.bytes + cost > INDEX_CACHE_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(gone) = self.map.remove(&old) {
+                self.bytes -= Self::cost(&old, &gone);
+            }
+        }
+        self.bytes += cost;
+        self.order.push_back(key.to_string());
+        self.map.insert(key.to_string(), index);
+    }
 }
 
 /// An inner chunk's entry in a decoded index: where its bytes are, or absent.
@@ -73,7 +118,20 @@ impl ShardLayout {
             index_len,
             at_end: matches!(c.index_location, ShardingIndexLocation::End),
             options: CodecOptions::default(),
+            indexes: Mutex::default(),
         })
+    }
+
+    /// The decoded index of the shard at `key`, if an earlier read kept it.
+    pub(crate) fn cached_index(&self, key: &str) -> Option<ShardIndex> {
+        let cache = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+        cache.map.get(key).cloned()
+    }
+
+    /// Keeps the decoded index of the shard at `key` for later reads.
+    pub(crate) fn keep_index(&self, key: &str, index: ShardIndex) {
+        let mut cache = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+        cache.insert(key, index);
     }
 
     /// Bytes of the encoded index.
@@ -207,4 +265,40 @@ fn index_shape(grid: &[u64]) -> Option<Vec<NonZeroU64>> {
 
 fn uint64() -> zarrs::array::DataType {
     zarrs::array::data_type::uint64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_index_cache_keeps_its_bound_and_lets_the_oldest_go_first() {
+        let mut cache = IndexCache::default();
+        // 128 inner chunks: 2 KiB of entries each.
+        let index = || Arc::new((vec![(0u64, 1u64); 128], 1 << 20));
+        let n = INDEX_CACHE_BYTES / IndexCache::cost("c/0/0/0", &index()) + 10;
+        for i in 0..n {
+            cache.insert(&format!("c/{i}/0/0"), index());
+            assert!(cache.bytes <= INDEX_CACHE_BYTES);
+            assert_eq!(cache.map.len(), cache.order.len());
+        }
+        assert!(!cache.map.contains_key("c/0/0/0"), "the oldest went first");
+        assert!(cache.map.contains_key(&format!("c/{}/0/0", n - 1)));
+        // Full to within one index: nothing was let go that fitted.
+        let kept = cache.map.len();
+        let one = IndexCache::cost(&format!("c/{}/0/0", n - 1), &index());
+        assert!(
+            cache.bytes + one > INDEX_CACHE_BYTES && kept < n,
+            "{kept} of {n}"
+        );
+        // An index larger than the whole bound is not kept, and evicts nothing.
+        cache.insert(
+            "huge",
+            Arc::new((vec![(0, 0); INDEX_CACHE_BYTES / 16 + 1], 0)),
+        );
+        assert_eq!(
+            (cache.map.len(), cache.map.contains_key("huge")),
+            (kept, false)
+        );
+    }
 }

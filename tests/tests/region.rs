@@ -625,6 +625,38 @@ fn a_wrapping_region_of_a_shard_reads_only_the_inner_chunks_at_its_two_ends() {
         }
     }
     assert_eq!(a.stats().bytes_read, expect as u64, "{:?}", a.stats());
+    drop((a, b));
+    // The next pass that reads them again (the pool emptied) has the shards' indexes already:
+    // it fetches the inner chunks alone, one request per shard, and delivers the same values.
+    let first: Vec<Vec<f32>> = cropped
+        .train()
+        .unwrap()
+        .map(|b| {
+            b.unwrap()
+                .array("t")
+                .unwrap()
+                .values::<f32>()
+                .unwrap()
+                .to_vec()
+        })
+        .collect();
+    cropped.clear_cache();
+    let mut again = cropped.train().unwrap();
+    let second: Vec<Vec<f32>> = again
+        .by_ref()
+        .map(|b| {
+            b.unwrap()
+                .array("t")
+                .unwrap()
+                .values::<f32>()
+                .unwrap()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(first, second);
+    let s = again.stats();
+    assert_eq!(s.tiles_read, 4, "{s:?}");
+    assert_eq!(s.bytes_read, (expect - 4 * index_len) as u64, "{s:?}");
     // The memory need counts those two inner chunks per sample, not the four between the ends.
     let need = cropped.memory_need("train").unwrap();
     let whole_need = whole.memory_need("train").unwrap();
