@@ -332,6 +332,17 @@ impl DatasetBuilder {
                 hint,
             });
         }
+        if let Some(bad) = self
+            .drop_last
+            .iter()
+            .find(|s| !SPLITS.contains(&s.as_str()))
+        {
+            return Err(EngineError::arg(
+                "drop_last",
+                bad,
+                "is not a split; name some of train, val, test and all",
+            ));
+        }
         let Shard { rank, world_size } = self.shard;
         if world_size == 0 {
             return Err(EngineError::arg(
@@ -483,17 +494,6 @@ impl DatasetBuilder {
 
     /// Opens the store, resolves the variables and validates everything.
     pub fn build(self) -> Result<InSituDataset, EngineError> {
-        if let Some(bad) = self
-            .drop_last
-            .iter()
-            .find(|s| !SPLITS.contains(&s.as_str()))
-        {
-            return Err(EngineError::arg(
-                "drop_last",
-                bad,
-                "is not a split; name some of train, val, test and all",
-            ));
-        }
         self.check_knobs()?;
         crate::allocator::fit_to_address_space();
         let store = AnyStore::open(&self.root, &self.storage_options)?;

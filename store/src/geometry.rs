@@ -194,7 +194,7 @@ impl ArrayGeometry {
                     pieces.push((0, hi - n, n - lo));
                 }
                 let mut tiles: Vec<AxisTile> = Vec::new();
-                for (first, end, at) in pieces {
+                for (k, (first, end, at)) in pieces.into_iter().enumerate() {
                     for t in first / c..end.div_ceil(c) {
                         let origin = t * c;
                         let (from, to) = (first.max(origin), end.min(origin + c));
@@ -202,9 +202,11 @@ impl ArrayGeometry {
                             within: from - origin..to - origin,
                             at: at + from - first,
                         };
-                        match tiles.iter_mut().find(|x| x.index == t) {
-                            Some(x) => x.stretches.push(stretch),
-                            None => tiles.push(AxisTile {
+                        // The wrapped piece can reach back into the chunk the range starts in
+                        // (no further: the range is no longer than the axis).
+                        match tiles.first_mut() {
+                            Some(x) if k == 1 && x.index == t => x.stretches.push(stretch),
+                            _ => tiles.push(AxisTile {
                                 index: t,
                                 stretches: vec![stretch],
                             }),
