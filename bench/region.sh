@@ -10,7 +10,7 @@
 # --block-chunks 4` (so that every epoch reads: the working set is a quarter of the split) over
 # the whole field and over REGION (default 72:220,0:160: 35-72N, 0-40E, which touches 2 of the 16
 # inner chunks), one after the other, and prints per run the best later epoch's samples/s, the
-# bytes read and decoded in the last epoch, and the peak RSS.
+# bytes read and decoded and the tiles read in the last epoch, and the peak RSS.
 set -euo pipefail
 dir=${1:?usage: bench/region.sh DIR [ROUNDS] [REGION]}
 rounds=${2:-3}
@@ -28,19 +28,7 @@ make() {
 }
 make "$dir/fat.zarr"
 make "$dir/fatshard.zarr" --shard-samples 8
-report() {
-    python3 -c '
-import json, sys
-v = json.load(sys.stdin)
-later = v["epochs"][1:]
-sps = max(e["samples_per_s"] for e in later)
-s = later[-1]["stats"]
-mib = 2**20
-print("%-9s %-12s %8.0f samples/s  read %7.1f MiB  decoded %7.1f MiB  peak RSS %6.1f MiB" % (
-    sys.argv[1], sys.argv[2], sps, s["bytes_read"] / mib, s["bytes_decoded"] / mib,
-    v["peak_rss_bytes"] / mib))
-' "$1" "$2"
-}
+report() { python3 "$(dirname "$0")/region_report.py" "$@"; }
 knobs=(--variables t2m,u10 --epochs 4 --block-chunks 4 --json)
 for r in $(seq "$rounds"); do
     echo "round $r"

@@ -8,24 +8,12 @@
 # Rows 72:220 (35-72N) and 160 columns: 280:440 (plain) against -80:80 --wrap (20W-20E on a
 # 0-360 grid: columns 1360..1440 then 0..80). Both touch 2 x 2 of the 16 inner chunks of a
 # field. `insitubatch bench --epochs 4 --block-chunks 4`; per run the best later epoch's
-# samples/s, the bytes and tiles read in the last epoch, and the peak RSS.
+# samples/s, the bytes read and decoded and the tiles read in the last epoch, and the peak RSS.
 set -euo pipefail
 dir=${1:?usage: bench/region_wrap.sh DIR [ROUNDS]}
 rounds=${2:-3}
 bin=${INSITUBATCH:-target/release/insitubatch}
-report() {
-    python3 -c '
-import json, sys
-v = json.load(sys.stdin)
-later = v["epochs"][1:]
-sps = max(e["samples_per_s"] for e in later)
-s = later[-1]["stats"]
-mib = 2**20
-print("%-9s %-14s %8.0f samples/s  read %7.1f MiB  tiles %6d  peak RSS %6.1f MiB" % (
-    sys.argv[1], sys.argv[2], sps, s["bytes_read"] / mib, s["tiles_read"],
-    v["peak_rss_bytes"] / mib))
-' "$1" "$2"
-}
+report() { python3 "$(dirname "$0")/region_report.py" "$@"; }
 knobs=(--variables t2m,u10 --epochs 4 --block-chunks 4 --json)
 for r in $(seq "$rounds"); do
     echo "round $r"

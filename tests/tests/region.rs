@@ -517,10 +517,9 @@ fn a_region_of_a_sharded_array_reads_only_the_inner_chunks_it_touches() {
     );
 }
 
-#[test]
-fn the_memory_need_of_a_cropped_sharded_view_counts_its_part_reads_not_whole_shards() {
-    // 16 samples of 40 x 64 float32 in shards of 4 samples holding inner chunks of 1 x 10 x 16
-    // (4 x 4 per field); rows 10..20 and columns 16..32 touch one inner chunk per sample.
+/// 16 samples of 40 x 64 float32 (variable `t`) in shards of 4 samples holding inner chunks of
+/// 1 x 10 x 16, so 4 x 4 inner chunks per field. The directory lives as long as the guard.
+fn sharded_16_samples() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("s.zarr");
     let spec = insitubatch::synth::SynthSpec {
@@ -533,6 +532,13 @@ fn the_memory_need_of_a_cropped_sharded_view_counts_its_part_reads_not_whole_sha
         ..Default::default()
     };
     insitubatch::synth::make_dataset(&store, &spec, false, &|_, _| {}).unwrap();
+    (dir, store)
+}
+
+#[test]
+fn the_memory_need_of_a_cropped_sharded_view_counts_its_part_reads_not_whole_shards() {
+    // Rows 10..20 and columns 16..32 touch one inner chunk per sample.
+    let (_dir, store) = sharded_16_samples();
     let need = |region: Option<&[(u64, u64)]>| {
         let b = InSituDataset::builder(&store).max_inflight(2);
         let b = match region {
@@ -566,21 +572,9 @@ fn the_memory_need_of_a_cropped_sharded_view_counts_its_part_reads_not_whole_sha
 
 #[test]
 fn a_wrapping_region_of_a_shard_reads_only_the_inner_chunks_at_its_two_ends() {
-    // 16 samples of 40 x 64 float32 in shards of 4 samples holding inner chunks of 1 x 10 x 16
-    // (4 x 4 per field). Rows 10..20 and columns 56..64 then 0..8 (across the seam) touch inner
-    // chunks (1, 3) and (1, 0) of each sample: the two in between are not read.
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("s.zarr");
-    let spec = insitubatch::synth::SynthSpec {
-        samples: 16,
-        grid: (40, 64),
-        sample_chunk: 1,
-        inner_chunks: Some((10, 16)),
-        shard_samples: Some(4),
-        variables: vec!["t".into()],
-        ..Default::default()
-    };
-    insitubatch::synth::make_dataset(&store, &spec, false, &|_, _| {}).unwrap();
+    // Rows 10..20 and columns 56..64 then 0..8 (across the seam) touch inner chunks (1, 3) and
+    // (1, 0) of each sample: the two in between are not read.
+    let (_dir, store) = sharded_16_samples();
     let region = [(10, 20), (-8, 8)];
     let build = |b: insitubatch::DatasetBuilder| {
         b.batch_size(4)

@@ -27,6 +27,17 @@ static void expect(const char *what, IsbStatus got, IsbStatus want, IsbError *er
         expect(what, got_, want, err, needle);     \
     } while (0)
 
+/* A view opened on rows 2..5 and 8 columns: its facts give that sample shape and `region`. */
+static void expect_view(const char *what, IsbDataset *ds, const char *region) {
+    char *facts = NULL;
+    CHECK(what, isb_dataset_stats_json(ds, &facts, &err), ISB_OK, NULL);
+    if (!facts || !strstr(facts, "\"sample_shape\":[3,8]") || !strstr(facts, region)) {
+        fprintf(stderr, "FAIL %s view: %s\n", what, facts ? facts : "(null)");
+        failures++;
+    }
+    isb_string_free(facts);
+}
+
 int main(int argc, char **argv) {
     if (argc != 4) return 2;
     const char *store = argv[1];
@@ -96,15 +107,7 @@ int main(int argc, char **argv) {
     CHECK("misspelt view key", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "regoin");
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [{\"label\": \"t\", \"path\": \"t2m\", \"region\": [[2, 5], [4, 12]]}]}", store);
     CHECK("a cropped view", isb_dataset_open(config, &ds, &err), ISB_OK, NULL);
-    {
-        char *facts = NULL;
-        CHECK("cropped view's facts", isb_dataset_stats_json(ds, &facts, &err), ISB_OK, NULL);
-        if (!facts || !strstr(facts, "\"sample_shape\":[3,8]") || !strstr(facts, "\"region\":[[2,5],[4,12]]")) {
-            fprintf(stderr, "FAIL cropped view: %s\n", facts ? facts : "(null)");
-            failures++;
-        }
-        isb_string_free(facts);
-    }
+    expect_view("cropped", ds, "\"region\":[[2,5],[4,12]]");
     isb_dataset_free(ds);
     ds = NULL;
     /* A range across the end of a periodic axis (ABI 9): a negative start with "wrap". */
@@ -114,15 +117,7 @@ int main(int argc, char **argv) {
     CHECK("past the axis without wrap", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "crop_wrapping");
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [{\"label\": \"t\", \"path\": \"t2m\", \"region\": [[2, 5], [-4, 4]], \"wrap\": true}]}", store);
     CHECK("a wrapping view", isb_dataset_open(config, &ds, &err), ISB_OK, NULL);
-    {
-        char *facts = NULL;
-        CHECK("wrapping view's facts", isb_dataset_stats_json(ds, &facts, &err), ISB_OK, NULL);
-        if (!facts || !strstr(facts, "\"sample_shape\":[3,8]") || !strstr(facts, "\"region\":[[2,5],[12,20]]")) {
-            fprintf(stderr, "FAIL wrapping view: %s\n", facts ? facts : "(null)");
-            failures++;
-        }
-        isb_string_free(facts);
-    }
+    expect_view("wrapping", ds, "\"region\":[[2,5],[12,20]]");
     isb_dataset_free(ds);
     ds = NULL;
     CHECK("unreadable scheme", isb_dataset_open("{\"store\": \"ftp://host/era5.zarr\"}", &ds, &err), ISB_INVALID_ARGUMENT, "ftp://");
