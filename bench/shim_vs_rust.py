@@ -3,11 +3,12 @@
     cargo build --release
     python3 bench/shim_vs_rust.py [DIR] [ROUNDS] [EPOCHS]
 
-The harness (`make bench-harness`) runs each engine once for two epochs, so its "steady" figure
-is one 0.2-second epoch per engine. This runs the two insitubatch engines the harness runs, on
-the stores it builds (512 samples of 181 x 360 float32, two variables, zstd-3, 1 and 8 samples
-per chunk), ROUNDS times (default 5), alternating, for EPOCHS epochs each (default 6), and prints
-the median and range of the later epochs' samples/s per engine and the shim's ratio to Rust.
+The harness (`make bench-harness`) runs each engine once, so its steady figure for either
+insitubatch engine rests on a few 0.2-second epochs. This runs the two insitubatch engines the way
+the harness runs them, on the stores it builds (512 samples of 181 x 360 float32, two variables,
+zstd-3, 1 and 8 samples per chunk), ROUNDS times (default 5), alternating, for EPOCHS epochs each
+(default 6), and prints the median and range of the later epochs' samples/s per engine and the
+shim's ratio to Rust.
 """
 import json
 import os
@@ -16,34 +17,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = ROOT / "target" / "release" / "insitubatch"
-ENGINES = ROOT / "bench-harness" / "engines.py"
-SHIM_ENV = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"),
-            "INSITUBATCH_LIB": str(ROOT / "target" / "release" / "libinsitubatch.so")}
-
-
-def store(directory: Path, spc: int) -> Path:
-    path = directory / f"era5_spc{spc}_512_181x360.zarr"
-    if not (path / "zarr.json").exists():
-        subprocess.run([BIN, "make-dataset", path, "--samples", "512", "--grid", "181x360",
-                        "--sample-chunk", str(spc), "--force"], check=True, capture_output=True)
-    for f in path.rglob("*"):  # warm the page cache
-        if f.is_file():
-            f.read_bytes()
-    return path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench-harness"))
+from run import BIN, ENGINES, make_store, rust_epochs, shim_env  # noqa: E402
 
 
 def rust(path: Path, epochs: int) -> list[float]:
     out = subprocess.run([BIN, "bench", path, "--epochs", str(epochs), "--json"],
                          check=True, capture_output=True, text=True).stdout
-    return [e["samples_per_s"] for e in json.loads(out)["epochs"][1:]]
+    return [e["samples_per_s"] for e in rust_epochs(out)[1:]]
 
 
 def shim(path: Path, epochs: int) -> list[float]:
     out = subprocess.run([sys.executable, ENGINES, "insitubatch-python", path,
                           "--epochs", str(epochs)], check=True, capture_output=True, text=True,
-                         env=SHIM_ENV).stdout
+                         env={**os.environ, **shim_env()}).stdout
     return [e["samples_per_s"] for e in json.loads(out)["epochs"][1:]]
 
 
@@ -53,7 +40,7 @@ def main() -> None:
     epochs = int(sys.argv[3]) if len(sys.argv) > 3 else 6
     directory.mkdir(parents=True, exist_ok=True)
     for spc in (1, 8):
-        path = store(directory, spc)
+        path = make_store(directory, spc, 512, "181x360")
         got = {"Rust": [], "shim": []}
         for _ in range(rounds):
             got["Rust"] += rust(path, epochs)
