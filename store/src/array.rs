@@ -46,6 +46,9 @@ pub struct ZarrArray {
     /// The codec chain chunks are decoded with: zarrs', with its zstd codec keeping a context
     /// per thread (`crate::zstd`).
     chain: Arc<CodecChain>,
+    /// The chain is zstd over bytes in this machine's order, decoded in place
+    /// (`crate::zstd::is_plain_zstd`).
+    in_place: bool,
     options: CodecOptions,
     /// How to read part of a shard (`None`: not sharded, or a layout we read whole).
     shard: Option<Arc<crate::shard::ShardLayout>>,
@@ -225,6 +228,7 @@ impl ZarrArray {
             inner_chunk_shape,
             dimension_names,
             codecs,
+            in_place: crate::zstd::is_plain_zstd(&chain),
             chain,
             options,
             shard,
@@ -389,6 +393,46 @@ impl ZarrArray {
         file: impl FnOnce() -> PathBuf,
     ) -> Result<DecodedChunk, StoreError> {
         self.decode_chunk_cow(index, encoded.map(Cow::Borrowed), file)
+    }
+
+    /// Decodes the stored chunk at `index` straight into `out`, which must be its decoded size
+    /// (`None`: the key is missing, the fill value). When the chunk is zstd frames of bytes in
+    /// this machine's order ([`ZarrArray::decodes_in_place`]) they are decompressed into `out`
+    /// with no buffer between; any other chain decodes into a buffer that is then copied.
+    pub fn decode_chunk_into(
+        &self,
+        index: &[u64],
+        encoded: Option<&[u8]>,
+        out: &mut [u8],
+        file: impl FnOnce() -> PathBuf,
+    ) -> Result<(), StoreError> {
+        self.check_index(index)?;
+        let size = self.chunk_bytes_decoded();
+        assert_eq!(
+            out.len() as u64,
+            size,
+            "decode_chunk_into needs a buffer of the chunk's decoded size"
+        );
+        let Some(encoded) = encoded else {
+            let fill = self.inner.fill_value().as_ne_bytes();
+            for element in out.chunks_exact_mut(fill.len().max(1)) {
+                element.copy_from_slice(fill);
+            }
+            return Ok(());
+        };
+        let decoded = if self.decodes_in_place() {
+            crate::zstd::decompress_into(encoded, out)
+        } else {
+            self.decode_bytes(Cow::Borrowed(encoded))
+                .map(|bytes| out.copy_from_slice(&bytes))
+        };
+        decoded.map_err(|message| self.corrupt(index, file(), message))
+    }
+
+    /// True when [`ZarrArray::decode_chunk_into`] decodes with no buffer between the encoded
+    /// bytes and its output (a chunk of zstd frames, nothing else).
+    pub fn decodes_in_place(&self) -> bool {
+        self.in_place
     }
 
     /// The part `subset` (one chunk-local half-open range per axis) of the stored chunk at

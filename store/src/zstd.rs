@@ -17,7 +17,10 @@ use zarrs::array::codec::api::{
     CodecOptions, CodecTraits, PartialDecoderCapability, PartialEncoderCapability,
     RecommendedConcurrency,
 };
-use zarrs::array::codec::{CodecChain, ShardingCodec, ShardingCodecConfiguration, ZstdCodec};
+use zarrs::array::codec::{
+    BytesCodec, BytesCodecConfiguration, CodecChain, ShardingCodec, ShardingCodecConfiguration,
+    ZstdCodec,
+};
 use zarrs::array::{ArrayBytesRaw, BytesRepresentation};
 use zarrs::metadata::Configuration;
 use zarrs::plugin::{ExtensionName, ZarrVersion};
@@ -81,26 +84,67 @@ fn resharded(codec: &Arc<dyn ArrayToBytesCodecTraits>) -> Option<Arc<dyn ArrayTo
     )))
 }
 
-/// Decompresses the frames of `encoded` into a buffer of `size` bytes with this thread's
-/// context: an error when they hold more, or are not zstd.
-fn decompress(encoded: &[u8], size: usize) -> Result<Vec<u8>, CodecError> {
+/// True when `chain` (after [`reuse_contexts`]) is a chunk's bytes in this machine's byte
+/// order under one zstd codec and nothing else: its decoded chunk is then the zstd frames'
+/// content byte for byte, and decompressing straight into the destination is the whole decode
+/// ([`decompress_into`]).
+pub(crate) fn is_plain_zstd(chain: &CodecChain) -> bool {
+    let bytes = chain.array_to_bytes_codec();
+    let native = bytes.as_any().is::<BytesCodec>()
+        && bytes
+            .configuration(ZarrVersion::V3, &CodecMetadataOptions::default())
+            .and_then(|c| c.to_typed::<BytesCodecConfiguration>().ok())
+            .is_some_and(|c| {
+                matches!(c, BytesCodecConfiguration::V1(c) if c.endian.is_none_or(|e| e.is_native()))
+            });
+    native
+        && chain.array_to_array_codecs().is_empty()
+        && matches!(chain.bytes_to_bytes_codecs(), [c] if c.as_any().is::<ZstdKeepingContext>())
+}
+
+/// Runs `f` with this thread's decompression context.
+fn with_context<T>(
+    f: impl FnOnce(&mut zstd::bulk::Decompressor<'static>) -> std::io::Result<T>,
+) -> std::io::Result<T> {
     CONTEXT.with(|cell| {
         let mut slot = cell.borrow_mut();
         let context = match slot.as_mut() {
             Some(c) => c,
             None => slot.insert(zstd::bulk::Decompressor::new()?),
         };
-        let mut out = Vec::with_capacity(size);
-        match context.decompress_to_buffer(encoded, &mut out) {
-            Ok(_) => Ok(out),
-            Err(e) => match zstd::zstd_safe::get_frame_content_size(encoded) {
-                Ok(Some(n)) if n > size as u64 => Err(CodecError::Other(format!(
-                    "its zstd frame holds {n} bytes, more than the {size} of a chunk"
-                ))),
-                _ => Err(e.into()),
-            },
-        }
+        f(context)
     })
+}
+
+/// Why frames that did not decompress into `size` bytes failed: they hold more, or are not
+/// zstd.
+fn too_large_or(encoded: &[u8], size: usize, e: std::io::Error) -> CodecError {
+    match zstd::zstd_safe::get_frame_content_size(encoded) {
+        Ok(Some(n)) if n > size as u64 => CodecError::Other(format!(
+            "its zstd frame holds {n} bytes, more than the {size} of a chunk"
+        )),
+        _ => e.into(),
+    }
+}
+
+/// Decompresses the frames of `encoded` into a buffer of `size` bytes with this thread's
+/// context: an error when they hold more, or are not zstd.
+fn decompress(encoded: &[u8], size: usize) -> Result<Vec<u8>, CodecError> {
+    let mut out = Vec::with_capacity(size);
+    with_context(|c| c.decompress_to_buffer(encoded, &mut out))
+        .map(|_| out)
+        .map_err(|e| too_large_or(encoded, size, e))
+}
+
+/// Decompresses the frames of `encoded` into `out` with this thread's context: an error unless
+/// they hold exactly `out.len()` bytes.
+pub(crate) fn decompress_into(encoded: &[u8], out: &mut [u8]) -> Result<(), String> {
+    let size = out.len();
+    match with_context(|c| c.decompress_to_buffer(encoded, out)) {
+        Ok(n) if n == size => Ok(()),
+        Ok(n) => Err(format!("decoded {n} bytes, expected {size}")),
+        Err(e) => Err(too_large_or(encoded, size, e).to_string()),
+    }
 }
 
 impl ExtensionName for ZstdKeepingContext {
@@ -300,5 +344,72 @@ mod tests {
                 "{codecs}"
             );
         }
+    }
+
+    #[test]
+    fn decoding_into_a_buffer_equals_decoding_whole_in_place_or_not() {
+        let sharded = format!(
+            r#"[{{"name":"sharding_indexed","configuration":{{"chunk_shape":[1,3000],
+            "codecs":{ZSTD},"index_codecs":[{{"name":"bytes","configuration":{{"endian":"little"}}}}],
+            "index_location":"end"}}}}]"#
+        );
+        let cases = [
+            (ZSTD.to_string(), true),
+            (
+                r#"[{"name":"bytes","configuration":{"endian":"big"}},{"name":"zstd","configuration":{"level":1,"checksum":false}}]"#.into(),
+                false,
+            ),
+            (
+                r#"[{"name":"transpose","configuration":{"order":[1,0]}},
+                {"name":"bytes","configuration":{"endian":"little"}},{"name":"zstd","configuration":{"level":1,"checksum":false}}]"#.into(),
+                false,
+            ),
+            (
+                r#"[{"name":"bytes","configuration":{"endian":"little"}},{"name":"gzip","configuration":{"level":1}}]"#.into(),
+                false,
+            ),
+            (sharded, false),
+        ];
+        for (codecs, in_place) in cases {
+            let a = array(&codecs);
+            assert_eq!(a.decodes_in_place(), in_place, "{codecs}");
+            let (encoded, _) = encoded(&a);
+            let whole = a
+                .decode_chunk_from(&[0, 0], Some(&encoded), PathBuf::new)
+                .unwrap();
+            let mut out = vec![0xAAu8; 48_000];
+            a.decode_chunk_into(&[0, 0], Some(&encoded), &mut out, PathBuf::new)
+                .unwrap();
+            assert_eq!(out, whole.bytes, "{codecs}");
+            // A missing chunk is the fill value; a truncated one an error naming its key.
+            a.decode_chunk_into(&[0, 0], None, &mut out, PathBuf::new)
+                .unwrap();
+            assert!(out.iter().all(|&b| b == 0), "{codecs}");
+            let e = a
+                .decode_chunk_into(
+                    &[0, 0],
+                    Some(&encoded[..encoded.len() / 2]),
+                    &mut out,
+                    PathBuf::new,
+                )
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("`a/c/0/0`"), "{codecs}: {e}");
+        }
+        // Frames of fewer bytes than the chunk are corrupt too, not a chunk with a stale tail.
+        let a = array(ZSTD);
+        let short = zstd::bulk::compress(&[7u8; 47_996], 3).unwrap();
+        let mut out = vec![0u8; 48_000];
+        let e = a
+            .decode_chunk_into(&[0, 0], Some(&short), &mut out, PathBuf::new)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("decoded 47996 bytes, expected 48000"), "{e}");
+        let big = zstd::bulk::compress(&[7u8; 48_001], 3).unwrap();
+        let e = a
+            .decode_chunk_into(&[0, 0], Some(&big), &mut out, PathBuf::new)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("48001 bytes, more than the 48000"), "{e}");
     }
 }
