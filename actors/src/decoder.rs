@@ -11,12 +11,12 @@
 
 use std::sync::Arc;
 
-use insitubatch_pool::{PendingWrite, SlotFailure};
+use insitubatch_pool::{PendingWrite, Slot, SlotFailure};
 use insitubatch_runtime::{ActorPool, Mailbox, yield_now};
 use insitubatch_store::{DType, DecodedChunk, Store, StoreError, ZarrArray};
 
 use crate::error::EngineError;
-use crate::fetcher::TileJob;
+use crate::fetcher::{Dest, TileJob};
 use crate::pass::{EngineContext, OnBadChunk, PanicGuard, PassShared, lock};
 use crate::stats::{BadChunk, Counters};
 
@@ -73,6 +73,10 @@ pub(crate) async fn decode<S: Store>(
     if shared.config.panic_on_tile == Some(job.ordinal) {
         panic!("injected decoder panic on tile {}", job.ordinal);
     }
+    if matches!(job.dest, Dest::Row(_)) {
+        decode_into_row(ctx, shared, job, bytes).await;
+        return yield_now().await;
+    }
     let array = &shared.arrays[job.path];
     let locate = || ctx.store.locate(&job.key);
     // A part of a shard decodes only the inner chunks it touches; anything else is decoded
@@ -97,6 +101,44 @@ pub(crate) async fn decode<S: Store>(
     // A decode holds the core for a while; let IO completions and other tasks on this executor
     // run before the next one.
     yield_now().await;
+}
+
+/// Decodes a one-sample chunk straight into its batch row (see [`crate::assembly`]).
+async fn decode_into_row<S: Store>(
+    ctx: &EngineContext<S>,
+    shared: &PassShared,
+    mut job: TileJob,
+    bytes: Option<Vec<u8>>,
+) {
+    let Dest::Row(row) = &mut job.dest else {
+        unreachable!("called for a row's job")
+    };
+    let out = row.bytes_mut();
+    let n = out.len() as u64;
+    let (index, key) = (&job.index, &job.key);
+    let decoded = shared.arrays[job.path]
+        .decode_chunk_into(index, bytes.as_deref(), out, || ctx.store.locate(key));
+    if let Some(b) = bytes {
+        ctx.read_buffers.give(b);
+    }
+    match decoded {
+        Ok(()) => {
+            Counters::add(&shared.counters.bytes_decoded, n);
+            Counters::add(&shared.counters.tiles_into_batches, 1);
+            row_filled(job);
+        }
+        Err(e) => bad_chunk(ctx, job, e).await,
+    }
+}
+
+/// Counts a job's batch row filled, wakes the gather and completes the job.
+fn row_filled(mut job: TileJob) {
+    let dest = std::mem::replace(&mut job.dest, Dest::Filled);
+    if let Dest::Row(row) = dest {
+        row.filled();
+    }
+    job.shared.notify.notify_all();
+    job.finish();
 }
 
 /// Decodes `parts` of a shard one after another into one buffer (what
@@ -137,29 +179,38 @@ fn decode_parts(
 /// chunk is never cached as data.
 pub(crate) async fn deliver<S: Store>(
     ctx: &EngineContext<S>,
-    job: TileJob,
+    mut job: TileJob,
     bytes: Vec<u8>,
     cacheable: bool,
 ) {
+    let slot = match &mut job.dest {
+        Dest::Slot(slot) => Arc::clone(slot),
+        Dest::Row(row) => {
+            // A stand-in for a bad chunk (the decoded chunk itself goes `decode_into_row`).
+            row.bytes_mut().copy_from_slice(&bytes);
+            return row_filled(job);
+        }
+        Dest::Filled => unreachable!("a filled row's job is complete"),
+    };
     let layout = &job.shared.layouts[job.path];
     let pipeline = &job.shared.pipelines[job.path];
     let dtype = job.shared.arrays[job.path].dtype();
     if !cacheable {
-        job.slot.mark_uncacheable();
+        slot.mark_uncacheable();
     }
     // The pool must know the slot's file is coming before the slot is ready: from that moment
     // the gather may drain and unpin it and the budget evict it, and a re-admission before the
     // file lands must take it from memory rather than fetch and decode it again (it is not in
     // the log yet). Dropped unwritten if this tile does not complete the slot.
     let writable = ctx.pool.disk().is_some_and(|d| !d.readonly());
-    let pending = (writable && job.slot.is_cacheable()).then(|| ctx.pool.begin_write(&job.slot));
+    let pending = (writable && slot.is_cacheable()).then(|| ctx.pool.begin_write(&slot));
     // The chunk transforms run on the whole chunk, before its slot is ready: on the decoded
     // tile that is the whole chunk, or on the chunk assembled from its tiles once the last is
     // in. What they return (of the slot's size: the plan sized it by their output) is the slot.
     // An error below means the slot is no longer loading (the pass failed); nothing to deliver
     // to.
     let transform = |chunk: Vec<u8>| {
-        let key = job.slot.key();
+        let key = slot.key();
         pipeline
             .apply(&key.path, key.chunk, layout.chunk_shape(), dtype, chunk)
             .map_err(|e| format!("array `{}` chunk {}: {e}", key.path, job.key))
@@ -167,7 +218,7 @@ pub(crate) async fn deliver<S: Store>(
     let mut broken: Option<String> = None;
     let completed = if layout.can_adopt() {
         match transform(bytes) {
-            Ok(slot) => job.slot.adopt(slot).is_ok(),
+            Ok(bytes) => slot.adopt(bytes).is_ok(),
             Err(e) => {
                 broken = Some(e);
                 false
@@ -176,15 +227,14 @@ pub(crate) async fn deliver<S: Store>(
     } else {
         let fill = |buf: &mut [u8]| layout.copy_into_slot(job.tile, &bytes, buf);
         let finish = |chunk| transform(chunk).inspect_err(|e| broken = Some(e.clone()));
-        job.slot
-            .deliver_tile(layout.chunk_bytes(), fill, finish)
+        slot.deliver_tile(layout.chunk_bytes(), fill, finish)
             .unwrap_or(false)
     };
     if let Some(message) = broken {
         // A transform that failed, or whose output broke its promise, ends the pass, naming
         // it: a slot of the wrong size must never reach the pool, the gather or the cache.
         job.shared.fail(EngineError::Transform(message.clone()));
-        job.slot.fail(SlotFailure {
+        slot.fail(SlotFailure {
             cancelled: false,
             message: message.into(),
         });
@@ -193,9 +243,9 @@ pub(crate) async fn deliver<S: Store>(
     }
     if let Some(pending) = pending
         && completed
-        && job.slot.is_cacheable()
+        && slot.is_cacheable()
     {
-        persist_in_background(ctx, &job, pending).await;
+        persist_in_background(ctx, &job, &slot, pending).await;
     }
     job.finish();
 }
@@ -207,12 +257,13 @@ pub(crate) async fn deliver<S: Store>(
 async fn persist_in_background<S: Store>(
     ctx: &EngineContext<S>,
     job: &TileJob,
+    slot: &Slot,
     pending: PendingWrite,
 ) {
     let Some(disk) = ctx.pool.disk() else {
         return;
     };
-    let Some(bytes) = job.slot.bytes() else {
+    let Some(bytes) = slot.bytes() else {
         return;
     };
     let Some(permit) = disk.reserve_write().await else {
@@ -238,10 +289,12 @@ pub(crate) async fn bad_chunk<S: Store>(ctx: &EngineContext<S>, job: TileJob, er
             // The pass's error first, so a gather woken by the slot's failure reports it.
             let message = err.to_string();
             shared.fail(err.into());
-            job.slot.fail(SlotFailure {
-                cancelled: false,
-                message: message.into(),
-            });
+            if let Some(slot) = job.dest.slot() {
+                slot.fail(SlotFailure {
+                    cancelled: false,
+                    message: message.into(),
+                });
+            }
             job.finish();
         }
         OnBadChunk::Nan => {

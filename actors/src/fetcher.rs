@@ -21,6 +21,7 @@ use insitubatch_runtime::sync::Permit;
 use insitubatch_runtime::{ActorPool, ActorSender, Mailbox};
 use insitubatch_store::Store;
 
+use crate::assembly::RowDest;
 use crate::decoder::{self, DecodeJob};
 use crate::error::EngineError;
 use crate::pass::{EngineContext, PanicGuard, PassShared};
@@ -30,9 +31,29 @@ use crate::stats::Counters;
 /// only bounds how many wait to be picked up.
 const FETCHER_MAILBOX: usize = 64;
 
-/// One stored chunk to read, decode and deliver into its slot.
+/// Where a decoded stored chunk goes.
+pub(crate) enum Dest {
+    /// Into its slot in the pool (the gather copies rows out of it).
+    Slot(Arc<Slot>),
+    /// Straight into its batch row (a one-sample chunk; see [`crate::assembly`]).
+    Row(RowDest),
+    /// Its row was filled: the job is complete.
+    Filled,
+}
+
+impl Dest {
+    /// The slot, when the chunk goes into one.
+    pub(crate) fn slot(&self) -> Option<&Arc<Slot>> {
+        match self {
+            Dest::Slot(s) => Some(s),
+            Dest::Row(_) | Dest::Filled => None,
+        }
+    }
+}
+
+/// One stored chunk to read, decode and deliver into its slot or batch row.
 pub struct TileJob {
-    pub(crate) slot: Arc<Slot>,
+    pub(crate) dest: Dest,
     pub(crate) path: usize,
     pub(crate) key: String,
     pub(crate) index: Vec<u64>,
@@ -58,7 +79,9 @@ impl TileJob {
 
     /// Gives up on the job because the pass is stopping.
     pub(crate) fn cancel(self) {
-        self.slot.fail(self.shared.cancel_failure());
+        if let Some(slot) = self.dest.slot() {
+            slot.fail(self.shared.cancel_failure());
+        }
         self.finish();
     }
 }
@@ -83,10 +106,13 @@ impl Drop for TileJob {
                 message: format!("its mailbox closed with chunk `{}` undelivered", self.key),
             }
         };
-        self.slot.fail(SlotFailure {
-            cancelled: matches!(why, EngineError::Cancelled),
-            message: why.to_string().into(),
-        });
+        // A row is never counted filled; the pass's failure tells the gather waiting for it.
+        if let Some(slot) = self.dest.slot() {
+            slot.fail(SlotFailure {
+                cancelled: matches!(why, EngineError::Cancelled),
+                message: why.to_string().into(),
+            });
+        }
         if !matches!(why, EngineError::Cancelled) {
             self.shared.fail(why);
         }

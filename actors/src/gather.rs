@@ -18,6 +18,7 @@ mod copy;
 pub mod stream;
 
 use self::copy::{CopyJob, CopyRun};
+use crate::assembly::batch_buffers;
 use crate::batch::{Batch, BatchArray};
 use crate::error::EngineError;
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
@@ -25,6 +26,9 @@ use crate::planner::row_runs;
 use crate::stats::Counters;
 
 type Tx = flume::Sender<Result<Batch, EngineError>>;
+
+/// A batch row's location when its chunk was decoded straight into it (no slot to copy from).
+const IN_PLACE: u32 = u32::MAX;
 
 pub(crate) fn spawn<S: Store>(
     ctx: &Arc<EngineContext<S>>,
@@ -50,7 +54,9 @@ pub(crate) fn spawn<S: Store>(
         })
 }
 
-async fn wait_slot(shared: &PassShared, s: u32) -> Result<Arc<Slot>, EngineError> {
+/// Waits until plan slot `s` is ready; `None` when its chunk is decoded straight into its
+/// batch row instead (see [`wait_rows`]).
+async fn wait_slot(shared: &PassShared, s: u32) -> Result<Option<Arc<Slot>>, EngineError> {
     loop {
         let generation = shared.notify.generation();
         if let Some(e) = shared.error() {
@@ -58,6 +64,7 @@ async fn wait_slot(shared: &PassShared, s: u32) -> Result<Arc<Slot>, EngineError
         }
         let slot = match &lock(&shared.slots)[s as usize] {
             SlotEntry::Admitted(slot, _) => Some(Arc::clone(slot)),
+            SlotEntry::Direct(_) => return Ok(None),
             SlotEntry::Pending => None,
             SlotEntry::Released => {
                 return Err(EngineError::Runtime(format!(
@@ -67,7 +74,7 @@ async fn wait_slot(shared: &PassShared, s: u32) -> Result<Arc<Slot>, EngineError
         };
         if let Some(slot) = slot {
             return match slot.wait().await {
-                Ok(()) => Ok(slot),
+                Ok(()) => Ok(Some(slot)),
                 Err(f) => Err(shared.slot_error(&f)),
             };
         }
@@ -75,11 +82,38 @@ async fn wait_slot(shared: &PassShared, s: u32) -> Result<Arc<Slot>, EngineError
     }
 }
 
+/// Waits until `rows` rows of batch `j` are decoded into its buffers, and takes them.
+async fn wait_rows(
+    shared: &PassShared,
+    j: usize,
+    rows: usize,
+) -> Result<Vec<PooledBuf>, EngineError> {
+    let internal = |what: &str| EngineError::Runtime(format!("internal error: batch {j} {what}"));
+    let batch = shared
+        .assemblies
+        .close(j)
+        .ok_or_else(|| internal("has rows decoded in place but no buffers"))?;
+    loop {
+        let generation = shared.notify.generation();
+        if let Some(e) = shared.error() {
+            return Err(e);
+        }
+        if batch.filled() >= rows {
+            return batch.take().ok_or_else(|| internal("was taken twice"));
+        }
+        shared.notify.changed_since(generation).await;
+    }
+}
+
 fn release(shared: &PassShared, s: u32, held: &mut HashMap<u32, Arc<Slot>>) {
     let entry = std::mem::replace(&mut lock(&shared.slots)[s as usize], SlotEntry::Released);
-    if let SlotEntry::Admitted(slot, permit) = entry {
-        shared.owner.unpin(&slot);
-        drop(permit);
+    match entry {
+        SlotEntry::Admitted(slot, permit) => {
+            shared.owner.unpin(&slot);
+            drop(permit);
+        }
+        SlotEntry::Direct(permit) => drop(permit),
+        SlotEntry::Pending | SlotEntry::Released => {}
     }
     held.remove(&s);
 }
@@ -175,29 +209,6 @@ async fn copy_batch<S: Store>(
     })
 }
 
-/// A buffer for `rows` samples of `sample_bytes` each, or an error that names the batch size when
-/// the allocator refuses it (a size from user input must not abort the host process).
-fn take_batch_buffer<S: Store>(
-    ctx: &EngineContext<S>,
-    batch_size: usize,
-    rows: usize,
-    sample_bytes: usize,
-    label: &str,
-) -> Result<PooledBuf, EngineError> {
-    rows.checked_mul(sample_bytes)
-        .and_then(|bytes| ctx.buffers.take(bytes))
-        .ok_or_else(|| {
-            EngineError::arg(
-                "batch_size",
-                batch_size,
-                format!(
-                    "a batch of label `{label}` needs {rows} × {sample_bytes} bytes, which cannot \
-                     be allocated; lower batch_size"
-                ),
-            )
-        })
-}
-
 async fn run<S: Store>(
     ctx: &EngineContext<S>,
     shared: &PassShared,
@@ -205,7 +216,6 @@ async fn run<S: Store>(
 ) -> Result<(), EngineError> {
     let plan = &shared.plan;
     let order = &shared.order;
-    let bs = plan.batch_size;
     let labels: Arc<[String]> = plan.labels.iter().map(|l| l.label.clone()).collect();
     let offsets: Arc<[i64]> = plan.labels.iter().map(|l| l.offset).collect();
     let inner: Vec<Vec<usize>> = plan
@@ -227,24 +237,38 @@ async fn run<S: Store>(
         let rows = plan.batch_rows(j, n_rows);
         let n = rows.len();
         plan.locate_rows(order, rows.clone(), &mut locs);
-        for &(s, _) in &locs {
+        // Rows decoded in place are in the batch's buffers already: counted, and left out of
+        // the copy (their location becomes `IN_PLACE`).
+        let mut in_place = 0;
+        for loc in locs.iter_mut() {
+            let s = loc.0;
             if let Entry::Vacant(v) = held.entry(s) {
-                v.insert(wait_slot(shared, s).await?);
+                match wait_slot(shared, s).await? {
+                    Some(slot) => {
+                        v.insert(slot);
+                    }
+                    None => {
+                        in_place += 1;
+                        *loc = (IN_PLACE, 0);
+                    }
+                }
             }
         }
+        let bufs = if in_place > 0 {
+            wait_rows(shared, j, in_place).await?
+        } else {
+            batch_buffers(&ctx.buffers, plan, j, n_rows)?
+        };
         // The copy plan: one run per stretch of consecutive rows of one slot (sequential passes
         // coalesce whole slots), then the copy itself, split across cores when it is large.
-        let mut bufs = Vec::with_capacity(labels.len());
         let mut slot_ids: Vec<u32> = Vec::new();
         let mut runs = Vec::new();
         for (l, info) in plan.labels.iter().enumerate() {
             let sb = info.sample_bytes as usize;
-            // The largest batch of this pass, then a prefix: the short final batch costs no
-            // other buffer.
-            let mut buf = take_batch_buffer(ctx, bs, bs.min(n_rows), sb, &labels[l])?;
-            buf.truncate(n * sb);
-            bufs.push(buf);
             for (r, s, w, run) in row_runs(&locs[l * n..(l + 1) * n]) {
+                if s == IN_PLACE {
+                    continue;
+                }
                 let slot = match slot_ids.iter().position(|&x| x == s) {
                     Some(i) => i,
                     None => {

@@ -13,6 +13,7 @@
 //!
 //! The public API users call is in the `insitubatch` crate; this crate is its machinery.
 
+pub(crate) mod assembly;
 pub mod batch;
 pub mod decoder;
 pub mod error;
@@ -29,7 +30,8 @@ pub mod variable;
 pub use batch::{Batch, BatchArray, Element};
 pub use error::EngineError;
 pub use pass::{
-    EngineContext, OnBadChunk, Pass, PassConfig, TimedOut, count_order_rows, plan_order, rank_share,
+    EngineContext, NO_DECODE_INTO_BATCHES_ENV, OnBadChunk, Pass, PassConfig, TimedOut,
+    count_order_rows, plan_order, rank_share,
 };
 pub use planner::{
     EpochOrder, MemoryLimit, MemoryNeed, MemorySource, ReadPlan, Shard, SplitManifest, epoch_order,

@@ -22,6 +22,7 @@ use insitubatch_runtime::sync::{Notify, Permit, Semaphore};
 use insitubatch_runtime::{Handle, JoinHandle, TaskError};
 use insitubatch_store::{Store, ZarrArray};
 
+use crate::assembly::{Assemblies, DirectRows};
 use crate::batch::Batch;
 use crate::error::EngineError;
 use crate::planner::{
@@ -90,6 +91,10 @@ pub struct EngineContext<S: Store> {
     pub memory_limit: Option<crate::planner::MemoryLimit>,
 }
 
+/// Set to any value to load every chunk through the pool, never straight into its batch row
+/// (`PassConfig::decode_into_batches` false by default: to compare the two).
+pub const NO_DECODE_INTO_BATCHES_ENV: &str = "INSITUBATCH_NO_DECODE_INTO_BATCHES";
+
 /// Settings of one pass.
 #[derive(Clone, Debug)]
 pub struct PassConfig {
@@ -118,6 +123,10 @@ pub struct PassConfig {
     /// chunk only they draw from is not read). The batches from it on are those of a whole
     /// pass.
     pub start_batch: u64,
+    /// Decode a one-sample chunk straight into its batch row where the pass allows it (see
+    /// `docs/architecture.md`, "Decoding into batch rows"); `false` loads every chunk through
+    /// the pool, to compare.
+    pub decode_into_batches: bool,
     /// Test hook: the decoder panics on this tile ordinal (`None` in real use).
     #[doc(hidden)]
     pub panic_on_tile: Option<u64>,
@@ -126,6 +135,9 @@ pub struct PassConfig {
 pub(crate) enum SlotEntry {
     Pending,
     Admitted(Arc<Slot>, Permit),
+    /// Decoded straight into its batch row (`PassShared::direct`), holding its read-ahead
+    /// permit like a slot would.
+    Direct(Permit),
     Released,
 }
 
@@ -147,6 +159,9 @@ pub(crate) struct PassShared {
     stop: Notify,
     error: Mutex<Option<EngineError>>,
     pub counters: Counters,
+    /// The plan slots decoded straight into batch rows, and the batches being filled so.
+    pub direct: DirectRows,
+    pub assemblies: Assemblies,
     pub bad_chunks: Mutex<Vec<BadChunk>>,
     /// Slot files being written to the cache directory (joined when the pass stops).
     pub cache_writes: Mutex<Vec<JoinHandle<()>>>,
@@ -339,6 +354,7 @@ fn memory_need<S: Store>(
     config: &PassConfig,
     plan: &ReadPlan,
     n_rows: usize,
+    direct: &DirectRows,
 ) -> MemoryNeed {
     let stored_chunk = plan
         .paths
@@ -364,8 +380,30 @@ fn memory_need<S: Store>(
         reads,
         cache,
     );
+    if !direct.is_empty() {
+        // Rows decoded in place take their batch's buffers when the planner issues the first
+        // of them: one batch ahead of the gather's at most.
+        need.batches = (need.batches + 1).min(plan.n_batches as u64);
+    }
     need.limit = ctx.memory_limit;
     need
+}
+
+/// The slots of a pass over `plan` decoded straight into batch rows.
+fn direct_rows<S: Store>(
+    ctx: &EngineContext<S>,
+    config: &PassConfig,
+    order: &EpochOrder,
+    plan: &ReadPlan,
+) -> DirectRows {
+    DirectRows::plan(
+        config.decode_into_batches,
+        &ctx.pool,
+        &ctx.transforms,
+        plan,
+        order,
+        config.release_each_block,
+    )
 }
 
 /// `need` against the limit it carries: an error naming the knob to lower, which stands for a
@@ -519,7 +557,8 @@ impl Pass {
         config: &PassConfig,
     ) -> Result<MemoryNeed, EngineError> {
         let (order, plan) = plan_pass(chunks, samples_per_chunk, n_samples, variables, config)?;
-        let need = memory_need(ctx, config, &plan, order.rows.len());
+        let direct = direct_rows(ctx, config, &order, &plan);
+        let need = memory_need(ctx, config, &plan, order.rows.len(), &direct);
         Ok(RunningPasses::count_beside(need, pool_address(ctx)))
     }
 
@@ -556,7 +595,8 @@ impl Pass {
         // fail now, naming the knob, rather than be killed for memory halfway through the
         // first block.
         let name = format!("{}#{}", config.split, config.epoch);
-        let need = memory_need(ctx, &config, &plan, order.rows.len());
+        let direct = direct_rows(ctx, &config, &order, &plan);
+        let need = memory_need(ctx, &config, &plan, order.rows.len(), &direct);
         let running = RunningPasses::enter(need, pool_address(ctx), &name, |need, others| {
             check_memory(&config, &plan, need, others)
         })?;
@@ -605,6 +645,8 @@ impl Pass {
             stop: Notify::new(),
             error: Mutex::new(None),
             counters: Counters::default(),
+            direct,
+            assemblies: Assemblies::default(),
             bad_chunks: Mutex::new(Vec::new()),
             cache_writes: Mutex::new(Vec::new()),
         });
@@ -650,6 +692,7 @@ impl Pass {
         (s.cache_revived, s.cache_rejected) = self.shared.owner.revived_rejected();
         s.tiles_read = Counters::get(&c.tiles_read);
         s.tiles_read_waited = Counters::get(&c.tiles_read_waited);
+        s.tiles_into_batches = Counters::get(&c.tiles_into_batches);
         s.bytes_read = Counters::get(&c.bytes_read);
         s.bytes_decoded = Counters::get(&c.bytes_decoded);
         s.bytes_revived = Counters::get(&c.bytes_revived);

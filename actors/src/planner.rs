@@ -65,7 +65,7 @@ pub use read_plan::{
 pub use split::{MANIFEST_FORMAT, SPLIT_NAMES, SplitManifest, split_by_chunk};
 
 use crate::error::EngineError;
-use crate::fetcher::TileJob;
+use crate::fetcher::{Dest, TileJob};
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
 
 pub(crate) fn spawn<S: Store>(
@@ -141,15 +141,37 @@ async fn drive<S: Store>(
             path: Arc::clone(&path.path),
             chunk: ps.chunk,
         };
-        let (slot, miss) = match shared.owner.admit(&key, ps.nbytes, path.tiles)? {
-            Admission::Hit(s) | Admission::InFlight(s) => (s, false),
-            Admission::Miss(s) => (s, true),
+        // Where a miss is decoded: its slot, or (a one-sample chunk read by one row) straight
+        // into the batch row, whose batch's buffers are taken now if this is its first.
+        let dest = match shared.direct.row_of(i) {
+            Some((row, label)) => match shared.owner.pin_resident(&key) {
+                Some(slot) => {
+                    lock(&shared.slots)[i] = SlotEntry::Admitted(slot, permit);
+                    None
+                }
+                None => {
+                    let j = row / plan.batch_size;
+                    let n_rows = shared.order.rows.len();
+                    let batch = shared.assemblies.open(&ctx.buffers, plan, j, n_rows)?;
+                    let sample_bytes = plan.labels[label].sample_bytes as usize;
+                    let dest = batch.row(label, row % plan.batch_size, sample_bytes);
+                    lock(&shared.slots)[i] = SlotEntry::Direct(permit);
+                    Some(Dest::Row(dest))
+                }
+            },
+            None => {
+                let (slot, miss) = match shared.owner.admit(&key, ps.nbytes, path.tiles)? {
+                    Admission::Hit(s) | Admission::InFlight(s) => (s, false),
+                    Admission::Miss(s) => (s, true),
+                };
+                lock(&shared.slots)[i] = SlotEntry::Admitted(Arc::clone(&slot), permit);
+                if shared.is_cancelled() {
+                    // `fail` may have swept the table before this entry was in it.
+                    slot.fail(shared.cancel_failure());
+                }
+                miss.then_some(Dest::Slot(slot))
+            }
         };
-        lock(&shared.slots)[i] = SlotEntry::Admitted(Arc::clone(&slot), permit);
-        if shared.is_cancelled() {
-            // `fail` may have swept the table before this entry was in it.
-            slot.fail(shared.cancel_failure());
-        }
         announce.pending = true;
         if plan
             .slots
@@ -158,9 +180,9 @@ async fn drive<S: Store>(
         {
             announce.flush();
         }
-        if !miss {
+        let Some(mut dest) = dest else {
             continue;
-        }
+        };
         let layout = &shared.layouts[ps.path];
         let array = &shared.arrays[ps.path];
         for t in 0..path.tiles {
@@ -174,15 +196,22 @@ async fn drive<S: Store>(
                 }
             };
             if shared.is_cancelled() {
-                slot.fail(shared.cancel_failure());
+                if let Some(slot) = dest.slot() {
+                    slot.fail(shared.cancel_failure());
+                }
                 return Ok(());
             }
             let index = layout.chunk_index(ps.chunk, t);
             // A cropped view of a sharded array reads and decodes only the inner chunks its
             // region touches in this tile; anything else is a whole stored chunk.
             let part = array.inner_chunk_shape().and_then(|_| layout.tile_parts(t));
+            // A row is one tile; a slot's tiles each deliver into it.
+            let dest = match &dest {
+                Dest::Slot(slot) => Dest::Slot(Arc::clone(slot)),
+                _ => std::mem::replace(&mut dest, Dest::Filled),
+            };
             let job = TileJob {
-                slot: Arc::clone(&slot),
+                dest,
                 path: ps.path,
                 key: array.chunk_key(&index)?,
                 index,

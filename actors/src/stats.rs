@@ -24,6 +24,7 @@ pub(crate) struct Counters {
     pub bytes_decoded: AtomicU64,
     pub tiles_read: AtomicU64,
     pub tiles_read_waited: AtomicU64,
+    pub tiles_into_batches: AtomicU64,
     pub bytes_revived: AtomicU64,
 }
 
@@ -68,6 +69,9 @@ pub struct PassStats {
     /// Of those, reads the page cache could not answer at once (they waited for the device;
     /// whichever core was free decoded them). The rest were decoded by the core that read them.
     pub tiles_read_waited: u64,
+    /// Of those, one-sample chunks decoded straight into their batch rows, not into the pool
+    /// (see `docs/architecture.md`, "Decoding into batch rows").
+    pub tiles_into_batches: u64,
     /// Encoded bytes read from the store.
     pub bytes_read: u64,
     /// Bytes produced by decoding.

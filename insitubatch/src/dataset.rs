@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use insitubatch_actors::{
     ChunkTransform, ChunkTransforms, EngineContext, EngineError, EpochOrder, MemoryLimit,
-    MemoryNeed, OnBadChunk, Pass, PassConfig, Pipeline, Shard, SplitManifest, Variable,
-    count_order_rows, memory_limit, plan_order, rank_share, split_by_chunk,
+    MemoryNeed, NO_DECODE_INTO_BATCHES_ENV, OnBadChunk, Pass, PassConfig, Pipeline, Shard,
+    SplitManifest, Variable, count_order_rows, memory_limit, plan_order, rank_share,
+    split_by_chunk,
 };
 use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
@@ -78,6 +79,7 @@ pub struct DatasetBuilder {
     on_bad_chunk: OnBadChunk,
     executor_threads: Option<usize>,
     io_backend: IoBackendChoice,
+    decode_into_batches: bool,
     panic_on_tile: Option<u64>,
     cache_dir: Option<PathBuf>,
     persist: bool,
@@ -238,6 +240,16 @@ impl DatasetBuilder {
     /// IO backend (default: io_uring when available, or `INSITUBATCH_IO`).
     pub fn io_backend(mut self, choice: IoBackendChoice) -> Self {
         self.io_backend = choice;
+        self
+    }
+
+    /// Decode a one-sample stored chunk straight into its batch row when nothing needs it in
+    /// the pool (default true, or false when `INSITUBATCH_NO_DECODE_INTO_BATCHES` is set): it
+    /// saves the pool slot and the copy out of it. `false` loads every chunk through the pool,
+    /// to compare; the batches are the same. See `docs/architecture.md`, "Decoding into batch
+    /// rows".
+    pub fn decode_into_batches(mut self, on: bool) -> Self {
+        self.decode_into_batches = on;
         self
     }
 
@@ -712,6 +724,7 @@ impl DatasetBuilder {
             seed: self.seed,
             shuffle: self.shuffle,
             on_bad_chunk: self.on_bad_chunk,
+            decode_into_batches: self.decode_into_batches,
             panic_on_tile: self.panic_on_tile,
             shard: self.shard,
             even_train: self.even_train,
@@ -794,6 +807,7 @@ pub struct InSituDataset {
     seed: u64,
     shuffle: bool,
     on_bad_chunk: OnBadChunk,
+    decode_into_batches: bool,
     panic_on_tile: Option<u64>,
     shard: Shard,
     even_train: bool,
@@ -833,6 +847,7 @@ impl InSituDataset {
             on_bad_chunk: OnBadChunk::Raise,
             executor_threads: None,
             io_backend: IoBackendChoice::Auto,
+            decode_into_batches: std::env::var_os(NO_DECODE_INTO_BATCHES_ENV).is_none(),
             panic_on_tile: None,
             cache_dir: None,
             persist: false,
@@ -1053,6 +1068,7 @@ impl InSituDataset {
             release_each_block: self.release_each_block(split),
             row_limit,
             start_batch: 0,
+            decode_into_batches: self.decode_into_batches,
             panic_on_tile: self.panic_on_tile,
         }
     }

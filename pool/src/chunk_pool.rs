@@ -674,6 +674,27 @@ impl Owner {
         Ok(())
     }
 
+    /// Pins the slot for `key` if it is ready in memory (a hit); otherwise counts a miss and
+    /// admits nothing. For a chunk its caller decodes somewhere the pool never sees (straight
+    /// into a batch row): a slot loading for another iteration is not waited on, and a chunk
+    /// decoded that way is never resident for a later admission.
+    pub fn pin_resident(&self, key: &SlotKey) -> Option<Arc<Slot>> {
+        let mut g = lock(&self.pool.inner);
+        let resident = g.index.get(key).copied().filter(|id| {
+            let slot = &g.entries[id].slot;
+            slot.phase() == Phase::Ready && !slot.is_closed()
+        });
+        let Some(id) = resident else {
+            g.stats.misses += 1;
+            g.owners.get_mut(&self.id).expect("registered").misses += 1;
+            return None;
+        };
+        let slot = g.pin(self.id, id);
+        g.stats.hits += 1;
+        g.owners.get_mut(&self.id).expect("registered").hits += 1;
+        Some(slot)
+    }
+
     /// Releases one pin on `slot`. At zero pins a ready slot becomes evictable; anything else
     /// (failed, abandoned mid-load) is dropped.
     pub fn unpin(&self, slot: &Slot) {
@@ -860,6 +881,26 @@ mod tests {
         ));
         let st = pool.stats();
         assert_eq!((st.hits, st.misses), (1, 4));
+    }
+
+    #[test]
+    fn pin_resident_pins_a_ready_slot_and_counts_anything_else_a_miss_admitting_nothing() {
+        let pool = ChunkPool::new(Budget::Bytes(30));
+        let o = pool.register_owner("a", 30).unwrap();
+        let ready = fill(o.admit(&key(0), 10, 1).unwrap());
+        let Admission::Miss(loading) = o.admit(&key(1), 10, 1).unwrap() else {
+            panic!("fresh chunk")
+        };
+        o.unpin(&ready);
+        let hit = o.pin_resident(&key(0)).expect("ready in memory");
+        assert!(Arc::ptr_eq(&hit, &ready));
+        assert!(o.pin_resident(&key(1)).is_none(), "still loading");
+        assert!(o.pin_resident(&key(2)).is_none(), "never admitted");
+        assert_eq!(o.hits_misses(), (1, 4));
+        let st = pool.stats();
+        assert_eq!((st.resident_bytes, st.pinned_slots), (20, 2));
+        o.unpin(&hit);
+        o.unpin(&loading);
     }
 
     #[test]

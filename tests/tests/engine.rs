@@ -262,13 +262,15 @@ fn order_depends_on_seed_and_epoch_only() {
 fn dropping_an_iterator_mid_epoch_unpins_everything_and_dataset_drop_leaves_no_threads() {
     let f = fixture("paired", "raw");
     let before = threads_named_stable("isb");
-    {
+    // Through the pool (pinned slots), and decoded into batch rows (batches being filled).
+    for into_batches in [false, true] {
         let ds = InSituDataset::builder(&f.store)
             .variable("r", "raw")
             .batch_size(2)
             .block_chunks(4)
             .prefetch_depth(1)
             .executor_threads(2)
+            .decode_into_batches(into_batches)
             .build()
             .unwrap();
         assert!(threads_named("isb") > before);
@@ -279,7 +281,11 @@ fn dropping_an_iterator_mid_epoch_unpins_everything_and_dataset_drop_leaves_no_t
         assert_eq!(threads_named("zarrs-rayon"), 1);
         let mut pass = ds.train().unwrap();
         pass.next().unwrap().unwrap();
-        assert!(pass.pinned_slots() > 0);
+        if into_batches {
+            assert!(pass.stats().tiles_into_batches > 0);
+        } else {
+            assert!(pass.pinned_slots() > 0);
+        }
         drop(pass);
         let st = ds.pool_stats();
         assert_eq!(st.pinned_slots, 0, "{st:?}");
@@ -311,6 +317,159 @@ fn corrupt_copy(f: &FixtureArray, chunk_file: &str) -> tempfile::TempDir {
     copy_dir(&f.store, dir.path());
     std::fs::write(dir.path().join(chunk_file), b"this is not zstd").unwrap();
     dir
+}
+
+/// Runs `pass` to its end; its stats.
+fn drained(mut pass: insitubatch::Pass) -> insitubatch::PassStats {
+    for b in pass.by_ref() {
+        b.unwrap();
+    }
+    pass.stats()
+}
+
+/// The one-sample-per-chunk fixtures: zstd decoded in place, then blosc with chunks never
+/// written, big-endian zstd and a one-sample shard, which decode into a buffer first.
+const ONE_PER_CHUNK: [(&str, &str); 4] = [
+    ("paired", "raw"),
+    ("one_per_chunk_v2_blosc", ""),
+    ("one_per_chunk_be", ""),
+    ("one_per_chunk_sharded", ""),
+];
+
+#[test]
+fn one_sample_chunks_decoded_into_batch_rows_equal_the_pool_path_read_once() {
+    for (case, array) in ONE_PER_CHUNK {
+        let f = fixture(case, array);
+        let n = f.shape[0];
+        for (shuffle, bs, threads) in [(true, 3, 2), (false, 4, 1), (true, 64, 2)] {
+            let build = |into_rows: bool| {
+                InSituDataset::builder(&f.store)
+                    .variable("v", array)
+                    .batch_size(bs)
+                    .block_chunks(2)
+                    .shuffle(shuffle)
+                    .executor_threads(threads)
+                    .decode_into_batches(into_rows)
+                    .build()
+                    .unwrap()
+            };
+            let (rows, pooled) = (build(true), build(false));
+            // Every sample equals zarr-python's, every anchor once.
+            let anchors = check_epoch(&rows, "train", &[("v", &f, 0)]);
+            assert_eq!(sorted(anchors), (0..n).collect::<Vec<_>>(), "{case}");
+            for ds in [&rows, &pooled] {
+                ds.set_epoch(1);
+            }
+            let got = batch_data(rows.train().unwrap(), &["v"]);
+            assert_eq!(
+                got,
+                batch_data(pooled.train().unwrap(), &["v"]),
+                "{case}: the same batches, in the same order"
+            );
+            let s = drained(rows.train().unwrap());
+            // Each stored chunk read and decoded once, straight into its row: no slot pinned.
+            assert_eq!(
+                (s.tiles_read, s.tiles_into_batches),
+                (n, n),
+                "{case}: {s:?}"
+            );
+            assert_eq!((s.cache_misses, s.pinned_peak_bytes), (n, 0), "{case}");
+            assert_eq!(s.bytes_decoded, s.bytes_delivered, "{case}");
+            // A fresh pool (the one above kept this small split's chunks).
+            let fresh = build(false);
+            fresh.set_epoch(1);
+            let p = drained(fresh.train().unwrap());
+            assert_eq!((p.tiles_read, p.tiles_into_batches), (n, 0), "{case}");
+            assert_eq!(p.bytes_read, s.bytes_read, "{case}");
+        }
+    }
+}
+
+#[test]
+fn rows_decoded_in_place_only_where_one_row_reads_the_chunk_and_nothing_keeps_it() {
+    let raw = fixture("paired", "raw");
+    let mask = fixture("paired", "mask");
+    // `x` and `y = shift(1)` read each chunk of raw twice: it stays a slot both copy from.
+    let windows = InSituDataset::builder(&raw.store)
+        .variable("x", "raw")
+        .window("y", "raw", 1)
+        .batch_size(5)
+        .build()
+        .unwrap();
+    check_epoch(&windows, "train", &[("x", &raw, 0), ("y", &raw, 0)]);
+    assert_eq!(drained(windows.train().unwrap()).tiles_into_batches, 0);
+    // raw (one sample per chunk) beside mask (30): raw's rows in place, mask copied from slots,
+    // into the same batches.
+    let paired = InSituDataset::builder(&raw.store)
+        .variable("r", "raw")
+        .variable("m", "mask")
+        .batch_size(4)
+        .block_chunks(3)
+        .build()
+        .unwrap();
+    check_epoch(&paired, "train", &[("r", &raw, 0), ("m", &mask, 0)]);
+    let s = drained(paired.train().unwrap());
+    assert_eq!(s.tiles_into_batches, 61, "{s:?}");
+    assert_eq!(
+        s.tiles_read + s.cache_hits,
+        61 + 3,
+        "and mask's three chunks through the pool: {s:?}"
+    );
+    // A budget that holds the split keeps its chunks for the next epoch: through the pool.
+    let kept = InSituDataset::builder(&raw.store)
+        .variable("r", "raw")
+        .cache_budget_bytes(1 << 20)
+        .build()
+        .unwrap();
+    assert_eq!(drained(kept.train().unwrap()).tiles_into_batches, 0);
+    let later = drained(kept.train().unwrap());
+    assert_eq!((later.cache_hits, later.tiles_read), (61, 0));
+}
+
+#[test]
+fn a_corrupt_chunk_decoded_into_its_row_raises_naming_it_or_fills_the_row_with_nan() {
+    let f = fixture("paired", "raw");
+    let dir = corrupt_copy(&f, "raw/c/7/0/0");
+    let build = |policy| {
+        InSituDataset::builder(dir.path())
+            .variable("r", "raw")
+            .batch_size(4)
+            .on_bad_chunk(policy)
+            .build()
+            .unwrap()
+    };
+    let err = build(OnBadChunk::Raise)
+        .train()
+        .unwrap()
+        .find_map(|b| b.err())
+        .expect("the corrupt chunk must surface as an error");
+    assert!(err.to_string().contains("raw/c/7/0/0"), "{err}");
+    assert!(matches!(err, EngineError::Store(_)), "{err:?}");
+    let ds = build(OnBadChunk::Nan);
+    let mut pass = ds.train().unwrap();
+    let sb = 5 * 6;
+    for b in pass.by_ref() {
+        let b = b.unwrap();
+        let v = b.array("r").unwrap().values::<f32>().unwrap();
+        for (r, &idx) in b.sample_indices().iter().enumerate() {
+            let row = &v[r * sb..(r + 1) * sb];
+            if idx == 7 {
+                assert!(row.iter().all(|x| x.is_nan()), "sample 7 should be NaN");
+            } else {
+                let want = sample_of(&f.reference, &f.shape, 0, idx, 4);
+                let got: Vec<u8> = row.iter().flat_map(|x| x.to_ne_bytes()).collect();
+                assert_eq!(got, want, "sample {idx}");
+            }
+        }
+    }
+    let s = pass.stats();
+    assert_eq!(
+        s.tiles_into_batches,
+        61 - 1,
+        "the bad chunk is not counted decoded"
+    );
+    assert_eq!(s.bad_chunks.len(), 1);
+    assert_eq!(s.bad_chunks[0].key, "raw/c/7/0/0");
 }
 
 #[test]
@@ -686,6 +845,14 @@ fn the_memory_need_counts_what_a_pass_holds_and_is_the_figure_its_start_checks()
             .build()
             .unwrap()
     };
+    // Through the pool, then with chunks decoded into batch rows (the default here).
+    let pooled = build(InSituDataset::builder(dir.path()).decode_into_batches(false));
+    let pooled = pooled.memory_need("train").unwrap();
+    assert_eq!(
+        pooled.batches,
+        3 + 2,
+        "prefetch_depth + the one filled + the one held"
+    );
     let ds = build(InSituDataset::builder(dir.path()));
     let need = ds.memory_need("train").unwrap();
     let pass = ds.train().unwrap();
@@ -694,15 +861,15 @@ fn the_memory_need_counts_what_a_pass_holds_and_is_the_figure_its_start_checks()
     assert_eq!(need.batch_bytes, 5 * chunk, "five rows of one label");
     assert_eq!(
         need.batches,
-        3 + 2,
-        "prefetch_depth + the one filled + the one held"
+        3 + 2 + 1,
+        "and the one the planner has started filling with rows decoded in place"
     );
     assert_eq!(
         need.reads,
         (6 + 2) * chunk,
         "max_inflight + one per executor"
     );
-    let sized = need.working_set + 5 * need.batch_bytes + need.reads;
+    let sized = need.working_set + 6 * need.batch_bytes + need.reads;
     assert_eq!(need.overhead(), (16 << 20) + sized / 8);
     assert_eq!(need.total(), sized + need.overhead());
     assert_eq!(need.without_cache(), need.total());
@@ -719,13 +886,16 @@ fn the_memory_need_counts_what_a_pass_holds_and_is_the_figure_its_start_checks()
     assert_eq!((n.batches, n.batch_bytes), (1, 64 * chunk));
 
     // A heap budget above the working set: the pool may keep it, or every chunk if fewer.
-    for (budget, held) in [(10 << 20, 10 << 20), (1 << 30, 64 * chunk)] {
+    // A budget that holds the whole split keeps its chunks for the next epoch, so none is
+    // decoded into a batch row; one that cannot still does.
+    for (budget, held, into_rows) in [(10 << 20, 10 << 20, true), (1 << 30, 64 * chunk, false)] {
         let ds = build(InSituDataset::builder(dir.path()).cache_budget_bytes(budget));
         let n = ds.memory_need("train").unwrap();
         assert_eq!((n.pool, n.cache_budget), (held, Some(budget)), "{budget}");
         assert_eq!(n.working_set, need.working_set);
         assert!(n.total() > n.without_cache());
-        assert_eq!(n.without_cache(), need.total());
+        let without = if into_rows { &need } else { &pooled };
+        assert_eq!(n.without_cache(), without.total(), "{budget}");
     }
     // Slots in cache files are the page cache's.
     let cache = tempfile::tempdir().unwrap();
@@ -790,12 +960,16 @@ fn the_memory_need_counts_the_iterations_already_running_beside_it() {
     assert_eq!(ds.memory_need("val").unwrap().others, 0, "the passes left");
 
     // With the automatic budget the pool holds the working sets together.
+    // (Its train pass decodes one-sample chunks into batch rows, so it counts one more batch
+    // than the one above, whose budget keeps its chunks.)
     let auto = build(InSituDataset::builder(dir.path()));
+    let auto_train_need = auto.memory_need("train").unwrap();
+    assert_eq!(auto_train_need.batches, train_need.batches + 1);
     let train = auto.train().unwrap();
     let val = auto.memory_need("val").unwrap();
     assert_eq!(
         val.others,
-        train_need.working_set + train_need.batches_bytes()
+        auto_train_need.working_set + auto_train_need.batches_bytes()
     );
     drop(train);
     // A pass of another dataset holds its pool, batches and reads.
