@@ -727,3 +727,29 @@ def test_next_while_another_thread_closes_the_epoch_waits_and_ends_it(fixtures):
             it._close()
         consumer.join(10)
         assert len(got) == 1 and isinstance(got[0], StopIteration), got
+
+
+def test_one_sample_chunks_decoded_into_batch_rows_equal_the_pool_path(fixtures, monkeypatch):
+    out, _ = fixtures
+    store = out / "paired.zarr"  # raw: 61 samples, one per chunk
+    ref = zarr.open_array(store / "raw", mode="r")[...]
+    g = isb.open_geometries(store)
+
+    def epoch():
+        with isb.InSituDataset(store, None, {"r": g["raw"]}, batch_size=4) as ds:
+            got = [(b.sample_indices.copy(), b.arrays["r"].copy()) for b in ds.train]
+            return got, ds.stats()
+
+    rows, s = epoch()
+    # Each chunk decoded straight into its row, every sample zarr-python's, each once.
+    assert s["tiles_into_batches"] == s["tiles_read"] == 61
+    assert sorted(i for idx, _ in rows for i in idx.tolist()) == list(range(61))
+    for idx, arr in rows:
+        np.testing.assert_array_equal(arr, ref[idx])
+    monkeypatch.setenv("INSITUBATCH_NO_DECODE_INTO_BATCHES", "1")
+    pooled, p = epoch()
+    assert (p["tiles_into_batches"], p["tiles_read"]) == (0, 61)
+    assert len(pooled) == len(rows)
+    for (ia, a), (ib, b) in zip(rows, pooled):
+        np.testing.assert_array_equal(ia, ib)
+        np.testing.assert_array_equal(a, b)
