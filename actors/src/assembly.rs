@@ -1,24 +1,30 @@
 //! Decoding stored chunks straight into batch rows.
 //!
-//! At one sample per chunk a stored chunk is one batch row. Through the pool it is decoded into
-//! a fresh buffer (pages the kernel zeroes), adopted as a slot, and copied by the gather into
-//! its row: about a tenth of a cold epoch's CPU beside the decode itself
-//! (docs/benchmarks.md, "One sample per chunk, profiled"). Decoded straight into its row it
-//! costs the decode alone, and zstd frames then decompress into the batch buffer itself
-//! ([`insitubatch_store::ZarrArray::decode_chunk_into`]).
+//! Through the pool a stored chunk is decoded into a fresh buffer (pages the kernel zeroes),
+//! adopted as a slot, and copied row by row by the gather, from memory, a block later: at one
+//! sample per chunk about a tenth of a cold epoch's CPU beside the decode itself
+//! (docs/benchmarks.md, "One sample per chunk, profiled"). When nothing needs the slot, the
+//! chunk goes to its rows instead: a one-sample chunk is decoded straight into its row (zstd
+//! frames decompress into the batch buffer itself,
+//! [`insitubatch_store::ZarrArray::decode_chunk_into`]); a chunk of several samples is decoded
+//! into the decoding thread's scratch buffer, which stays in its cache and is never freshly
+//! mapped, and each sample copied from there into its row.
 //!
-//! [`DirectRows::plan`] decides, when a pass starts, which of its slots go this way: each is a
-//! whole one-sample chunk of an array without chunk transforms, read by exactly one row of one
-//! label in the pass, in a pass whose pool can neither keep its chunks for a later epoch nor
-//! write them to a cache directory. The planner opens a batch's [`Assembly`] when it issues the
-//! first such chunk of the batch, taking the batch's buffers then; the decoder writes the row
-//! through its [`RowDest`] and counts it filled; the gather, when it reaches the batch, waits
-//! until as many rows are filled as it counts chunks decoded into the batch, copies the other
-//! rows (pool hits, other arrays) into the same buffers and sends it.
+//! [`DirectRows::plan`] decides, when a pass starts, which of its slots go this way: a whole
+//! chunk (one tile covering the field) of an array without chunk transforms, which one label
+//! reads, whose samples the order draws within one shuffle block, in a pass whose pool can
+//! neither keep its chunks for a later epoch nor write them to a cache directory. The planner
+//! opens a batch's [`Assembly`] when it issues the first chunk with a row in it, taking the
+//! batch's buffers then; the decoder writes each row through its [`RowDest`] and counts it
+//! filled; the gather, when it reaches the batch, waits until as many rows are filled as it
+//! counts rows decoded in place, copies the batch's other rows (pool hits, other arrays) into
+//! the same buffers and sends it.
 //!
-//! Memory: a row decoded in place holds its read-ahead permit like the slot it replaces, and
-//! the batch buffers are taken one batch early at most (the batch at the planner's front);
-//! [`crate::pass`] counts that batch in the pass's memory need.
+//! Memory: a chunk decoded into rows holds its read-ahead permit like the slot it replaces,
+//! and its rows sit in batch buffers instead of a slot; the batches a partly issued block's
+//! rows fall in are taken early, which [`DirectRows::extra_batches`] counts, and each executor
+//! keeps a scratch buffer of the largest chunk of several samples
+//! ([`DirectRows::scratch_bytes`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,25 +39,36 @@ use crate::planner::{EpochOrder, ReadPlan};
 use crate::tile::TileLayout;
 use crate::transform::Pipeline;
 
-/// No row: the slot is loaded through the pool.
+/// No row: the slot is loaded through the pool, or no row reads this sample.
 const NONE: u32 = u32::MAX;
 
-/// Per plan slot, the batch row its chunk is decoded into, if any.
+/// Per plan slot, the batch rows its chunk's samples are decoded into, if any.
 #[derive(Debug, Default)]
 pub(crate) struct DirectRows {
-    /// (row of the order, label), or (`NONE`, _).
-    rows: Vec<(u32, u32)>,
+    /// Per plan slot: (index into `rows` of its first sample, its samples, the label), or
+    /// (`NONE`, ..) for a slot loaded through the pool.
+    slots: Vec<(u32, u32, u32)>,
+    /// Per sample of every slot decoded into rows, in order: the row of the order that reads
+    /// it, or `NONE`.
+    rows: Vec<u32>,
+    /// Slots decoded into rows, their most samples per chunk, and the largest of those with
+    /// more than one sample (decoded into a scratch buffer first).
     count: usize,
+    max_spc: u64,
+    scratch_bytes: u64,
+    /// Rows of the order's largest shuffle block.
+    block_rows: u64,
 }
 
 impl DirectRows {
-    /// No slot decoded into a row.
+    /// No slot decoded into rows.
     pub fn none() -> Self {
         Self::default()
     }
 
-    /// The slots of a pass over `plan` and `order` that are decoded into their rows (see the
-    /// module's documentation for which). `enabled` is the pass's `decode_into_batches`.
+    /// The slots of a pass over `plan` and `order` whose chunks are decoded straight into
+    /// their batch rows (see the module's documentation for which). `enabled` is the pass's
+    /// `decode_into_batches`.
     pub fn plan(
         enabled: bool,
         pool: &ChunkPool,
@@ -62,7 +79,7 @@ impl DirectRows {
     ) -> Self {
         let n_rows = order.rows.len();
         // A budget that holds every chunk the pass reads keeps them for the next epoch, which
-        // a chunk decoded into a row would not be; a cache directory writes slots to files.
+        // a chunk decoded into rows would not be; a cache directory writes slots to files.
         let pass_bytes: u64 = plan.slots.iter().map(|s| s.nbytes).sum();
         let pool_keeps = pool.fixed_budget().is_some_and(|b| b >= pass_bytes);
         if !enabled
@@ -73,61 +90,113 @@ impl DirectRows {
         {
             return Self::none();
         }
-        let eligible: Vec<bool> = plan
+        let mut labels_of = vec![0usize; plan.paths.len()];
+        for l in &plan.labels {
+            labels_of[l.path] += 1;
+        }
+        // A chunk read by two labels (a window beside its array) is a slot both copy from; a
+        // chunk read from blocks far apart (an array chunked coarser than the order's grid)
+        // would open every batch between them at once.
+        let mut eligible: Vec<bool> = plan
             .paths
             .iter()
-            .map(|p| {
-                p.samples_per_chunk == 1
+            .zip(&labels_of)
+            .map(|(p, &labels)| {
+                labels == 1
                     && p.tiles == 1
                     && TileLayout::new(&p.geom).can_adopt()
                     && transforms.get(&*p.path).is_none_or(Pipeline::is_empty)
             })
             .collect();
+        for s in &plan.slots {
+            if s.first_block != s.last_block {
+                eligible[s.path] = false;
+            }
+        }
         if !eligible.contains(&true) {
             return Self::none();
         }
-        let mut rows = vec![(NONE, 0u32); plan.slots.len()];
-        let mut reads = vec![0u32; plan.slots.len()];
+        let mut slots = vec![(NONE, 0u32, 0u32); plan.slots.len()];
+        let (mut n_samples, mut count, mut max_spc, mut scratch_bytes) = (0usize, 0, 0, 0);
+        for (i, s) in plan.slots.iter().enumerate() {
+            if eligible[s.path] {
+                let k = plan.paths[s.path].samples_per_chunk;
+                slots[i] = (n_samples as u32, k as u32, 0);
+                n_samples = n_samples.saturating_add(k as usize);
+                count += 1;
+                max_spc = max_spc.max(k);
+                if k > 1 {
+                    scratch_bytes = scratch_bytes.max(s.nbytes);
+                }
+            }
+        }
+        if n_samples >= NONE as usize {
+            return Self::none();
+        }
+        let mut rows = vec![NONE; n_samples];
         for (l, label) in plan.labels.iter().enumerate() {
             if !eligible[label.path] {
                 continue;
             }
             for i in 0..n_rows {
-                let (s, _) = plan.locate(l, order.anchor(i), plan.block_of_row[i]);
-                reads[s as usize] = reads[s as usize].saturating_add(1);
-                rows[s as usize] = (i as u32, l as u32);
+                let (s, w) = plan.locate(l, order.anchor(i), plan.block_of_row[i]);
+                slots[s as usize].2 = l as u32;
+                let at = slots[s as usize].0 as usize + w as usize;
+                // One label reads the array and each anchor is one row: each sample once.
+                assert_eq!(rows[at], NONE, "internal error: a sample read by two rows");
+                rows[at] = i as u32;
             }
         }
-        // A chunk two rows read (a window sharing its array with another label) stays a slot
-        // both copy from; so does every chunk of its array, which keeps the rule per array.
-        let mut shared_path = vec![false; plan.paths.len()];
-        for (s, &n) in reads.iter().enumerate() {
-            if n > 1 {
-                shared_path[plan.slots[s].path] = true;
-            }
+        Self {
+            slots,
+            rows,
+            count,
+            max_spc,
+            scratch_bytes,
+            block_rows: order
+                .blocks
+                .iter()
+                .map(|b| b.len() as u64)
+                .max()
+                .unwrap_or(0),
         }
-        let mut count = 0;
-        for (s, row) in rows.iter_mut().enumerate() {
-            if row.0 != NONE && shared_path[plan.slots[s].path] {
-                row.0 = NONE;
-            }
-            count += usize::from(row.0 != NONE);
-        }
-        if count == 0 {
-            return Self::none();
-        }
-        Self { rows, count }
     }
 
-    /// The (row of the order, label) plan slot `slot` is decoded into.
-    pub fn row_of(&self, slot: usize) -> Option<(usize, usize)> {
-        let &(row, label) = self.rows.get(slot)?;
-        (row != NONE).then_some((row as usize, label as usize))
+    /// The label plan slot `slot` is decoded for, and per sample of its chunk the row of the
+    /// order it goes to (`None`: no row of the pass reads it); `None` for a slot loaded through
+    /// the pool.
+    pub fn rows_of(&self, slot: usize) -> Option<(usize, impl Iterator<Item = Option<usize>>)> {
+        let &(at, k, label) = self.slots.get(slot)?;
+        if at == NONE {
+            return None;
+        }
+        let rows = self.rows[at as usize..(at + k) as usize]
+            .iter()
+            .map(|&r| (r != NONE).then_some(r as usize));
+        Some((label as usize, rows))
     }
 
-    /// True when no slot is decoded into a row.
+    /// True when no slot is decoded into rows.
     pub fn is_empty(&self) -> bool {
         self.count == 0
+    }
+
+    /// Batches whose buffers the rows decoded in place may hold beyond what the pass's other
+    /// terms count: the batch at the planner's front at one sample per chunk (chunks are issued
+    /// in row order); with more, a chunk's rows are spread over its shuffle block's batches, so
+    /// all of a block's and the one straddling the next block.
+    pub fn extra_batches(&self, batch_size: u64) -> u64 {
+        match self.max_spc {
+            0 => 0,
+            1 => 1,
+            _ => self.block_rows.div_ceil(batch_size.max(1)) + 1,
+        }
+    }
+
+    /// Bytes of the scratch buffer each executor thread keeps for chunks of several samples
+    /// (decoded there, then copied into their rows); 0 when every chunk has one sample.
+    pub fn scratch_bytes(&self) -> u64 {
+        self.scratch_bytes
     }
 }
 

@@ -15,8 +15,10 @@ use insitubatch_pool::{PendingWrite, Slot, SlotFailure};
 use insitubatch_runtime::{ActorPool, Mailbox, yield_now};
 use insitubatch_store::{DType, DecodedChunk, Store, StoreError, ZarrArray};
 
+use crate::assembly::RowDest;
 use crate::error::EngineError;
 use crate::fetcher::{Dest, TileJob};
+use crate::gather::stream::{copy_to_batch, stores_done};
 use crate::pass::{EngineContext, OnBadChunk, PanicGuard, PassShared, lock};
 use crate::stats::{BadChunk, Counters};
 
@@ -73,8 +75,8 @@ pub(crate) async fn decode<S: Store>(
     if shared.config.panic_on_tile == Some(job.ordinal) {
         panic!("injected decoder panic on tile {}", job.ordinal);
     }
-    if matches!(job.dest, Dest::Row(_)) {
-        decode_into_row(ctx, shared, job, bytes).await;
+    if matches!(job.dest, Dest::Rows(_)) {
+        decode_into_rows(ctx, shared, job, bytes).await;
         return yield_now().await;
     }
     let array = &shared.arrays[job.path];
@@ -103,39 +105,74 @@ pub(crate) async fn decode<S: Store>(
     yield_now().await;
 }
 
-/// Decodes a one-sample chunk straight into its batch row (see [`crate::assembly`]).
-async fn decode_into_row<S: Store>(
+thread_local! {
+    /// This thread's buffer for a chunk whose samples go to several batch rows: decoded here,
+    /// while it is in this core's cache, then copied row by row. Kept (at the largest chunk's
+    /// size) so no decode lands in freshly mapped pages.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Decodes a chunk into its samples' batch rows (see [`crate::assembly`]): a one-sample chunk
+/// straight into its row, a larger one into this thread's scratch buffer and from there into
+/// each row.
+async fn decode_into_rows<S: Store>(
     ctx: &EngineContext<S>,
     shared: &PassShared,
     mut job: TileJob,
     bytes: Option<Vec<u8>>,
 ) {
-    let Dest::Row(row) = &mut job.dest else {
-        unreachable!("called for a row's job")
+    let Dest::Rows(rows) = &mut job.dest else {
+        unreachable!("called for a job with rows")
     };
-    let out = row.bytes_mut();
-    let n = out.len() as u64;
+    let array = &shared.arrays[job.path];
     let (index, key) = (&job.index, &job.key);
-    let decoded = shared.arrays[job.path]
-        .decode_chunk_into(index, bytes.as_deref(), out, || ctx.store.locate(key));
+    let locate = || ctx.store.locate(key);
+    let decoded = match rows.as_mut_slice() {
+        [Some(row)] => array.decode_chunk_into(index, bytes.as_deref(), row.bytes_mut(), locate),
+        rows => SCRATCH.with_borrow_mut(|scratch| {
+            let n = array.chunk_bytes_decoded() as usize;
+            if scratch.len() < n {
+                scratch.resize(n, 0);
+            }
+            let chunk = &mut scratch[..n];
+            array
+                .decode_chunk_into(index, bytes.as_deref(), chunk, locate)
+                .map(|()| copy_rows(chunk, rows))
+        }),
+    };
     if let Some(b) = bytes {
         ctx.read_buffers.give(b);
     }
     match decoded {
         Ok(()) => {
+            let n = array.chunk_bytes_decoded();
             Counters::add(&shared.counters.bytes_decoded, n);
             Counters::add(&shared.counters.tiles_into_batches, 1);
-            row_filled(job);
+            rows_filled(job);
         }
+        // A `nan` stand-in is copied into the rows by `deliver`.
         Err(e) => bad_chunk(ctx, job, e).await,
     }
 }
 
-/// Counts a job's batch row filled, wakes the gather and completes the job.
-fn row_filled(mut job: TileJob) {
-    let dest = std::mem::replace(&mut job.dest, Dest::Filled);
-    if let Dest::Row(row) = dest {
-        row.filled();
+/// Copies each sample of a decoded `chunk` into its batch row (rows that no row of the pass
+/// reads are skipped).
+fn copy_rows(chunk: &[u8], rows: &mut [Option<RowDest>]) {
+    let sample = chunk.len() / rows.len().max(1);
+    for (w, row) in rows.iter_mut().enumerate() {
+        if let Some(row) = row {
+            copy_to_batch(row.bytes_mut(), &chunk[w * sample..(w + 1) * sample]);
+        }
+    }
+    stores_done();
+}
+
+/// Counts a job's batch rows filled, wakes the gather and completes the job.
+fn rows_filled(mut job: TileJob) {
+    if let Dest::Rows(rows) = std::mem::replace(&mut job.dest, Dest::Filled) {
+        for row in rows.into_iter().flatten() {
+            row.filled();
+        }
     }
     job.shared.notify.notify_all();
     job.finish();
@@ -185,10 +222,10 @@ pub(crate) async fn deliver<S: Store>(
 ) {
     let slot = match &mut job.dest {
         Dest::Slot(slot) => Arc::clone(slot),
-        Dest::Row(row) => {
-            // A stand-in for a bad chunk (the decoded chunk itself goes `decode_into_row`).
-            row.bytes_mut().copy_from_slice(&bytes);
-            return row_filled(job);
+        Dest::Rows(rows) => {
+            // A stand-in for a bad chunk (a decoded chunk goes `decode_into_rows`).
+            copy_rows(&bytes, rows);
+            return rows_filled(job);
         }
         Dest::Filled => unreachable!("a filled row's job is complete"),
     };

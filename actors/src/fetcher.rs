@@ -35,9 +35,10 @@ const FETCHER_MAILBOX: usize = 64;
 pub(crate) enum Dest {
     /// Into its slot in the pool (the gather copies rows out of it).
     Slot(Arc<Slot>),
-    /// Straight into its batch row (a one-sample chunk; see [`crate::assembly`]).
-    Row(RowDest),
-    /// Its row was filled: the job is complete.
+    /// Into the batch rows of its samples, one per sample (`None`: no row reads it); see
+    /// [`crate::assembly`].
+    Rows(Vec<Option<RowDest>>),
+    /// Its rows were filled: the job is complete.
     Filled,
 }
 
@@ -46,7 +47,7 @@ impl Dest {
     pub(crate) fn slot(&self) -> Option<&Arc<Slot>> {
         match self {
             Dest::Slot(s) => Some(s),
-            Dest::Row(_) | Dest::Filled => None,
+            Dest::Rows(_) | Dest::Filled => None,
         }
     }
 }

@@ -382,8 +382,17 @@ fn memory_need<S: Store>(
     );
     if !direct.is_empty() {
         // Rows decoded in place take their batch's buffers when the planner issues the first
-        // of them: one batch ahead of the gather's at most.
-        need.batches = (need.batches + 1).min(plan.n_batches as u64);
+        // of them, ahead of the gather; each executor keeps a scratch buffer for chunks of
+        // several samples.
+        let extra = direct.extra_batches(config.batch_size as u64);
+        need.batches = need
+            .batches
+            .saturating_add(extra)
+            .min(plan.n_batches as u64);
+        let executors = ctx.runtime.executor_threads() as u64;
+        need.reads = need
+            .reads
+            .saturating_add(executors.saturating_mul(direct.scratch_bytes()));
     }
     need.limit = ctx.memory_limit;
     need

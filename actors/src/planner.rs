@@ -143,20 +143,29 @@ async fn drive<S: Store>(
         };
         // Where a miss is decoded: its slot, or (a one-sample chunk read by one row) straight
         // into the batch row, whose batch's buffers are taken now if this is its first.
-        let dest = match shared.direct.row_of(i) {
-            Some((row, label)) => match shared.owner.pin_resident(&key) {
+        let dest = match shared.direct.rows_of(i) {
+            Some((label, rows)) => match shared.owner.pin_resident(&key) {
                 Some(slot) => {
                     lock(&shared.slots)[i] = SlotEntry::Admitted(slot, permit);
                     None
                 }
                 None => {
-                    let j = row / plan.batch_size;
-                    let n_rows = shared.order.rows.len();
-                    let batch = shared.assemblies.open(&ctx.buffers, plan, j, n_rows)?;
+                    let (bs, n_rows) = (plan.batch_size, shared.order.rows.len());
                     let sample_bytes = plan.labels[label].sample_bytes as usize;
-                    let dest = batch.row(label, row % plan.batch_size, sample_bytes);
+                    let mut dests = Vec::new();
+                    for row in rows {
+                        let dest = match row {
+                            Some(r) => {
+                                let batch =
+                                    shared.assemblies.open(&ctx.buffers, plan, r / bs, n_rows)?;
+                                Some(batch.row(label, r % bs, sample_bytes))
+                            }
+                            None => None,
+                        };
+                        dests.push(dest);
+                    }
                     lock(&shared.slots)[i] = SlotEntry::Direct(permit);
-                    Some(Dest::Row(dest))
+                    Some(Dest::Rows(dests))
                 }
             },
             None => {
@@ -205,7 +214,7 @@ async fn drive<S: Store>(
             // A cropped view of a sharded array reads and decodes only the inner chunks its
             // region touches in this tile; anything else is a whole stored chunk.
             let part = array.inner_chunk_shape().and_then(|_| layout.tile_parts(t));
-            // A row is one tile; a slot's tiles each deliver into it.
+            // Rows are filled from one tile; a slot's tiles each deliver into it.
             let dest = match &dest {
                 Dest::Slot(slot) => Dest::Slot(Arc::clone(slot)),
                 _ => std::mem::replace(&mut dest, Dest::Filled),

@@ -978,6 +978,12 @@ impl InSituDataset {
         self.ctx.pool.stats()
     }
 
+    /// Batch buffers allocated so far: the most batches this dataset's iterations held at
+    /// once, since buffers are reused (unless `INSITUBATCH_NO_BUFFER_REUSE` is set).
+    pub fn batch_buffers_allocated(&self) -> u64 {
+        self.ctx.buffers.allocated()
+    }
+
     /// Drops every unpinned chunk from the pool (the next epoch starts cold).
     pub fn clear_cache(&self) {
         self.ctx.pool.clear_unpinned();

@@ -327,20 +327,32 @@ fn drained(mut pass: insitubatch::Pass) -> insitubatch::PassStats {
     pass.stats()
 }
 
-/// The one-sample-per-chunk fixtures: zstd decoded in place, then blosc with chunks never
-/// written, big-endian zstd and a one-sample shard, which decode into a buffer first.
-const ONE_PER_CHUNK: [(&str, &str); 4] = [
+/// Fixtures whose chunks are decoded straight into batch rows. One sample per chunk: zstd
+/// decoded in place, then blosc with chunks never written, big-endian zstd and a one-sample
+/// shard, which decode into a buffer first. Several: zstd (4 per chunk), blosc with a partial
+/// final chunk (3), chunks never written (2) and a shard of 4 samples.
+const INTO_ROWS: [(&str, &str); 8] = [
     ("paired", "raw"),
     ("one_per_chunk_v2_blosc", ""),
     ("one_per_chunk_be", ""),
     ("one_per_chunk_sharded", ""),
+    ("era5_v3", "t2m"),
+    ("v2_blosc_lz4", ""),
+    ("v2_fill", ""),
+    ("v3_sharded", ""),
 ];
 
 #[test]
-fn one_sample_chunks_decoded_into_batch_rows_equal_the_pool_path_read_once() {
-    for (case, array) in ONE_PER_CHUNK {
+fn chunks_decoded_into_batch_rows_equal_the_pool_path_read_once() {
+    for (case, array) in INTO_ROWS {
         let f = fixture(case, array);
         let n = f.shape[0];
+        let spc = f.entry["shards"]
+            .as_array()
+            .map_or(f.entry["chunks"][0].as_u64().unwrap(), |s| {
+                s[0].as_u64().unwrap()
+            });
+        let chunks = n.div_ceil(spc);
         for (shuffle, bs, threads) in [(true, 3, 2), (false, 4, 1), (true, 64, 2)] {
             let build = |into_rows: bool| {
                 InSituDataset::builder(&f.store)
@@ -367,22 +379,76 @@ fn one_sample_chunks_decoded_into_batch_rows_equal_the_pool_path_read_once() {
                 "{case}: the same batches, in the same order"
             );
             let s = drained(rows.train().unwrap());
-            // Each stored chunk read and decoded once, straight into its row: no slot pinned.
-            assert_eq!(
-                (s.tiles_read, s.tiles_into_batches),
-                (n, n),
-                "{case}: {s:?}"
-            );
-            assert_eq!((s.cache_misses, s.pinned_peak_bytes), (n, 0), "{case}");
-            assert_eq!(s.bytes_decoded, s.bytes_delivered, "{case}");
+            // Each stored chunk read and decoded once, into its rows: no slot pinned.
+            let want = (chunks, chunks);
+            assert_eq!((s.tiles_read, s.tiles_into_batches), want, "{case}: {s:?}");
+            assert_eq!((s.cache_misses, s.pinned_peak_bytes), (chunks, 0), "{case}");
             // A fresh pool (the one above kept this small split's chunks).
             let fresh = build(false);
             fresh.set_epoch(1);
             let p = drained(fresh.train().unwrap());
-            assert_eq!((p.tiles_read, p.tiles_into_batches), (n, 0), "{case}");
-            assert_eq!(p.bytes_read, s.bytes_read, "{case}");
+            assert_eq!((p.tiles_read, p.tiles_into_batches), (chunks, 0), "{case}");
+            assert_eq!(
+                (p.bytes_read, p.bytes_decoded),
+                (s.bytes_read, s.bytes_decoded),
+                "{case}"
+            );
         }
     }
+}
+
+#[test]
+fn batches_filled_by_decoders_stay_within_the_memory_need() {
+    // 256 samples, 8 per chunk, blocks of 4 chunks: a chunk's rows spread over its block's
+    // 8 batches of 4, which are taken when its first chunk is decoded.
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.zarr");
+    let spec = insitubatch::synth::SynthSpec {
+        samples: 256,
+        grid: (8, 16),
+        sample_chunk: 8,
+        variables: vec!["t".into()],
+        ..Default::default()
+    };
+    insitubatch::synth::make_dataset(&store, &spec, false, &|_, _| {}).unwrap();
+    let build = |into_rows: bool| {
+        InSituDataset::builder(&store)
+            .variable("t", "t")
+            .batch_size(4)
+            .block_chunks(4)
+            .prefetch_depth(2)
+            .decode_into_batches(into_rows)
+            .build()
+            .unwrap()
+    };
+    let (rows, pooled) = (build(true), build(false));
+    let (need, pooled_need) = (
+        rows.memory_need("train").unwrap(),
+        pooled.memory_need("train").unwrap(),
+    );
+    assert_eq!(
+        need.batches,
+        pooled_need.batches + 32 / 4 + 1,
+        "a block's batches and the one straddling the next"
+    );
+    // The rows of chunks issued within the read-ahead bound sit in batch buffers instead of
+    // the pool's slots: the buffers held at once fit the batches and the working set counted.
+    let counted = need.batches_bytes() + need.working_set;
+    for epoch in 0..3 {
+        rows.set_epoch(epoch);
+        let s = drained(rows.train().unwrap());
+        assert_eq!((s.tiles_into_batches, s.pinned_peak_bytes), (32, 0));
+        let held = rows.batch_buffers_allocated() * need.batch_bytes;
+        assert!(
+            held <= counted,
+            "{held} bytes of batch buffers held at once, {counted} counted: {need:?}"
+        );
+    }
+    assert_eq!(
+        rows.pool_stats().peak_resident_bytes,
+        0,
+        "no slot was admitted"
+    );
 }
 
 #[test]

@@ -543,7 +543,9 @@ fn the_memory_need_of_a_cropped_sharded_view_counts_its_part_reads_not_whole_sha
         let b = InSituDataset::builder(&store).max_inflight(2);
         let b = match region {
             Some(r) => b.cropped_window("t", "t", 0, r),
-            None => b.variable("t", "t"),
+            // Through the pool: decoded into batch rows, the whole shard would also count a
+            // scratch chunk per executor.
+            None => b.variable("t", "t").decode_into_batches(false),
         };
         b.build().unwrap().memory_need("train").unwrap()
     };
@@ -653,7 +655,14 @@ fn a_wrapping_region_of_a_shard_reads_only_the_inner_chunks_at_its_two_ends() {
     assert_eq!(s.bytes_read, (expect - 4 * index_len) as u64, "{s:?}");
     // The memory need counts those two inner chunks per sample, not the four between the ends.
     let need = cropped.memory_need("train").unwrap();
-    let whole_need = whole.memory_need("train").unwrap();
+    // Through the pool (decoded into batch rows, the whole view would also count a scratch
+    // chunk per executor).
+    let pooled = build(
+        InSituDataset::builder(&store)
+            .variable("t", "t")
+            .decode_into_batches(false),
+    );
+    let whole_need = pooled.memory_need("train").unwrap();
     let buffers = whole_need.reads / (4 * 40 * 64 * 4);
     assert_eq!(
         need.reads,
