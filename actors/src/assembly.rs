@@ -12,8 +12,8 @@
 //!
 //! [`DirectRows::plan`] decides, when a pass starts, which of its slots go this way: a whole
 //! chunk (one tile covering the field) of an array without chunk transforms, which one label
-//! reads, whose samples the order draws within one shuffle block, in a pass whose pool can
-//! neither keep its chunks for a later epoch nor write them to a cache directory. The planner
+//! reads, whose samples the order draws within one shuffle block, in a pass whose pool would
+//! keep little of what it reads for a later epoch ([`IntoRows`]) and writes no cache directory. The planner
 //! opens a batch's [`Assembly`] when it issues the first chunk with a row in it, taking the
 //! batch's buffers then; the decoder writes each row through its [`RowDest`] and counts it
 //! filled; the gather, when it reaches the batch, waits until as many rows are filled as it
@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use insitubatch_pool::{BufferPool, ChunkPool, PooledBuf};
 
 use crate::error::EngineError;
-use crate::pass::lock;
+use crate::pass::{IntoRows, lock};
 use crate::planner::{EpochOrder, ReadPlan};
 use crate::tile::TileLayout;
 use crate::transform::Pipeline;
@@ -67,10 +67,9 @@ impl DirectRows {
     }
 
     /// The slots of a pass over `plan` and `order` whose chunks are decoded straight into
-    /// their batch rows (see the module's documentation for which). `enabled` is the pass's
-    /// `decode_into_batches`.
+    /// their batch rows (see the module's documentation for which), in `mode`.
     pub fn plan(
-        enabled: bool,
+        mode: IntoRows,
         pool: &ChunkPool,
         transforms: &HashMap<String, Pipeline>,
         plan: &ReadPlan,
@@ -78,12 +77,19 @@ impl DirectRows {
         release_each_block: bool,
     ) -> Self {
         let n_rows = order.rows.len();
-        // A budget that holds every chunk the pass reads keeps them for the next epoch, which
-        // a chunk decoded into rows would not be; a cache directory writes slots to files.
+        // A chunk decoded into rows is not kept for a later epoch. Under LRU with each epoch's
+        // order shuffled, a budget holding a quarter of the pass's chunks serves ~4 % of a later
+        // epoch's reads as hits, half of them ~15 %: past a quarter the pool is worth its
+        // copies (docs/benchmarks.md, "Decoding into batch rows").
         let pass_bytes: u64 = plan.slots.iter().map(|s| s.nbytes).sum();
-        let pool_keeps = pool.fixed_budget().is_some_and(|b| b >= pass_bytes);
-        if !enabled
-            || pool_keeps
+        let budget = pool.fixed_budget().unwrap_or(plan.read_ahead_bytes);
+        let pool_keeps = match mode {
+            IntoRows::Never => true,
+            IntoRows::Always => false,
+            IntoRows::Auto => budget.saturating_mul(4) > pass_bytes,
+        };
+        // A cache directory writes slots to files.
+        if pool_keeps
             || pool.disk().is_some()
             || release_each_block
             || u32::try_from(n_rows).is_err()

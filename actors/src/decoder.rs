@@ -1,7 +1,9 @@
 //! The decoder: runs the array's codec chain on a stored chunk's bytes and delivers the result
 //! into its slot, adopting the buffer when the layout allows and copying the tile's rectangle
 //! when the field is inner-chunked or the sample axis is not first. The array's chunk
-//! transforms ([`crate::transform`]) run on the complete slot before it becomes ready.
+//! transforms ([`crate::transform`]) run on the complete slot before it becomes ready. A chunk
+//! nothing keeps goes to its samples' batch rows instead (`decode_into_rows`,
+//! [`crate::assembly`]).
 //!
 //! A chunk the page cache held is decoded by the fetcher worker that read it, at once and on
 //! the same core (`decode`), while the read has left its bytes in that core's cache. A chunk

@@ -8,7 +8,8 @@
 //!   computed read-ahead bound;
 //! - [`fetcher`]: stored-chunk reads under one `max_inflight` budget (a page-cache hit is
 //!   decoded at once by the worker that read it);
-//! - [`decoder`]: codec decode and delivery into the pool's slots;
+//! - [`decoder`]: codec decode and delivery into the pool's slots, or straight into batch rows
+//!   for chunks nothing keeps (`assembly`);
 //! - [`gather`]: rows into pooled batch buffers, block release, the prefetch channel.
 //!
 //! The public API users call is in the `insitubatch` crate; this crate is its machinery.
@@ -30,7 +31,7 @@ pub mod variable;
 pub use batch::{Batch, BatchArray, Element};
 pub use error::EngineError;
 pub use pass::{
-    EngineContext, NO_DECODE_INTO_BATCHES_ENV, OnBadChunk, Pass, PassConfig, TimedOut,
+    DECODE_INTO_BATCHES_ENV, EngineContext, IntoRows, OnBadChunk, Pass, PassConfig, TimedOut,
     count_order_rows, plan_order, rank_share,
 };
 pub use planner::{

@@ -91,9 +91,42 @@ pub struct EngineContext<S: Store> {
     pub memory_limit: Option<crate::planner::MemoryLimit>,
 }
 
-/// Set to any value to load every chunk through the pool, never straight into its batch row
-/// (`PassConfig::decode_into_batches` false by default: to compare the two).
-pub const NO_DECODE_INTO_BATCHES_ENV: &str = "INSITUBATCH_NO_DECODE_INTO_BATCHES";
+/// Overrides the default of [`IntoRows`] for datasets that do not set it: `auto`, `always` or
+/// `never` (the Python shim and C programs choose it this way).
+pub const DECODE_INTO_BATCHES_ENV: &str = "INSITUBATCH_DECODE_INTO_BATCHES";
+
+/// When a chunk is decoded straight into its samples' batch rows rather than into a pool slot
+/// the gather copies from (see `docs/architecture.md`, "Decoding into batch rows"). Never with a
+/// cache directory or chunk transforms, whose slots are the point.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IntoRows {
+    /// When the pool's budget holds at most a quarter of the chunks the pass reads (the
+    /// default): the few chunks such a budget keeps for a later epoch save less than decoding
+    /// into rows does.
+    #[default]
+    Auto,
+    /// Even when the budget could keep chunks for a later epoch: for a single pass (inference,
+    /// scoring) no later epoch reads again.
+    Always,
+    /// Never: every chunk through the pool (to compare; the batches are the same).
+    Never,
+}
+
+impl std::str::FromStr for IntoRows {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Self, EngineError> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "always" => Ok(Self::Always),
+            "never" => Ok(Self::Never),
+            other => Err(EngineError::arg(
+                "decode_into_batches",
+                other,
+                "use \"auto\", \"always\" or \"never\"",
+            )),
+        }
+    }
+}
 
 /// Settings of one pass.
 #[derive(Clone, Debug)]
@@ -123,10 +156,8 @@ pub struct PassConfig {
     /// chunk only they draw from is not read). The batches from it on are those of a whole
     /// pass.
     pub start_batch: u64,
-    /// Decode a one-sample chunk straight into its batch row where the pass allows it (see
-    /// `docs/architecture.md`, "Decoding into batch rows"); `false` loads every chunk through
-    /// the pool, to compare.
-    pub decode_into_batches: bool,
+    /// When chunks are decoded straight into batch rows.
+    pub decode_into_batches: IntoRows,
     /// Test hook: the decoder panics on this tile ordinal (`None` in real use).
     #[doc(hidden)]
     pub panic_on_tile: Option<u64>,

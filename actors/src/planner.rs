@@ -3,8 +3,9 @@
 //! The pure half ([`split_by_chunk`], [`epoch_order`], [`read_plan`]) runs when a pass starts.
 //! The actor half admits the plan's slots in order: it takes read-ahead permits (bytes, the
 //! computed bound), asks the pool whether the slot is resident (a hit costs no fetch), and for a
-//! miss sends one [`TileJob`] per stored chunk to the fetchers, each
-//! holding one `max_inflight` permit.
+//! miss sends one [`TileJob`] per stored chunk to the fetchers, each holding one
+//! `max_inflight` permit, to be decoded into the slot or, for a chunk nothing keeps, into its
+//! samples' batch rows (`crate::assembly`).
 
 mod memory;
 mod need;
@@ -110,6 +111,30 @@ impl Drop for Announcer<'_> {
     }
 }
 
+/// The batch rows a chunk's samples go to, label `label`'s rows `rows` of the order (`None`
+/// for a sample no row reads): each row's batch is opened (its buffers taken) if it is not yet.
+fn row_dests<S: Store>(
+    ctx: &EngineContext<S>,
+    shared: &PassShared,
+    label: usize,
+    rows: impl Iterator<Item = Option<usize>>,
+) -> Result<Dest, EngineError> {
+    let plan = &shared.plan;
+    let (bs, n_rows) = (plan.batch_size, shared.order.rows.len());
+    let sample_bytes = plan.labels[label].sample_bytes as usize;
+    let mut dests = Vec::new();
+    for row in rows {
+        dests.push(match row {
+            Some(r) => {
+                let batch = shared.assemblies.open(&ctx.buffers, plan, r / bs, n_rows)?;
+                Some(batch.row(label, r % bs, sample_bytes))
+            }
+            None => None,
+        });
+    }
+    Ok(Dest::Rows(dests))
+}
+
 async fn drive<S: Store>(
     ctx: &EngineContext<S>,
     shared: &Arc<PassShared>,
@@ -141,8 +166,8 @@ async fn drive<S: Store>(
             path: Arc::clone(&path.path),
             chunk: ps.chunk,
         };
-        // Where a miss is decoded: its slot, or (a one-sample chunk read by one row) straight
-        // into the batch row, whose batch's buffers are taken now if this is its first.
+        // Where a miss is decoded: its slot, or (a chunk nothing keeps; see `crate::assembly`)
+        // its samples' batch rows.
         let dest = match shared.direct.rows_of(i) {
             Some((label, rows)) => match shared.owner.pin_resident(&key) {
                 Some(slot) => {
@@ -150,22 +175,9 @@ async fn drive<S: Store>(
                     None
                 }
                 None => {
-                    let (bs, n_rows) = (plan.batch_size, shared.order.rows.len());
-                    let sample_bytes = plan.labels[label].sample_bytes as usize;
-                    let mut dests = Vec::new();
-                    for row in rows {
-                        let dest = match row {
-                            Some(r) => {
-                                let batch =
-                                    shared.assemblies.open(&ctx.buffers, plan, r / bs, n_rows)?;
-                                Some(batch.row(label, r % bs, sample_bytes))
-                            }
-                            None => None,
-                        };
-                        dests.push(dest);
-                    }
+                    let dest = row_dests(ctx, shared, label, rows)?;
                     lock(&shared.slots)[i] = SlotEntry::Direct(permit);
-                    Some(Dest::Rows(dests))
+                    Some(dest)
                 }
             },
             None => {
@@ -214,7 +226,7 @@ async fn drive<S: Store>(
             // A cropped view of a sharded array reads and decodes only the inner chunks its
             // region touches in this tile; anything else is a whole stored chunk.
             let part = array.inner_chunk_shape().and_then(|_| layout.tile_parts(t));
-            // Rows are filled from one tile; a slot's tiles each deliver into it.
+            // A chunk decoded into rows is one tile; a slot's tiles each deliver into it.
             let dest = match &dest {
                 Dest::Slot(slot) => Dest::Slot(Arc::clone(slot)),
                 _ => std::mem::replace(&mut dest, Dest::Filled),

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use insitubatch_actors::{
-    ChunkTransform, ChunkTransforms, EngineContext, EngineError, EpochOrder, MemoryLimit,
-    MemoryNeed, NO_DECODE_INTO_BATCHES_ENV, OnBadChunk, Pass, PassConfig, Pipeline, Shard,
+    ChunkTransform, ChunkTransforms, DECODE_INTO_BATCHES_ENV, EngineContext, EngineError,
+    EpochOrder, IntoRows, MemoryLimit, MemoryNeed, OnBadChunk, Pass, PassConfig, Pipeline, Shard,
     SplitManifest, Variable, count_order_rows, memory_limit, plan_order, rank_share,
     split_by_chunk,
 };
@@ -62,6 +62,26 @@ enum VarSpec {
     },
 }
 
+/// The mode `INSITUBATCH_DECODE_INTO_BATCHES` sets ([`IntoRows::Auto`] without it), or an
+/// error naming the variable.
+fn into_rows_from_env() -> Result<IntoRows, EngineError> {
+    match std::env::var(DECODE_INTO_BATCHES_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(IntoRows::Auto),
+        Ok(v) => v.trim().parse().map_err(|_| {
+            EngineError::arg(
+                DECODE_INTO_BATCHES_ENV,
+                &v,
+                "use auto, always or never, or unset it",
+            )
+        }),
+        Err(std::env::VarError::NotUnicode(v)) => Err(EngineError::arg(
+            DECODE_INTO_BATCHES_ENV,
+            v.to_string_lossy(),
+            "use auto, always or never, or unset it",
+        )),
+    }
+}
+
 /// Builds an [`InSituDataset`]. Argument names and defaults are the spec's.
 pub struct DatasetBuilder {
     root: PathBuf,
@@ -79,7 +99,8 @@ pub struct DatasetBuilder {
     on_bad_chunk: OnBadChunk,
     executor_threads: Option<usize>,
     io_backend: IoBackendChoice,
-    decode_into_batches: bool,
+    /// `None`: `INSITUBATCH_DECODE_INTO_BATCHES`, or `Auto` without it.
+    decode_into_batches: Option<IntoRows>,
     panic_on_tile: Option<u64>,
     cache_dir: Option<PathBuf>,
     persist: bool,
@@ -243,13 +264,13 @@ impl DatasetBuilder {
         self
     }
 
-    /// Decode a one-sample stored chunk straight into its batch row when nothing needs it in
-    /// the pool (default true, or false when `INSITUBATCH_NO_DECODE_INTO_BATCHES` is set): it
-    /// saves the pool slot and the copy out of it. `false` loads every chunk through the pool,
-    /// to compare; the batches are the same. See `docs/architecture.md`, "Decoding into batch
-    /// rows".
-    pub fn decode_into_batches(mut self, on: bool) -> Self {
-        self.decode_into_batches = on;
+    /// When a chunk is decoded straight into its samples' batch rows instead of a pool slot the
+    /// gather copies from (default [`IntoRows::Auto`], or what `INSITUBATCH_DECODE_INTO_BATCHES`
+    /// says): it saves the slot's fresh pages and the later copy out of it, and keeps nothing
+    /// for a later epoch. `Always` suits a single pass (inference); `Never` is for comparing
+    /// (the batches are the same). See `docs/architecture.md`, "Decoding into batch rows".
+    pub fn decode_into_batches(mut self, mode: IntoRows) -> Self {
+        self.decode_into_batches = Some(mode);
         self
     }
 
@@ -507,6 +528,10 @@ impl DatasetBuilder {
     /// Opens the store, resolves the variables and validates everything.
     pub fn build(self) -> Result<InSituDataset, EngineError> {
         self.check_knobs()?;
+        let decode_into_batches = match self.decode_into_batches {
+            Some(mode) => mode,
+            None => into_rows_from_env()?,
+        };
         crate::allocator::fit_to_address_space();
         let store = AnyStore::open(&self.root, &self.storage_options)?;
         let mut rb = RuntimeBuilder::new().io_backend(self.io_backend);
@@ -724,7 +749,7 @@ impl DatasetBuilder {
             seed: self.seed,
             shuffle: self.shuffle,
             on_bad_chunk: self.on_bad_chunk,
-            decode_into_batches: self.decode_into_batches,
+            decode_into_batches,
             panic_on_tile: self.panic_on_tile,
             shard: self.shard,
             even_train: self.even_train,
@@ -807,7 +832,7 @@ pub struct InSituDataset {
     seed: u64,
     shuffle: bool,
     on_bad_chunk: OnBadChunk,
-    decode_into_batches: bool,
+    decode_into_batches: IntoRows,
     panic_on_tile: Option<u64>,
     shard: Shard,
     even_train: bool,
@@ -847,7 +872,7 @@ impl InSituDataset {
             on_bad_chunk: OnBadChunk::Raise,
             executor_threads: None,
             io_backend: IoBackendChoice::Auto,
-            decode_into_batches: std::env::var_os(NO_DECODE_INTO_BATCHES_ENV).is_none(),
+            decode_into_batches: None,
             panic_on_tile: None,
             cache_dir: None,
             persist: false,

@@ -21,9 +21,9 @@ pub use dataset::{
 pub use insitubatch_actors as actors;
 pub use insitubatch_actors::transform;
 pub use insitubatch_actors::{
-    BadChunk, Batch, BatchArray, ChunkTransform, EngineError, EpochOrder, MemoryLimit, MemoryNeed,
-    MemorySource, OnBadChunk, Pass, PassStats, SplitManifest, TimedOut, Variable, memory_limit,
-    shuffle_quality, split_by_chunk,
+    BadChunk, Batch, BatchArray, ChunkTransform, EngineError, EpochOrder, IntoRows, MemoryLimit,
+    MemoryNeed, MemorySource, OnBadChunk, Pass, PassStats, SplitManifest, TimedOut, Variable,
+    memory_limit, shuffle_quality, split_by_chunk,
 };
 pub use insitubatch_pool as pool;
 pub use insitubatch_pool::PoolStats;

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use insitubatch::cachebench::drop_pages_where;
 use insitubatch::{
-    EngineError, InSituDataset, IoBackendChoice, OnBadChunk, TimedOut, split_by_chunk,
+    EngineError, InSituDataset, IntoRows, IoBackendChoice, OnBadChunk, TimedOut, split_by_chunk,
 };
 use insitubatch_tests::{
     FixtureArray, Lease, copy_dir, fixture_arrays, sample_of, threads_named, threads_named_settled,
@@ -270,7 +270,11 @@ fn dropping_an_iterator_mid_epoch_unpins_everything_and_dataset_drop_leaves_no_t
             .block_chunks(4)
             .prefetch_depth(1)
             .executor_threads(2)
-            .decode_into_batches(into_batches)
+            .decode_into_batches(if into_batches {
+                IntoRows::Always
+            } else {
+                IntoRows::Never
+            })
             .build()
             .unwrap();
         assert!(threads_named("isb") > before);
@@ -361,7 +365,11 @@ fn chunks_decoded_into_batch_rows_equal_the_pool_path_read_once() {
                     .block_chunks(2)
                     .shuffle(shuffle)
                     .executor_threads(threads)
-                    .decode_into_batches(into_rows)
+                    .decode_into_batches(if into_rows {
+                        IntoRows::Always
+                    } else {
+                        IntoRows::Never
+                    })
                     .build()
                     .unwrap()
             };
@@ -417,7 +425,11 @@ fn batches_filled_by_decoders_stay_within_the_memory_need() {
             .batch_size(4)
             .block_chunks(4)
             .prefetch_depth(2)
-            .decode_into_batches(into_rows)
+            .decode_into_batches(if into_rows {
+                IntoRows::Always
+            } else {
+                IntoRows::Never
+            })
             .build()
             .unwrap()
     };
@@ -460,6 +472,7 @@ fn rows_decoded_in_place_only_where_one_row_reads_the_chunk_and_nothing_keeps_it
         .variable("x", "raw")
         .window("y", "raw", 1)
         .batch_size(5)
+        .decode_into_batches(IntoRows::Always)
         .build()
         .unwrap();
     check_epoch(&windows, "train", &[("x", &raw, 0), ("y", &raw, 0)]);
@@ -471,6 +484,7 @@ fn rows_decoded_in_place_only_where_one_row_reads_the_chunk_and_nothing_keeps_it
         .variable("m", "mask")
         .batch_size(4)
         .block_chunks(3)
+        .decode_into_batches(IntoRows::Always)
         .build()
         .unwrap();
     check_epoch(&paired, "train", &[("r", &raw, 0), ("m", &mask, 0)]);
@@ -481,15 +495,50 @@ fn rows_decoded_in_place_only_where_one_row_reads_the_chunk_and_nothing_keeps_it
         61 + 3,
         "and mask's three chunks through the pool: {s:?}"
     );
-    // A budget that holds the split keeps its chunks for the next epoch: through the pool.
-    let kept = InSituDataset::builder(&raw.store)
-        .variable("r", "raw")
-        .cache_budget_bytes(1 << 20)
-        .build()
-        .unwrap();
+    // By default, a budget that keeps more than a quarter of the split for the next epoch
+    // keeps the chunks in the pool (here the whole split: later epochs are all hits), the
+    // automatic one included; one that keeps less decodes into rows.
+    let auto = |b: insitubatch::DatasetBuilder| {
+        b.variable("r", "raw")
+            .batch_size(2)
+            .block_chunks(2)
+            .build()
+            .unwrap()
+    };
+    let kept = auto(InSituDataset::builder(&raw.store).cache_budget_bytes(1 << 20));
     assert_eq!(drained(kept.train().unwrap()).tiles_into_batches, 0);
     let later = drained(kept.train().unwrap());
     assert_eq!((later.cache_hits, later.tiles_read), (61, 0));
+    let working_set = auto(InSituDataset::builder(&raw.store));
+    let pass = working_set.train().unwrap();
+    let (read_ahead, split) = (pass.read_ahead_bytes(), 61 * 120);
+    let s = drained(pass);
+    assert_eq!(
+        s.tiles_into_batches > 0,
+        read_ahead * 4 <= split,
+        "a working set of {read_ahead} of {split} bytes: {s:?}"
+    );
+    assert!(read_ahead * 4 <= split, "the case this checks");
+    let quarter = auto(InSituDataset::builder(&raw.store).cache_budget_bytes(split / 4 + 120));
+    assert_eq!(drained(quarter.train().unwrap()).tiles_into_batches, 0);
+    let less = auto(InSituDataset::builder(&raw.store).cache_budget_bytes(split / 4));
+    assert_eq!(drained(less.train().unwrap()).tiles_into_batches, 61);
+    // `Never` and `Always` override it.
+    let never = InSituDataset::builder(&raw.store)
+        .variable("r", "raw")
+        .decode_into_batches(IntoRows::Never)
+        .build()
+        .unwrap();
+    assert_eq!(drained(never.train().unwrap()).tiles_into_batches, 0);
+    let always = InSituDataset::builder(&raw.store)
+        .variable("r", "raw")
+        .cache_budget_bytes(1 << 20)
+        .decode_into_batches(IntoRows::Always)
+        .build()
+        .unwrap();
+    assert_eq!(drained(always.train().unwrap()).tiles_into_batches, 61);
+    let later = drained(always.train().unwrap());
+    assert_eq!((later.cache_hits, later.tiles_into_batches), (0, 61));
 }
 
 #[test]
@@ -501,6 +550,7 @@ fn a_corrupt_chunk_decoded_into_its_row_raises_naming_it_or_fills_the_row_with_n
             .variable("r", "raw")
             .batch_size(4)
             .on_bad_chunk(policy)
+            .decode_into_batches(IntoRows::Always)
             .build()
             .unwrap()
     };
@@ -912,7 +962,7 @@ fn the_memory_need_counts_what_a_pass_holds_and_is_the_figure_its_start_checks()
             .unwrap()
     };
     // Through the pool, then with chunks decoded into batch rows (the default here).
-    let pooled = build(InSituDataset::builder(dir.path()).decode_into_batches(false));
+    let pooled = build(InSituDataset::builder(dir.path()).decode_into_batches(IntoRows::Never));
     let pooled = pooled.memory_need("train").unwrap();
     assert_eq!(
         pooled.batches,
@@ -953,8 +1003,8 @@ fn the_memory_need_counts_what_a_pass_holds_and_is_the_figure_its_start_checks()
 
     // A heap budget above the working set: the pool may keep it, or every chunk if fewer.
     // A budget that holds the whole split keeps its chunks for the next epoch, so none is
-    // decoded into a batch row; one that cannot still does.
-    for (budget, held, into_rows) in [(10 << 20, 10 << 20, true), (1 << 30, 64 * chunk, false)] {
+    // decoded into a batch row; one that holds under a quarter of it does not.
+    for (budget, held, into_rows) in [(7 << 19, 7 << 19, true), (1 << 30, 64 * chunk, false)] {
         let ds = build(InSituDataset::builder(dir.path()).cache_budget_bytes(budget));
         let n = ds.memory_need("train").unwrap();
         assert_eq!((n.pool, n.cache_budget), (held, Some(budget)), "{budget}");

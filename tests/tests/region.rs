@@ -3,7 +3,7 @@
 //! are read, windows and transforms compose with a crop, a crop is part of what a persistent
 //! cache holds, and every bad region is an error naming the array.
 
-use insitubatch::{EngineError, InSituDataset};
+use insitubatch::{EngineError, InSituDataset, IntoRows};
 use insitubatch_tests::{FixtureArray, fixture_arrays, item_size, sample_of};
 
 mod common;
@@ -545,7 +545,7 @@ fn the_memory_need_of_a_cropped_sharded_view_counts_its_part_reads_not_whole_sha
             Some(r) => b.cropped_window("t", "t", 0, r),
             // Through the pool: decoded into batch rows, the whole shard would also count a
             // scratch chunk per executor.
-            None => b.variable("t", "t").decode_into_batches(false),
+            None => b.variable("t", "t").decode_into_batches(IntoRows::Never),
         };
         b.build().unwrap().memory_need("train").unwrap()
     };
@@ -660,7 +660,7 @@ fn a_wrapping_region_of_a_shard_reads_only_the_inner_chunks_at_its_two_ends() {
     let pooled = build(
         InSituDataset::builder(&store)
             .variable("t", "t")
-            .decode_into_batches(false),
+            .decode_into_batches(IntoRows::Never),
     );
     let whole_need = pooled.memory_need("train").unwrap();
     let buffers = whole_need.reads / (4 * 40 * 64 * 4);

@@ -740,16 +740,20 @@ def test_one_sample_chunks_decoded_into_batch_rows_equal_the_pool_path(fixtures,
             got = [(b.sample_indices.copy(), b.arrays["r"].copy()) for b in ds.train]
             return got, ds.stats()
 
+    monkeypatch.setenv("INSITUBATCH_DECODE_INTO_BATCHES", "always")
     rows, s = epoch()
     # Each chunk decoded straight into its row, every sample zarr-python's, each once.
     assert s["tiles_into_batches"] == s["tiles_read"] == 61
     assert sorted(i for idx, _ in rows for i in idx.tolist()) == list(range(61))
     for idx, arr in rows:
         np.testing.assert_array_equal(arr, ref[idx])
-    monkeypatch.setenv("INSITUBATCH_NO_DECODE_INTO_BATCHES", "1")
+    monkeypatch.setenv("INSITUBATCH_DECODE_INTO_BATCHES", "never")
     pooled, p = epoch()
     assert (p["tiles_into_batches"], p["tiles_read"]) == (0, 61)
     assert len(pooled) == len(rows)
     for (ia, a), (ib, b) in zip(rows, pooled):
         np.testing.assert_array_equal(ia, ib)
         np.testing.assert_array_equal(a, b)
+    monkeypatch.setenv("INSITUBATCH_DECODE_INTO_BATCHES", "sometimes")
+    with pytest.raises(isb.InvalidArgument, match="INSITUBATCH_DECODE_INTO_BATCHES.*auto, always or never"):
+        isb.InSituDataset(store, None, {"r": g["raw"]})
