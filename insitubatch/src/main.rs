@@ -609,7 +609,7 @@ fn print_epoch(r: &EpochReport) {
     let s = &r.stats;
     println!(
         "epoch {}: {} samples in {} batches, {:.2} s = {:.0} samples/s, {:.0} MB/s; first batch {:.1} ms; \
-         batch latency p50 {:.2} ms p99 {:.2} ms; chunks: {} misses, {} hits; read {}, decoded {}{}",
+         batch latency p50 {:.2} ms p99 {:.2} ms; chunks: {} misses, {} hits{}; read {}, decoded {}{}",
         s.epoch,
         s.samples,
         s.batches,
@@ -621,6 +621,10 @@ fn print_epoch(r: &EpochReport) {
         s.batch_latency_us_p99 as f64 / 1e3,
         s.cache_misses,
         s.cache_hits,
+        match s.tiles_into_batches {
+            0 => String::new(),
+            n => format!(", {n} decoded into batch rows"),
+        },
         human_bytes(s.bytes_read),
         human_bytes(s.bytes_decoded),
         match s.tiles_read_waited {
