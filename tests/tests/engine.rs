@@ -1260,19 +1260,23 @@ fn a_pass_that_fits_alone_but_not_beside_a_running_one_is_refused_naming_it() {
 #[test]
 fn a_panicking_decoder_reaches_the_consumer_as_an_error() {
     let f = fixture("paired", "raw");
-    let ds = InSituDataset::builder(&f.store)
-        .variable("r", "raw")
-        .panic_on_tile(5)
-        .build()
-        .unwrap();
-    let results: Vec<_> = ds.train().unwrap().collect();
-    let err = results
-        .iter()
-        .find_map(|r| r.as_ref().err())
-        .expect("the panic must reach the consumer");
-    assert!(err.to_string().contains("panicked"), "{err}");
-    // The dataset still works, and nothing is pinned.
-    assert_eq!(ds.pool_stats().pinned_slots, 0);
+    // Decoding into a slot, and into a batch row.
+    for mode in [IntoRows::Never, IntoRows::Always] {
+        let ds = InSituDataset::builder(&f.store)
+            .variable("r", "raw")
+            .panic_on_tile(5)
+            .decode_into_batches(mode)
+            .build()
+            .unwrap();
+        let results: Vec<_> = ds.train().unwrap().collect();
+        let err = results
+            .iter()
+            .find_map(|r| r.as_ref().err())
+            .expect("the panic must reach the consumer");
+        assert!(err.to_string().contains("panicked"), "{mode:?}: {err}");
+        // Nothing is pinned.
+        assert_eq!(ds.pool_stats().pinned_slots, 0);
+    }
 }
 
 #[test]
