@@ -3,7 +3,7 @@
 //! when the field is inner-chunked or the sample axis is not first. The array's chunk
 //! transforms ([`crate::transform`]) run on the complete slot before it becomes ready. A chunk
 //! nothing keeps goes to its samples' batch rows instead (`decode_into_rows`,
-//! [`crate::assembly`]).
+//! `crate::assembly`).
 //!
 //! A chunk the page cache held is decoded by the fetcher worker that read it, at once and on
 //! the same core (`decode`), while the read has left its bytes in that core's cache. A chunk
@@ -114,7 +114,7 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Decodes a chunk into its samples' batch rows (see [`crate::assembly`]): a one-sample chunk
+/// Decodes a chunk into its samples' batch rows (see `crate::assembly`): a one-sample chunk
 /// straight into its row, a larger one into this thread's scratch buffer and from there into
 /// each row.
 async fn decode_into_rows<S: Store>(

@@ -36,7 +36,7 @@ pub(crate) enum Dest {
     /// Into its slot in the pool (the gather copies rows out of it).
     Slot(Arc<Slot>),
     /// Into the batch rows of its samples, one per sample (`None`: no row reads it); see
-    /// [`crate::assembly`].
+    /// `crate::assembly`.
     Rows(Vec<Option<RowDest>>),
     /// Its rows were filled: the job is complete.
     Filled,

@@ -1,6 +1,6 @@
 //! The gather: waits for the slots each batch reads, copies every row straight from its slot
 //! into a pooled batch buffer (or, when the batch's rows were decoded into its buffers, waits
-//! for them and copies the rest; [`crate::assembly`]), releases a block once its last row is
+//! for them and copies the rest; `crate::assembly`), releases a block once its last row is
 //! consumed, and pushes the batch into the prefetch channel (bounded: `prefetch_depth`).
 //!
 //! Batches are cut over the whole epoch order, so only the last one is short; a batch may span
