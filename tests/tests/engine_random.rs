@@ -19,8 +19,8 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 
 use insitubatch::{
-    Batch, EngineError, InSituDataset, IoBackendChoice, OnBadChunk, PassStats, SplitManifest,
-    TimedOut, split_by_chunk,
+    Batch, EngineError, InSituDataset, IntoRows, IoBackendChoice, OnBadChunk, PassStats,
+    SplitManifest, TimedOut, split_by_chunk,
 };
 use serde_json::json;
 
@@ -194,6 +194,10 @@ fn check_pass(
         }
     }
     let stats = pass.stats();
+    cov.into_rows += (stats.tiles_into_batches > 0) as u64;
+    if case.into_rows == IntoRows::Never {
+        assert_eq!(stats.tiles_into_batches, 0);
+    }
     if case.wait_us.is_none() {
         assert_eq!(timed_out, 0);
     }
@@ -305,6 +309,7 @@ struct Coverage {
     passes_with_timeouts: u64,
     budget_refused: u64,
     ranked: u64,
+    into_rows: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
@@ -386,6 +391,9 @@ fn run_case(n: u64, cov: &mut Coverage) {
     assert_eq!(m.samples_per_chunk(), reference.chunks[case.axis]);
     let train_orders = run_epochs(&case, &ds, 0..2, Reads::Some, cov);
     abandon_and_zip(&case, &ds, n, cov);
+    if !case.persist {
+        rows_equal_pool(&case, &root, &m, cov);
+    }
     if !case.persist && !case.corrupt && !matches!(case.budget, CaseBudget::Bytes(_)) {
         check_ranks(&case, &root, &m, n, cov);
     }
@@ -610,6 +618,54 @@ fn abandon_and_zip(case: &Case, ds: &InSituDataset, n: u64, cov: &mut Coverage) 
     cov.zipped += 1;
 }
 
+/// The batches of `all` and of a train epoch are the same whether chunks are decoded straight
+/// into batch rows or through the pool.
+fn rows_equal_pool(case: &Case, root: &Path, m: &SplitManifest, cov: &mut Coverage) {
+    type Batches = Vec<(Vec<u64>, Vec<Vec<u8>>)>;
+    let epoch = |split: &str, mode: IntoRows| -> Option<(Batches, PassStats)> {
+        let ds = case
+            .builder(root)
+            .manifest(m.clone())
+            .decode_into_batches(mode)
+            .build()
+            .unwrap();
+        // An empty split, or a budget too small for the pass: refused alike in either mode.
+        let mut pass = ds.iter(split).ok()?;
+        let batches = pass
+            .by_ref()
+            .map(|b| {
+                let b = b.unwrap();
+                let arrays = case
+                    .views
+                    .iter()
+                    .map(|v| b.array(&v.label).unwrap().bytes().to_vec());
+                (b.sample_indices().to_vec(), arrays.collect())
+            })
+            .collect();
+        Some((batches, pass.stats()))
+    };
+    for split in ["all", "train"] {
+        let Some((rows, stats)) = epoch(split, IntoRows::Always) else {
+            assert!(epoch(split, IntoRows::Never).is_none(), "{split}");
+            continue;
+        };
+        let (pooled, pooled_stats) = epoch(split, IntoRows::Never).unwrap();
+        assert!(
+            rows == pooled,
+            "{split}: rows decoded in place differ from the pool's"
+        );
+        assert_eq!(pooled_stats.tiles_into_batches, 0);
+        // The same bad chunks, found in whatever order the decoders met them.
+        let keys = |s: &PassStats| {
+            let mut k: Vec<String> = s.bad_chunks.iter().map(|b| b.key.clone()).collect();
+            k.sort_unstable();
+            k
+        };
+        assert_eq!(keys(&stats), keys(&pooled_stats), "{split}");
+        cov.into_rows += (stats.tiles_into_batches > 0) as u64;
+    }
+}
+
 /// How many slots (array, sample-axis chunk) the rows of `anchors` read hold a corrupt stored
 /// chunk.
 fn slots_with_a_corrupt_chunk(case: &Case, anchors: &[u64]) -> u64 {
@@ -827,6 +883,7 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("passes whose waits timed out", c.passes_with_timeouts),
             ("passes refused for their budget", c.budget_refused),
             ("data-parallel ranks", c.ranked),
+            ("passes with chunks decoded into batch rows", c.into_rows),
         ] {
             assert!(count >= 10, "only {count} cases with {what}: {cov:?}");
         }

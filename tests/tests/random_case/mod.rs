@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use insitubatch::{InSituDataset, OnBadChunk};
+use insitubatch::{InSituDataset, IntoRows, OnBadChunk};
 use serde_json::json;
 use zarrs::array::{Array, ArrayMetadata};
 use zarrs::filesystem::FilesystemStore;
@@ -405,6 +405,8 @@ pub struct Case {
     pub corrupt: bool,
     /// Wait for each batch in slices of this many microseconds (`next_timeout`).
     pub wait_us: Option<u64>,
+    /// When chunks are decoded straight into batch rows.
+    pub into_rows: IntoRows,
 }
 
 impl Case {
@@ -514,6 +516,12 @@ impl Case {
             persist: r.chance(0.3),
             corrupt: r.chance(0.15),
             wait_us: r.chance(0.25).then(|| r.range(1, 300)),
+            // Drawn last, so the cases drawn before it was added are unchanged.
+            into_rows: match r.range(0, 3) {
+                0 => IntoRows::Always,
+                1 => IntoRows::Never,
+                _ => IntoRows::Auto,
+            },
         }
     }
 
@@ -525,7 +533,8 @@ impl Case {
             .max_inflight(self.max_inflight)
             .prefetch_depth(self.prefetch_depth)
             .shuffle(self.shuffle)
-            .seed(self.seed);
+            .seed(self.seed)
+            .decode_into_batches(self.into_rows);
         for v in &self.views {
             b = b.window(v.label.clone(), self.arrays[v.array].name.clone(), v.offset);
         }
