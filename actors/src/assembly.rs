@@ -13,12 +13,12 @@
 //! [`DirectRows::plan`] decides, when a pass starts, which of its slots go this way: a whole
 //! chunk (one tile covering the field) of an array without chunk transforms, which one label
 //! reads, whose samples the order draws within one shuffle block, in a pass whose pool would
-//! keep little of what it reads for a later epoch ([`IntoRows`]) and writes no cache directory. The planner
-//! opens a batch's [`Assembly`] when it issues the first chunk with a row in it, taking the
-//! batch's buffers then; the decoder writes each row through its [`RowDest`] and counts it
-//! filled; the gather, when it reaches the batch, waits until as many rows are filled as it
-//! counts rows decoded in place, copies the batch's other rows (pool hits, other arrays) into
-//! the same buffers and sends it.
+//! keep little of what it reads for a later epoch ([`IntoRows`]) and writes no cache
+//! directory. The planner opens a batch's [`Assembly`] when it issues the first chunk with a
+//! row in it, taking the batch's buffers then; the decoder writes each row through its
+//! [`RowDest`] and counts it filled; the gather, when it reaches the batch, waits until as many
+//! rows are filled as it counts rows decoded in place, copies the batch's other rows (pool
+//! hits, other arrays) into the same buffers and sends it.
 //!
 //! Memory: a chunk decoded into rows holds its read-ahead permit like the slot it replaces,
 //! and its rows sit in batch buffers instead of a slot; the batches a partly issued block's
