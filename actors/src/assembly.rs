@@ -51,9 +51,8 @@ pub(crate) struct DirectRows {
     /// Per sample of every slot decoded into rows, in order: the row of the order that reads
     /// it, or `NONE`.
     rows: Vec<u32>,
-    /// Slots decoded into rows, their most samples per chunk, and the largest of those with
-    /// more than one sample (decoded into a scratch buffer first).
-    count: usize,
+    /// The most samples per chunk of a slot decoded into rows (0: none is), and the largest of
+    /// those with more than one sample (decoded into a scratch buffer first).
     max_spc: u64,
     scratch_bytes: u64,
     /// Rows of the order's largest shuffle block.
@@ -123,13 +122,12 @@ impl DirectRows {
             return Self::none();
         }
         let mut slots = vec![(NONE, 0u32, 0u32); plan.slots.len()];
-        let (mut n_samples, mut count, mut max_spc, mut scratch_bytes) = (0usize, 0, 0, 0);
+        let (mut n_samples, mut max_spc, mut scratch_bytes) = (0usize, 0, 0);
         for (i, s) in plan.slots.iter().enumerate() {
             if eligible[s.path] {
                 let k = plan.paths[s.path].samples_per_chunk;
                 slots[i] = (n_samples as u32, k as u32, 0);
                 n_samples = n_samples.saturating_add(k as usize);
-                count += 1;
                 max_spc = max_spc.max(k);
                 if k > 1 {
                     scratch_bytes = scratch_bytes.max(s.nbytes);
@@ -156,7 +154,6 @@ impl DirectRows {
         Self {
             slots,
             rows,
-            count,
             max_spc,
             scratch_bytes,
             block_rows: order
@@ -184,7 +181,7 @@ impl DirectRows {
 
     /// True when no slot is decoded into rows.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.max_spc == 0
     }
 
     /// Batches whose buffers the rows decoded in place may hold beyond what the pass's other

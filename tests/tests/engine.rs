@@ -263,18 +263,14 @@ fn dropping_an_iterator_mid_epoch_unpins_everything_and_dataset_drop_leaves_no_t
     let f = fixture("paired", "raw");
     let before = threads_named_stable("isb");
     // Through the pool (pinned slots), and decoded into batch rows (batches being filled).
-    for into_batches in [false, true] {
+    for mode in [IntoRows::Never, IntoRows::Always] {
         let ds = InSituDataset::builder(&f.store)
             .variable("r", "raw")
             .batch_size(2)
             .block_chunks(4)
             .prefetch_depth(1)
             .executor_threads(2)
-            .decode_into_batches(if into_batches {
-                IntoRows::Always
-            } else {
-                IntoRows::Never
-            })
+            .decode_into_batches(mode)
             .build()
             .unwrap();
         assert!(threads_named("isb") > before);
@@ -285,7 +281,7 @@ fn dropping_an_iterator_mid_epoch_unpins_everything_and_dataset_drop_leaves_no_t
         assert_eq!(threads_named("zarrs-rayon"), 1);
         let mut pass = ds.train().unwrap();
         pass.next().unwrap().unwrap();
-        if into_batches {
+        if mode == IntoRows::Always {
             assert!(pass.stats().tiles_into_batches > 0);
         } else {
             assert!(pass.pinned_slots() > 0);
@@ -358,22 +354,18 @@ fn chunks_decoded_into_batch_rows_equal_the_pool_path_read_once() {
             });
         let chunks = n.div_ceil(spc);
         for (shuffle, bs, threads) in [(true, 3, 2), (false, 4, 1), (true, 64, 2)] {
-            let build = |into_rows: bool| {
+            let build = |mode: IntoRows| {
                 InSituDataset::builder(&f.store)
                     .variable("v", array)
                     .batch_size(bs)
                     .block_chunks(2)
                     .shuffle(shuffle)
                     .executor_threads(threads)
-                    .decode_into_batches(if into_rows {
-                        IntoRows::Always
-                    } else {
-                        IntoRows::Never
-                    })
+                    .decode_into_batches(mode)
                     .build()
                     .unwrap()
             };
-            let (rows, pooled) = (build(true), build(false));
+            let (rows, pooled) = (build(IntoRows::Always), build(IntoRows::Never));
             // Every sample equals zarr-python's, every anchor once.
             let anchors = check_epoch(&rows, "train", &[("v", &f, 0)]);
             assert_eq!(sorted(anchors), (0..n).collect::<Vec<_>>(), "{case}");
@@ -392,7 +384,7 @@ fn chunks_decoded_into_batch_rows_equal_the_pool_path_read_once() {
             assert_eq!((s.tiles_read, s.tiles_into_batches), want, "{case}: {s:?}");
             assert_eq!((s.cache_misses, s.pinned_peak_bytes), (chunks, 0), "{case}");
             // A fresh pool (the one above kept this small split's chunks).
-            let fresh = build(false);
+            let fresh = build(IntoRows::Never);
             fresh.set_epoch(1);
             let p = drained(fresh.train().unwrap());
             assert_eq!((p.tiles_read, p.tiles_into_batches), (chunks, 0), "{case}");
@@ -409,31 +401,24 @@ fn chunks_decoded_into_batch_rows_equal_the_pool_path_read_once() {
 fn batches_filled_by_decoders_stay_within_the_memory_need() {
     // 256 samples, 8 per chunk, blocks of 4 chunks: a chunk's rows spread over its block's
     // 8 batches of 4, which are taken when its first chunk is decoded.
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("s.zarr");
-    let spec = insitubatch::synth::SynthSpec {
+    let (_dir, store) = common::synth_store(&insitubatch::synth::SynthSpec {
         samples: 256,
         grid: (8, 16),
         sample_chunk: 8,
         variables: vec!["t".into()],
         ..Default::default()
-    };
-    insitubatch::synth::make_dataset(&store, &spec, false, &|_, _| {}).unwrap();
-    let build = |into_rows: bool| {
+    });
+    let build = |mode: IntoRows| {
         InSituDataset::builder(&store)
             .variable("t", "t")
             .batch_size(4)
             .block_chunks(4)
             .prefetch_depth(2)
-            .decode_into_batches(if into_rows {
-                IntoRows::Always
-            } else {
-                IntoRows::Never
-            })
+            .decode_into_batches(mode)
             .build()
             .unwrap()
     };
-    let (rows, pooled) = (build(true), build(false));
+    let (rows, pooled) = (build(IntoRows::Always), build(IntoRows::Never));
     let (need, pooled_need) = (
         rows.memory_need("train").unwrap(),
         pooled.memory_need("train").unwrap(),

@@ -520,9 +520,7 @@ fn a_region_of_a_sharded_array_reads_only_the_inner_chunks_it_touches() {
 /// 16 samples of 40 x 64 float32 (variable `t`) in shards of 4 samples holding inner chunks of
 /// 1 x 10 x 16, so 4 x 4 inner chunks per field. The directory lives as long as the guard.
 fn sharded_16_samples() -> (tempfile::TempDir, std::path::PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("s.zarr");
-    let spec = insitubatch::synth::SynthSpec {
+    common::synth_store(&insitubatch::synth::SynthSpec {
         samples: 16,
         grid: (40, 64),
         sample_chunk: 1,
@@ -530,9 +528,7 @@ fn sharded_16_samples() -> (tempfile::TempDir, std::path::PathBuf) {
         shard_samples: Some(4),
         variables: vec!["t".into()],
         ..Default::default()
-    };
-    insitubatch::synth::make_dataset(&store, &spec, false, &|_, _| {}).unwrap();
-    (dir, store)
+    })
 }
 
 #[test]

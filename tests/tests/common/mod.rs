@@ -75,3 +75,14 @@ pub fn sorted(mut v: Vec<u64>) -> Vec<u64> {
     v.sort_unstable();
     v
 }
+
+/// A synthetic ERA5-like store made by `insitubatch::synth` from `spec`, in a temporary directory
+/// that lives as long as the returned guard.
+pub fn synth_store(
+    spec: &insitubatch::synth::SynthSpec,
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.zarr");
+    insitubatch::synth::make_dataset(&store, spec, false, &|_, _| {}).unwrap();
+    (dir, store)
+}
