@@ -436,11 +436,15 @@ impl insitubatch::ChunkTransform for Recorder {
 fn a_transform_is_shown_each_chunks_array_and_index_and_its_error_ends_the_pass() {
     let f = fixture("era5_v3", "t2m");
     let recorder = std::sync::Arc::new(Recorder::default());
+    // One read at a time, so chunks are decoded in plan order: t2m's chunk 0 is transformed
+    // before u10's chunk 2 fails the pass. (With reads in parallel a loaded machine could decode
+    // u10's chunk 2 first, and the pass would end before t2m's chunk 0 was seen.)
     let ds = InSituDataset::builder(&f.store)
         .variable("t", "t2m")
         .variable("u", "u10")
         .batch_size(4)
         .shuffle(false)
+        .max_inflight(1)
         .chunk_transforms(&{
             let mut list = insitubatch::transform::ChunkTransforms::default();
             list.push(None, recorder.clone());
