@@ -21,8 +21,9 @@
 //! hits, other arrays) into the same buffers and sends it.
 //!
 //! Memory: a chunk decoded into rows holds its read-ahead permit like the slot it replaces,
-//! and its rows sit in batch buffers instead of a slot; the batches a partly issued block's
-//! rows fall in are taken early, which [`DirectRows::extra_batches`] counts, and each executor
+//! and its rows sit in batch buffers instead of a slot: every batch a row of an issued chunk
+//! falls in is taken early, until the chunk's block drains. [`DirectRows::open_batches`]
+//! counts the most the read-ahead permits let the planner open at once, and each executor
 //! keeps a scratch buffer of the largest chunk of several samples
 //! ([`DirectRows::scratch_bytes`]).
 
@@ -55,8 +56,8 @@ pub(crate) struct DirectRows {
     /// those with more than one sample (decoded into a scratch buffer first).
     max_spc: u64,
     scratch_bytes: u64,
-    /// Rows of the order's largest shuffle block.
-    block_rows: u64,
+    /// The most batches the planner may hold open at once for rows decoded in place.
+    open_batches: u64,
 }
 
 impl DirectRows {
@@ -151,18 +152,59 @@ impl DirectRows {
                 rows[at] = i as u32;
             }
         }
-        Self {
+        let mut direct = Self {
             slots,
             rows,
             max_spc,
             scratch_bytes,
-            block_rows: order
-                .blocks
-                .iter()
-                .map(|b| b.len() as u64)
-                .max()
-                .unwrap_or(0),
+            open_batches: 0,
+        };
+        direct.open_batches = direct.most_open_batches(plan);
+        direct
+    }
+
+    /// The most batches rows decoded in place hold open at once: with the gather stopped at
+    /// each block in turn, the planner issues slots in order while the read-ahead permits
+    /// last, and each issued chunk holds its rows' batches until its block drains.
+    fn most_open_batches(&self, plan: &ReadPlan) -> u64 {
+        let bs = plan.batch_size.max(1);
+        let mut holders = vec![0u32; plan.n_batches];
+        let (mut open, mut most) = (0u64, 0u64);
+        // Issuing a chunk takes its rows' batches, its block draining gives them back.
+        let mut take = |slot: usize, issue: bool, open: &mut u64| {
+            let Some((_, rows)) = self.rows_of(slot) else {
+                return;
+            };
+            for r in rows.flatten() {
+                let h = &mut holders[r / bs];
+                if issue {
+                    *open += u64::from(*h == 0);
+                    *h += 1;
+                } else if *h > 0 {
+                    *h -= 1;
+                    *open -= u64::from(*h == 0);
+                }
+            }
+        };
+        let (mut issued, mut held) = (0usize, 0u64);
+        for released in &plan.releases {
+            while let Some(s) = plan.slots.get(issued)
+                && held + s.nbytes <= plan.read_ahead_bytes
+            {
+                held += s.nbytes;
+                take(issued, true, &mut open);
+                issued += 1;
+            }
+            most = most.max(open);
+            for &s in released {
+                let s = s as usize;
+                if s < issued {
+                    held -= plan.slots[s].nbytes;
+                    take(s, false, &mut open);
+                }
+            }
         }
+        most
     }
 
     /// The label plan slot `slot` is decoded for, and per sample of its chunk the row of the
@@ -179,21 +221,22 @@ impl DirectRows {
         Some((label as usize, rows))
     }
 
+    /// True when plan slot `slot` is decoded into rows rather than loaded through the pool.
+    pub fn is_direct(&self, slot: usize) -> bool {
+        self.slots.get(slot).is_some_and(|&(at, ..)| at != NONE)
+    }
+
     /// True when no slot is decoded into rows.
     pub fn is_empty(&self) -> bool {
         self.max_spc == 0
     }
 
-    /// Batches whose buffers the rows decoded in place may hold beyond what the pass's other
-    /// terms count: the batch at the planner's front at one sample per chunk (chunks are issued
-    /// in row order); with more, a chunk's rows are spread over its shuffle block's batches, so
-    /// all of a block's and the one straddling the next block.
-    pub fn extra_batches(&self, batch_size: u64) -> u64 {
-        match self.max_spc {
-            0 => 0,
-            1 => 1,
-            _ => self.block_rows.div_ceil(batch_size.max(1)) + 1,
-        }
+    /// The most batches whose buffers rows decoded in place hold at once, beyond the ones the
+    /// gather and the consumer hold: the batches of the rows the read-ahead permits let the
+    /// planner issue ahead of the gather (at one sample per chunk a run of rows; with more, a
+    /// chunk's rows spread over its shuffle block's batches, so a block's and the next's).
+    pub fn open_batches(&self) -> u64 {
+        self.open_batches
     }
 
     /// Bytes of the scratch buffer each executor thread keeps for chunks of several samples

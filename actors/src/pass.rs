@@ -26,8 +26,8 @@ use crate::assembly::{Assemblies, DirectRows};
 use crate::batch::Batch;
 use crate::error::EngineError;
 use crate::planner::{
-    EpochOrder, MemoryNeed, OrderSpec, ReadPlan, RunningPass, RunningPasses, Shard, epoch_order,
-    read_plan,
+    EpochOrder, MemoryNeed, OrderSpec, PlanSlot, ReadPlan, RunningPass, RunningPasses, Shard,
+    epoch_order, read_ahead_bound, read_plan,
 };
 use crate::stats::{BadChunk, Counters, PassStats};
 use crate::tile::TileLayout;
@@ -394,11 +394,33 @@ fn memory_need<S: Store>(
         .max()
         .unwrap_or(0);
     let reads = (ctx.read_buffers.max_buffers() as u64).saturating_mul(stored_chunk);
-    // Every slot of every array the pass reads, which a budget above it can never exceed.
-    let every_chunk = plan.paths.iter().fold(0u64, |acc, p| {
-        let n = p.geom.shape[p.geom.sample_axis].div_ceil(p.samples_per_chunk.max(1));
-        acc.saturating_add(n.saturating_mul(p.slot_bytes))
-    });
+    // A chunk decoded straight into batch rows never takes a pool slot: the pool holds only
+    // the others, whose read-ahead bound is the working set.
+    let pooled = |i: usize| !direct.is_direct(i);
+    let working_set = if direct.is_empty() {
+        plan.read_ahead_bytes
+    } else {
+        let slots: Vec<PlanSlot> = (0..plan.slots.len())
+            .filter(|&i| pooled(i))
+            .map(|i| plan.slots[i])
+            .collect();
+        read_ahead_bound(&slots, &plan.batch_blocks, plan.releases.len())
+    };
+    // Every slot of every array whose chunks the pool loads, which a budget above it can never
+    // exceed.
+    let mut loads = vec![false; plan.paths.len()];
+    for (i, s) in plan.slots.iter().enumerate() {
+        loads[s.path] |= pooled(i);
+    }
+    let every_chunk = plan
+        .paths
+        .iter()
+        .zip(&loads)
+        .filter(|&(_, &loads)| loads)
+        .fold(0u64, |acc, (p, _)| {
+            let n = p.geom.shape[p.geom.sample_axis].div_ceil(p.samples_per_chunk.max(1));
+            acc.saturating_add(n.saturating_mul(p.slot_bytes))
+        });
     let cache = match (ctx.pool.fixed_budget(), ctx.pool.disk()) {
         (Some(budget), None) => Some((budget, budget.min(every_chunk))),
         _ => None,
@@ -408,6 +430,7 @@ fn memory_need<S: Store>(
         config.batch_size,
         config.prefetch_depth,
         n_rows,
+        working_set,
         reads,
         cache,
     );
@@ -415,15 +438,21 @@ fn memory_need<S: Store>(
         // Rows decoded in place take their batch's buffers when the planner issues the first
         // of them, ahead of the gather; each executor keeps a scratch buffer for chunks of
         // several samples.
-        let extra = direct.extra_batches(config.batch_size as u64);
-        need.batches = need
+        let all = need
             .batches
-            .saturating_add(extra)
+            .saturating_add(direct.open_batches())
             .min(plan.n_batches as u64);
+        need.rows_batches = all - need.batches;
+        need.batches = all;
         let executors = ctx.runtime.executor_threads() as u64;
         need.reads = need
             .reads
             .saturating_add(executors.saturating_mul(direct.scratch_bytes()));
+    }
+    if ctx.pool.disk().is_none() {
+        // What the pool holds already (chunks earlier passes left unpinned) stays on the heap
+        // while this pass runs: the pool evicts only to admit.
+        need.pool = need.pool.max(ctx.pool.stats().resident_bytes);
     }
     need.limit = ctx.memory_limit;
     need
@@ -483,15 +512,28 @@ fn check_memory(
         ));
     }
     if need.without_cache() > limit.bytes {
+        let rows = match need.rows_batches {
+            0 => String::new(),
+            n => format!(
+                ", and {n} filled ahead of the gather by chunks decoded straight into batch \
+                 rows, as far as the read-ahead reaches"
+            ),
+        };
+        // A shorter block lets the planner fill fewer batches ahead.
+        let fix = if need.rows_batches > 1 && config.block_chunks > 1 {
+            ", block_chunks"
+        } else {
+            ""
+        };
         return Err(EngineError::arg(
             "prefetch_depth",
             config.prefetch_depth,
             format!(
-                "up to {} batches of {} bytes may be in memory at once (prefetch_depth + 2), \
+                "up to {} batches of {} bytes may be in memory at once (prefetch_depth + 2{rows}), \
                  which with the working set of {} bytes, {} bytes of reads in flight \
                  (max_inflight, plus one per executor being decoded, each up to a stored chunk) \
                  and the library's own and its allocator's slack comes to {} bytes, more than \
-                 {limit}; lower prefetch_depth, batch_size or max_inflight",
+                 {limit}; lower prefetch_depth, batch_size{fix} or max_inflight",
                 need.batches,
                 need.batch_bytes,
                 need.working_set,

@@ -1281,7 +1281,8 @@ pub fn geometry_json(g: &ArrayGeometry) -> serde_json::Value {
 /// A pass's memory need as JSON, beside the limit it is checked against (what `insitubatch
 /// memory --json`, the C ABI and the Python shim show): `total_bytes`, `working_set_bytes`,
 /// `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
-/// pool), `batch_bytes`, `batches`, `read_bytes`, `others_bytes` (what the `other_passes`
+/// pool), `batch_bytes`, `batches`, `rows_batches` (of `batches`, those chunks decoded straight
+/// into batch rows fill ahead of the gather), `read_bytes`, `others_bytes` (what the `other_passes`
 /// iterations running in this process as it asks hold beside this one; `total_bytes` and
 /// `fits` count it), `overhead_bytes`, `limit_bytes` and `limit_source` (`machine`, `cgroup`,
 /// `ulimit -v`, `memory_limit_bytes`; `null` when nothing says), `fits`, and
@@ -1297,6 +1298,7 @@ pub fn memory_need_json(need: &MemoryNeed) -> serde_json::Value {
         "cache_budget_bytes": need.cache_budget,
         "batch_bytes": need.batch_bytes,
         "batches": need.batches,
+        "rows_batches": need.rows_batches,
         "read_bytes": need.reads,
         "others_bytes": need.others,
         "other_passes": need.other_passes,

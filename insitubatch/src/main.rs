@@ -672,11 +672,12 @@ fn render_need(split: &str, need: &insitubatch::MemoryNeed) -> String {
         line.trim_end().to_string() + "\n"
     };
     let mut out = format!("a `{split}` pass holds at its peak:\n");
-    out += &row(
-        "working set",
-        need.working_set,
-        "decoded chunks pinned at once (block_chunks)".into(),
-    );
+    let pinned = if need.working_set == 0 && need.rows_batches > 0 {
+        "decoded chunks pinned in the pool at once: none, all go straight into batch rows"
+    } else {
+        "decoded chunks pinned in the pool at once (block_chunks)"
+    };
+    out += &row("working set", need.working_set, pinned.into());
     if need.pool > need.working_set {
         out += &row(
             "pool",
@@ -690,11 +691,19 @@ fn render_need(split: &str, need: &insitubatch::MemoryNeed) -> String {
     out += &row(
         "batches",
         need.batches_bytes(),
-        format!(
-            "{} of {} (prefetch_depth + 2, batch_size)",
-            need.batches,
-            human_bytes(need.batch_bytes)
-        ),
+        match need.rows_batches {
+            0 => format!(
+                "{} of {} (prefetch_depth + 2, batch_size)",
+                need.batches,
+                human_bytes(need.batch_bytes)
+            ),
+            n => format!(
+                "{} of {} (prefetch_depth + 2, batch_size, and {n} filled ahead by chunks \
+                 decoded into batch rows: block_chunks)",
+                need.batches,
+                human_bytes(need.batch_bytes)
+            ),
+        },
     );
     out += &row(
         "reads",

@@ -399,53 +399,82 @@ fn chunks_decoded_into_batch_rows_equal_the_pool_path_read_once() {
 
 #[test]
 fn batches_filled_by_decoders_stay_within_the_memory_need() {
-    // 256 samples, 8 per chunk, blocks of 4 chunks: a chunk's rows spread over its block's
-    // 8 batches of 4, which are taken when its first chunk is decoded.
-    let (_dir, store) = common::synth_store(&insitubatch::synth::SynthSpec {
-        samples: 256,
-        grid: (8, 16),
-        sample_chunk: 8,
-        variables: vec!["t".into()],
-        ..Default::default()
-    });
-    let build = |mode: IntoRows| {
-        InSituDataset::builder(&store)
+    // 256 samples in batches of 4. The planner issues chunks two blocks ahead of the gather
+    // (the read-ahead bound), each taking its rows' batches: with 8 samples per chunk and
+    // blocks of 4 chunks a chunk's rows spread over its block's 8 batches, so two blocks hold
+    // 16; with one sample per chunk and blocks of 16, two blocks are 32 rows, 8 batches.
+    for (spc, block_chunks, ahead) in [(8u64, 4usize, 16u64), (1, 16, 8)] {
+        let (_dir, store) = common::synth_store(&insitubatch::synth::SynthSpec {
+            samples: 256,
+            grid: (8, 16),
+            sample_chunk: spc,
+            variables: vec!["t".into()],
+            ..Default::default()
+        });
+        let build = |mode: IntoRows| {
+            InSituDataset::builder(&store)
+                .variable("t", "t")
+                .batch_size(4)
+                .block_chunks(block_chunks)
+                .prefetch_depth(2)
+                .decode_into_batches(mode)
+                .build()
+                .unwrap()
+        };
+        let (rows, pooled) = (build(IntoRows::Always), build(IntoRows::Never));
+        let (need, pooled_need) = (
+            rows.memory_need("train").unwrap(),
+            pooled.memory_need("train").unwrap(),
+        );
+        assert_eq!(need.rows_batches, ahead, "{spc} per chunk: {need:?}");
+        assert_eq!(need.batches, pooled_need.batches + ahead);
+        assert_eq!(pooled_need.rows_batches, 0);
+        // Their rows sit in batch buffers instead of the pool's slots.
+        assert_eq!((need.working_set, need.pool), (0, 0), "{need:?}");
+        assert!(pooled_need.working_set > 0);
+        let mut most = 0;
+        for epoch in 0..3 {
+            rows.set_epoch(epoch);
+            let s = drained(rows.train().unwrap());
+            assert_eq!(s.tiles_into_batches, 256 / spc);
+            assert_eq!(s.pinned_peak_bytes, 0);
+            let held = rows.batch_buffers_allocated() * need.batch_bytes;
+            assert!(
+                held <= need.batches_bytes(),
+                "{spc} per chunk: {held} bytes of batch buffers held at once, {} counted: \
+                 {need:?}",
+                need.batches_bytes()
+            );
+            most = most.max(held);
+        }
+        // The count is not slack: the planner did run ahead into the batches it counts.
+        assert!(
+            most > pooled_need.batches_bytes(),
+            "{spc} per chunk: {most} bytes held, no more than a pass through the pool counts"
+        );
+        assert_eq!(
+            rows.pool_stats().peak_resident_bytes,
+            0,
+            "no slot was admitted"
+        );
+        // A limit under the need refuses the pass, saying what fills the batches ahead.
+        let tight = InSituDataset::builder(&store)
             .variable("t", "t")
             .batch_size(4)
-            .block_chunks(4)
+            .block_chunks(block_chunks)
             .prefetch_depth(2)
-            .decode_into_batches(mode)
+            .decode_into_batches(IntoRows::Always)
+            .memory_limit_bytes(need.total() - 1)
             .build()
-            .unwrap()
-    };
-    let (rows, pooled) = (build(IntoRows::Always), build(IntoRows::Never));
-    let (need, pooled_need) = (
-        rows.memory_need("train").unwrap(),
-        pooled.memory_need("train").unwrap(),
-    );
-    assert_eq!(
-        need.batches,
-        pooled_need.batches + 32 / 4 + 1,
-        "a block's batches and the one straddling the next"
-    );
-    // The rows of chunks issued within the read-ahead bound sit in batch buffers instead of
-    // the pool's slots: the buffers held at once fit the batches and the working set counted.
-    let counted = need.batches_bytes() + need.working_set;
-    for epoch in 0..3 {
-        rows.set_epoch(epoch);
-        let s = drained(rows.train().unwrap());
-        assert_eq!((s.tiles_into_batches, s.pinned_peak_bytes), (32, 0));
-        let held = rows.batch_buffers_allocated() * need.batch_bytes;
+            .unwrap();
+        let e = tight.train().map(|_| ()).unwrap_err().to_string();
         assert!(
-            held <= counted,
-            "{held} bytes of batch buffers held at once, {counted} counted: {need:?}"
+            e.contains(&format!(
+                "and {ahead} filled ahead of the gather by chunks decoded straight into batch rows"
+            )) && e.contains("lower prefetch_depth, batch_size, block_chunks or max_inflight"),
+            "{e}"
         );
     }
-    assert_eq!(
-        rows.pool_stats().peak_resident_bytes,
-        0,
-        "no slot was admitted"
-    );
 }
 
 #[test]
@@ -957,20 +986,31 @@ fn the_memory_need_counts_what_a_pass_holds_and_is_the_figure_its_start_checks()
     let ds = build(InSituDataset::builder(dir.path()));
     let need = ds.memory_need("train").unwrap();
     let pass = ds.train().unwrap();
-    assert_eq!(need.working_set, pass.read_ahead_bytes());
-    assert_eq!((need.pool, need.cache_budget), (need.working_set, None));
+    assert_eq!(pooled.working_set, pass.read_ahead_bytes());
+    assert_eq!(
+        (pooled.pool, pooled.cache_budget),
+        (pooled.working_set, None)
+    );
+    // Decoded into rows, no chunk is pinned in the pool: the rows the read-ahead reaches sit
+    // in batch buffers instead.
+    assert_eq!(
+        (need.working_set, need.pool, need.cache_budget),
+        (0, 0, None)
+    );
     assert_eq!(need.batch_bytes, 5 * chunk, "five rows of one label");
     assert_eq!(
-        need.batches,
-        3 + 2 + 1,
-        "and the one the planner has started filling with rows decoded in place"
+        (need.batches, need.rows_batches),
+        (3 + 2 + 4, 4),
+        "and the batches of rows 4b..4b+12, which the planner may issue ahead of the gather \
+         (the read-ahead bound: a batch of 5 spans two blocks of 4, then the next block), and \
+         which at most four batches of 5 span"
     );
     assert_eq!(
         need.reads,
         (6 + 2) * chunk,
         "max_inflight + one per executor"
     );
-    let sized = need.working_set + 6 * need.batch_bytes + need.reads;
+    let sized = 9 * need.batch_bytes + need.reads;
     assert_eq!(need.overhead(), (16 << 20) + sized / 8);
     assert_eq!(need.total(), sized + need.overhead());
     assert_eq!(need.without_cache(), need.total());
@@ -989,15 +1029,39 @@ fn the_memory_need_counts_what_a_pass_holds_and_is_the_figure_its_start_checks()
     // A heap budget above the working set: the pool may keep it, or every chunk if fewer.
     // A budget that holds the whole split keeps its chunks for the next epoch, so none is
     // decoded into a batch row; one that holds under a quarter of it does not.
-    for (budget, held, into_rows) in [(7 << 19, 7 << 19, true), (1 << 30, 64 * chunk, false)] {
+    // A pass decoding into rows puts nothing in it, whatever the budget.
+    for (budget, held, into_rows) in [(7 << 19, 0, true), (1 << 30, 64 * chunk, false)] {
         let ds = build(InSituDataset::builder(dir.path()).cache_budget_bytes(budget));
         let n = ds.memory_need("train").unwrap();
-        assert_eq!((n.pool, n.cache_budget), (held, Some(budget)), "{budget}");
-        assert_eq!(n.working_set, need.working_set);
-        assert!(n.total() > n.without_cache());
         let without = if into_rows { &need } else { &pooled };
+        assert_eq!(n.working_set, without.working_set, "{budget}");
         assert_eq!(n.without_cache(), without.total(), "{budget}");
+        if into_rows {
+            assert_eq!((n.pool, n.cache_budget), (0, None), "{budget}");
+            assert_eq!(n.total(), need.total());
+        } else {
+            assert_eq!((n.pool, n.cache_budget), (held, Some(budget)), "{budget}");
+            assert!(n.total() > n.without_cache());
+        }
     }
+    // What the pool holds already stays beside a pass: with a budget of 3 MiB (12 chunks, a
+    // working set), val (16 chunks) goes through the pool and leaves its last chunks unpinned
+    // there, train (48) is decoded into rows, and its need counts them.
+    let geom = ds.variables()[0].geom.clone();
+    let manifest = split_by_chunk(&geom, &[0.75, 0.25], 0, true, None).unwrap();
+    let ds = build(
+        InSituDataset::builder(dir.path())
+            .manifest(manifest)
+            .cache_budget_bytes(3 << 20),
+    );
+    assert_eq!(ds.memory_need("train").unwrap().pool, 0);
+    let s = drained(ds.val().unwrap());
+    assert_eq!(s.tiles_into_batches, 0, "val goes through the pool");
+    let left = ds.pool_stats().resident_bytes;
+    assert_eq!(left, 3 << 20, "val's last 12 chunks");
+    let after = ds.memory_need("train").unwrap();
+    assert_eq!((after.working_set, after.pool), (0, left));
+    assert_eq!(drained(ds.train().unwrap()).tiles_into_batches, 48);
     // Slots in cache files are the page cache's.
     let cache = tempfile::tempdir().unwrap();
     let ds = build(
@@ -1005,7 +1069,7 @@ fn the_memory_need_counts_what_a_pass_holds_and_is_the_figure_its_start_checks()
             .cache_budget_bytes(1 << 30)
             .cache_dir(cache.path()),
     );
-    assert_eq!(ds.memory_need("train").unwrap().pool, need.working_set);
+    assert_eq!(ds.memory_need("train").unwrap().pool, pooled.working_set);
     // A split the pass would refuse, refused alike.
     let e = ds.memory_need("nope").unwrap_err().to_string();
     assert_eq!(e, ds.iter("nope").map(|_| ()).unwrap_err().to_string());
@@ -1061,11 +1125,13 @@ fn the_memory_need_counts_the_iterations_already_running_beside_it() {
     assert_eq!(ds.memory_need("val").unwrap().others, 0, "the passes left");
 
     // With the automatic budget the pool holds the working sets together.
-    // (Its train pass decodes one-sample chunks into batch rows, so it counts one more batch
-    // than the one above, whose budget keeps its chunks.)
+    // (Its train pass decodes one-sample chunks into batch rows: no chunk is pinned in the
+    // pool, and the two batches of the rows its planner may issue ahead of the gather, three
+    // blocks of 2, are counted beside the ones above, whose budget keeps its chunks.)
     let auto = build(InSituDataset::builder(dir.path()));
     let auto_train_need = auto.memory_need("train").unwrap();
-    assert_eq!(auto_train_need.batches, train_need.batches + 1);
+    assert_eq!(auto_train_need.batches, train_need.batches + 2);
+    assert_eq!(auto_train_need.working_set, 0);
     let train = auto.train().unwrap();
     let val = auto.memory_need("val").unwrap();
     assert_eq!(

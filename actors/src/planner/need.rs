@@ -19,8 +19,9 @@ use super::{MemoryLimit, ReadPlan};
 /// hold beside this one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryNeed {
-    /// Decoded chunks pinned at once: the read-ahead bound, which `block_chunks` and the
-    /// arrays' chunk sizes set.
+    /// Decoded chunks pinned in the pool at once: the read-ahead bound, which `block_chunks`
+    /// and the arrays' chunk sizes set, over the chunks the pool loads (a chunk decoded
+    /// straight into batch rows is counted in `batches` instead).
     pub working_set: u64,
     /// Decoded chunks the pool may keep on the heap: the working set, or a fixed
     /// `cache_budget_bytes` above it (at most every chunk of the arrays read). Slots in cache
@@ -31,8 +32,12 @@ pub struct MemoryNeed {
     /// One batch of every label: `batch_size` rows (at most the epoch's) of each sample.
     pub batch_bytes: u64,
     /// Batches in memory at once: `prefetch_depth` in the channel, one being filled and one
-    /// the consumer holds, at most the epoch's.
+    /// the consumer holds, and `rows_batches` more, at most the epoch's.
     pub batches: u64,
+    /// Of `batches`, those taken ahead of the gather by chunks decoded straight into batch
+    /// rows: the one the planner has started at one sample per chunk; with more, a shuffle
+    /// block's batches and the one straddling the next.
+    pub rows_batches: u64,
     /// Read buffers: one per read in flight (`max_inflight`) or being decoded, each up to a
     /// stored chunk's decoded size.
     pub reads: u64,
@@ -49,14 +54,15 @@ pub struct MemoryNeed {
 }
 
 impl MemoryNeed {
-    /// The need of a pass over `plan` yielding `n_rows` rows: `reads` bytes of read buffers,
-    /// and the pool's heap `cache` (the fixed budget and the most it may hold) when that is
-    /// above the working set.
+    /// The need of a pass over `plan` yielding `n_rows` rows: `working_set` bytes pinned in
+    /// the pool at once, `reads` bytes of read buffers, and the pool's heap `cache` (the fixed
+    /// budget and the most it may hold) when that is above the working set.
     pub fn new(
         plan: &ReadPlan,
         batch_size: usize,
         prefetch_depth: usize,
         n_rows: usize,
+        working_set: u64,
         reads: u64,
         cache: Option<(u64, u64)>,
     ) -> Self {
@@ -67,13 +73,14 @@ impl MemoryNeed {
         let batches = (prefetch_depth as u64)
             .saturating_add(2)
             .min(plan.n_batches as u64);
-        let cache = cache.filter(|&(_, held)| held > plan.read_ahead_bytes);
+        let cache = cache.filter(|&(_, held)| held > working_set);
         Self {
-            working_set: plan.read_ahead_bytes,
-            pool: cache.map_or(plan.read_ahead_bytes, |(_, held)| held),
+            working_set,
+            pool: cache.map_or(working_set, |(_, held)| held),
             cache_budget: cache.map(|(budget, _)| budget),
             batch_bytes,
             batches,
+            rows_batches: 0,
             reads,
             others: 0,
             other_passes: 0,
@@ -336,12 +343,14 @@ impl std::fmt::Display for MemoryNeed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} bytes: working set {}, pool {}, {} batches of {}, reads {}, ",
+            "{} bytes: working set {}, pool {}, {} batches of {} ({} for rows decoded in place), \
+             reads {}, ",
             self.total(),
             self.working_set,
             self.pool,
             self.batches,
             self.batch_bytes,
+            self.rows_batches,
             self.reads,
         )?;
         if self.other_passes > 0 {

@@ -487,7 +487,8 @@ IsbStatus isb_dataset_split_len(const struct IsbDataset *ds,
  reading anything, as JSON: `total_bytes` (what `isb_iter_start` checks against this
  process's memory limit, so the figure to size a job by) and its parts `working_set_bytes`,
  `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
- pool), `batch_bytes`, `batches`, `read_bytes`, `overhead_bytes`, and `others_bytes`, what
+ pool), `batch_bytes`, `batches` (of which `rows_batches` are filled ahead of the gather by
+ chunks decoded straight into batch rows), `read_bytes`, `overhead_bytes`, and `others_bytes`, what
  the `other_passes` iterations running in this process as it asks hold beside this one; the
  limit `limit_bytes` and `limit_source` (`machine`, `cgroup`, `ulimit -v`, or
  `memory_limit_bytes` when the config's is lower; `null` when nothing says) and `fits`; `process_rss_bytes`, this process's resident memory as it asks

@@ -737,19 +737,24 @@ def test_one_sample_chunks_decoded_into_batch_rows_equal_the_pool_path(fixtures,
 
     def epoch():
         with isb.InSituDataset(store, None, {"r": g["raw"]}, batch_size=4) as ds:
+            need = ds.memory_need("train")
             got = [(b.sample_indices.copy(), b.arrays["r"].copy()) for b in ds.train]
-            return got, ds.stats()
+            return got, ds.stats(), need
 
     monkeypatch.setenv("INSITUBATCH_DECODE_INTO_BATCHES", "always")
-    rows, s = epoch()
+    rows, s, need = epoch()
     # Each chunk decoded straight into its row, every sample zarr-python's, each once.
     assert s["tiles_into_batches"] == s["tiles_read"] == 61
+    # No chunk is pinned in the pool; the batches the rows fill ahead of the gather are counted.
+    assert (need["working_set_bytes"], need["pool_bytes"]) == (0, 0)
+    assert 0 < need["rows_batches"] < need["batches"]
     assert sorted(i for idx, _ in rows for i in idx.tolist()) == list(range(61))
     for idx, arr in rows:
         np.testing.assert_array_equal(arr, ref[idx])
     monkeypatch.setenv("INSITUBATCH_DECODE_INTO_BATCHES", "never")
-    pooled, p = epoch()
+    pooled, p, pooled_need = epoch()
     assert (p["tiles_into_batches"], p["tiles_read"]) == (0, 61)
+    assert pooled_need["rows_batches"] == 0 and pooled_need["working_set_bytes"] > 0
     assert len(pooled) == len(rows)
     for (ia, a), (ib, b) in zip(rows, pooled):
         np.testing.assert_array_equal(ia, ib)
