@@ -161,21 +161,30 @@ def main():
     if a.sequential and a.engine not in ("insitubatch-python", "torch-dataloader"):
         sys.exit(f"--sequential is for insitubatch-python and torch-dataloader, not {a.engine!r}")
     store = Path(a.store)
-    arrays = data_variables(store)
-    names = sorted(arrays)
-    n = arrays[names[0]].shape[0]
-    sample_bytes = sum(int(np.prod(arrays[k].shape[1:])) * arrays[k].dtype.itemsize for k in names)
     bs = a.batch_size
     extra = {}
+    if a.engine == "insitubatch-python":
+        # The shim needs no zarr-python: the store's variables come from the dataset, so the
+        # time to first batch from process start is what a user of the shim pays.
+        import insitubatch as isb
+
+        ds = isb.InSituDataset(store, batch_size=bs, shuffle=not a.sequential)
+        formats = ds.sample_formats
+        names = sorted(formats)
+        sample_bytes = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in formats.values())
+        spc = ds.geometries[names[0]].samples_per_chunk
+    else:
+        arrays = data_variables(store)
+        names = sorted(arrays)
+        n = arrays[names[0]].shape[0]
+        sample_bytes = sum(int(np.prod(arrays[k].shape[1:])) * arrays[k].dtype.itemsize for k in names)
+        spc = int(arrays[names[0]].chunks[0])
     step = make_train_step(names) if a.train_step else None
 
     def shuffled(epoch):
         return np.random.default_rng(epoch).permutation(n)
 
     if a.engine == "insitubatch-python":
-        import insitubatch as isb
-
-        ds = isb.InSituDataset(store, batch_size=bs, shuffle=not a.sequential)
         view = ds.all if a.sequential else ds.train
 
         def make_iter(e):
@@ -268,7 +277,7 @@ def main():
     print(json.dumps({
         "engine": a.engine,
         "store": str(store),
-        "samples_per_chunk": int(arrays[names[0]].chunks[0]),
+        "samples_per_chunk": spc,
         "sample_bytes": sample_bytes,
         "epochs": epochs,
         "cpu_s": usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime,
