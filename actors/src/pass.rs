@@ -682,7 +682,8 @@ impl Pass {
         let running = RunningPasses::enter(need, pool_address(ctx), &name, |need, others| {
             check_memory(&config, &plan, need, others)
         })?;
-        let owner = ctx.pool.register_owner(&name, plan.read_ahead_bytes)?;
+        // The pool reserves what this pass may pin: not the chunks decoded into batch rows.
+        let owner = ctx.pool.register_owner(&name, need.working_set)?;
         let mut arrays = Vec::new();
         let mut layouts = Vec::new();
         let mut pipelines = Vec::new();

@@ -15,8 +15,8 @@ use crate::slot::{FileRange, Phase, Slot, SlotData, SlotKey};
 /// How many bytes the pool may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Budget {
-    /// The working set of the first iteration (grown if a later lone iteration needs more):
-    /// read-once per epoch, no more memory than that.
+    /// The working set of the first iteration (grown if a later iteration needs more while no
+    /// other reserves anything): read-once per epoch, no more memory than that.
     Auto,
     /// A fixed byte budget (`cache_budget_bytes`). Above the working set, drained chunks
     /// linger and later epochs hit them.
@@ -274,7 +274,9 @@ impl ChunkPool {
         working_set_bytes: u64,
     ) -> Result<Owner, PoolError> {
         let mut g = lock(&self.inner);
-        if g.auto && g.owners.is_empty() && working_set_bytes > g.budget {
+        // The automatic budget holds one iteration: the first to reserve anything sizes it
+        // (an iteration whose chunks all go to batch rows reserves nothing).
+        if g.auto && g.stats.reserved_bytes == 0 && working_set_bytes > g.budget {
             g.budget = working_set_bytes;
             g.stats.budget_bytes = working_set_bytes;
         }
@@ -677,12 +679,18 @@ impl Owner {
     /// Pins the slot for `key` if it is ready in memory (a hit); otherwise counts a miss and
     /// admits nothing. For a chunk its caller decodes somewhere the pool never sees (straight
     /// into a batch row): a slot loading for another iteration is not waited on, and a chunk
-    /// decoded that way is never resident for a later admission.
+    /// decoded that way is never resident for a later admission. A slot this iteration's
+    /// reservation has no room left for is a miss too: pinning it would take evictable bytes
+    /// the other iterations' admissions count on.
     pub fn pin_resident(&self, key: &SlotKey) -> Option<Arc<Slot>> {
         let mut g = lock(&self.pool.inner);
+        let owner = &g.owners[&self.id];
         let resident = g.index.get(key).copied().filter(|id| {
             let slot = &g.entries[id].slot;
-            slot.phase() == Phase::Ready && !slot.is_closed()
+            slot.phase() == Phase::Ready
+                && !slot.is_closed()
+                && (owner.pins.contains_key(id)
+                    || owner.pinned_bytes + slot.nbytes() <= owner.reserved)
         });
         let Some(id) = resident else {
             g.stats.misses += 1;
@@ -881,6 +889,44 @@ mod tests {
         ));
         let st = pool.stats();
         assert_eq!((st.hits, st.misses), (1, 4));
+    }
+
+    #[test]
+    fn pin_resident_pins_no_more_than_the_iteration_reserved() {
+        let pool = ChunkPool::new(Budget::Bytes(30));
+        let a = pool.register_owner("a", 20).unwrap();
+        let s0 = fill(a.admit(&key(0), 10, 1).unwrap());
+        let s1 = fill(a.admit(&key(1), 10, 1).unwrap());
+        a.unpin(&s0);
+        a.unpin(&s1);
+        drop(a);
+        // An iteration that reserved 10 bytes (the rest of its chunks go to batch rows) may
+        // pin one resident chunk, not two: the second would hold bytes `c`'s admissions need.
+        let b = pool.register_owner("b", 10).unwrap();
+        let _c = pool.register_owner("c", 20).unwrap();
+        let hit = b.pin_resident(&key(0)).expect("within the reservation");
+        assert!(b.pin_resident(&key(1)).is_none(), "beyond it: a miss");
+        assert!(
+            b.pin_resident(&key(0)).is_some(),
+            "a slot it holds already costs nothing"
+        );
+        assert_eq!(b.hits_misses(), (2, 1));
+        assert!(
+            pool.register_owner("d", 1).is_err(),
+            "the budget is reserved in full"
+        );
+        assert!(
+            pool.register_owner("rows only", 0).is_ok(),
+            "an iteration that pins nothing starts beside them"
+        );
+        b.unpin(&hit);
+        b.unpin(&hit);
+        // Beside an iteration that reserves nothing, the automatic budget is sized by the next.
+        let auto = ChunkPool::new(Budget::Auto);
+        let _rows = auto.register_owner("rows", 0).unwrap();
+        let _pooled = auto.register_owner("pooled", 20).unwrap();
+        assert_eq!(auto.stats().budget_bytes, 20);
+        assert!(auto.register_owner("third", 1).is_err(), "one iteration's worth");
     }
 
     #[test]

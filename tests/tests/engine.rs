@@ -32,10 +32,11 @@ fn every_sample_of_every_fixture_equals_zarr_python_shuffled_and_sequential() {
                 .build()
                 .unwrap_or_else(|e| panic!("{}/{}: {e}", f.case, f.array));
             let anchors = check_epoch(&ds, "train", &[("v", &f, axis)]);
-            // The first pass of a dataset with the automatic budget: residency is the bound.
+            // The first pass of a dataset with the automatic budget: residency is the bound
+            // (none when its chunks are decoded into batch rows).
             assert_eq!(
                 ds.pool_stats().budget_bytes,
-                ds.train().unwrap().read_ahead_bytes()
+                ds.memory_need("train").unwrap().working_set
             );
             assert_eq!(
                 sorted(anchors.clone()),
@@ -320,6 +321,17 @@ fn corrupt_copy(f: &FixtureArray, chunk_file: &str) -> tempfile::TempDir {
 }
 
 /// Runs `pass` to its end; its stats.
+/// A store of one variable `t` on an 8 x 16 grid: `samples` samples, `spc` per chunk.
+fn t_store(samples: u64, spc: u64) -> (tempfile::TempDir, std::path::PathBuf) {
+    common::synth_store(&insitubatch::synth::SynthSpec {
+        samples,
+        grid: (8, 16),
+        sample_chunk: spc,
+        variables: vec!["t".into()],
+        ..Default::default()
+    })
+}
+
 fn drained(mut pass: insitubatch::Pass) -> insitubatch::PassStats {
     for b in pass.by_ref() {
         b.unwrap();
@@ -404,13 +416,7 @@ fn batches_filled_by_decoders_stay_within_the_memory_need() {
     // blocks of 4 chunks a chunk's rows spread over its block's 8 batches, so two blocks hold
     // 16; with one sample per chunk and blocks of 16, two blocks are 32 rows, 8 batches.
     for (spc, block_chunks, ahead) in [(8u64, 4usize, 16u64), (1, 16, 8)] {
-        let (_dir, store) = common::synth_store(&insitubatch::synth::SynthSpec {
-            samples: 256,
-            grid: (8, 16),
-            sample_chunk: spc,
-            variables: vec!["t".into()],
-            ..Default::default()
-        });
+        let (_dir, store) = t_store(256, spc);
         let build = |mode: IntoRows| {
             InSituDataset::builder(&store)
                 .variable("t", "t")
@@ -475,6 +481,40 @@ fn batches_filled_by_decoders_stay_within_the_memory_need() {
             "{e}"
         );
     }
+}
+
+#[test]
+fn a_pass_decoding_into_rows_reserves_none_of_the_pool_budget() {
+    let (_dir, store) = t_store(64, 1);
+    let build = |mode: IntoRows| {
+        InSituDataset::builder(&store)
+            .variable("t", "t")
+            .batch_size(4)
+            .block_chunks(4)
+            .cache_budget_bytes(1)
+            .decode_into_batches(mode)
+            .build()
+            .unwrap()
+    };
+    // Through the pool a budget of one byte cannot hold the working set.
+    let e = build(IntoRows::Never)
+        .train()
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("set cache_budget_bytes to at least"), "{e}");
+    // Decoded into rows a pass pins nothing: it starts, and so does a second beside it.
+    let ds = build(IntoRows::Auto);
+    let (train, all) = (ds.train().unwrap(), ds.all().unwrap());
+    let mut seen = Vec::new();
+    for (t, a) in train.zip(all) {
+        seen.extend_from_slice(t.unwrap().sample_indices());
+        seen.extend_from_slice(a.unwrap().sample_indices());
+    }
+    seen.sort_unstable();
+    let twice: Vec<u64> = (0..64).flat_map(|i| [i, i]).collect();
+    assert_eq!(seen, twice, "every sample once per pass");
+    assert_eq!(ds.pool_stats().peak_resident_bytes, 0);
 }
 
 #[test]
@@ -1340,13 +1380,17 @@ fn train_and_val_iterate_together_when_the_budget_holds_both() {
         .unwrap();
     let manifest = split_by_chunk(&probe.variables()[0].geom, &[0.5, 0.5], 0, true, None).unwrap();
     // Automatic budget: sized to one iteration, so a second concurrent one is refused.
-    let ds = InSituDataset::builder(&f.store)
-        .variable("r", "raw")
-        .manifest(manifest.clone())
-        .batch_size(4)
-        .block_chunks(2)
-        .build()
-        .unwrap();
+    let build = |mode: IntoRows| {
+        InSituDataset::builder(&f.store)
+            .variable("r", "raw")
+            .manifest(manifest.clone())
+            .batch_size(4)
+            .block_chunks(2)
+            .decode_into_batches(mode)
+            .build()
+            .unwrap()
+    };
+    let ds = build(IntoRows::Never);
     let train = ds.train().unwrap();
     let err = ds.val().unwrap_err().to_string();
     assert!(err.contains("cache_budget_bytes to at least"), "{err}");
@@ -1355,6 +1399,15 @@ fn train_and_val_iterate_together_when_the_budget_holds_both() {
         "names the holder: {err}"
     );
     drop(train);
+    // Unless they decode their chunks into batch rows: they pin nothing and reserve nothing.
+    let ds = build(IntoRows::Always);
+    let train = ds.train().unwrap();
+    let val = ds.val().unwrap();
+    let n: usize = train
+        .zip(val)
+        .map(|(t, v)| t.unwrap().len() + v.unwrap().len())
+        .sum();
+    assert!(n > 0);
     let ds = InSituDataset::builder(&f.store)
         .variable("r", "raw")
         .variable("m", "mask")
