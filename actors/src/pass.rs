@@ -682,8 +682,12 @@ impl Pass {
         let running = RunningPasses::enter(need, pool_address(ctx), &name, |need, others| {
             check_memory(&config, &plan, need, others)
         })?;
-        // The pool reserves what this pass may pin: not the chunks decoded into batch rows.
-        let owner = ctx.pool.register_owner(&name, need.working_set)?;
+        // The pool reserves what this pass may pin: nothing when every chunk is decoded into
+        // batch rows. A pass that also loads chunks through the pool reserves its whole
+        // read-ahead bound, which covers a resident chunk it pins for a row as well.
+        let all_rows = (0..plan.slots.len()).all(|i| direct.is_direct(i));
+        let reserve = if all_rows { 0 } else { plan.read_ahead_bytes };
+        let owner = ctx.pool.register_owner(&name, reserve)?;
         let mut arrays = Vec::new();
         let mut layouts = Vec::new();
         let mut pipelines = Vec::new();

@@ -926,7 +926,10 @@ mod tests {
         let _rows = auto.register_owner("rows", 0).unwrap();
         let _pooled = auto.register_owner("pooled", 20).unwrap();
         assert_eq!(auto.stats().budget_bytes, 20);
-        assert!(auto.register_owner("third", 1).is_err(), "one iteration's worth");
+        assert!(
+            auto.register_owner("third", 1).is_err(),
+            "one iteration's worth"
+        );
     }
 
     #[test]

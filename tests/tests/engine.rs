@@ -515,6 +515,38 @@ fn a_pass_decoding_into_rows_reserves_none_of_the_pool_budget() {
     let twice: Vec<u64> = (0..64).flat_map(|i| [i, i]).collect();
     assert_eq!(seen, twice, "every sample once per pass");
     assert_eq!(ds.pool_stats().peak_resident_bytes, 0);
+    // A pass that also loads chunks through the pool (`x` and `y` read each chunk of `t`
+    // twice; `u` goes to rows) reserves its whole read-ahead bound, as before.
+    let (_dir, two) = common::synth_store(&insitubatch::synth::SynthSpec {
+        samples: 64,
+        grid: (8, 16),
+        sample_chunk: 1,
+        variables: vec!["t".into(), "u".into()],
+        ..Default::default()
+    });
+    let mixed = |budget: u64| {
+        InSituDataset::builder(&two)
+            .variable("x", "t")
+            .window("y", "t", 1)
+            .variable("u", "u")
+            .batch_size(4)
+            .block_chunks(4)
+            .cache_budget_bytes(budget)
+            .decode_into_batches(IntoRows::Always)
+            .build()
+            .unwrap()
+    };
+    let bound = mixed(1 << 30).train().unwrap().read_ahead_bytes();
+    let e = mixed(bound - 1)
+        .train()
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&format!("it needs {bound} bytes")), "{e}");
+    let ds = mixed(bound);
+    let s = drained(ds.train().unwrap());
+    assert_eq!((s.tiles_into_batches, s.tiles_read), (63, 63 + 64));
+    assert!(ds.memory_need("train").unwrap().working_set < bound);
 }
 
 #[test]
