@@ -900,8 +900,8 @@ mod tests {
         a.unpin(&s0);
         a.unpin(&s1);
         drop(a);
-        // An iteration that reserved 10 bytes (the rest of its chunks go to batch rows) may
-        // pin one resident chunk, not two: the second would hold bytes `c`'s admissions need.
+        // An iteration that reserved 10 bytes may pin one resident chunk, not two: the second
+        // would hold bytes `c`'s admissions need.
         let b = pool.register_owner("b", 10).unwrap();
         let _c = pool.register_owner("c", 20).unwrap();
         let hit = b.pin_resident(&key(0)).expect("within the reservation");
