@@ -791,8 +791,14 @@ fn run(cli: Cli) -> CliResult {
             );
             run_epochs_with_bar(&ds, "train", epochs)?;
             let pool = ds.pool_stats();
+            // Chunks decoded straight into batch rows take no pool slot, so nothing sizes it.
+            let why = if pool.budget_bytes == 0 {
+                "no chunk went through the pool"
+            } else {
+                "the working set"
+            };
             println!(
-                "pool budget {} (the working set), peak resident {}; peak RSS {}",
+                "pool budget {} ({why}), peak resident {}; peak RSS {}",
                 human_bytes(pool.budget_bytes),
                 human_bytes(pool.peak_resident_bytes),
                 human_bytes(peak_rss_bytes())

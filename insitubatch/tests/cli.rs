@@ -285,9 +285,19 @@ fn demo_runs_two_epochs_and_reports() {
         "p99",
         "peak RSS",
         "64 samples",
+        "pool budget",
     ] {
         assert!(out.contains(needle), "missing {needle:?} in:\n{out}");
     }
+    // The pool line says why its budget is what it is: empty when every chunk went straight
+    // into batch rows.
+    let rows = out.contains("decoded into batch rows");
+    assert_eq!(
+        out.contains("pool budget 0 B (no chunk went through the pool)"),
+        rows,
+        "{out}"
+    );
+    assert_eq!(out.contains("(the working set)"), !rows, "{out}");
 }
 
 #[test]
