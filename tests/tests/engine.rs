@@ -417,16 +417,15 @@ fn batches_filled_by_decoders_stay_within_the_memory_need() {
     // 16; with one sample per chunk and blocks of 16, two blocks are 32 rows, 8 batches.
     for (spc, block_chunks, ahead) in [(8u64, 4usize, 16u64), (1, 16, 8)] {
         let (_dir, store) = t_store(256, spc);
-        let build = |mode: IntoRows| {
+        let builder = |mode: IntoRows| {
             InSituDataset::builder(&store)
                 .variable("t", "t")
                 .batch_size(4)
                 .block_chunks(block_chunks)
                 .prefetch_depth(2)
                 .decode_into_batches(mode)
-                .build()
-                .unwrap()
         };
+        let build = |mode: IntoRows| builder(mode).build().unwrap();
         let (rows, pooled) = (build(IntoRows::Always), build(IntoRows::Never));
         let (need, pooled_need) = (
             rows.memory_need("train").unwrap(),
@@ -464,12 +463,7 @@ fn batches_filled_by_decoders_stay_within_the_memory_need() {
             "no slot was admitted"
         );
         // A limit under the need refuses the pass, saying what fills the batches ahead.
-        let tight = InSituDataset::builder(&store)
-            .variable("t", "t")
-            .batch_size(4)
-            .block_chunks(block_chunks)
-            .prefetch_depth(2)
-            .decode_into_batches(IntoRows::Always)
+        let tight = builder(IntoRows::Always)
             .memory_limit_bytes(need.total() - 1)
             .build()
             .unwrap();
