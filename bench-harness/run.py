@@ -130,6 +130,13 @@ def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0):
                                       "--batch-size", str(batch_size), "--json"])
     rows.append({"engine": "insitubatch (Rust API)", "epochs": rust_epochs(out),
                  "peak_rss_bytes": peak, "processes": procs, "cpu_s": cpu})
+    # The same with each epoch's blocks ramping up from one batch's chunks: its first batch.
+    time.sleep(settle)
+    out, peak, procs, cpu = run_tree([BIN, "bench", store, "--epochs", str(epochs),
+                                      "--batch-size", str(batch_size), "--fast-first-batch",
+                                      "--json"])
+    rows.append({"engine": "insitubatch (Rust API, fast_first_batch)", "epochs": rust_epochs(out),
+                 "peak_rss_bytes": peak, "processes": procs, "cpu_s": cpu})
 
     py = [sys.executable, str(ENGINES)]
     common = ["--epochs", str(epochs), "--batch-size", str(batch_size)]

@@ -55,3 +55,6 @@ def test_every_engine_runs_once_and_reports(tmp_path):
                 assert 0 < lat[0] <= lat[1] <= lat[2] <= lat[3], (r["engine"], lat)
     rust = next(r for r in rows if "Rust API" in r["engine"])
     assert rust["epochs"][0]["ttfb_from_process_start_ms"] > 0
+    # The ramped blocks run as their own engine, over the same samples.
+    fast = next(r for r in rows if r["engine"] == "insitubatch (Rust API, fast_first_batch)")
+    assert [e["samples"] for e in fast["epochs"]] == [e["samples"] for e in rust["epochs"]]

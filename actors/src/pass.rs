@@ -141,6 +141,9 @@ pub struct PassConfig {
     pub shuffle: bool,
     /// Chunks per shuffle block.
     pub block_chunks: usize,
+    /// Ramp a shuffled epoch's blocks up from the chunks of one batch (see
+    /// [`PassConfig::first_block_chunks`]).
+    pub fast_first_batch: bool,
     /// Rows per batch.
     pub batch_size: usize,
     /// Batches the gather may run ahead of the consumer.
@@ -161,6 +164,22 @@ pub struct PassConfig {
     /// Test hook: the decoder panics on this tile ordinal (`None` in real use).
     #[doc(hidden)]
     pub panic_on_tile: Option<u64>,
+}
+
+impl PassConfig {
+    /// The chunks of a pass's first shuffle block. With `fast_first_batch` on a shuffled pass,
+    /// the fewest that hold one batch (`⌈batch_size / samples_per_chunk⌉`, at most
+    /// `block_chunks`), so the first batch waits for those alone; each next block doubles until
+    /// blocks are full. Otherwise `block_chunks`: every block full.
+    pub fn first_block_chunks(&self, samples_per_chunk: u64) -> usize {
+        if !(self.fast_first_batch && self.shuffle) {
+            return self.block_chunks;
+        }
+        let one_batch = (self.batch_size as u64).div_ceil(samples_per_chunk.max(1));
+        usize::try_from(one_batch)
+            .unwrap_or(usize::MAX)
+            .clamp(1, self.block_chunks)
+    }
 }
 
 pub(crate) enum SlotEntry {
@@ -324,6 +343,7 @@ pub fn plan_order(
         epoch: config.epoch,
         shuffle: config.shuffle,
         block_chunks: config.block_chunks,
+        first_block_chunks: config.first_block_chunks(samples_per_chunk),
         row_limit: config.row_limit,
     })
 }

@@ -1,21 +1,25 @@
 //! Time to first batch on a cold pool: the first round also pays process warm-up (allocator,
 //! thread pools), later rounds clear the pool first.
-//! `cargo run --release --example ttfb STORE [ROUNDS] [SPLIT]`: SPLIT `train` (the default, a
-//! shuffled pass) or `val`, `test`, `all` (sequential passes, as for inference).
+//! `cargo run --release --example ttfb STORE [ROUNDS] [SPLIT] [--fast-first-batch]`: SPLIT
+//! `train` (the default, a shuffled pass) or `val`, `test`, `all` (sequential passes, as for
+//! inference); `--fast-first-batch` ramps the shuffled blocks up from one batch's chunks.
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args()
-        .nth(1)
-        .ok_or("usage: ttfb STORE [ROUNDS] [SPLIT]")?;
-    let split = std::env::args().nth(3).unwrap_or_else(|| "train".into());
+    let fast = std::env::args().any(|a| a == "--fast-first-batch");
+    let args: Vec<String> = std::env::args()
+        .filter(|a| a != "--fast-first-batch")
+        .collect();
+    let path = args
+        .get(1)
+        .ok_or("usage: ttfb STORE [ROUNDS] [SPLIT] [--fast-first-batch]")?;
+    let split = args.get(3).cloned().unwrap_or_else(|| "train".into());
     let t = Instant::now();
-    let ds = insitubatch::InSituDataset::builder(&path).build()?;
+    let ds = insitubatch::InSituDataset::builder(path)
+        .fast_first_batch(fast)
+        .build()?;
     println!("build {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
-    let rounds: usize = std::env::args()
-        .nth(2)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(4);
+    let rounds: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(4);
     for round in 0..rounds {
         ds.clear_cache();
         let (rss0, faults0) = (rss_kib(), minor_faults());

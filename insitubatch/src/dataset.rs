@@ -90,6 +90,7 @@ pub struct DatasetBuilder {
     manifest: Option<SplitManifest>,
     batch_size: usize,
     block_chunks: usize,
+    fast_first_batch: bool,
     max_inflight: Option<usize>,
     prefetch_depth: usize,
     seed: u64,
@@ -200,6 +201,16 @@ impl DatasetBuilder {
     /// Chunks per shuffle block (default 16): shuffle quality against resident memory.
     pub fn block_chunks(mut self, n: usize) -> Self {
         self.block_chunks = n;
+        self
+    }
+
+    /// Start each shuffled epoch with a small block that holds one batch (default false). The
+    /// first block then has `⌈batch_size / samples_per_chunk⌉` chunks and each next one twice
+    /// as many, up to `block_chunks`. So the first batch waits for the chunks of one batch, not
+    /// a whole block. The cost is mixing: each epoch's first batches draw from fewer chunks.
+    /// Sequential passes are unchanged.
+    pub fn fast_first_batch(mut self, yes: bool) -> Self {
+        self.fast_first_batch = yes;
         self
     }
 
@@ -745,6 +756,7 @@ impl DatasetBuilder {
             manifest,
             batch_size: self.batch_size,
             block_chunks: self.block_chunks,
+            fast_first_batch: self.fast_first_batch,
             prefetch_depth: self.prefetch_depth,
             seed: self.seed,
             shuffle: self.shuffle,
@@ -828,6 +840,7 @@ pub struct InSituDataset {
     manifest: SplitManifest,
     batch_size: usize,
     block_chunks: usize,
+    fast_first_batch: bool,
     prefetch_depth: usize,
     seed: u64,
     shuffle: bool,
@@ -863,6 +876,7 @@ impl InSituDataset {
             manifest: None,
             batch_size: DEFAULT_BATCH_SIZE,
             block_chunks: DEFAULT_BLOCK_CHUNKS,
+            fast_first_batch: false,
             max_inflight: None,
             prefetch_depth: DEFAULT_PREFETCH_DEPTH,
             seed: 0,
@@ -1093,6 +1107,7 @@ impl InSituDataset {
             seed: self.seed,
             shuffle: self.shuffle && split == "train",
             block_chunks: self.block_chunks,
+            fast_first_batch: self.fast_first_batch,
             batch_size: self.batch_size,
             prefetch_depth: self.prefetch_depth,
             on_bad_chunk: self.on_bad_chunk,

@@ -129,6 +129,11 @@ struct PassArgs {
     /// Chunks per shuffle block.
     #[arg(long, default_value_t = insitubatch::DEFAULT_BLOCK_CHUNKS)]
     block_chunks: usize,
+    /// Start each shuffled epoch with a block of one batch's chunks, doubling up to
+    /// --block-chunks: the first batch waits for those alone, at the cost of mixing fewer chunks
+    /// in the epoch's first batches.
+    #[arg(long)]
+    fast_first_batch: bool,
     /// Stored-chunk reads in flight (default: 4 per executor thread).
     #[arg(long)]
     max_inflight: Option<usize>,
@@ -179,6 +184,7 @@ impl PassArgs {
             .sample_axis(self.sample_axis)
             .batch_size(self.batch_size)
             .block_chunks(self.block_chunks)
+            .fast_first_batch(self.fast_first_batch)
             .prefetch_depth(self.prefetch_depth)
             .seed(self.seed)
             .shuffle(!self.no_shuffle)

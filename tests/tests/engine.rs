@@ -1680,6 +1680,114 @@ fn a_pass_resumed_at_a_batch_yields_the_rest_of_the_epoch_and_reads_only_its_chu
     }
 }
 
+/// The distinct chunks of each block of `order`, in block order.
+fn block_chunks_of(order: &insitubatch::EpochOrder) -> Vec<BTreeSet<u64>> {
+    order
+        .blocks
+        .iter()
+        .map(|b| order.rows[b.clone()].iter().map(|r| r.chunk).collect())
+        .collect()
+}
+
+#[test]
+fn fast_first_batch_ramps_the_blocks_up_from_one_batch_and_keeps_every_contract() {
+    // zarr-python's values with a window: 12 samples in chunks of 4, batches of 3, blocks of 3
+    // chunks: the first block is the one chunk that holds a batch, the next the other two.
+    let f = fixture("era5_v3", "t2m");
+    let ds = InSituDataset::builder(&f.store)
+        .variable("x", "t2m")
+        .window("y", "t2m", 2)
+        .batch_size(3)
+        .block_chunks(3)
+        .fast_first_batch(true)
+        .build()
+        .unwrap();
+    for epoch in 0..3 {
+        ds.set_epoch(epoch);
+        let anchors = check_epoch(&ds, "train", &[("x", &f, 0), ("y", &f, 0)]);
+        assert_eq!(sorted(anchors), (0..10).collect::<Vec<_>>());
+        let sizes: Vec<usize> = block_chunks_of(&ds.order("train").unwrap())
+            .iter()
+            .map(BTreeSet::len)
+            .collect();
+        assert_eq!(sizes, [1, 2], "epoch {epoch}");
+    }
+
+    // 317 samples in 40 chunks of 8 (the last short), batches of 12, blocks of 16: blocks of
+    // 2, 4, 8 and 16 chunks, then the 10 left.
+    let (_dir, store) = t_store(317, 8);
+    let build = |fast: bool, mode: IntoRows| {
+        InSituDataset::builder(&store)
+            .variable("t", "t")
+            .batch_size(12)
+            .block_chunks(16)
+            .fast_first_batch(fast)
+            .decode_into_batches(mode)
+            .build()
+            .unwrap()
+    };
+    let (plain, fast, fast_rows) = (
+        build(false, IntoRows::Never),
+        build(true, IntoRows::Never),
+        build(true, IntoRows::Always),
+    );
+    let need = fast_rows.memory_need("train").unwrap();
+    assert!(need.rows_batches > 0, "{need:?}");
+    for epoch in 0..3 {
+        for ds in [&plain, &fast, &fast_rows] {
+            ds.set_epoch(epoch);
+        }
+        let (p, q) = (
+            block_chunks_of(&plain.order("train").unwrap()),
+            block_chunks_of(&fast.order("train").unwrap()),
+        );
+        let sizes = |b: &[BTreeSet<u64>]| b.iter().map(BTreeSet::len).collect::<Vec<_>>();
+        assert_eq!(sizes(&p), [16, 16, 8]);
+        assert_eq!(sizes(&q), [2, 4, 8, 16, 10], "epoch {epoch}");
+        // The same chunk permutation, cut differently: the ramp's first three blocks are 14 of
+        // the plain first block's 16 chunks.
+        let head: BTreeSet<u64> = q[..3].iter().flatten().copied().collect();
+        assert!(head.is_subset(&p[0]), "epoch {epoch}: {q:?} against {p:?}");
+        // The first batch draws from the two chunks of the first block alone.
+        let whole = batch_data(fast.train().unwrap(), &["t"]);
+        let chunks_of = |idx: &[u64]| idx.iter().map(|a| a / 8).collect::<BTreeSet<u64>>();
+        assert!(chunks_of(&whole[0].0).is_subset(&q[0]));
+        let plain_batches = batch_data(plain.train().unwrap(), &["t"]);
+        assert!(chunks_of(&plain_batches[0].0).len() > 2);
+        // Every sample once, with the value the plain order gives it.
+        let by_anchor = |batches: &[(Vec<u64>, Vec<Vec<u8>>)]| {
+            let mut m = std::collections::BTreeMap::new();
+            for (idx, arrays) in batches {
+                let sb = arrays[0].len() / idx.len();
+                for (r, &a) in idx.iter().enumerate() {
+                    assert!(
+                        m.insert(a, arrays[0][r * sb..(r + 1) * sb].to_vec())
+                            .is_none()
+                    );
+                }
+            }
+            m
+        };
+        let values = by_anchor(&whole);
+        assert_eq!(values.len(), 317);
+        assert!(values == by_anchor(&plain_batches), "epoch {epoch}");
+        // Decoded into batch rows: the same batches, within the memory need.
+        assert_eq!(batch_data(fast_rows.train().unwrap(), &["t"]), whole);
+        let held = fast_rows.batch_buffers_allocated() * need.batch_bytes;
+        assert!(held <= need.batches_bytes(), "{held} held: {need:?}");
+        // A resumed pass is the rest of the same epoch.
+        for k in [1, 3, whole.len()] {
+            let rest = batch_data(fast.iter_from("train", k as u64).unwrap(), &["t"]);
+            assert_eq!(rest, whole[k..], "epoch {epoch}, resumed at batch {k}");
+        }
+    }
+    // Sequential views are not ramped.
+    assert_eq!(
+        fast.order("all").unwrap().blocks,
+        plain.order("all").unwrap().blocks
+    );
+}
+
 #[test]
 fn a_budget_over_the_split_makes_later_epochs_all_hits() {
     let f = fixture("paired", "raw");

@@ -3,6 +3,10 @@
 //! Chunks are permuted per epoch with a generator keyed on (seed, epoch) only; consecutive
 //! windows of `block_chunks` chunks form blocks, and within a block every valid anchor is
 //! shuffled together. Unshuffled passes keep chunks and samples in order.
+//!
+//! With a ramp (`first_block_chunks` below `block_chunks`) the first window is smaller and each
+//! next one doubles until windows are full: the first batch then waits for a few chunks
+//! instead of a whole block, and the epoch's first batches mix fewer chunks.
 
 use std::ops::Range;
 
@@ -93,6 +97,9 @@ pub struct OrderSpec<'a> {
     pub shuffle: bool,
     /// Chunks per shuffle block.
     pub block_chunks: usize,
+    /// Chunks of the first block; each next block doubles it until it reaches `block_chunks`
+    /// (equal to `block_chunks`: no ramp, every block full).
+    pub first_block_chunks: usize,
     /// Emit at most this many rows, the first ones of the order (every rank of a sharded train
     /// split stops at the same length, so each takes the same number of steps).
     pub row_limit: Option<u64>,
@@ -221,6 +228,13 @@ impl Shard {
     }
 }
 
+/// The chunk counts of successive blocks: `first` doubling up to `full`, then `full` on.
+fn block_sizes(first: usize, full: usize) -> impl Iterator<Item = usize> {
+    std::iter::successors(Some(first.clamp(1, full)), move |&n| {
+        Some(n.saturating_mul(2).min(full))
+    })
+}
+
 /// Builds the epoch order; an error only when it cannot be held in memory.
 pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
     assert!(spec.block_chunks > 0 && spec.samples_per_chunk > 0);
@@ -237,7 +251,13 @@ pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
     let mut rows = super::plan_vec(n_rows, "the epoch's sample order")?;
     let mut blocks = Vec::new();
     let mut dropped = 0u64;
-    for block in chunks.chunks(spec.block_chunks) {
+    let mut rest = &chunks[..];
+    for size in block_sizes(spec.first_block_chunks, spec.block_chunks) {
+        if rest.is_empty() {
+            break;
+        }
+        let (block, tail) = rest.split_at(size.min(rest.len()));
+        rest = tail;
         let start = rows.len();
         for &c in block {
             for w in 0..spc {
@@ -336,6 +356,7 @@ mod tests {
             epoch: 0,
             shuffle,
             block_chunks: 3,
+            first_block_chunks: 3,
             row_limit: None,
         }
     }
@@ -380,6 +401,7 @@ mod tests {
                             epoch: 2,
                             shuffle: true,
                             block_chunks: 2,
+                            first_block_chunks: 2,
                             row_limit: None,
                         };
                         let o = epoch_order(&s).unwrap();
@@ -442,6 +464,7 @@ mod tests {
                                 epoch: 1,
                                 shuffle: true,
                                 block_chunks: 2,
+                                first_block_chunks: 2,
                                 row_limit: None,
                             };
                             let full = epoch_order(&s).unwrap();
@@ -499,6 +522,44 @@ mod tests {
     }
 
     #[test]
+    fn a_ramp_doubles_the_first_block_up_to_full_ones() {
+        let sizes = |first, full| block_sizes(first, full).take(6).collect::<Vec<_>>();
+        assert_eq!(sizes(2, 16), [2, 4, 8, 16, 16, 16]);
+        assert_eq!(sizes(3, 16), [3, 6, 12, 16, 16, 16]);
+        assert_eq!(sizes(0, 3), [1, 2, 3, 3, 3, 3], "at least one chunk");
+        assert_eq!(sizes(5, 3), [3; 6], "never over block_chunks");
+        assert_eq!(sizes(usize::MAX, usize::MAX), [usize::MAX; 6]);
+        // Over an order: 40 chunks of 4 samples, the last blocks what is left; every anchor once.
+        let chunks: Vec<u64> = (0..40).collect();
+        let mut s = OrderSpec {
+            chunks: &chunks,
+            samples_per_chunk: 4,
+            n_samples: 160,
+            offsets: &[0],
+            seed: 9,
+            epoch: 1,
+            shuffle: true,
+            block_chunks: 16,
+            first_block_chunks: 3,
+            row_limit: None,
+        };
+        let o = epoch_order(&s).unwrap();
+        let rows: Vec<usize> = o.blocks.iter().map(|b| b.len()).collect();
+        assert_eq!(rows, [12, 24, 48, 64, 12]);
+        let mut a = o.anchors();
+        a.sort_unstable();
+        assert_eq!(a, (0..160).collect::<Vec<_>>());
+        s.first_block_chunks = 16;
+        let rows: Vec<usize> = epoch_order(&s)
+            .unwrap()
+            .blocks
+            .iter()
+            .map(|b| b.len())
+            .collect();
+        assert_eq!(rows, [64, 64, 32]);
+    }
+
+    #[test]
     fn quality_scores_sequential_low_and_shuffled_high() {
         let seq: Vec<u64> = (0..4096).collect();
         assert!(shuffle_quality(&seq, 8) < 0.1);
@@ -515,6 +576,7 @@ mod tests {
             epoch: 0,
             shuffle: true,
             block_chunks: 16,
+            first_block_chunks: 16,
             row_limit: None,
         })
         .unwrap();

@@ -388,7 +388,11 @@ mod tests {
     #[test]
     fn windows_and_mixed_chunking_share_slots_and_bound_matches_brute_force() {
         let chunks: Vec<u64> = (0..30).collect();
-        for (bs, bc) in [(1, 1), (7, 2), (32, 4), (5, 16)] {
+        // Full blocks, and blocks ramping up from one chunk.
+        let cases = [(1, 1), (7, 2), (32, 4), (5, 16)]
+            .into_iter()
+            .flat_map(|(bs, bc)| [(bs, bc, bc), (bs, bc, 1)]);
+        for (bs, bc, first) in cases {
             let x = geom("a", 60, 2);
             let vars = vec![
                 Variable::new("x", x.clone()),
@@ -404,6 +408,7 @@ mod tests {
                 epoch: 2,
                 shuffle: true,
                 block_chunks: bc,
+                first_block_chunks: first,
                 row_limit: None,
             })
             .unwrap();
@@ -451,6 +456,7 @@ mod tests {
                 epoch: 0,
                 shuffle: true,
                 block_chunks: 3,
+                first_block_chunks: 3,
                 row_limit: None,
             })
             .unwrap();

@@ -14,7 +14,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 9;
+pub const ISB_ABI_VERSION: u32 = 10;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -128,9 +128,32 @@ pub unsafe extern "C" fn isb_open_geometries(
     })
 }
 
-/// `json` parsed as `T`; an error names `what` and serde's reason (an unknown key by name).
+/// `json` parsed as `T`; an error names `what` and serde's reason (an unknown key by name), and
+/// for a value of the wrong type also the key that holds it.
 fn parse_json<T: serde::de::DeserializeOwned>(json: &str, what: &str) -> Result<T, IsbError> {
-    serde_json::from_str(json).map_err(|e| invalid(format!("{what}: {e}")))
+    serde_json::from_str(json).map_err(|e| match bad_key::<T>(json, &e) {
+        Some(key) => invalid(format!("{what}: `{key}`: {e}")),
+        None => invalid(format!("{what}: {e}")),
+    })
+}
+
+/// The top-level key whose value `T` refuses, when `e` is such a refusal: each key is tried on
+/// its own (serde reports a bad value before it checks for missing keys). Only on the error
+/// path, once per key.
+fn bad_key<T: serde::de::DeserializeOwned>(json: &str, e: &serde_json::Error) -> Option<String> {
+    if e.classify() != serde_json::error::Category::Data {
+        return None;
+    }
+    let serde_json::Value::Object(map) = serde_json::from_str(json).ok()? else {
+        return None;
+    };
+    map.into_iter().find_map(|(key, value)| {
+        let alone = serde_json::Value::Object([(key.clone(), value)].into_iter().collect());
+        let refused = serde_json::from_value::<T>(alone)
+            .err()
+            .is_some_and(|e| e.to_string().starts_with("invalid"));
+        refused.then_some(key)
+    })
 }
 
 fn geometries_json(
@@ -280,6 +303,7 @@ struct DatasetConfig {
     manifest: Option<serde_json::Value>,
     batch_size: Option<usize>,
     block_chunks: Option<usize>,
+    fast_first_batch: Option<bool>,
     max_inflight: Option<usize>,
     prefetch_depth: Option<usize>,
     seed: Option<u64>,
@@ -405,6 +429,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
     if let Some(n) = c.block_chunks {
         b = b.block_chunks(n);
     }
+    if let Some(yes) = c.fast_first_batch {
+        b = b.fast_first_batch(yes);
+    }
     if let Some(n) = c.max_inflight {
         b = b.max_inflight(n);
     }
@@ -499,7 +526,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// a periodic axis, as `start < 0` or `end` past the axis length; default every data
 /// variable), `sample_axis`, `manifest`
 /// (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
-/// `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`,
+/// `fast_first_batch` (ABI 10, default false: each shuffled epoch's blocks ramp up from the
+/// chunks of one batch, doubling up to `block_chunks`, so the first batch waits for those
+/// alone; its first batches mix fewer chunks), `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`,
 /// `memory_limit_bytes` (the memory the library may hold in the process when an iteration of
 /// this dataset starts; default all the process may use), `on_bad_chunk` (`"raise"` or
 /// `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`),

@@ -74,6 +74,13 @@ int main(int argc, char **argv) {
     CHECK("a valid transform", isb_dataset_open(config, &ds, &err), ISB_OK, NULL);
     isb_dataset_free(ds);
     ds = NULL;
+    /* fast_first_batch (ABI 10) is a bool. */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"fast_first_batch\": 1}", store);
+    CHECK("fast_first_batch not a bool", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "fast_first_batch");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"fast_first_batch\": true}", store);
+    CHECK("fast_first_batch", isb_dataset_open(config, &ds, &err), ISB_OK, NULL);
+    isb_dataset_free(ds);
+    ds = NULL;
     /* drop_last with a batch larger than the split: opening works, iterating names it. */
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 1000, \"drop_last\": true}", store);
     CHECK("drop_last dataset", isb_dataset_open(config, &ds, &err), ISB_OK, NULL);

@@ -685,6 +685,11 @@ class InSituDataset:
     A list of split names (`drop_last=["train"]`) does that for those splits only: train on
     full batches, validate on every sample.
 
+    `fast_first_batch=True` starts each shuffled epoch with a block of one batch's chunks
+    (⌈batch_size / samples per chunk⌉), each next block twice as large up to `block_chunks`, so
+    the first batch waits for those chunks instead of a whole block; the epoch's first batches
+    then mix fewer chunks. Sequential views are unchanged.
+
     `chunk_transforms` (built-ins from `insitubatch.transforms`, scoped with `applies`) run in
     the Rust decoder on every decoded chunk and are cached with it; `batch_transforms` (Python
     callables taking and returning a `Batch`) run on every batch, uncached.
@@ -698,6 +703,7 @@ class InSituDataset:
         *,
         batch_size: int = 32,
         block_chunks: int = 16,
+        fast_first_batch: bool = False,
         max_inflight: int | None = None,
         seed: int = 0,
         shuffle: bool = True,
@@ -732,7 +738,11 @@ class InSituDataset:
             "rank": _check_int("rank", rank, minimum=0),
             "world_size": _check_int("world_size", world_size),
         }
-        for name, flag in (("shuffle", shuffle), ("even_train", even_train)):
+        for name, flag in (
+            ("shuffle", shuffle),
+            ("even_train", even_train),
+            ("fast_first_batch", fast_first_batch),
+        ):
             if not isinstance(flag, bool):
                 raise TypeError(f"`{name}` must be a bool, not {type(flag).__name__}")
             config[name] = flag

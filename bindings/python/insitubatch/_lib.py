@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 _LIB_NAME = "libinsitubatch.so"
 
 

@@ -251,6 +251,34 @@ def test_order_depends_on_seed_and_epoch_only(fixtures):
     assert isb.shuffle_quality(list(range(64)), 8) < 0.1
 
 
+def test_fast_first_batch_draws_each_epochs_first_batch_from_one_batchs_chunks(fixtures):
+    store = era5(fixtures)
+    g = isb.open_geometries(store, ["t2m"])
+    ref = zarr.open_array(store / "t2m", mode="r")[...]
+
+    def epochs(fast):
+        # 12 samples in chunks of 4, batches of 3: with the ramp the first block is one chunk.
+        with isb.InSituDataset(store, None, g, batch_size=3, block_chunks=3, fast_first_batch=fast) as ds:
+            out = []
+            for epoch in range(4):
+                ds.set_epoch(epoch)
+                batches = []
+                for b in ds.train:
+                    for r, idx in enumerate(b.read_indices("t2m")):
+                        np.testing.assert_array_equal(b.arrays["t2m"][r], ref[idx])
+                    batches.append(b.sample_indices.tolist())
+                out.append(batches)
+            return out
+
+    fast, plain = epochs(True), epochs(False)
+    for f, p in zip(fast, plain):
+        assert sorted(sum(f, [])) == sorted(sum(p, [])) == list(range(12))
+        assert len({i // 4 for i in f[0]}) == 1, f
+    assert any(len({i // 4 for i in p[0]}) > 1 for p in plain), plain
+    with pytest.raises(TypeError, match="`fast_first_batch` must be a bool"):
+        isb.InSituDataset(store, fast_first_batch="yes")
+
+
 def test_a_resumed_epoch_yields_the_rest_of_a_whole_one_and_reads_only_its_chunks(fixtures):
     out, _ = fixtures
     store = out / "paired.zarr"
