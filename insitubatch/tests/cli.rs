@@ -209,6 +209,25 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
     assert_eq!(e[0]["stats"]["tiles_read"], 24);
     assert_eq!(e[1]["stats"]["cache_hits"], 12);
     assert_eq!(e[1]["stats"]["tiles_read"], 0);
+    // --fast-first-batch ramps the blocks: with batches of one chunk and blocks of 4, the
+    // train split's 6 chunks are cut 1, 2, 3 instead of 4, 2, so the working set (a block and
+    // the next) is 5 chunks instead of 6.
+    let working_set = |extra: &[&str]| {
+        let out = run_ok(
+            cli()
+                .arg("memory")
+                .arg(&store)
+                .arg("--manifest")
+                .arg(&manifest)
+                .args(["--batch-size", "4", "--block-chunks", "4", "--json"])
+                .args(extra),
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["working_set_bytes"].as_u64().unwrap()
+    };
+    let full = working_set(&[]);
+    assert!(full > 0, "the chunks go through the pool");
+    assert_eq!(working_set(&["--fast-first-batch"]) * 6, full * 5);
     // A region of the field: of the two 3 x 8 tiles per sample chunk, rows 3..6 touch one.
     let out = run_ok(bench_with(&store, &manifest).args([
         "--variables",

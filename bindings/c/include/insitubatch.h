@@ -399,7 +399,8 @@ IsbStatus isb_split_by_chunk(const char *store,
  (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
  `fast_first_batch` (ABI 10, default false: each shuffled epoch's blocks ramp up from the
  chunks of one batch, doubling up to `block_chunks`, so the first batch waits for those
- alone; its first batches mix fewer chunks), `max_inflight`, `prefetch_depth`, `seed`, `shuffle`, `cache_budget_bytes`,
+ alone; its first batches mix fewer chunks), `max_inflight`, `prefetch_depth`, `seed`,
+ `shuffle`, `cache_budget_bytes`,
  `memory_limit_bytes` (the memory the library may hold in the process when an iteration of
  this dataset starts; default all the process may use), `on_bad_chunk` (`"raise"` or
  `"nan"`), `executor_threads`, `io_backend` (`"auto"`, `"uring"`, `"threads"`),
@@ -417,9 +418,7 @@ IsbStatus isb_split_by_chunk(const char *store,
  # Safety
  `config_json` is NUL-terminated; `out` is writable; `err` is NULL or writable.
  */
-IsbStatus isb_dataset_open(const char *config_json,
-                           struct IsbDataset **out,
-                           struct IsbError **err);
+IsbStatus isb_dataset_open(const char *config_json, struct IsbDataset **out, struct IsbError **err);
 
 /*
  `isb_dataset_open` with chunk transforms written as C functions: `callbacks` is an array of
