@@ -179,6 +179,22 @@ fn check_pass(
             "a chunk in two blocks"
         );
     }
+    // With `fast_first_batch` a shuffled train pass starts with a block of the chunks of one
+    // batch (when no window dropped a whole block's anchors, which leaves that block out).
+    let one_batch = (case.batch_size as u64).div_ceil(spc) as usize;
+    if case.fast_first_batch
+        && split == "train"
+        && case.shuffle
+        && planned.dropped_anchors == 0
+        && let Some(first) = planned.blocks.first()
+    {
+        let chunks: HashSet<u64> = anchors[first.clone()].iter().map(|a| a / spc).collect();
+        assert!(
+            chunks.len() <= one_batch.max(1),
+            "first block {first:?}: {chunks:?}"
+        );
+        cov.ramped += (one_batch < case.block_chunks && planned.blocks.len() > 1) as u64;
+    }
     // Read-once: each slot (array, sample-axis chunk) the pass needs is fetched at most once
     // and admitted once, except that a shuffled train pass over a persisted cache hands each
     // block's slots back as it drains and admits them again (from the pool or the cache file)
@@ -310,6 +326,7 @@ struct Coverage {
     budget_refused: u64,
     ranked: u64,
     into_rows: u64,
+    ramped: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
@@ -800,7 +817,9 @@ fn run_epochs(
             // After a first epoch over every split into a pool that keeps everything, nothing
             // is read or decoded; from a persisted cache, at most the slots holding a corrupt
             // chunk's stand-in, which is never written to the cache (an earlier pass of the
-            // same dataset may have left them resident).
+            // same dataset may have left them resident). A chunk decoded straight into its
+            // batch rows is never kept (`IntoRows::Always` decodes so even where the budget
+            // could keep it), so it is read again: every other one hits.
             let warm = epoch > epochs.start && case.budget == CaseBudget::Everything;
             let uncached = match reads {
                 Reads::None => slots_with_a_corrupt_chunk(case, &anchors),
@@ -808,7 +827,11 @@ fn run_epochs(
             };
             if warm || reads == Reads::None {
                 assert!(
-                    stats.cache_misses <= uncached,
+                    stats.cache_misses >= stats.tiles_into_batches,
+                    "a chunk decoded into rows is a miss: {stats:?}"
+                );
+                assert!(
+                    stats.cache_misses - stats.tiles_into_batches <= uncached,
                     "epoch {epoch} {split}: {stats:?}"
                 );
                 if stats.cache_misses == 0 {
@@ -816,6 +839,12 @@ fn run_epochs(
                         (stats.tiles_read, stats.bytes_decoded),
                         (0, 0),
                         "epoch {epoch} {split}: {stats:?}"
+                    );
+                } else if stats.cache_misses == stats.tiles_into_batches {
+                    assert_eq!(
+                        stats.tiles_read, stats.tiles_into_batches,
+                        "epoch {epoch} {split}: only the chunks decoded into rows are read: \
+                         {stats:?}"
                     );
                 }
             }
@@ -884,6 +913,7 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("passes refused for their budget", c.budget_refused),
             ("data-parallel ranks", c.ranked),
             ("passes with chunks decoded into batch rows", c.into_rows),
+            ("blocks ramped up from one batch", c.ramped),
         ] {
             assert!(count >= 10, "only {count} cases with {what}: {cov:?}");
         }

@@ -407,6 +407,8 @@ pub struct Case {
     pub wait_us: Option<u64>,
     /// When chunks are decoded straight into batch rows.
     pub into_rows: IntoRows,
+    /// Shuffled blocks ramp up from one batch's chunks.
+    pub fast_first_batch: bool,
 }
 
 impl Case {
@@ -522,6 +524,8 @@ impl Case {
                 1 => IntoRows::Never,
                 _ => IntoRows::Auto,
             },
+            // After `into_rows`, for the same reason.
+            fast_first_batch: r.chance(0.5),
         }
     }
 
@@ -534,7 +538,8 @@ impl Case {
             .prefetch_depth(self.prefetch_depth)
             .shuffle(self.shuffle)
             .seed(self.seed)
-            .decode_into_batches(self.into_rows);
+            .decode_into_batches(self.into_rows)
+            .fast_first_batch(self.fast_first_batch);
         for v in &self.views {
             b = b.window(v.label.clone(), self.arrays[v.array].name.clone(), v.offset);
         }
