@@ -46,6 +46,8 @@ def _draw(seed, tmp_path):
                  shuffle=bool(rng.random() < 0.7), seed=int(rng.integers(0, 100)),
                  max_inflight=int(rng.integers(1, 6)), prefetch_depth=int(rng.integers(1, 3)))
     fractions = [(1.0,), (0.5, 0.5), (0.6, 0.2, 0.2)][int(rng.integers(0, 3))]
+    # Drawn last, so the cases drawn before it was added are unchanged.
+    knobs["fast_first_batch"] = bool(rng.random() < 0.5)
     return root, axis, ref, offsets, knobs, fractions
 
 
