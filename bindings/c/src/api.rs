@@ -137,9 +137,9 @@ fn parse_json<T: serde::de::DeserializeOwned>(json: &str, what: &str) -> Result<
     })
 }
 
-/// The top-level key whose value `T` refuses, when `e` is such a refusal: each key is tried on
-/// its own (serde reports a bad value before it checks for missing keys). Only on the error
-/// path, once per key.
+/// The top-level key whose value `T` refuses with the message of `e`: each key is tried on its
+/// own (serde reports a bad value before it checks for missing keys, and without the position
+/// `e` ends with). Only on the error path, once per key.
 fn bad_key<T: serde::de::DeserializeOwned>(json: &str, e: &serde_json::Error) -> Option<String> {
     if e.classify() != serde_json::error::Category::Data {
         return None;
@@ -147,11 +147,15 @@ fn bad_key<T: serde::de::DeserializeOwned>(json: &str, e: &serde_json::Error) ->
     let serde_json::Value::Object(map) = serde_json::from_str(json).ok()? else {
         return None;
     };
+    let message = e.to_string();
     map.into_iter().find_map(|(key, value)| {
         let alone = serde_json::Value::Object([(key.clone(), value)].into_iter().collect());
         let refused = serde_json::from_value::<T>(alone)
             .err()
-            .is_some_and(|e| e.to_string().starts_with("invalid"));
+            .is_some_and(|alone| {
+                let reason = alone.to_string();
+                reason.starts_with("invalid") && message.starts_with(&reason)
+            });
         refused.then_some(key)
     })
 }

@@ -77,6 +77,9 @@ int main(int argc, char **argv) {
     /* fast_first_batch (ABI 10) is a bool. */
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"fast_first_batch\": 1}", store);
     CHECK("fast_first_batch not a bool", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "fast_first_batch");
+    /* Two values of the wrong type: the key named is the one serde's message is about. */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"shuffle\": 1, \"block_chunks\": \"x\"}", store);
+    CHECK("the first bad value names its key", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "`shuffle`: invalid type: integer `1`, expected a boolean");
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"fast_first_batch\": true}", store);
     CHECK("fast_first_batch", isb_dataset_open(config, &ds, &err), ISB_OK, NULL);
     isb_dataset_free(ds);
