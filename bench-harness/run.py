@@ -125,18 +125,15 @@ def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0):
     ceiling = next(json.loads(l) for l in out.splitlines() if "std::fs::read + zarrs" in l)
     decode_mb_s = ceiling["decoded_mb_s"]
 
-    time.sleep(settle)
-    out, peak, procs, cpu = run_tree([BIN, "bench", store, "--epochs", str(epochs),
-                                      "--batch-size", str(batch_size), "--json"])
-    rows.append({"engine": "insitubatch (Rust API)", "epochs": rust_epochs(out),
-                 "peak_rss_bytes": peak, "processes": procs, "cpu_s": cpu})
-    # The same with each epoch's blocks ramping up from one batch's chunks: its first batch.
-    time.sleep(settle)
-    out, peak, procs, cpu = run_tree([BIN, "bench", store, "--epochs", str(epochs),
-                                      "--batch-size", str(batch_size), "--fast-first-batch",
-                                      "--json"])
-    rows.append({"engine": "insitubatch (Rust API, fast_first_batch)", "epochs": rust_epochs(out),
-                 "peak_rss_bytes": peak, "processes": procs, "cpu_s": cpu})
+    # The Rust API with the defaults, and with each epoch's blocks ramping up from one batch's
+    # chunks (its first batch).
+    for name, extra in [("insitubatch (Rust API)", []),
+                        ("insitubatch (Rust API, fast_first_batch)", ["--fast-first-batch"])]:
+        time.sleep(settle)
+        out, peak, procs, cpu = run_tree([BIN, "bench", store, "--epochs", str(epochs),
+                                          "--batch-size", str(batch_size), *extra, "--json"])
+        rows.append({"engine": name, "epochs": rust_epochs(out),
+                     "peak_rss_bytes": peak, "processes": procs, "cpu_s": cpu})
 
     py = [sys.executable, str(ENGINES)]
     common = ["--epochs", str(epochs), "--batch-size", str(batch_size)]
