@@ -40,13 +40,15 @@ def store(binary: str, path: Path, spc: int, samples: int, grid: str | None = No
     return path
 
 
-def run_bench(binary: str, path: Path, flags: list[str], settle: float) -> dict:
+def run_bench(binary: str, path: Path, flags: list[str], settle: float, env: dict | None = None) -> dict:
+    """`insitubatch bench --epochs 3 --json` in a fresh process after `settle` s of idle."""
     time.sleep(settle)
     out = subprocess.run(
         [binary, "bench", str(path), "--epochs", "3", "--json", *flags],
         check=True,
         capture_output=True,
         text=True,
+        env=env,
     ).stdout
     d = json.loads(out)
     e = d["epochs"]
