@@ -10,9 +10,9 @@
 //! samples). With 4 KiB pages the same epoch ran in 0.4–0.5× the time at 8 to 32 samples per
 //! chunk and peaked 18–110 MiB lower; a warm process measured the same either way
 //! (`docs/benchmarks.md`, "Small pages for a fresh process"). So the library stops mimalloc's
-//! advice for its own arenas, unless `MIMALLOC_ALLOW_THP` is set. It does this after mimalloc's
-//! own initializer has run, so mimalloc never calls `prctl(PR_SET_THP_DISABLE)`, which would
-//! take huge pages from the whole process (a simulation code or torch beside us); a system whose
+//! advice for its own arenas, unless `MIMALLOC_ALLOW_THP` is set. It does this after mimalloc has
+//! initialized, so mimalloc never calls `prctl(PR_SET_THP_DISABLE)`, which would take huge
+//! pages from the whole process (a simulation code or torch beside us); a system whose
 //! THP mode is `always` still gives huge pages to everyone.
 //!
 //! **Arenas under an address-space limit.** mimalloc reserves address space in arenas of 1 GiB at a time. Under `ulimit -v` (common on
@@ -32,6 +32,7 @@ use mimalloc as _;
 unsafe extern "C" {
     fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
     fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
+    fn mi_process_init();
 }
 
 /// `mi_option_arena_reserve` in mimalloc 3's `mi_option_e` (its value is in KiB).
@@ -55,14 +56,21 @@ extern "C" fn fit_at_load() {
 }
 
 /// Stops mimalloc advising huge pages for the arenas it maps from now on, unless the user set
-/// `MIMALLOC_ALLOW_THP`. Runs from the load-time initializer, after mimalloc's (priority 101),
-/// and before anything allocates: it must not allocate itself, since the first allocation maps
-/// the first arena.
+/// `MIMALLOC_ALLOW_THP`. Runs from the load-time initializer, before anything allocates: it must
+/// not allocate itself, since the first allocation maps the first arena.
+///
+/// mimalloc decides at its process initialization whether to disable huge pages for the whole
+/// process (it does when `allow_thp` is 0 then), and with gcc its initializer has no priority,
+/// so ours may run first (it does, in the C library). So this initializes mimalloc first
+/// (`mi_process_init` runs once; mimalloc's own initializer then finds it done), and only then
+/// sets the option.
 #[cfg(target_os = "linux")]
 fn small_pages_unless_asked() {
-    // SAFETY: `getenv` with a NUL-terminated name; the result is only compared with null.
-    // `mi_option_set` sets one of mimalloc's options, and 0 is a valid value for this one.
+    // SAFETY: `mi_process_init` may be called at any time and initializes once. `getenv` with a
+    // NUL-terminated name; the result is only compared with null. `mi_option_set` sets one of
+    // mimalloc's options, and 0 is a valid value for this one.
     unsafe {
+        mi_process_init();
         if libc::getenv(ALLOW_THP_VAR.as_ptr()).is_null() {
             mi_option_set(MI_OPTION_ALLOW_THP, 0);
         }

@@ -4,6 +4,8 @@ lifetimes under adversarial drop orders, errors, fork."""
 import contextlib
 import gc
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -344,6 +346,47 @@ def test_drop_last_yields_full_batches_the_whole_epochs_first_and_reads_only_the
         assert sum(map(len, val)) == whole.val.n_samples and len(val[-1]) < 7
     with pytest.raises(isb.InvalidArgument, match="`drop_last`.*training"):
         isb.InSituDataset(store, thirds, g, drop_last=("training",))
+
+
+HUGE_PAGE_PROBE = """
+import ctypes, sys
+ctypes.CDLL(None).prctl(41, 0, 0, 0, 0)  # PR_SET_THP_DISABLE off, whatever the parent set
+def thp():
+    return [l.split()[1] for l in open("/proc/self/status") if l.startswith("THP_enabled:")]
+before = thp()
+import insitubatch as isb
+with isb.InSituDataset(sys.argv[1], batch_size=4) as ds:
+    next(iter(ds.train))
+    size, advised = 0, []
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            size = hi - lo
+        elif line.startswith("VmFlags:") and size >= 64 << 20:
+            advised.append("hg" in line.split())
+    print(sum(advised), len(advised), before == thp())
+"""
+
+
+def test_the_library_advises_no_huge_pages_and_leaves_the_hosts_alone(fixtures):
+    # The library stops mimalloc advising transparent huge pages for its arenas (a fresh
+    # process's first epoch touches less slowly, docs/tuning.md) without disabling them for the
+    # host process; MIMALLOC_ALLOW_THP=1 gives mimalloc its own default back.
+    store = era5(fixtures)
+    env = {k: v for k, v in os.environ.items() if k != "MIMALLOC_ALLOW_THP"}
+    runs = {}
+    for allow in (None, "1"):
+        e = env if allow is None else {**env, "MIMALLOC_ALLOW_THP": allow}
+        out = subprocess.run([sys.executable, "-c", HUGE_PAGE_PROBE, str(store)], env=e,
+                             check=True, capture_output=True, text=True).stdout.split()
+        runs[allow] = (int(out[0]), int(out[1]), out[2] == "True")
+    advised, arenas, unchanged = runs[None]
+    assert arenas >= 1, "mimalloc maps its arenas 1 GiB at a time"
+    assert advised == 0, f"{advised} of {arenas} large mappings advised huge pages"
+    assert unchanged, "loading the library changed the host process's THP_enabled"
+    if open("/sys/kernel/mm/transparent_hugepage/enabled").read().find("[never]") < 0:
+        assert runs["1"][0] >= 1, "with MIMALLOC_ALLOW_THP=1 mimalloc advises its arenas"
 
 
 def test_arrays_alias_rust_memory_and_outlive_everything_in_any_drop_order(fixtures):
