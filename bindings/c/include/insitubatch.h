@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 10
+#define ISB_ABI_VERSION 11
 
 /*
  DLPack version of the exported structs.
@@ -484,6 +484,32 @@ IsbStatus isb_dataset_split_len(const struct IsbDataset *ds,
                                 uint64_t *samples,
                                 uint64_t *batches,
                                 struct IsbError **err);
+
+/*
+ The order the current epoch of `split` draws, planned without reading anything (ABI 11):
+ `samples` receives the sample indices in the order the batches emit them (`*n_samples` of
+ them, as many as `isb_dataset_split_len` counts), and `block_ends` the shuffle blocks, each
+ as the index into that order where it ends (`*n_blocks` of them, ascending, the last one
+ `*n_samples`; a batch draws from the blocks its rows fall in). A sequential split's order is
+ its samples in index order. Call with `samples` and `block_ends` NULL to learn the lengths,
+ then with arrays at least that long: an array shorter than its length is
+ `ISB_INVALID_ARGUMENT` naming it, and then nothing is written to either. The length
+ out-pointers may be NULL. Errors as `isb_iter_start` would for an unknown or empty split.
+
+ # Safety
+ `ds` is NULL or a live dataset; `split` is NUL-terminated; `samples` is NULL or writable for
+ `samples_cap` values and `block_ends` for `block_ends_cap`; `n_samples`, `n_blocks` and
+ `err` are NULL or writable.
+ */
+IsbStatus isb_dataset_order(const struct IsbDataset *ds,
+                            const char *split,
+                            uint64_t *samples,
+                            size_t samples_cap,
+                            size_t *n_samples,
+                            uint64_t *block_ends,
+                            size_t block_ends_cap,
+                            size_t *n_blocks,
+                            struct IsbError **err);
 
 /*
  The memory an iteration over `split` would hold at its peak, counted from its plan without

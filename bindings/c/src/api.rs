@@ -14,7 +14,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 10;
+pub const ISB_ABI_VERSION: u32 = 11;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -715,6 +715,75 @@ pub unsafe extern "C" fn isb_dataset_split_len(
             }
             if let Some(out) = batches.as_mut() {
                 *out = n.div_ceil(d.ds.batch_size() as u64);
+            }
+        }
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// The order the current epoch of `split` draws, planned without reading anything (ABI 11):
+/// `samples` receives the sample indices in the order the batches emit them (`*n_samples` of
+/// them, as many as `isb_dataset_split_len` counts), and `block_ends` the shuffle blocks, each
+/// as the index into that order where it ends (`*n_blocks` of them, ascending, the last one
+/// `*n_samples`; a batch draws from the blocks its rows fall in). A sequential split's order is
+/// its samples in index order. Call with `samples` and `block_ends` NULL to learn the lengths,
+/// then with arrays at least that long: an array shorter than its length is
+/// `ISB_INVALID_ARGUMENT` naming it, and then nothing is written to either. The length
+/// out-pointers may be NULL. Errors as `isb_iter_start` would for an unknown or empty split.
+///
+/// # Safety
+/// `ds` is NULL or a live dataset; `split` is NUL-terminated; `samples` is NULL or writable for
+/// `samples_cap` values and `block_ends` for `block_ends_cap`; `n_samples`, `n_blocks` and
+/// `err` are NULL or writable.
+#[allow(clippy::too_many_arguments)] // two (array, capacity, length) triples: the C idiom
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_dataset_order(
+    ds: *const IsbDataset,
+    split: *const c_char,
+    samples: *mut u64,
+    samples_cap: usize,
+    n_samples: *mut usize,
+    block_ends: *mut u64,
+    block_ends_cap: usize,
+    n_blocks: *mut usize,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let d = unsafe { dataset(ds) }?;
+        // SAFETY: forwarded contract.
+        let split = unsafe { arg_str(split, "split") }?;
+        let order = d.ds.order(split)?;
+        order.check_nonempty(split)?;
+        let anchors = order.anchors();
+        let ends: Vec<u64> = order.blocks.iter().map(|b| b.end as u64).collect();
+        // SAFETY: each is NULL or writable, per the contract.
+        unsafe {
+            if let Some(out) = n_samples.as_mut() {
+                *out = anchors.len();
+            }
+            if let Some(out) = n_blocks.as_mut() {
+                *out = ends.len();
+            }
+        }
+        for (name, ptr, cap, len) in [
+            ("samples", samples, samples_cap, anchors.len()),
+            ("block_ends", block_ends, block_ends_cap, ends.len()),
+        ] {
+            if !ptr.is_null() && cap < len {
+                return Err(invalid(format!(
+                    "`{name}` holds {cap} values and the order of split `{split}` needs {len}: \
+                     call with `{name}` NULL to learn the length, then pass an array that long"
+                )));
+            }
+        }
+        // SAFETY: a non-NULL array is writable for its capacity, which holds the values.
+        unsafe {
+            if !samples.is_null() {
+                std::ptr::copy_nonoverlapping(anchors.as_ptr(), samples, anchors.len());
+            }
+            if !block_ends.is_null() {
+                std::ptr::copy_nonoverlapping(ends.as_ptr(), block_ends, ends.len());
             }
         }
         Ok(IsbStatus::IsbOk)

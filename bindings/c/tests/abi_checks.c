@@ -206,6 +206,51 @@ int main(int argc, char **argv) {
     CHECK("split length, unknown split", isb_dataset_split_len(ds, "holdout", &samples, NULL, &err), ISB_INVALID_ARGUMENT, "holdout");
     CHECK("split length, empty split", isb_dataset_split_len(ds, "val", NULL, &batches, &err), ISB_INVALID_ARGUMENT, "val");
     CHECK("split length, NULL split", isb_dataset_split_len(ds, NULL, NULL, NULL, &err), ISB_NULL_POINTER, "split");
+    /* An epoch's order before it runs (ABI 11): lengths first, then the arrays; it is the
+     * order the iteration then emits, and a short array is named. */
+    {
+        size_t n = 0, nb = 0;
+        uint64_t order[12] = {0}, ends[12] = {0}, short_ends[1] = {0};
+        CHECK("order lengths", isb_dataset_order(ds, "train", NULL, 0, &n, NULL, 0, &nb, &err), ISB_OK, NULL);
+        if (n != 12 || nb < 1 || nb > 12) {
+            fprintf(stderr, "FAIL order lengths: %zu samples, %zu blocks\n", n, nb);
+            failures++;
+        }
+        CHECK("order, short samples", isb_dataset_order(ds, "train", order, 11, NULL, NULL, 0, NULL, &err), ISB_INVALID_ARGUMENT, "`samples` holds 11 values");
+        if (nb > 1)
+            CHECK("order, short block_ends", isb_dataset_order(ds, "train", order, 12, NULL, short_ends, 1, NULL, &err), ISB_INVALID_ARGUMENT, "block_ends");
+        if (order[0] != 0 || short_ends[0] != 0) {
+            fprintf(stderr, "FAIL order: a refused call wrote its arrays\n");
+            failures++;
+        }
+        CHECK("order", isb_dataset_order(ds, "train", order, 12, &n, ends, 12, &nb, &err), ISB_OK, NULL);
+        if (nb == 0 || ends[nb - 1] != 12) {
+            fprintf(stderr, "FAIL order: the last block ends at %llu, want 12\n", nb ? (unsigned long long)ends[nb - 1] : 0ull);
+            failures++;
+        }
+        IsbIter *oit = NULL;
+        IsbBatch *ob = NULL;
+        const uint64_t *idx = NULL;
+        size_t len = 0, at = 0;
+        if (isb_iter_start(ds, "train", &oit, &err) != ISB_OK) return 1;
+        while (isb_iter_next(oit, &ob, &err) == ISB_OK) {
+            if (isb_batch_sample_indices(ob, &idx, &len, &err) != ISB_OK || at + len > 12 ||
+                memcmp(idx, order + at, len * sizeof *idx) != 0) {
+                fprintf(stderr, "FAIL order: the batch at row %zu is not the order's next rows\n", at);
+                failures++;
+            }
+            at += len;
+            isb_batch_free(ob);
+        }
+        isb_iter_free(oit);
+        if (at != 12) {
+            fprintf(stderr, "FAIL order: the epoch emitted %zu samples, want 12\n", at);
+            failures++;
+        }
+        CHECK("order, unknown split", isb_dataset_order(ds, "holdout", NULL, 0, NULL, NULL, 0, NULL, &err), ISB_INVALID_ARGUMENT, "holdout");
+        CHECK("order, NULL split", isb_dataset_order(ds, NULL, NULL, 0, NULL, NULL, 0, NULL, &err), ISB_NULL_POINTER, "split");
+        CHECK("order, NULL dataset", isb_dataset_order(NULL, "train", NULL, 0, NULL, NULL, 0, NULL, &err), ISB_NULL_POINTER, "ds");
+    }
     /* The memory a pass holds at its peak, before it starts (ABI 6): three batches (the epoch
      * has three, fewer than prefetch_depth + 2), above the library's own 16 MiB. */
     char *need = NULL;

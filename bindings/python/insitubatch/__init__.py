@@ -17,6 +17,7 @@ alias Rust memory, and hand over to torch and JAX through DLPack without a copy
 from ._core import (
     ArrayGeometry,
     Batch,
+    EpochOrder,
     InSituDataset,
     SplitManifest,
     open_geometries,
@@ -56,6 +57,7 @@ __all__ = [
     "CacheWarning",
     "Cancelled",
     "Closed",
+    "EpochOrder",
     "Error",
     "InSituDataset",
     "IOFailure",

@@ -16,7 +16,7 @@ import threading
 import numbers
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -418,6 +418,20 @@ class _Export:
                 lib.isb_dlpack_delete(tensor)
             except Exception:  # interpreter shutdown: the process is ending anyway
                 pass
+
+
+class EpochOrder(NamedTuple):
+    """The order one epoch of a split draws (`InSituDataset.order`): `sample_indices`, every
+    sample the epoch yields in the order the batches emit them (int64, the concatenation of the
+    batches' `sample_indices`), and `block_ends`, the shuffle blocks as the index into
+    `sample_indices` where each ends (int64, ascending, the last one `len(sample_indices)`)."""
+
+    sample_indices: np.ndarray
+    block_ends: np.ndarray
+
+    def blocks(self) -> list[np.ndarray]:
+        """The sample indices of each shuffle block, in order."""
+        return np.split(self.sample_indices, self.block_ends[:-1])
 
 
 class Batch:
@@ -931,6 +945,25 @@ class InSituDataset:
         if not isinstance(split, str):
             raise TypeError("split must be a str")
         return _json_call(lib.isb_dataset_memory_json, self._live(), split.encode())
+
+    def order(self, split: str = "train") -> EpochOrder:
+        """The order the current epoch of `split` draws (see `set_epoch`), planned without
+        reading anything: the samples in the order the batches emit them and the shuffle blocks
+        they are drawn from. The same arguments give the same order on any machine, thread count
+        and IO backend. Raises as iterating would for an unknown or empty split."""
+        if not isinstance(split, str):
+            raise TypeError("split must be a str")
+        n_samples, n_blocks = ctypes.c_size_t(), ctypes.c_size_t()
+        err = ctypes.c_void_p()
+        args = (self._live(), split.encode())
+        _check(lib.isb_dataset_order(*args, None, 0, ctypes.byref(n_samples), None, 0,
+                                     ctypes.byref(n_blocks), ctypes.byref(err)), err)
+        samples = np.empty(n_samples.value, dtype=np.uint64)
+        ends = np.empty(n_blocks.value, dtype=np.uint64)
+        _check(lib.isb_dataset_order(*args, samples.ctypes.data, samples.size, ctypes.byref(n_samples),
+                                     ends.ctypes.data, ends.size, ctypes.byref(n_blocks),
+                                     ctypes.byref(err)), err)
+        return EpochOrder(samples.astype(np.int64), ends.astype(np.int64))
 
     def _split_len(self, split: str) -> tuple[int, int]:
         samples, batches = ctypes.c_uint64(), ctypes.c_uint64()

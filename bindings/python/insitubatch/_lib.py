@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 10
+ABI_VERSION = 11
 _LIB_NAME = "libinsitubatch.so"
 
 
@@ -110,6 +110,11 @@ def _load() -> ctypes.CDLL:
         "isb_dataset_split_len": (
             U32,
             [P, S, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ERR],
+        ),
+        "isb_dataset_order": (
+            U32,
+            [P, S, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
+             ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ERR],
         ),
         "isb_iter_start_at": (U32, [P, S, ctypes.c_uint64, ctypes.POINTER(P), ERR]),
         "isb_iter_next": (U32, [P, ctypes.POINTER(P), ERR]),

@@ -281,6 +281,51 @@ def test_fast_first_batch_draws_each_epochs_first_batch_from_one_batchs_chunks(f
         isb.InSituDataset(store, fast_first_batch="yes")
 
 
+def test_order_is_the_epoch_the_batches_then_emit_planned_without_reading(fixtures):
+    out, _ = fixtures
+    store = out / "paired.zarr"
+    g = isb.open_geometries(store, ["raw"])
+    with isb.InSituDataset(store, None, g, batch_size=7, block_chunks=4, seed=3) as ds:
+        orders = []
+        for epoch in (0, 1):
+            ds.set_epoch(epoch)
+            pool = ds.stats()["pool"]
+            order = ds.order()
+            assert ds.stats()["pool"] == pool, "planning an order reads nothing"
+            assert order.sample_indices.dtype == order.block_ends.dtype == np.int64
+            emitted = np.concatenate([b.sample_indices for b in ds.train])
+            np.testing.assert_array_equal(order.sample_indices, emitted)
+            ends = order.block_ends
+            assert ends[-1] == len(emitted) and np.all(np.diff(ends) > 0) and ends[0] > 0
+            assert len(ends) > 1, "several blocks of 4 chunks"
+            assert [len(b) for b in order.blocks()] == np.diff(ends, prepend=0).tolist()
+            orders.append(order.sample_indices)
+        assert not np.array_equal(*orders), "each epoch its own order"
+        ds.set_epoch(0)
+        np.testing.assert_array_equal(ds.order("train").sample_indices, orders[0])
+        seq = ds.order("all").sample_indices
+        np.testing.assert_array_equal(seq, np.concatenate([b.sample_indices for b in ds.all]))
+        assert seq.tolist() == sorted(seq.tolist()), "`all` is sequential"
+        with pytest.raises(isb.InvalidArgument, match="holdout"):
+            ds.order("holdout")
+        with pytest.raises(isb.InvalidArgument, match="`val` is empty"):
+            ds.order("val")
+        with pytest.raises(TypeError, match="split must be a str"):
+            ds.order(0)
+    with pytest.raises(isb.Closed):
+        ds.order()
+    # The ramp shows in the blocks: 12 samples in chunks of 4, batches of 3, blocks of 3 chunks.
+    era = era5(fixtures)
+    for fast, ends in ((False, [12]), (True, [4, 12])):
+        with isb.InSituDataset(era, None, isb.open_geometries(era, ["t2m"]), batch_size=3,
+                               block_chunks=3, fast_first_batch=fast) as ds:
+            order = ds.order()
+            assert order.block_ends.tolist() == ends, fast
+            assert sorted(order.sample_indices.tolist()) == list(range(12))
+            np.testing.assert_array_equal(
+                order.sample_indices, np.concatenate([b.sample_indices for b in ds.train]))
+
+
 def test_a_resumed_epoch_yields_the_rest_of_a_whole_one_and_reads_only_its_chunks(fixtures):
     out, _ = fixtures
     store = out / "paired.zarr"
