@@ -108,12 +108,19 @@ def mixing(binary: str, root: Path) -> None:
             del ds
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def family_args(description: str) -> argparse.ArgumentParser:
+    """The arguments of a fresh-process benchmark over the family: where the stores live, the
+    rounds, the idle before each run, and the binary."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("root", type=Path, nargs="?", default=Path(tempfile.gettempdir()) / "insitubatch-bench")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--settle", type=float, default=3.0)
     ap.add_argument("--bin", default=str(Path(__file__).resolve().parent.parent / "target/release/insitubatch"))
+    return ap
+
+
+def main() -> None:
+    ap = family_args(__doc__.split("\n")[0])
     ap.add_argument("--only", choices=("timing", "mixing"))
     a = ap.parse_args()
     a.root.mkdir(parents=True, exist_ok=True)

@@ -11,24 +11,16 @@ missing) and for the default blocks and `fast_first_batch`: `insitubatch bench -
 alternated, each run after `--settle` s of idle as in the harness. Medians over the rounds.
 """
 
-import argparse
 import os
 import statistics
-import tempfile
-from pathlib import Path
 
-from fast_first_batch import FAMILY, SETTINGS, run_bench, store
+from fast_first_batch import FAMILY, SETTINGS, family_args, run_bench, store
 
 PAGES = (("small pages (default)", {}), ("huge pages advised", {"MIMALLOC_ALLOW_THP": "1"}))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("root", type=Path, nargs="?", default=Path(tempfile.gettempdir()) / "insitubatch-bench")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--settle", type=float, default=3.0)
-    ap.add_argument("--bin", default=str(Path(__file__).resolve().parent.parent / "target/release/insitubatch"))
-    a = ap.parse_args()
+    a = family_args(__doc__.split("\n")[0]).parse_args()
     a.root.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in os.environ.items() if k != "MIMALLOC_ALLOW_THP"}
     print("| samples/chunk | blocks | pages | epoch 0 samples/s | first batch ms (iterator) "
