@@ -4,34 +4,34 @@
 //! **Small pages.** mimalloc asks the kernel for transparent huge pages on every arena it maps
 //! (`madvise(MADV_HUGEPAGE)`). A fresh process's first epoch touches all the memory the pass
 //! keeps (at 16 samples per chunk the automatic budget holds the whole split: ~270 MB for the
-//! harness's 512-sample store), and on a virtual machine a huge page's first touch is slow:
-//! the guest kernel takes the 2 MiB blocks that free-page reporting has handed back to the host,
-//! and each one's zeroing faults the host in (`clear_page_erms` was 68 % of a fresh process's
-//! samples). With 4 KiB pages the same epoch ran in 0.4–0.5× the time at 8 to 32 samples per
-//! chunk and peaked 18–110 MiB lower; a warm process measured the same either way
-//! (`docs/benchmarks.md`, "Small pages for a fresh process"). So the library stops mimalloc's
-//! advice for its own arenas, unless `MIMALLOC_ALLOW_THP` is set. It does this after mimalloc has
-//! initialized, so mimalloc never calls `prctl(PR_SET_THP_DISABLE)`, which would take huge
-//! pages from the whole process (a simulation code or torch beside us); a system whose
-//! THP mode is `always` still gives huge pages to everyone.
+//! harness's 512-sample store), and on a virtual machine a huge page's first touch is slow: the
+//! guest carves it from free memory it has reported to the host, so its zeroing faults the host
+//! in as well (`clear_page_erms` was 68 % of a fresh process's samples). With 4 KiB pages the
+//! same epoch ran 2–3× faster at 8 to 32 samples per chunk and peaked 14–63 MiB lower, for
+//! resident epochs ~3 % slower in a warm process (`docs/benchmarks.md`, "Small pages for a
+//! fresh process"). So the library stops mimalloc's advice for its own arenas, unless
+//! `MIMALLOC_ALLOW_THP` is set. It does this after mimalloc has initialized, so mimalloc never
+//! calls `prctl(PR_SET_THP_DISABLE)`, which would take huge pages from the whole process (a
+//! simulation code or torch beside us); a system whose THP mode is `always` still gives huge
+//! pages to everyone.
 //!
-//! **Arenas under an address-space limit.** mimalloc reserves address space in arenas of 1 GiB at a time. Under `ulimit -v` (common on
-//! HPC login and batch nodes) such a reservation fails and mimalloc falls back to smaller ones,
-//! some of them transiently over-sized for alignment; with several threads allocating at once,
-//! the process's address space briefly reaches the limit and a thread that starts then cannot
-//! map its stack (`pthread_create` fails with EAGAIN). A run of `insitubatch bench` that peaks at
-//! ~190 MiB of address space failed that way in about one start in eight under a 320 MiB limit
-//! on a loaded machine. So where the address space is limited, arenas are reserved in eighths of
-//! the limit (at least 8 MiB). The first reservation comes with the first allocation, before
-//! `main` or as a library loads, so the option is set from a load-time initializer (an
-//! `.init_array` entry) as well as when a dataset is built.
+//! **Arenas under an address-space limit.** mimalloc reserves address space in arenas of 1 GiB
+//! at a time. Under `ulimit -v` (common on HPC login and batch nodes) such a reservation fails
+//! and mimalloc falls back to smaller ones, some of them transiently over-sized for alignment;
+//! with several threads allocating at once, the process's address space briefly reaches the
+//! limit and a thread that starts then cannot map its stack (`pthread_create` fails with
+//! EAGAIN). A run of `insitubatch bench` that peaks at ~190 MiB of address space failed that way
+//! in about one start in eight under a 320 MiB limit on a loaded machine. So where the address
+//! space is limited, arenas are reserved in eighths of the limit (at least 8 MiB). The first
+//! reservation comes with the first allocation, before `main` or as a library loads, so the
+//! option is set from a load-time initializer (an `.init_array` entry) as well as when a dataset
+//! is built.
 
 // mimalloc's C library is linked through this crate's `mimalloc` dependency.
 use mimalloc as _;
 
 unsafe extern "C" {
     fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
-    fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
     fn mi_process_init();
 }
 
@@ -77,13 +77,6 @@ fn small_pages_unless_asked() {
     }
 }
 
-/// Whether mimalloc advises transparent huge pages for arenas it maps from now on (false by
-/// default: see the module's doc).
-pub fn huge_pages_advised() -> bool {
-    // SAFETY: reads one of mimalloc's options.
-    unsafe { mi_option_get(MI_OPTION_ALLOW_THP) != 0 }
-}
-
 /// Sizes mimalloc's arena reservations to the process's address-space limit, once; nothing
 /// without a limit.
 pub fn fit_to_address_space() {
@@ -110,6 +103,16 @@ mod tests {
     // The unit tests allocate through mimalloc, as our binaries and the C library do.
     #[global_allocator]
     static MIMALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+    unsafe extern "C" {
+        fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
+    }
+
+    /// Whether mimalloc advises transparent huge pages for arenas it maps from now on.
+    fn huge_pages_advised() -> bool {
+        // SAFETY: reads one of mimalloc's options.
+        unsafe { mi_option_get(MI_OPTION_ALLOW_THP) != 0 }
+    }
 
     /// The `VmFlags` of the mapping of /proc/self/smaps that holds `addr`.
     fn vm_flags_at(addr: usize) -> String {
