@@ -103,7 +103,47 @@ struct RankArgs {
     world_size: usize,
 }
 
-/// A dataset and the pass over it that `bench` and `memory` run or plan.
+/// An epoch's order as `insitubatch order` prints it: JSON, or a header and one line per block.
+fn render_order(
+    split: &str,
+    epoch: u64,
+    order: &insitubatch::EpochOrder,
+    json: bool,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let samples = order.anchors();
+    let ends: Vec<usize> = order.blocks.iter().map(|b| b.end).collect();
+    if json {
+        let v = serde_json::json!({
+            "split": split,
+            "epoch": epoch,
+            "samples": samples,
+            "block_ends": ends,
+            "dropped_anchors": order.dropped_anchors,
+            "trimmed_rows": order.trimmed_rows,
+        });
+        return Ok(serde_json::to_string(&v)? + "\n");
+    }
+    let mut out = format!(
+        "epoch {epoch} of split `{split}`: {} samples in {} blocks ({} anchors dropped by \
+         windows, {} rows trimmed for ranks)\n",
+        samples.len(),
+        ends.len(),
+        order.dropped_anchors,
+        order.trimmed_rows
+    );
+    for (k, rows) in order.blocks.iter().enumerate() {
+        let line: Vec<String> = samples[rows.clone()].iter().map(u64::to_string).collect();
+        out += &format!(
+            "block {k} (rows {}..{}): {}\n",
+            rows.start,
+            rows.end,
+            line.join(" ")
+        );
+    }
+    Ok(out)
+}
+
+/// A dataset and the pass over it that `bench`, `memory` and `order` run or plan.
 #[derive(clap::Args)]
 struct PassArgs {
     /// Store directory or URL.
@@ -306,6 +346,20 @@ enum Command {
         #[command(flatten)]
         pass: PassArgs,
         /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The order an epoch of a split draws, planned without reading a chunk: its samples in the
+    /// order the batches emit them, block by block. The same arguments give the same order on
+    /// any machine, thread count and IO backend (a log of what a run saw, or a check of it).
+    Order {
+        #[command(flatten)]
+        pass: PassArgs,
+        /// The epoch.
+        #[arg(long, default_value_t = 0)]
+        epoch: u64,
+        /// Print JSON: `samples`, `block_ends` (where each block ends in `samples`),
+        /// `dropped_anchors`, `trimmed_rows`.
         #[arg(long)]
         json: bool,
     },
@@ -929,6 +983,14 @@ fn run(cli: Cli) -> CliResult {
                     |e| e.into(),
                 ))
             }
+        }
+        Command::Order { pass, epoch, json } => {
+            let ds = pass.dataset(None)?;
+            ds.set_epoch(epoch);
+            let order = ds.order(&pass.split)?;
+            order.check_nonempty(&pass.split)?;
+            print!("{}", render_order(&pass.split, epoch, &order, json)?);
+            Ok(())
         }
         Command::Inspect {
             path,

@@ -290,6 +290,80 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
 }
 
 #[test]
+fn order_prints_the_epoch_the_library_plans_and_each_epoch_its_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, manifest, _) = store_and_split(tmp.path(), &[]);
+    let order = |extra: &[&str]| {
+        let out = run_ok(
+            cli()
+                .arg("order")
+                .arg(&store)
+                .arg("--manifest")
+                .arg(&manifest)
+                .args(["--batch-size", "4", "--block-chunks", "4", "--json"])
+                .args(extra),
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let ints = |k: &str| -> Vec<u64> {
+            v[k].as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .collect()
+        };
+        (ints("samples"), ints("block_ends"))
+    };
+    // The train split's 6 chunks of 4 samples, in blocks of 4 and 2 chunks.
+    let (one, ends) = order(&["--epoch", "1"]);
+    assert_eq!(ends, [16, 24]);
+    let mut sorted = one.clone();
+    sorted.sort_unstable();
+    assert_eq!(
+        sorted,
+        (0..24).collect::<Vec<u64>>(),
+        "every train sample once"
+    );
+    assert_eq!(order(&["--epoch", "1"]).0, one, "the same in every process");
+    assert_ne!(order(&["--epoch", "2"]).0, one, "each epoch its own order");
+    // What the library plans (and its iterations emit) for the same dataset and epoch.
+    let ds = insitubatch::InSituDataset::builder(&store)
+        .manifest(insitubatch::SplitManifest::load(&manifest).unwrap())
+        .batch_size(4)
+        .block_chunks(4)
+        .build()
+        .unwrap();
+    ds.set_epoch(1);
+    assert_eq!(ds.order("train").unwrap().anchors(), one);
+    // The ramp: batches of one chunk, so blocks of 1, 2 and 3 chunks.
+    assert_eq!(order(&["--fast-first-batch"]).1, [4, 12, 24]);
+    // A sequential split, and the text form.
+    let (val, _) = order(&["--split", "val"]);
+    assert_eq!(val, (24..32).collect::<Vec<u64>>());
+    let out = run_ok(
+        cli()
+            .arg("order")
+            .arg(&store)
+            .arg("--manifest")
+            .arg(&manifest)
+            .args(["--split", "val", "--block-chunks", "1"]),
+    );
+    assert!(
+        out.starts_with("epoch 0 of split `val`: 8 samples in 2 blocks"),
+        "{out}"
+    );
+    assert!(out.contains("block 1 (rows 4..8): 28 29 30 31\n"), "{out}");
+    fails_with(
+        cli()
+            .arg("order")
+            .arg(&store)
+            .args(["--manifest"])
+            .arg(&manifest)
+            .args(["--split", "holdout"]),
+        &["unknown split `holdout`"],
+    );
+}
+
+#[test]
 fn demo_runs_two_epochs_and_reports() {
     let tmp = tempfile::tempdir().unwrap();
     let out = run_ok(
