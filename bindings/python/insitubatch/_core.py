@@ -963,7 +963,8 @@ class InSituDataset:
         _check(lib.isb_dataset_order(*args, samples.ctypes.data, samples.size, ctypes.byref(n_samples),
                                      ends.ctypes.data, ends.size, ctypes.byref(n_blocks),
                                      ctypes.byref(err)), err)
-        return EpochOrder(samples.astype(np.int64), ends.astype(np.int64))
+        # Sample indices are below 2**63: the same bytes read as int64, without a copy.
+        return EpochOrder(samples.view(np.int64), ends.view(np.int64))
 
     def _split_len(self, split: str) -> tuple[int, int]:
         samples, batches = ctypes.c_uint64(), ctypes.c_uint64()
