@@ -4,9 +4,9 @@
 //! **Small pages.** mimalloc asks the kernel for transparent huge pages on every arena it maps
 //! (`madvise(MADV_HUGEPAGE)`). A fresh process's first epoch touches all the memory the pass
 //! keeps (at 16 samples per chunk the automatic budget holds the whole split: ~270 MB for the
-//! harness's 512-sample store), and on a virtual machine a huge page's first touch is slow: the
-//! guest carves it from free memory it has reported to the host, so its zeroing faults the host
-//! in as well (`clear_page_erms` was 68 % of a fresh process's samples). With 4 KiB pages the
+//! harness's 512-sample store), and on a virtual machine that reports free memory to its host a
+//! huge page's first touch is slow: it is most likely a reported block, so its zeroing faults
+//! the host in as well (`clear_page_erms` was 68 % of a fresh process's samples). With 4 KiB pages the
 //! same epoch ran 2–3× faster at 8 to 32 samples per chunk and peaked 14–63 MiB lower, for
 //! resident epochs ~3 % slower in a warm process (`docs/benchmarks.md`, "Small pages for a
 //! fresh process"). So the library stops mimalloc's advice for its own arenas, unless
