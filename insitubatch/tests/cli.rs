@@ -179,6 +179,21 @@ fn bench_with(store: &Path, manifest: &Path) -> Command {
     c
 }
 
+/// The JSON of a planning command (`memory`, `order`) over `store` with `manifest`, batches of 4
+/// and blocks of 4 chunks, and `extra` arguments.
+fn planned(command: &str, store: &Path, manifest: &Path, extra: &[&str]) -> serde_json::Value {
+    let out = run_ok(
+        cli()
+            .arg(command)
+            .arg(store)
+            .arg("--manifest")
+            .arg(manifest)
+            .args(["--batch-size", "4", "--block-chunks", "4", "--json"])
+            .args(extra),
+    );
+    serde_json::from_str(&out).unwrap()
+}
+
 #[test]
 fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_the_split() {
     let tmp = tempfile::tempdir().unwrap();
@@ -213,17 +228,9 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
     // train split's 6 chunks are cut 1, 2, 3 instead of 4, 2, so the working set (a block and
     // the next) is 5 chunks instead of 6.
     let working_set = |extra: &[&str]| {
-        let out = run_ok(
-            cli()
-                .arg("memory")
-                .arg(&store)
-                .arg("--manifest")
-                .arg(&manifest)
-                .args(["--batch-size", "4", "--block-chunks", "4", "--json"])
-                .args(extra),
-        );
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        v["working_set_bytes"].as_u64().unwrap()
+        planned("memory", &store, &manifest, extra)["working_set_bytes"]
+            .as_u64()
+            .unwrap()
     };
     let full = working_set(&[]);
     assert!(full > 0, "the chunks go through the pool");
@@ -294,16 +301,7 @@ fn order_prints_the_epoch_the_library_plans_and_each_epoch_its_own() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, manifest, _) = store_and_split(tmp.path(), &[]);
     let order = |extra: &[&str]| {
-        let out = run_ok(
-            cli()
-                .arg("order")
-                .arg(&store)
-                .arg("--manifest")
-                .arg(&manifest)
-                .args(["--batch-size", "4", "--block-chunks", "4", "--json"])
-                .args(extra),
-        );
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let v = planned("order", &store, &manifest, extra);
         let ints = |k: &str| -> Vec<u64> {
             v[k].as_array()
                 .unwrap()
