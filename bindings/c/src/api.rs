@@ -755,20 +755,19 @@ pub unsafe extern "C" fn isb_dataset_order(
         let split = unsafe { arg_str(split, "split") }?;
         let order = d.ds.order(split)?;
         order.check_nonempty(split)?;
-        let anchors = order.anchors();
-        let ends: Vec<u64> = order.blocks.iter().map(|b| b.end as u64).collect();
+        let (n, nb) = (order.rows.len(), order.blocks.len());
         // SAFETY: each is NULL or writable, per the contract.
         unsafe {
             if let Some(out) = n_samples.as_mut() {
-                *out = anchors.len();
+                *out = n;
             }
             if let Some(out) = n_blocks.as_mut() {
-                *out = ends.len();
+                *out = nb;
             }
         }
         for (name, ptr, cap, len) in [
-            ("samples", samples, samples_cap, anchors.len()),
-            ("block_ends", block_ends, block_ends_cap, ends.len()),
+            ("samples", samples, samples_cap, n),
+            ("block_ends", block_ends, block_ends_cap, nb),
         ] {
             if !ptr.is_null() && cap < len {
                 return Err(invalid(format!(
@@ -777,13 +776,19 @@ pub unsafe extern "C" fn isb_dataset_order(
                 )));
             }
         }
-        // SAFETY: a non-NULL array is writable for its capacity, which holds the values.
-        unsafe {
-            if !samples.is_null() {
-                std::ptr::copy_nonoverlapping(anchors.as_ptr(), samples, anchors.len());
+        // Written straight into the caller's arrays (a length query writes nothing).
+        if !samples.is_null() {
+            // SAFETY: non-NULL, writable for `samples_cap` ≥ `n` values per the contract.
+            let out = unsafe { std::slice::from_raw_parts_mut(samples, n) };
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = order.anchor(i);
             }
-            if !block_ends.is_null() {
-                std::ptr::copy_nonoverlapping(ends.as_ptr(), block_ends, ends.len());
+        }
+        if !block_ends.is_null() {
+            // SAFETY: non-NULL, writable for `block_ends_cap` ≥ `nb` values per the contract.
+            let out = unsafe { std::slice::from_raw_parts_mut(block_ends, nb) };
+            for (o, b) in out.iter_mut().zip(&order.blocks) {
+                *o = b.end as u64;
             }
         }
         Ok(IsbStatus::IsbOk)
