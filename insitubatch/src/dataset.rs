@@ -1297,7 +1297,8 @@ pub fn geometry_json(g: &ArrayGeometry) -> serde_json::Value {
 /// memory --json`, the C ABI and the Python shim show): `total_bytes`, `working_set_bytes`,
 /// `pool_bytes`, `cache_budget_bytes` (`null` unless a budget above the working set sizes the
 /// pool), `batch_bytes`, `batches`, `rows_batches` (of `batches`, those chunks decoded straight
-/// into batch rows fill ahead of the gather), `read_bytes`, `others_bytes` (what the `other_passes`
+/// into batch rows fill ahead of the gather), `read_bytes` (read buffers, and with a `cache_dir`
+/// the slot files being written), `others_bytes` (what the `other_passes`
 /// iterations running in this process as it asks hold beside this one; `total_bytes` and
 /// `fits` count it), `overhead_bytes`, `limit_bytes` and `limit_source` (`machine`, `cgroup`,
 /// `ulimit -v`, `memory_limit_bytes`; `null` when nothing says), `fits`, and

@@ -725,8 +725,9 @@ fn run_epochs_with_bar(
     Ok(out)
 }
 
-/// `insitubatch memory`'s table: each part of the need, what sizes it, and the limit.
-fn render_need(split: &str, need: &insitubatch::MemoryNeed) -> String {
+/// `insitubatch memory`'s table: each part of the need, what sizes it, and the limit;
+/// `cache_writes` when the reads count a cache directory's slot files being written.
+fn render_need(split: &str, need: &insitubatch::MemoryNeed, cache_writes: bool) -> String {
     let row = |what: &str, bytes: u64, why: String| {
         let line = format!("  {what:<12} {:>10}  {why}", human_bytes(bytes));
         line.trim_end().to_string() + "\n"
@@ -768,7 +769,12 @@ fn render_need(split: &str, need: &insitubatch::MemoryNeed) -> String {
     out += &row(
         "reads",
         need.reads,
-        "read buffers (max_inflight + one per decoder)".into(),
+        if cache_writes {
+            "read buffers (max_inflight + one per decoder), cache_dir files being written"
+        } else {
+            "read buffers (max_inflight + one per decoder)"
+        }
+        .into(),
     );
     if need.other_passes > 0 {
         out += &row(
@@ -972,7 +978,8 @@ fn run(cli: Cli) -> CliResult {
                 v["split"] = pass.split.clone().into();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                print!("{}", render_need(&pass.split, &need));
+                let writes = pass.cache_dir.is_some() && !pass.readonly_cache;
+                print!("{}", render_need(&pass.split, &need, writes));
             }
             if fits {
                 Ok(())

@@ -105,6 +105,9 @@ impl fmt::Display for FallbackReason {
 pub struct ProbeReport {
     /// `None` when io_uring is usable.
     pub unavailable: Option<FallbackReason>,
+    /// The ring can rename (`IORING_OP_RENAMEAT`, Linux 5.11); without it a rename on an
+    /// io_uring executor is a system call on the executor thread.
+    pub renameat: bool,
 }
 
 /// Opcodes the uring driver submits; a kernel without one of them falls back.
@@ -121,8 +124,15 @@ const REQUIRED_OPCODES: [(u8, &str); 7] = [
 /// Probes io_uring once per process and returns the cached report.
 pub fn probe() -> &'static ProbeReport {
     static REPORT: OnceLock<ProbeReport> = OnceLock::new();
-    REPORT.get_or_init(|| ProbeReport {
-        unavailable: probe_uncached().err(),
+    REPORT.get_or_init(|| match probe_uncached() {
+        Ok(probe) => ProbeReport {
+            unavailable: None,
+            renameat: probe.is_supported(opcode::RenameAt::CODE),
+        },
+        Err(reason) => ProbeReport {
+            unavailable: Some(reason),
+            renameat: false,
+        },
     })
 }
 
@@ -132,7 +142,8 @@ fn sysctl_disabled() -> Option<u32> {
     (v != 0).then_some(v)
 }
 
-fn probe_uncached() -> Result<(), FallbackReason> {
+/// The kernel's answer to which opcodes its io_uring has, or why io_uring cannot be used.
+fn probe_uncached() -> Result<Probe, FallbackReason> {
     let ring = match IoUring::new(8) {
         Ok(ring) => ring,
         Err(e) => {
@@ -156,7 +167,7 @@ fn probe_uncached() -> Result<(), FallbackReason> {
             return Err(FallbackReason::MissingOpcode(name));
         }
     }
-    Ok(())
+    Ok(probe)
 }
 
 /// Reads `INSITUBATCH_IO`. An unknown value is an error naming the variable and the accepted values.

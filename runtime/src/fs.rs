@@ -10,12 +10,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::buf::{IoBuf, IoBufMut};
+use crate::driver::Driver;
+use crate::executor::current;
 use crate::op::Op;
 use crate::op::blocking::BlockingPool;
 use crate::op::fsync::Fsync;
 use crate::op::nowait;
 use crate::op::open::OpenAt;
 use crate::op::read::ReadAt;
+use crate::op::rename::RenameAt;
 pub use crate::op::statx::FileStat;
 use crate::op::statx::Statx;
 use crate::op::write::WriteAt;
@@ -444,6 +447,27 @@ pub async fn read_range(
     file.read_exact_at(offset, len).await
 }
 
+/// Renames `from` to `to`, replacing a file there (`rename(2)`). The call runs on io_uring's
+/// workers or on an IO thread: a rename waits for its directory's lock, which the creation of
+/// every other file in that directory takes too, and an executor must not spin on it while the
+/// tasks it runs wait (`docs/benchmarks.md`, "NVMe tier"). On a kernel
+/// whose io_uring cannot rename (before Linux 5.11) it is a system call on this thread.
+pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> std::io::Result<()> {
+    let (from, to) = (from.as_ref(), to.as_ref());
+    let uring_cannot = || {
+        !crate::backend::probe().renameat
+            && current().is_some_and(|e| matches!(e.driver, Driver::Uring(_)))
+    };
+    if uring_cannot() {
+        return std::fs::rename(from, to);
+    }
+    Op::new(RenameAt {
+        from: path_cstring(from)?,
+        to: path_cstring(to)?,
+    })
+    .await
+}
+
 /// Writes `data` to `path` through a temporary name and renames it into place, so a reader
 /// never sees a partial file.
 pub async fn write_atomic(path: impl AsRef<Path>, data: Vec<u8>) -> std::io::Result<()> {
@@ -457,7 +481,7 @@ pub async fn write_atomic(path: impl AsRef<Path>, data: Vec<u8>) -> std::io::Res
     let (r, _) = file.write_all_at(data, 0).await;
     r?;
     drop(file);
-    std::fs::rename(&tmp, path)
+    rename(&tmp, path).await
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub(crate) mod fsync;
 pub(crate) mod nowait;
 pub(crate) mod open;
 pub(crate) mod read;
+pub(crate) mod rename;
 pub(crate) mod statx;
 pub(crate) mod write;
 

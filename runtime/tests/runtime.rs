@@ -116,6 +116,39 @@ fn read_range_write_and_fsync_roundtrip() {
 }
 
 #[test]
+fn rename_replaces_the_target_and_fails_for_a_missing_source() {
+    let dir = tempfile::tempdir().unwrap();
+    for choice in backends() {
+        let rt = runtime(choice, "mv");
+        let (from, to) = (dir.path().join("from"), dir.path().join("to"));
+        std::fs::write(&from, b"new").unwrap();
+        std::fs::write(&to, b"old").unwrap();
+        let (f, t) = (from.clone(), to.clone());
+        let missing = rt
+            .block_on(move || async move {
+                // The file open before the rename is the file after it.
+                let open = fs::File::open(&f, fs::OpenOptions::read()).await.unwrap();
+                fs::rename(&f, &t).await.unwrap();
+                assert_eq!(open.read_exact_at(0, 3).await.unwrap(), b"new");
+                fs::rename(&f, &t).await.unwrap_err()
+            })
+            .unwrap();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound, "{choice:?}");
+        assert!(!from.exists(), "{choice:?}");
+        assert_eq!(std::fs::read(&to).unwrap(), b"new", "{choice:?}");
+        // Off the runtime it is refused, not run on the caller's thread.
+        let mut off = std::pin::pin!(fs::rename(&to, &from));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let std::task::Poll::Ready(off) = off.as_mut().poll(&mut cx) else {
+            panic!("a rename off the runtime must fail at once")
+        };
+        let off = off.unwrap_err();
+        assert!(off.to_string().contains("executor thread"), "{off}");
+        assert!(to.exists());
+    }
+}
+
+#[test]
 fn direct_io_writes_to_a_new_file_where_the_file_system_allows() {
     // Creating the file and extending it with O_DIRECT writes cannot complete without blocking:
     // on io_uring both go to its workers at once. The bytes must land all the same.

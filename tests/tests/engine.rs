@@ -1092,6 +1092,22 @@ fn the_memory_need_counts_what_a_pass_holds_and_is_the_figure_its_start_checks()
     let n = one.memory_need("all").unwrap();
     assert_eq!((n.batches, n.batch_bytes), (1, 64 * chunk));
 
+    // A cache directory's slot files being written count with the reads: of 256 KiB slots, 4
+    // at once for an ephemeral spill and 16 for a persisted cache, each its slot's bytes and
+    // an O_DIRECT copy of the 4 KiB header and the slot.
+    for (persist, writes) in [(false, 4), (true, 16)] {
+        let cache = tempfile::tempdir().unwrap();
+        let cached = build(
+            InSituDataset::builder(dir.path())
+                .decode_into_batches(IntoRows::Never)
+                .cache_dir(cache.path())
+                .persist(persist),
+        );
+        let n = cached.memory_need("train").unwrap();
+        assert_eq!(n.reads, pooled.reads + writes * (chunk + 4096 + chunk));
+        assert_eq!(n.total() - pooled.total(), (n.reads - pooled.reads) * 9 / 8);
+    }
+
     // A heap budget above the working set: the pool may keep it, or every chunk if fewer.
     // A budget that holds the whole split keeps its chunks for the next epoch, so none is
     // decoded into a batch row; one that holds under a quarter of it does not.

@@ -935,7 +935,8 @@ class InSituDataset:
         size a job by. Its parts are `working_set_bytes`, `pool_bytes`, `cache_budget_bytes`
         (None unless a budget above the working set sizes the pool), `batch_bytes`, `batches`
         (of which `rows_batches` are filled ahead of the gather by chunks decoded straight into
-        batch rows), `read_bytes` and `overhead_bytes`, and `others_bytes`, what the `other_passes`
+        batch rows), `read_bytes` (read buffers, and with a `cache_dir` the slot files being
+        written) and `overhead_bytes`, and `others_bytes`, what the `other_passes`
         iterations running in this process now hold beside it (counted in the total: a pass
         zipped beside another needs room for both); `limit_bytes`, `limit_source` and `fits`
         give the limit (`limit_source` is `memory_limit_bytes` when the dataset's own is the
