@@ -150,6 +150,13 @@ struct Inner {
     /// fetched and decoded a second time (it is not in the log yet). At most one per write in
     /// flight.
     evicted_writing: HashMap<SlotKey, Arc<Slot>>,
+    /// Evicted slots whose cache file may have to go (an ephemeral spill's), recorded under the
+    /// lock and handed to the tier by the thread that evicted them once it has released the
+    /// lock ([`Inner::take_doomed`]): unlinking a file waits for its directory's lock, and on a
+    /// file system mounted with `discard` for the device, which no holder of the pool's lock
+    /// may do. The evicting thread unlinks them before its admission returns, so a new chunk's
+    /// file is never written while a victim's is still there.
+    doomed: Vec<SlotKey>,
 }
 
 /// Residency and cache in one byte budget. Share it with `Arc`.
@@ -203,6 +210,7 @@ impl ChunkPool {
                 },
                 writing: HashMap::new(),
                 evicted_writing: HashMap::new(),
+                doomed: Vec::new(),
             }),
             disk: disk.map(Arc::new),
         })
@@ -255,11 +263,21 @@ impl ChunkPool {
             }
             None => {
                 drop(mapped);
+                drop(g);
                 if let Some(d) = &self.disk {
                     d.evicted(slot.key());
                 }
             }
         }
+    }
+
+    /// True while some thread holds the pool's lock (tests of what runs outside it).
+    #[cfg(test)]
+    pub(crate) fn is_locked(&self) -> bool {
+        matches!(
+            self.inner.try_lock(),
+            Err(std::sync::TryLockError::WouldBlock)
+        )
     }
 
     /// The NVMe tier, when the pool has a cache directory.
@@ -344,25 +362,42 @@ impl ChunkPool {
     pub fn clear_unpinned(&self) {
         let mut g = lock(&self.inner);
         while let Some((_, id)) = g.lru.pop_first() {
-            if let Some(key) = g.evict(id)
-                && let Some(d) = &self.disk
-            {
-                d.evicted(&key);
+            g.evict(id);
+        }
+        let doomed = g.take_doomed();
+        drop(g);
+        self.unlink(doomed);
+    }
+
+    /// Hands evicted slots' keys to the tier, whose ephemeral files then go; call it without
+    /// the pool's lock.
+    fn unlink(&self, doomed: Vec<SlotKey>) {
+        if let Some(d) = &self.disk {
+            for key in &doomed {
+                d.evicted(key);
             }
         }
     }
 }
 
 impl Inner {
-    /// Evicts an unpinned entry; returns its key (its cache file, if any, may now go). A slot
-    /// whose file is still being written is kept aside until the write ends.
-    fn evict(&mut self, id: u64) -> Option<SlotKey> {
-        let slot = self.take_entry(id)?;
+    /// Evicts an unpinned entry and records its key in `doomed` (its cache file, if any, may now
+    /// go). A slot whose file is still being written is kept aside until the write ends.
+    fn evict(&mut self, id: u64) {
+        let Some(slot) = self.take_entry(id) else {
+            return;
+        };
         let key = slot.key().clone();
         if self.writing.contains_key(&id) {
             self.evicted_writing.insert(key.clone(), slot);
         }
-        Some(key)
+        self.doomed.push(key);
+    }
+
+    /// The keys evicted since the last call, whose files the caller hands to the tier once it
+    /// has released the lock ([`ChunkPool::unlink`]).
+    fn take_doomed(&mut self) -> Vec<SlotKey> {
+        std::mem::take(&mut self.doomed)
     }
 
     /// Drops an entry; returns its key (its cache file, if any, may now go).
@@ -521,7 +556,13 @@ impl Owner {
                 }
                 _ => {}
             }
-            match self.admit_locked(g, key, nbytes, tiles, probe.take(), reopened.take()) {
+            let mut g = g;
+            let decided =
+                self.admit_locked(&mut g, key, nbytes, tiles, probe.take(), reopened.take());
+            let doomed = g.take_doomed();
+            drop(g);
+            self.pool.unlink(doomed);
+            match decided {
                 Locked::Decided(admission) => return admission,
                 // The slot turned out to be another iteration's load, a failed one, or revived
                 // with its file gone since: look the chunk's cache file up with the lock
@@ -539,7 +580,7 @@ impl Owner {
 
     fn admit_locked(
         &self,
-        mut g: std::sync::MutexGuard<'_, Inner>,
+        g: &mut Inner,
         key: &SlotKey,
         nbytes: u64,
         tiles: u64,
@@ -592,7 +633,7 @@ impl Owner {
         };
         if !shadowed && let Some(slot) = g.evicted_writing.remove(key) {
             // Evicted while its file was being written, needed again before it landed.
-            if let Err(e) = self.make_room(&mut g, key, nbytes) {
+            if let Err(e) = self.make_room(g, key, nbytes) {
                 g.evicted_writing.insert(key.clone(), slot);
                 return Locked::Decided(Err(e));
             }
@@ -602,7 +643,7 @@ impl Owner {
             let slot = g.pin(self.id, slot.id);
             return Locked::Decided(Ok(Admission::Hit(slot)));
         }
-        if let Err(e) = self.make_room(&mut g, key, nbytes) {
+        if let Err(e) = self.make_room(g, key, nbytes) {
             return Locked::Decided(Err(e));
         }
         let id = g.next_slot;
@@ -666,11 +707,7 @@ impl Owner {
             if let Some(e) = g.entries.get_mut(&victim) {
                 e.lru_tick = None;
             }
-            if let Some(k) = g.evict(victim)
-                && let Some(d) = &self.pool.disk
-            {
-                d.evicted(&k);
-            }
+            g.evict(victim);
             g.stats.evictions += 1;
         }
         Ok(())

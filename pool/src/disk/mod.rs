@@ -339,6 +339,9 @@ pub struct DiskTier {
     writes_in_flight: Semaphore,
     /// See [`DiskTier::write_bytes`].
     write_bytes: u64,
+    /// Called as an ephemeral file is about to be unlinked (tests of who unlinks, and when).
+    #[cfg(test)]
+    unlink_hook: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
     /// Aligned buffers for O_DIRECT writes, reused (as many as were ever in flight at once,
     /// which the write permits bound), so a write neither allocates nor faults in fresh pages.
     write_buffers: BufferPool,
@@ -433,6 +436,8 @@ impl DiskTier {
             write_attempts: AtomicU64::new(0),
             writes_in_flight: Semaphore::new("cache writes in flight", writes),
             write_bytes,
+            #[cfg(test)]
+            unlink_hook: Mutex::new(None),
             write_buffers: BufferPool::new(),
             _lock: dir_lock,
         })
@@ -717,6 +722,10 @@ impl DiskTier {
         }
         let path = self.config.dir.join(Self::file_name(key));
         if lock_mutex(&self.state).spilled.remove(&path) {
+            #[cfg(test)]
+            if let Some(hook) = lock_mutex(&self.unlink_hook).as_ref() {
+                hook();
+            }
             let _ = std::fs::remove_file(&path);
         }
     }
@@ -990,6 +999,61 @@ mod tests {
         readonly.readonly = true;
         let tier = DiskTier::open(readonly, arrays[..1].to_vec()).unwrap();
         assert_eq!(tier.write_bytes(), 0);
+    }
+
+    #[test]
+    fn an_evicted_slots_file_goes_before_its_admission_returns_and_never_under_the_pools_lock() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let tier = DiskTier::open(CacheConfig::new(dir.path()), meta(&fingerprint(&[]))).unwrap();
+        let pool = crate::ChunkPool::with_disk(crate::Budget::Bytes(48), Some(tier));
+        let o = pool.register_owner("a", 24).unwrap();
+        let file = |c: u64| {
+            dir.path()
+                .join(DiskTier::file_name(&SlotKey::new("g/t2m", c)))
+        };
+        let admit = |c: u64| match o.admit(&SlotKey::new("g/t2m", c), 24, 1).unwrap() {
+            crate::Admission::Miss(slot) => slot,
+            other => panic!("chunk {c}: expected a miss, got {other:?}"),
+        };
+        // Chunks 0 and 1 resident, their files landed.
+        for c in 0..2 {
+            let slot = admit(c);
+            let write = pool.begin_write(&slot);
+            slot.adopt((0..24).collect()).unwrap();
+            let (t, k) = (Arc::clone(pool.disk().unwrap()), slot.key().clone());
+            let mapped = block_on(move || async move {
+                let permit = t.reserve_write().await.unwrap();
+                t.write(&k, SlotBytes::heap((0..24).collect()), permit)
+                    .await
+                    .unwrap()
+            });
+            write.landed(mapped);
+            o.unpin(&slot);
+        }
+        assert!(file(0).exists() && file(1).exists());
+        // Every unlink checks that the pool's lock is free as it happens.
+        let unlinks = Arc::new(AtomicUsize::new(0));
+        let (weak, n) = (Arc::downgrade(&pool), Arc::clone(&unlinks));
+        *lock_mutex(&pool.disk().unwrap().unlink_hook) = Some(Box::new(move || {
+            let pool = weak
+                .upgrade()
+                .expect("the pool outlives its tier's unlinks");
+            assert!(!pool.is_locked(), "a file unlinked under the pool's lock");
+            n.fetch_add(1, Ordering::SeqCst);
+        }));
+        // Chunk 2 evicts chunk 0 (least recently used): its file is gone when the admission
+        // returns, chunk 1's stays.
+        let s2 = admit(2);
+        assert_eq!(unlinks.load(Ordering::SeqCst), 1);
+        assert!(!file(0).exists() && file(1).exists());
+        s2.adopt((0..24).collect()).unwrap();
+        o.unpin(&s2);
+        // Clearing the pool unlinks the rest (chunk 2 never had a file).
+        pool.clear_unpinned();
+        assert_eq!(unlinks.load(Ordering::SeqCst), 2);
+        assert!(!file(1).exists());
     }
 
     #[test]
