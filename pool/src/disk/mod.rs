@@ -38,8 +38,8 @@ use crate::slot::{SlotBytes, SlotKey};
 
 /// Slot bytes a persisted cache keeps being written at once: enough files in flight that each
 /// one's creation and rename (the file system's work, serial per directory) hide behind the
-/// others' writes. With 464 KiB slots a cache-filling epoch ran 7–56 % faster with 16 files in
-/// flight than with 4 (docs/benchmarks.md, "NVMe tier").
+/// others' writes. With 464 KiB slots a cache-filling epoch was faster with 16 files in flight
+/// than with 4 in each of three rounds, by 14 to 103 % (docs/benchmarks.md, "NVMe tier").
 pub const WRITE_BYTES_IN_FLIGHT: u64 = 16 << 20;
 /// Fewest slot files written at once, however large the slots, and what an ephemeral spill
 /// (no `persist`) writes at once: there the budget bounds the files on disk, and a slot evicted
