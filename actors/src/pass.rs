@@ -469,14 +469,12 @@ fn memory_need<S: Store>(
             .reads
             .saturating_add(executors.saturating_mul(direct.scratch_bytes()));
     }
-    if let Some(disk) = ctx.pool.disk() {
+    match ctx.pool.disk() {
         // The slot files being written: their slots' bytes and O_DIRECT copies.
-        need.reads = need.reads.saturating_add(disk.write_bytes());
-    }
-    if ctx.pool.disk().is_none() {
+        Some(disk) => need.reads = need.reads.saturating_add(disk.write_bytes()),
         // What the pool holds already (chunks earlier passes left unpinned) stays on the heap
         // while this pass runs: the pool evicts only to admit.
-        need.pool = need.pool.max(ctx.pool.stats().resident_bytes);
+        None => need.pool = need.pool.max(ctx.pool.stats().resident_bytes),
     }
     need.limit = ctx.memory_limit;
     need
