@@ -157,6 +157,9 @@ struct Inner {
     /// may do. The evicting thread unlinks them before its admission returns, so a new chunk's
     /// file is never written while a victim's is still there.
     doomed: Vec<SlotKey>,
+    /// The tier unlinks evicted slots' files (an ephemeral spill): only then does an eviction
+    /// record its key in `doomed`, so a pool without one pays nothing per eviction.
+    unlinks_files: bool,
 }
 
 /// Residency and cache in one byte budget. Share it with `Arc`.
@@ -211,6 +214,7 @@ impl ChunkPool {
                 writing: HashMap::new(),
                 evicted_writing: HashMap::new(),
                 doomed: Vec::new(),
+                unlinks_files: disk.as_ref().is_some_and(|d| !d.persist()),
             }),
             disk: disk.map(Arc::new),
         })
@@ -381,17 +385,19 @@ impl ChunkPool {
 }
 
 impl Inner {
-    /// Evicts an unpinned entry and records its key in `doomed` (its cache file, if any, may now
-    /// go). A slot whose file is still being written is kept aside until the write ends.
+    /// Evicts an unpinned entry and, where the tier unlinks files, records its key in `doomed`
+    /// (its cache file may now go). A slot whose file is still being written is kept aside until
+    /// the write ends.
     fn evict(&mut self, id: u64) {
         let Some(slot) = self.take_entry(id) else {
             return;
         };
-        let key = slot.key().clone();
-        if self.writing.contains_key(&id) {
-            self.evicted_writing.insert(key.clone(), slot);
+        if self.unlinks_files {
+            self.doomed.push(slot.key().clone());
         }
-        self.doomed.push(key);
+        if self.writing.contains_key(&id) {
+            self.evicted_writing.insert(slot.key().clone(), slot);
+        }
     }
 
     /// The keys evicted since the last call, whose files the caller hands to the tier once it

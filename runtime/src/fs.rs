@@ -454,11 +454,9 @@ pub async fn read_range(
 /// whose io_uring cannot rename (before Linux 5.11) it is a system call on this thread.
 pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> std::io::Result<()> {
     let (from, to) = (from.as_ref(), to.as_ref());
-    let uring_cannot = || {
-        !crate::backend::probe().renameat
-            && current().is_some_and(|e| matches!(e.driver, Driver::Uring(_)))
-    };
-    if uring_cannot() {
+    if !crate::backend::probe().renameat
+        && current().is_some_and(|e| matches!(e.driver, Driver::Uring(_)))
+    {
         return std::fs::rename(from, to);
     }
     Op::new(RenameAt {
