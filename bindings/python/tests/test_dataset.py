@@ -640,7 +640,20 @@ def stalled_store(fixtures, tmp_path):
         yield store, release
 
 
-def test_ctrl_c_interrupts_a_wait_for_a_batch_and_the_iteration_goes_on(fixtures, stalled_store):
+@pytest.fixture
+def sigint_raises():
+    """Ctrl-C raises KeyboardInterrupt in this test even where the launcher started the process
+    with SIGINT ignored (a shell starts background jobs so, and Python then keeps it ignored)."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_interrupts_a_wait_for_a_batch_and_the_iteration_goes_on(
+    fixtures, stalled_store, sigint_raises
+):
     import signal
     import threading
     import time
@@ -790,7 +803,7 @@ def _runtime_threads() -> int:
     return n
 
 
-def test_ctrl_c_interrupts_opening_a_store_that_does_not_answer(fixtures, tmp_path):
+def test_ctrl_c_interrupts_opening_a_store_that_does_not_answer(fixtures, tmp_path, sigint_raises):
     import shutil
     import signal
     import threading
