@@ -7,6 +7,7 @@
 //! `max_inflight` permit, to be decoded into the slot or, for a chunk nothing keeps, into its
 //! samples' batch rows (`crate::assembly`).
 
+mod look_ahead;
 mod memory;
 mod need;
 mod order;
@@ -146,10 +147,13 @@ async fn drive<S: Store>(
         shared,
         pending: false,
     };
+    let depth = usize::try_from(ctx.inflight.total()).unwrap_or(usize::MAX);
+    let mut look_ahead = look_ahead::LookAhead::new(&ctx.pool, depth);
     for (i, ps) in plan.slots.iter().enumerate() {
         if shared.is_cancelled() {
             return Ok(());
         }
+        look_ahead.start(shared, i).await;
         let path = &plan.paths[ps.path];
         // The read-ahead permit: back when gather releases the slot's last block.
         let permit = match shared.readahead.try_acquire(ps.nbytes) {
@@ -181,7 +185,11 @@ async fn drive<S: Store>(
                 }
             },
             None => {
-                let (slot, miss) = match shared.owner.admit(&key, ps.nbytes, path.tiles)? {
+                let prepared = look_ahead.take(i, || announce.flush()).await;
+                let admitted = shared
+                    .owner
+                    .admit_prepared(&key, ps.nbytes, path.tiles, prepared)?;
+                let (slot, miss) = match admitted {
                     Admission::Hit(s) | Admission::InFlight(s) => (s, false),
                     Admission::Miss(s) => (s, true),
                 };

@@ -162,6 +162,10 @@ struct Inner {
     unlinks_files: bool,
 }
 
+/// A chunk's cache file looked up ahead of its admission ([`ChunkPool::prepare_revival`]):
+/// opened and checked, or found missing or unusable.
+pub struct PreparedRevival(Revive);
+
 /// Residency and cache in one byte budget. Share it with `Arc`.
 pub struct ChunkPool {
     inner: Mutex<Inner>,
@@ -362,6 +366,29 @@ impl ChunkPool {
         s
     }
 
+    /// True when the pool revives chunks from a persisted cache directory (one this run fills
+    /// or an earlier run left): then looking chunks up ahead of their admission pays.
+    pub fn revives_from_files(&self) -> bool {
+        self.disk.as_ref().is_some_and(|d| d.persist())
+    }
+
+    /// True when admitting `key` now would look its cache file up: the chunk is in the cache
+    /// directory's log and not resident.
+    pub fn would_look_up(&self, key: &SlotKey) -> bool {
+        self.disk.as_ref().is_some_and(|d| d.is_logged(key))
+            && !lock(&self.inner).index.contains_key(key)
+    }
+
+    /// Looks `key`'s cache file up (opens it, checks its size and header) through the runtime,
+    /// so that many lookups can be in flight at once; nothing is counted or changed until the
+    /// outcome is handed to [`Owner::admit_prepared`]. Call it on an executor.
+    pub async fn prepare_revival(&self, key: &SlotKey, nbytes: u64) -> PreparedRevival {
+        PreparedRevival(match &self.disk {
+            Some(disk) => disk.probe_async(key, nbytes).await,
+            None => Revive::Absent,
+        })
+    }
+
     /// Drops every unpinned slot (for tests and for a user who wants the memory back).
     pub fn clear_unpinned(&self) {
         let mut g = lock(&self.inner);
@@ -536,12 +563,26 @@ impl Owner {
     /// Pins the slot for `key` if resident, or admits a new loading slot of `nbytes` made of
     /// `tiles` stored chunks, evicting unpinned slots (least recently used first) to make room.
     pub fn admit(&self, key: &SlotKey, nbytes: u64, tiles: u64) -> Result<Admission, PoolError> {
+        self.admit_prepared(key, nbytes, tiles, None)
+    }
+
+    /// [`Owner::admit`] with the chunk's cache file already looked up by
+    /// [`ChunkPool::prepare_revival`] (for the same `key` and `nbytes`). What was prepared is
+    /// used only if the chunk is still not resident when the admission is decided.
+    pub fn admit_prepared(
+        &self,
+        key: &SlotKey,
+        nbytes: u64,
+        tiles: u64,
+        prepared: Option<PreparedRevival>,
+    ) -> Result<Admission, PoolError> {
         // File IO must not happen under the pool's lock: a chunk that is not resident may be in
         // the cache directory (looking it up opens and reads its file), and a revived slot at
-        // rest maps its file again on a hit. Both are prepared with the lock released; then the
-        // lock is taken again and the admission decided afresh (another admission may have
-        // changed the slot meanwhile, in which case what was prepared is simply dropped).
-        let mut probe: Option<Revive> = None;
+        // rest maps its file again on a hit. Both are prepared with the lock released (the
+        // lookup perhaps long before, by the caller); then the lock is taken again and the
+        // admission decided afresh (another admission may have changed the slot meanwhile, in
+        // which case what was prepared is simply dropped).
+        let mut probe: Option<Revive> = prepared.map(|p| p.0);
         let mut reopened: Option<(u64, Option<SlotData>)> = None;
         loop {
             let g = lock(&self.pool.inner);
@@ -659,7 +700,7 @@ impl Owner {
             match probe {
                 Revive::File(cached) => {
                     let range = FileRange {
-                        file: insitubatch_runtime::fs::File::from_std(cached.file, &cached.path),
+                        file: cached.file,
                         offset: cached.offset,
                         len: cached.len,
                     };

@@ -39,7 +39,9 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 pub use batch_buffer::{BufferPool, NO_BUFFER_REUSE_ENV, PooledBuf};
-pub use chunk_pool::{Admission, Budget, ChunkPool, Owner, PendingWrite, PoolError, PoolStats};
+pub use chunk_pool::{
+    Admission, Budget, ChunkPool, Owner, PendingWrite, PoolError, PoolStats, PreparedRevival,
+};
 pub use disk::{ArrayMeta, CacheConfig, CacheError, CachedFile, DiskStats, DiskTier};
 pub use recycler::Recycler;
 pub use slot::{ClosedRange, FileRange, Phase, Slot, SlotBytes, SlotData, SlotFailure, SlotKey};

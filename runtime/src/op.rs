@@ -69,9 +69,26 @@ pub(crate) fn res_to_io(res: i32) -> std::io::Result<u32> {
     }
 }
 
+/// Completes an operation whose future is gone and drops its output, releasing what the
+/// operation produced (an open's descriptor is closed, a read's buffer freed).
+fn discard<K: OpKind>(data: Box<dyn std::any::Any>, res: i32) {
+    if let Ok(kind) = data.downcast::<K>() {
+        drop(kind.complete(res));
+    }
+}
+
 struct BlockingSlot<K: OpKind> {
     done: Option<(i32, Box<K>)>,
     waker: Option<Waker>,
+}
+
+impl<K: OpKind> Drop for BlockingSlot<K> {
+    fn drop(&mut self) {
+        // The job finished after its future was dropped: nobody took the result.
+        if let Some((res, kind)) = self.done.take() {
+            drop(kind.complete(res));
+        }
+    }
 }
 
 enum State<K: OpKind> {
@@ -147,7 +164,7 @@ impl<K: OpKind> Future for Op<K> {
                                 return Poll::Pending;
                             }
                             let sqe = kind.uring_sqe();
-                            let index = d.submit(|token| sqe.user_data(token), kind);
+                            let index = d.submit(|token| sqe.user_data(token), kind, discard::<K>);
                             this.state = State::Uring(index);
                         }
                         Driver::Threads(t) => {

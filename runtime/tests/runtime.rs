@@ -148,6 +148,73 @@ fn rename_replaces_the_target_and_fails_for_a_missing_source() {
     }
 }
 
+/// Descriptors open in this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Yields until the executor has been through at least one tick of its IO driver (it polls a
+/// bounded number of ready tasks between ticks).
+async fn through_a_tick() {
+    for _ in 0..256 {
+        insitubatch_runtime::yield_now().await;
+    }
+}
+
+#[test]
+fn an_open_abandoned_in_flight_leaves_no_descriptor_open() {
+    // A task dropped while its open is in flight (an aborted lookup, a cancelled pass) must not
+    // leak the descriptor the open returns after the task is gone.
+    let dir = tempfile::tempdir().unwrap();
+    for choice in backends() {
+        let rt = runtime(choice, "abandon");
+        let before = open_fds();
+        let d = dir.path().join(format!("{choice:?}"));
+        std::fs::create_dir(&d).unwrap();
+        let abandoned = rt
+            .block_on(move || async move {
+                let mut abandoned = 0;
+                for i in 0..64 {
+                    // Creating a file always leaves the executor (for io_uring's workers or an
+                    // IO thread): poll the open once so that it is in flight.
+                    let path = d.join(i.to_string());
+                    let mut open =
+                        std::pin::pin!(fs::File::open(path, fs::OpenOptions::write_create()));
+                    let first = std::future::poll_fn(|cx| {
+                        std::task::Poll::Ready(open.as_mut().poll(cx).is_pending())
+                    });
+                    abandoned += usize::from(first.await);
+                    // Dropped at once (cancelled before it runs), after the executor has handed
+                    // it over, or after it has completed unseen.
+                    if i % 4 > 0 {
+                        through_a_tick().await;
+                    }
+                    if i % 4 > 1 {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    if i % 4 > 2 {
+                        through_a_tick().await;
+                    }
+                }
+                while insitubatch_runtime::in_flight_ops().unwrap() > 0 {
+                    insitubatch_runtime::yield_now().await;
+                }
+                abandoned
+            })
+            .unwrap();
+        assert!(
+            abandoned > 0,
+            "{choice:?}: no open was in flight when dropped"
+        );
+        // The last abandoned result is released just after its operation stops counting.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while open_fds() > before && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(open_fds(), before, "{choice:?}: descriptors leaked");
+    }
+}
+
 #[test]
 fn direct_io_writes_to_a_new_file_where_the_file_system_allows() {
     // Creating the file and extending it with O_DIRECT writes cannot complete without blocking:

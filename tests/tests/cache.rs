@@ -737,3 +737,64 @@ fn revived_slots_at_rest_hold_no_descriptor_and_a_vanished_file_is_refetched() {
     let s = run(&ds, "train");
     assert_eq!(s.cache_misses, 0, "rewritten by the pass before: {s:?}");
 }
+
+#[test]
+fn lookups_ahead_share_max_inflight_with_fetches_and_end_with_the_pass() {
+    // The planner looks cached chunks' files up ahead of their admissions, each lookup holding a
+    // `max_inflight` permit while its IO runs. With one permit, lookups and fetches take turns:
+    // a pass half revived and half fetched must still deliver every value, count each chunk
+    // once, and leave no descriptor open when it is dropped early.
+    let refs = [
+        ("t", &fixture("era5_v3", "t2m"), 0usize),
+        ("u", &fixture("era5_v3", "u10"), 0),
+    ];
+    let cache = tempfile::tempdir().unwrap();
+    let probe = era5(cache.path()).build().unwrap();
+    let manifest =
+        insitubatch::split_by_chunk(&probe.variables()[0].geom, &[0.67, 0.33], 0, true, None)
+            .unwrap();
+    drop(probe);
+    let partly = |max_inflight: usize| {
+        era5(cache.path())
+            .manifest(manifest.clone())
+            .persist(true)
+            .max_inflight(max_inflight)
+            .build()
+            .unwrap()
+    };
+    // The train split's chunks in the cache, the other split's not.
+    let train_only = || {
+        let _ = std::fs::remove_dir_all(cache.path());
+        run(&partly(32), "train").cache_misses
+    };
+    let cached = train_only();
+    assert_eq!(log_lines(cache.path()).len() as u64, cached);
+    let all = run(&partly(32), "all");
+    let all = all.cache_hits + all.cache_misses;
+    assert!(all > cached, "the other split has chunks of its own");
+    train_only();
+    check_epoch(&partly(1), "all", &refs);
+    train_only();
+    let s = run(&partly(1), "all");
+    assert_eq!(
+        (s.cache_revived, s.cache_misses),
+        (cached, all - cached),
+        "{s:?}"
+    );
+
+    // Everything cached now: a pass dropped after its first batch, lookups still ahead of it.
+    let ds = partly(32);
+    let before = open_fds();
+    let mut pass = ds.iter("all").unwrap();
+    pass.next().unwrap().unwrap();
+    drop(pass);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while open_fds() > before && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(
+        open_fds() <= before,
+        "{} descriptors open after the pass was dropped, {before} before",
+        open_fds()
+    );
+}

@@ -306,14 +306,31 @@ pub(crate) enum Revive {
 /// A slot file whose header and size were checked: its data is `len` bytes at `offset`.
 #[derive(Debug)]
 pub struct CachedFile {
-    /// The open file.
-    pub file: std::fs::File,
-    /// Its path (for errors).
-    pub path: PathBuf,
+    /// The open file (it knows its path, for errors).
+    pub file: File,
     /// Where the data starts.
     pub offset: u64,
     /// Data bytes.
     pub len: usize,
+}
+
+/// A log entry to check a file against: the file and the geometry its header must have.
+struct Logged {
+    path: PathBuf,
+    dtype: String,
+    shape: Vec<u64>,
+}
+
+/// A probe's outcome once the logged file is opened and checked (`None`: missing or unusable).
+fn revived(file: Option<File>, nbytes: u64) -> Revive {
+    match file {
+        Some(file) => Revive::File(CachedFile {
+            file,
+            offset: HEADER_LEN as u64,
+            len: nbytes as usize,
+        }),
+        None => Revive::Rejected,
+    }
 }
 
 struct TierState {
@@ -495,29 +512,43 @@ impl DiskTier {
     /// nothing is counted: the caller commits the outcome with [`DiskTier::settle_revival`]
     /// once it knows it will use it.
     pub(crate) fn probe(&self, key: &SlotKey, nbytes: u64) -> Revive {
-        let (path, dtype, shape) = {
-            let st = lock_mutex(&self.state);
-            match st.index.get(key) {
-                Some(entry) => (
-                    self.config.dir.join(&entry.file),
-                    entry.dtype.clone(),
-                    entry.shape.clone(),
-                ),
-                None if st.dropped.contains(key) => return Revive::Rejected,
-                None => return Revive::Absent,
-            }
+        let entry = match self.logged(key, nbytes) {
+            Ok(entry) => entry,
+            Err(outcome) => return outcome,
         };
-        let checked = (data_bytes(&dtype, &shape) == Some(nbytes))
-            .then(|| open_checked(&path, &dtype, &shape, nbytes))
-            .flatten();
-        match checked {
-            Some(file) => Revive::File(CachedFile {
-                file,
-                path,
-                offset: HEADER_LEN as u64,
-                len: nbytes as usize,
+        let file = open_checked(&entry.path, &entry.dtype, &entry.shape, nbytes);
+        revived(file.map(|f| File::from_std(f, &entry.path)), nbytes)
+    }
+
+    /// [`DiskTier::probe`] with its IO (open, size, header) through the runtime, so that many
+    /// lookups can be in flight at once. Call it on an executor.
+    pub(crate) async fn probe_async(&self, key: &SlotKey, nbytes: u64) -> Revive {
+        let entry = match self.logged(key, nbytes) {
+            Ok(entry) => entry,
+            Err(outcome) => return outcome,
+        };
+        let file = open_checked_async(&entry.path, &entry.dtype, &entry.shape, nbytes).await;
+        revived(file, nbytes)
+    }
+
+    /// True when the log holds `key` (its file may still turn out unusable).
+    pub(crate) fn is_logged(&self, key: &SlotKey) -> bool {
+        lock_mutex(&self.state).index.contains_key(key)
+    }
+
+    /// The log's entry for `key`, or the outcome when there is no usable one: absent, dropped at
+    /// load, or of a size other than `nbytes`.
+    fn logged(&self, key: &SlotKey, nbytes: u64) -> Result<Logged, Revive> {
+        let st = lock_mutex(&self.state);
+        match st.index.get(key) {
+            Some(entry) if data_bytes(&entry.dtype, &entry.shape) == Some(nbytes) => Ok(Logged {
+                path: self.config.dir.join(&entry.file),
+                dtype: entry.dtype.clone(),
+                shape: entry.shape.clone(),
             }),
-            None => Revive::Rejected,
+            Some(_) => Err(Revive::Rejected),
+            None if st.dropped.contains(key) => Err(Revive::Rejected),
+            None => Err(Revive::Absent),
         }
     }
 
@@ -756,9 +787,23 @@ fn open_checked(path: &Path, descr: &str, shape: &[u64], nbytes: u64) -> Option<
     }
     let mut header = vec![0u8; HEADER_LEN];
     file.read_exact_at(&mut header, 0).ok()?;
-    let parsed = npy::parse(&header)?;
-    (parsed.descr == descr && parsed.shape == shape && parsed.data_offset == HEADER_LEN)
-        .then_some(file)
+    header_matches(&header, descr, shape).then_some(file)
+}
+
+/// [`open_checked`] through the runtime.
+async fn open_checked_async(path: &Path, descr: &str, shape: &[u64], nbytes: u64) -> Option<File> {
+    let file = File::open(path, OpenOptions::read()).await.ok()?;
+    if !size_fits(file.stat().await.ok()?.len, nbytes) {
+        return None;
+    }
+    let header = file.read_exact_at(0, HEADER_LEN).await.ok()?;
+    header_matches(&header, descr, shape).then_some(file)
+}
+
+/// True when `header` is a slot file's: numpy type `descr`, `shape`, data right after it.
+fn header_matches(header: &[u8], descr: &str, shape: &[u64]) -> bool {
+    npy::parse(header)
+        .is_some_and(|h| h.descr == descr && h.shape == shape && h.data_offset == HEADER_LEN)
 }
 
 /// Bytes of a C-order array of numpy type `descr` (`<f4`, `|u1`) and `shape`.
@@ -1123,9 +1168,9 @@ mod tests {
             panic!("expected a revival")
         };
         assert_eq!(tier.stats().revived, 1);
-        let mut back = vec![0u8; f.len];
-        std::os::unix::fs::FileExt::read_exact_at(&f.file, &mut back, f.offset).unwrap();
-        assert_eq!(back, data);
+        let (file, offset, len) = (f.file.clone(), f.offset, f.len);
+        let back = block_on(move || async move { file.read_exact_at(offset, len).await });
+        assert_eq!(back.unwrap(), data);
         let wrong_size = tier.probe(&key, 25);
         assert!(matches!(wrong_size, Revive::Rejected));
         tier.settle_revival(&key, &wrong_size);
@@ -1146,5 +1191,139 @@ mod tests {
         let tier = DiskTier::open(cfg.clone(), meta("other")).unwrap();
         assert_eq!(tier.cached_chunks(), 0);
         assert!(!dir.path().join(DiskTier::file_name(&key)).exists());
+    }
+
+    #[test]
+    fn a_lookup_through_the_runtime_agrees_with_the_direct_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let fp = fingerprint(&[]);
+        let mut cfg = CacheConfig::new(dir.path());
+        cfg.persist = true;
+        let tier = std::sync::Arc::new(DiskTier::open(cfg.clone(), meta(&fp)).unwrap());
+        let keys: Vec<SlotKey> = (0..4).map(|c| SlotKey::new("g/t2m", c)).collect();
+        let t = std::sync::Arc::clone(&tier);
+        let ks = keys.clone();
+        block_on(move || async move {
+            for (c, k) in ks.iter().enumerate() {
+                let bytes = SlotBytes::heap(vec![c as u8; 24]);
+                let permit = t.reserve_write().await.unwrap();
+                t.write(k, bytes, permit).await.unwrap();
+            }
+        });
+        drop(tier);
+        // Chunk 1's header damaged, chunk 2's file cut short, chunk 3's file gone.
+        let path = |k: &SlotKey| dir.path().join(DiskTier::file_name(k));
+        let mut damaged = std::fs::read(path(&keys[1])).unwrap();
+        damaged[20] ^= 0xff;
+        std::fs::write(path(&keys[1]), damaged).unwrap();
+        let short = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path(&keys[2]))
+            .unwrap();
+        short.set_len(HEADER_LEN as u64 + 10).unwrap();
+        std::fs::remove_file(path(&keys[3])).unwrap();
+
+        let tier = std::sync::Arc::new(DiskTier::open(cfg, meta(&fp)).unwrap());
+        let outcome = |r: &Revive| match r {
+            Revive::Absent => "absent",
+            Revive::Rejected => "rejected",
+            Revive::File(_) => "file",
+        };
+        let cases = [
+            (keys[0].clone(), 24, "file"),
+            (keys[0].clone(), 25, "rejected"),
+            (keys[1].clone(), 24, "rejected"),
+            (keys[2].clone(), 24, "rejected"),
+            (keys[3].clone(), 24, "rejected"),
+            (SlotKey::new("g/t2m", 9), 24, "absent"),
+        ];
+        for (key, nbytes, want) in cases {
+            let direct = tier.probe(&key, nbytes);
+            let (t, k) = (std::sync::Arc::clone(&tier), key.clone());
+            let through = block_on(move || async move {
+                let r = t.probe_async(&k, nbytes).await;
+                // The revived data, read through the file the lookup opened.
+                let data = match &r {
+                    Revive::File(f) => Some(f.file.read_exact_at(f.offset, f.len).await.unwrap()),
+                    _ => None,
+                };
+                (outcome(&r), data)
+            });
+            assert_eq!(
+                (outcome(&direct), through.0),
+                (want, want),
+                "{key} {nbytes}"
+            );
+            if want == "file" {
+                assert_eq!(through.1.unwrap(), vec![0u8; 24]);
+            }
+        }
+        assert_eq!(
+            tier.stats().revived + tier.stats().rejected,
+            0,
+            "lookups count nothing"
+        );
+    }
+
+    #[test]
+    fn a_revival_prepared_ahead_counts_once_and_yields_to_a_resident_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let fp = fingerprint(&[]);
+        let mut cfg = CacheConfig::new(dir.path());
+        cfg.persist = true;
+        let tier = std::sync::Arc::new(DiskTier::open(cfg.clone(), meta(&fp)).unwrap());
+        let (cached, other) = (SlotKey::new("g/t2m", 2), SlotKey::new("g/t2m", 3));
+        let (t, k) = (std::sync::Arc::clone(&tier), cached.clone());
+        block_on(move || async move {
+            let permit = t.reserve_write().await.unwrap();
+            t.write(&k, SlotBytes::heap((0..24).collect()), permit)
+                .await
+                .unwrap();
+        });
+        drop(tier);
+
+        let tier = DiskTier::open(cfg, meta(&fp)).unwrap();
+        let pool = crate::ChunkPool::with_disk(crate::Budget::Bytes(1000), Some(tier));
+        assert!(pool.revives_from_files());
+        assert!(pool.would_look_up(&cached));
+        assert!(!pool.would_look_up(&other), "not in the log");
+        let prepare = |key: &SlotKey| {
+            let (p, k) = (std::sync::Arc::clone(&pool), key.clone());
+            block_on(move || async move { p.prepare_revival(&k, 24).await })
+        };
+        let ahead = prepare(&cached);
+        assert_eq!(pool.stats().revived, 0, "preparing counts nothing");
+        let owner = pool.register_owner("a", 100).unwrap();
+        let crate::Admission::Hit(slot) =
+            owner.admit_prepared(&cached, 24, 1, Some(ahead)).unwrap()
+        else {
+            panic!("a prepared file is a hit")
+        };
+        let bytes = slot.bytes().unwrap();
+        let crate::SlotData::File(range) = &*bytes else {
+            panic!("a revived slot reads its file")
+        };
+        let (f, offset, len) = (range.file.clone(), range.offset, range.len);
+        let back = block_on(move || async move { f.read_exact_at(offset, len).await.unwrap() });
+        assert_eq!(back, (0..24).collect::<Vec<u8>>());
+        let st = pool.stats();
+        assert_eq!((st.hits, st.revived, st.misses), (1, 1, 0));
+        assert!(!pool.would_look_up(&cached), "resident now");
+        // Prepared again while resident: the slot is the hit, the file is not revived twice.
+        let again = prepare(&cached);
+        let crate::Admission::Hit(second) =
+            owner.admit_prepared(&cached, 24, 1, Some(again)).unwrap()
+        else {
+            panic!("resident")
+        };
+        assert!(std::sync::Arc::ptr_eq(&slot, &second));
+        let st = pool.stats();
+        assert_eq!((st.hits, st.revived, st.misses), (2, 1, 0));
+        // A chunk the log does not hold is a plain miss, prepared or not.
+        let absent = prepare(&other);
+        assert!(matches!(
+            owner.admit_prepared(&other, 24, 1, Some(absent)).unwrap(),
+            crate::Admission::Miss(_)
+        ));
     }
 }

@@ -36,6 +36,19 @@ pub(crate) enum OpState {
 pub(crate) struct OpSlot {
     pub(crate) state: OpState,
     pub(crate) data: Option<Box<dyn Any>>,
+    /// Completes the operation for nobody and drops what it produced (see `Drop`).
+    discard: fn(Box<dyn Any>, i32),
+}
+
+impl Drop for OpSlot {
+    fn drop(&mut self) {
+        // A completion whose future is gone (dropped mid-flight, or before it took the result)
+        // may have produced something that must be released: a descriptor an open returned is
+        // closed, not leaked.
+        if let (OpState::Completed(res), Some(data)) = (&self.state, self.data.take()) {
+            (self.discard)(data, *res);
+        }
+    }
 }
 
 pub(crate) struct UringDriver {
@@ -86,11 +99,13 @@ impl UringDriver {
         self.waiters.push_back(waker.clone());
     }
 
-    /// Queues `sqe` for the operation whose data is `data`; returns the slot index.
+    /// Queues `sqe` for the operation whose data is `data`; returns the slot index. `discard`
+    /// turns a result nobody takes into the operation's output and drops it.
     pub(crate) fn submit(
         &mut self,
         build: impl FnOnce(u64) -> squeue::Entry,
         data: Box<dyn Any>,
+        discard: fn(Box<dyn Any>, i32),
     ) -> usize {
         let index = match self.free.pop() {
             Some(i) => i,
@@ -102,6 +117,7 @@ impl UringDriver {
         self.ops[index] = Some(OpSlot {
             state: OpState::Waiting(None),
             data: Some(data),
+            discard,
         });
         self.in_flight += 1;
         // Build the SQE only once the data sits in its slot (it was boxed before, so pointers
@@ -123,12 +139,12 @@ impl UringDriver {
 
     /// Takes a completed slot's data and frees the slot.
     pub(crate) fn take_completed(&mut self, index: usize) -> (i32, Box<dyn Any>) {
-        let slot = self.ops[index].take().expect("live op slot");
+        let mut slot = self.ops[index].take().expect("live op slot");
         self.free.push(index);
         let OpState::Completed(res) = slot.state else {
             panic!("op slot {index} not completed")
         };
-        (res, slot.data.expect("op data present until taken"))
+        (res, slot.data.take().expect("op data present until taken"))
     }
 
     /// The future was dropped before completion: keep the data until the CQE, and ask the
@@ -204,7 +220,8 @@ impl UringDriver {
                         match std::mem::replace(&mut slot.state, OpState::Completed(res)) {
                             OpState::Waiting(w) => to_wake.extend(w),
                             OpState::Ignored => {
-                                // Nobody waits: now that the kernel is done, free the buffer.
+                                // Nobody waits: now that the kernel is done, free the buffer
+                                // (and whatever the operation produced).
                                 self.ops[index] = None;
                                 self.free.push(index);
                             }
