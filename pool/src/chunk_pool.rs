@@ -46,6 +46,10 @@ pub enum PoolError {
         /// A budget that would hold them all.
         suggest_bytes: u64,
     },
+    /// A cached chunk's file could not be opened for want of descriptors (the message names
+    /// the file and what to lower or raise); its entry stays in the cache.
+    #[error("{0}")]
+    CacheFile(String),
     /// `readonly_cache`: the chunk is not in the cache, and a readonly reader may not fetch it.
     #[error(
         "readonly_cache: {key} is not in the cache at {dir}; warm the cache for this split and \
@@ -675,6 +679,9 @@ impl Owner {
         // Nothing is changed past this point before the chunk's cache file has been looked up.
         let cached = match (&self.pool.disk, probe) {
             (Some(_), None) => return Locked::NeedsProbe,
+            (Some(_), Some(Revive::Failed(message))) => {
+                return Locked::Decided(Err(PoolError::CacheFile(message)));
+            }
             (Some(disk), Some(probe)) => Some((disk, probe)),
             (None, _) => None,
         };
@@ -717,7 +724,7 @@ impl Owner {
                 Revive::Rejected => {
                     g.owners.get_mut(&self.id).expect("registered").rejected += 1;
                 }
-                Revive::Absent => {}
+                Revive::Absent | Revive::Failed(_) => {}
             }
             if disk.readonly() {
                 return Locked::Decided(Err(PoolError::ReadonlyMiss {

@@ -798,3 +798,79 @@ fn lookups_ahead_share_max_inflight_with_fetches_and_end_with_the_pass() {
         open_fds()
     );
 }
+
+/// Runs in a child process (see the next test): a revival pass with the process out of
+/// descriptors, then one with them back.
+#[test]
+fn child_revival_out_of_descriptors() {
+    let Ok(cache) = std::env::var("INSITUBATCH_TEST_CHILD_NOFILE") else {
+        return; // only meaningful as the child of the next test
+    };
+    let ds = era5(Path::new(&cache)).persist(true).build().unwrap();
+    let fds = || -> Vec<i32> {
+        let names: Vec<String> = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.iter().filter_map(|n| n.parse().ok()).collect()
+    };
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    assert_eq!(rc, 0);
+    // No descriptor left: the limit just above the highest one open, every hole below filled.
+    let low = libc::rlimit {
+        rlim_cur: fds().into_iter().max().unwrap() as u64 + 1,
+        rlim_max: limit.rlim_max,
+    };
+    // SAFETY: setrlimit reads the struct we pass; this process is ours alone.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+    let mut fillers = Vec::new();
+    while let Ok(f) = std::fs::File::open("/dev/null") {
+        fillers.push(f);
+    }
+    let err = match ds.iter("train") {
+        Err(e) => e.to_string(),
+        Ok(pass) => pass
+            .filter_map(|b| b.err())
+            .next()
+            .expect("a pass with no descriptor left fails")
+            .to_string(),
+    };
+    drop(fillers);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    assert!(
+        err.contains(".npy") && err.contains("open-file limit"),
+        "{err}"
+    );
+    // Not the files' fault: every entry stays and revives.
+    let s = run(&ds, "train");
+    assert_eq!(
+        (s.cache_revived, s.cache_rejected, s.cache_misses),
+        (6, 0, 0),
+        "{s:?}"
+    );
+    println!("CHILD OK");
+}
+
+#[test]
+fn a_process_out_of_descriptors_fails_the_revival_and_keeps_the_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    run(&era5(cache.path()).persist(true).build().unwrap(), "train");
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_revival_out_of_descriptors", "--nocapture"])
+        .env("INSITUBATCH_TEST_CHILD_NOFILE", cache.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("CHILD OK"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -301,6 +301,9 @@ pub(crate) enum Revive {
     Rejected,
     /// The file is there and its header and size match: read its data.
     File(CachedFile),
+    /// The file could not be opened for a reason that is not the file's (the process or the
+    /// system is out of descriptors): the entry stays, and the admission fails with this message.
+    Failed(String),
 }
 
 /// A slot file whose header and size were checked: its data is `len` bytes at `offset`.
@@ -321,16 +324,35 @@ struct Logged {
     shape: Vec<u64>,
 }
 
-/// A probe's outcome once the logged file is opened and checked (`None`: missing or unusable).
-fn revived(file: Option<File>, nbytes: u64) -> Revive {
+/// A probe's outcome once the logged file at `path` is opened and checked (`Ok(None)`: missing
+/// or unusable).
+fn revived(path: &Path, file: std::io::Result<Option<File>>, nbytes: u64) -> Revive {
     match file {
-        Some(file) => Revive::File(CachedFile {
+        Ok(Some(file)) => Revive::File(CachedFile {
             file,
             offset: HEADER_LEN as u64,
             len: nbytes as usize,
         }),
-        None => Revive::Rejected,
+        Ok(None) => Revive::Rejected,
+        Err(e) => Revive::Failed(format!(
+            "cache file {}: {e}; {}",
+            path.display(),
+            if e.raw_os_error() == Some(libc::ENFILE) {
+                "the system is at its open-file limit (fs.file-max): lower max_inflight or close \
+                 other files"
+            } else {
+                "the process is at its open-file limit: lower max_inflight (every read in flight \
+                 and every cached chunk looked up ahead holds a file open) or raise the limit \
+                 (ulimit -n)"
+            }
+        )),
     }
+}
+
+/// True for an open that failed for want of descriptors: not the file's fault, so not a reason
+/// to forget its entry.
+fn out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 struct TierState {
@@ -517,7 +539,8 @@ impl DiskTier {
             Err(outcome) => return outcome,
         };
         let file = open_checked(&entry.path, &entry.dtype, &entry.shape, nbytes);
-        revived(file.map(|f| File::from_std(f, &entry.path)), nbytes)
+        let file = file.map(|f| f.map(|f| File::from_std(f, &entry.path)));
+        revived(&entry.path, file, nbytes)
     }
 
     /// [`DiskTier::probe`] with its IO (open, size, header) through the runtime, so that many
@@ -528,7 +551,7 @@ impl DiskTier {
             Err(outcome) => return outcome,
         };
         let file = open_checked_async(&entry.path, &entry.dtype, &entry.shape, nbytes).await;
-        revived(file, nbytes)
+        revived(&entry.path, file, nbytes)
     }
 
     /// True when the log holds `key` (its file may still turn out unusable).
@@ -563,7 +586,7 @@ impl DiskTier {
                 st.dropped.remove(key);
                 st.stats.rejected += 1;
             }
-            Revive::Absent => {}
+            Revive::Absent | Revive::Failed(_) => {}
         }
     }
 
@@ -779,25 +802,51 @@ fn warn_once(st: &mut TierState, message: String) {
 }
 
 /// Opens `path` and checks its size and `.npy` header (`descr`, `shape`, holding `nbytes`).
-fn open_checked(path: &Path, descr: &str, shape: &[u64], nbytes: u64) -> Option<std::fs::File> {
+/// Opens the slot file at `path` and checks its size and header: `Ok(None)` when it is missing
+/// or does not match (a miss), an error only when out of descriptors ([`out_of_descriptors`]).
+fn open_checked(
+    path: &Path,
+    descr: &str,
+    shape: &[u64],
+    nbytes: u64,
+) -> std::io::Result<Option<std::fs::File>> {
     use std::os::unix::fs::FileExt;
-    let file = std::fs::File::open(path).ok()?;
-    if !size_fits(file.metadata().ok()?.len(), nbytes) {
-        return None;
-    }
-    let mut header = vec![0u8; HEADER_LEN];
-    file.read_exact_at(&mut header, 0).ok()?;
-    header_matches(&header, descr, shape).then_some(file)
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if out_of_descriptors(&e) => return Err(e),
+        Err(_) => return Ok(None),
+    };
+    let checked = || {
+        if !size_fits(file.metadata().ok()?.len(), nbytes) {
+            return None;
+        }
+        let mut header = vec![0u8; HEADER_LEN];
+        file.read_exact_at(&mut header, 0).ok()?;
+        Some(header_matches(&header, descr, shape))
+    };
+    Ok((checked() == Some(true)).then_some(file))
 }
 
 /// [`open_checked`] through the runtime.
-async fn open_checked_async(path: &Path, descr: &str, shape: &[u64], nbytes: u64) -> Option<File> {
-    let file = File::open(path, OpenOptions::read()).await.ok()?;
-    if !size_fits(file.stat().await.ok()?.len, nbytes) {
-        return None;
+async fn open_checked_async(
+    path: &Path,
+    descr: &str,
+    shape: &[u64],
+    nbytes: u64,
+) -> std::io::Result<Option<File>> {
+    let file = match File::open(path, OpenOptions::read()).await {
+        Ok(file) => file,
+        Err(e) if out_of_descriptors(&e) => return Err(e),
+        Err(_) => return Ok(None),
+    };
+    let fits = file.stat().await.is_ok_and(|st| size_fits(st.len, nbytes));
+    if !fits {
+        return Ok(None);
     }
-    let header = file.read_exact_at(0, HEADER_LEN).await.ok()?;
-    header_matches(&header, descr, shape).then_some(file)
+    let header = file.read_exact_at(0, HEADER_LEN).await;
+    Ok(header
+        .is_ok_and(|h| header_matches(&h, descr, shape))
+        .then_some(file))
 }
 
 /// True when `header` is a slot file's: numpy type `descr`, `shape`, data right after it.
@@ -1228,6 +1277,7 @@ mod tests {
             Revive::Absent => "absent",
             Revive::Rejected => "rejected",
             Revive::File(_) => "file",
+            Revive::Failed(_) => "failed",
         };
         let cases = [
             (keys[0].clone(), 24, "file"),
