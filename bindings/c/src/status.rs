@@ -97,6 +97,7 @@ pub(crate) fn status_of(e: &EngineError) -> IsbStatus {
         EngineError::ManifestIo { .. } => IsbStatus::IsbIo,
         EngineError::Pool(PoolError::BudgetTooSmall { .. }) => IsbStatus::IsbBudget,
         EngineError::Pool(PoolError::ReadonlyMiss { .. }) => IsbStatus::IsbCacheMiss,
+        EngineError::Pool(PoolError::CacheFile(_)) => IsbStatus::IsbIo,
         EngineError::Pool(_) => IsbStatus::IsbInternal,
         EngineError::Cache(c) => match c {
             CacheError::Locked { .. } => IsbStatus::IsbCacheLocked,
@@ -199,5 +200,29 @@ pub unsafe extern "C" fn isb_string_free(s: *mut c_char) {
     if !s.is_null() {
         // SAFETY: per the contract, it came from CString::into_raw.
         drop(unsafe { CString::from_raw(s) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_errors_map_to_what_the_caller_can_act_on() {
+        let pool = |e| status_of(&EngineError::Pool(e));
+        let descriptors = PoolError::CacheFile("cache file x.npy: open-file limit".into());
+        assert_eq!(pool(descriptors), IsbStatus::IsbIo);
+        let miss = PoolError::ReadonlyMiss {
+            key: "t2m#0".into(),
+            dir: "/c".into(),
+        };
+        assert_eq!(pool(miss), IsbStatus::IsbCacheMiss);
+        let over = PoolError::OverBudget {
+            key: "t2m#0".into(),
+            nbytes: 1,
+            budget_bytes: 1,
+            pinned_bytes: 1,
+        };
+        assert_eq!(pool(over), IsbStatus::IsbInternal, "a bug in insitubatch");
     }
 }
