@@ -801,9 +801,9 @@ fn warn_once(st: &mut TierState, message: String) {
     }
 }
 
-/// Opens `path` and checks its size and `.npy` header (`descr`, `shape`, holding `nbytes`).
-/// Opens the slot file at `path` and checks its size and header: `Ok(None)` when it is missing
-/// or does not match (a miss), an error only when out of descriptors ([`out_of_descriptors`]).
+/// Opens the slot file at `path` and checks its size (`nbytes` of data) and `.npy` header
+/// (`descr`, `shape`): `Ok(None)` when it is missing or does not match (a miss), an error only
+/// when out of descriptors ([`out_of_descriptors`]).
 fn open_checked(
     path: &Path,
     descr: &str,
@@ -816,15 +816,11 @@ fn open_checked(
         Err(e) if out_of_descriptors(&e) => return Err(e),
         Err(_) => return Ok(None),
     };
-    let checked = || {
-        if !size_fits(file.metadata().ok()?.len(), nbytes) {
-            return None;
-        }
+    let matches = file.metadata().is_ok_and(|m| size_fits(m.len(), nbytes)) && {
         let mut header = vec![0u8; HEADER_LEN];
-        file.read_exact_at(&mut header, 0).ok()?;
-        Some(header_matches(&header, descr, shape))
+        file.read_exact_at(&mut header, 0).is_ok() && header_matches(&header, descr, shape)
     };
-    Ok((checked() == Some(true)).then_some(file))
+    Ok(matches.then_some(file))
 }
 
 /// [`open_checked`] through the runtime.
@@ -839,14 +835,12 @@ async fn open_checked_async(
         Err(e) if out_of_descriptors(&e) => return Err(e),
         Err(_) => return Ok(None),
     };
-    let fits = file.stat().await.is_ok_and(|st| size_fits(st.len, nbytes));
-    if !fits {
-        return Ok(None);
-    }
-    let header = file.read_exact_at(0, HEADER_LEN).await;
-    Ok(header
-        .is_ok_and(|h| header_matches(&h, descr, shape))
-        .then_some(file))
+    let matches = file.stat().await.is_ok_and(|st| size_fits(st.len, nbytes))
+        && file
+            .read_exact_at(0, HEADER_LEN)
+            .await
+            .is_ok_and(|h| header_matches(&h, descr, shape));
+    Ok(matches.then_some(file))
 }
 
 /// True when `header` is a slot file's: numpy type `descr`, `shape`, data right after it.
