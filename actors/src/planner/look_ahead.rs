@@ -75,9 +75,10 @@ impl LookAhead {
         let plan = &shared.plan;
         let end = at
             .saturating_add(self.depth)
-            .min(plan.slots.len().saturating_sub(1));
+            .saturating_add(1)
+            .min(plan.slots.len());
         self.next = self.next.max(at);
-        while self.next <= end && self.started.len() < self.depth {
+        while self.next < end && self.started.len() < self.depth {
             let i = self.next;
             let ps = &plan.slots[i];
             let key = SlotKey {
