@@ -739,11 +739,11 @@ fn revived_slots_at_rest_hold_no_descriptor_and_a_vanished_file_is_refetched() {
 }
 
 #[test]
-fn lookups_ahead_share_max_inflight_with_fetches_and_end_with_the_pass() {
-    // The planner looks cached chunks' files up ahead of their admissions, each lookup holding a
-    // `max_inflight` permit while its IO runs. With one permit, lookups and fetches take turns:
-    // a pass half revived and half fetched must still deliver every value, count each chunk
-    // once, and leave no descriptor open when it is dropped early.
+fn lookups_ahead_beside_fetches_deliver_every_value_and_end_with_the_pass() {
+    // The planner looks cached chunks' files up ahead of their admissions while it sends the
+    // misses to the fetchers. With one read in flight, a pass half revived and half fetched must
+    // still deliver every value and count each chunk once, and a pass dropped early must leave
+    // no descriptor open.
     let refs = [
         ("t", &fixture("era5_v3", "t2m"), 0usize),
         ("u", &fixture("era5_v3", "u10"), 0),
