@@ -669,7 +669,7 @@ fn print_epoch(r: &EpochReport) {
     let s = &r.stats;
     println!(
         "epoch {}: {} samples in {} batches, {:.2} s = {:.0} samples/s, {:.0} MB/s; first batch {:.1} ms; \
-         batch latency p50 {:.2} ms p99 {:.2} ms; chunks: {} misses, {} hits{}; read {}, decoded {}{}",
+         batch latency p50 {:.2} ms p99 {:.2} ms; chunks: {} misses, {} hits{}{}; read {}, decoded {}{}",
         s.epoch,
         s.samples,
         s.batches,
@@ -681,6 +681,11 @@ fn print_epoch(r: &EpochReport) {
         s.batch_latency_us_p99 as f64 / 1e3,
         s.cache_misses,
         s.cache_hits,
+        match (s.cache_revived, s.cache_rejected) {
+            (0, 0) => String::new(),
+            (n, 0) => format!(" ({n} revived from cache_dir)"),
+            (n, r) => format!(" ({n} revived from cache_dir, {r} cache_dir entries rejected)"),
+        },
         match s.tiles_into_batches {
             0 => String::new(),
             n => format!(", {n} decoded into batch rows"),

@@ -443,6 +443,14 @@ fn warm_fills_a_cache_that_readonly_benches_read_without_decoding() {
         (s["tiles_read"].as_u64(), s["cache_revived"].as_u64()),
         (Some(0), Some(12))
     );
+    // The text report says where the hits came from.
+    let out = run_ok(
+        bench_with(&store, &manifest)
+            .args(["--split", "train", "--epochs", "1", "--readonly-cache"])
+            .arg("--cache-dir")
+            .arg(&cache),
+    );
+    assert!(out.contains("12 hits (12 revived from cache_dir)"), "{out}");
     // val was never warmed: a readonly reader's miss names the chunk.
     let out = bench("val");
     assert!(!out.status.success());
