@@ -147,10 +147,7 @@ async fn drive<S: Store>(
         shared,
         pending: false,
     };
-    let depth = usize::try_from(ctx.inflight.total())
-        .unwrap_or(usize::MAX)
-        .min(look_ahead::MAX_AHEAD);
-    let mut look_ahead = look_ahead::LookAhead::new(&ctx.pool, depth);
+    let mut look_ahead = look_ahead::LookAhead::new(&ctx.pool, ctx.inflight.total());
     for (i, ps) in plan.slots.iter().enumerate() {
         if shared.is_cancelled() {
             return Ok(());

@@ -447,6 +447,24 @@ pub async fn read_range(
     file.read_exact_at(offset, len).await
 }
 
+/// What to do when `e` says the process or the system is out of file descriptors (`EMFILE`,
+/// `ENFILE`), as a clause to append to the error; `None` for any other error. One wording for
+/// every open made on a read's behalf (a stored chunk, a cached chunk's file).
+pub fn out_of_descriptors_hint(e: &std::io::Error) -> Option<&'static str> {
+    match e.raw_os_error() {
+        Some(libc::EMFILE) => Some(
+            "the process is at its open-file limit: lower max_inflight (every read in flight, \
+             and every cached chunk looked up ahead, holds a file open) or raise the limit \
+             (ulimit -n)",
+        ),
+        Some(libc::ENFILE) => Some(
+            "the system is at its open-file limit (fs.file-max): lower max_inflight or close \
+             other files",
+        ),
+        _ => None,
+    }
+}
+
 /// Renames `from` to `to`, replacing a file there (`rename(2)`). The call runs on io_uring's
 /// workers or on an IO thread: a rename waits for its directory's lock, which the creation of
 /// every other file in that directory takes too, and an executor must not spin on it while the

@@ -137,18 +137,10 @@ pub enum StoreError {
 }
 
 /// What to do about an IO error the user can fix, as a clause to append ("" for the rest).
-fn io_hint(e: &std::io::Error) -> &'static str {
-    match e.raw_os_error() {
-        Some(libc::EMFILE) => {
-            "; the process is at its open-file limit: lower max_inflight (every read in flight \
-             holds a file open) or raise the limit (ulimit -n)"
-        }
-        Some(libc::ENFILE) => {
-            "; the system is at its open-file limit (fs.file-max): lower max_inflight or close \
-             other files"
-        }
-        _ => "",
-    }
+fn io_hint(e: &std::io::Error) -> String {
+    insitubatch_runtime::fs::out_of_descriptors_hint(e)
+        .map(|hint| format!("; {hint}"))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -808,12 +808,10 @@ fn child_revival_out_of_descriptors() {
     };
     let ds = era5(Path::new(&cache)).persist(true).build().unwrap();
     let fds = || -> Vec<i32> {
-        let names: Vec<String> = std::fs::read_dir("/proc/self/fd")
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        names.iter().filter_map(|n| n.parse().ok()).collect()
+        let entries = std::fs::read_dir("/proc/self/fd").unwrap().flatten();
+        entries
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect()
     };
     let mut limit = libc::rlimit {
         rlim_cur: 0,

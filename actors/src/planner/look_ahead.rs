@@ -28,7 +28,7 @@ use crate::pass::PassShared;
 
 /// Lookups ahead at most, whatever `max_inflight` is: each holds a descriptor until its slot is
 /// admitted, and with the pages dropped 32 ahead measured no faster than 8.
-pub(super) const MAX_AHEAD: usize = 32;
+const MAX_AHEAD: usize = 32;
 
 /// A lookup's IO, owning what it needs.
 type LookupIo = Pin<Box<dyn Future<Output = PreparedRevival>>>;
@@ -56,8 +56,10 @@ pub(super) struct LookAhead {
 }
 
 impl LookAhead {
-    /// Looks up to `depth` slots ahead when the pool revives chunks from files.
-    pub(super) fn new(pool: &Arc<ChunkPool>, depth: usize) -> Self {
+    /// Looks up to `max_inflight` slots ahead (at most [`MAX_AHEAD`]) when the pool revives
+    /// chunks from files.
+    pub(super) fn new(pool: &Arc<ChunkPool>, max_inflight: u64) -> Self {
+        let depth = usize::try_from(max_inflight).map_or(MAX_AHEAD, |n| n.min(MAX_AHEAD));
         Self {
             pool: Arc::clone(pool),
             started: VecDeque::new(),

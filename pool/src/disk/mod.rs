@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use insitubatch_runtime::fs::{File, OpenOptions};
+use insitubatch_runtime::fs::{File, OpenOptions, out_of_descriptors_hint};
 use insitubatch_runtime::sync::Semaphore;
 use insitubatch_runtime::{DIRECT_IO_ALIGN, IoBuf};
 
@@ -337,22 +337,9 @@ fn revived(path: &Path, file: std::io::Result<Option<File>>, nbytes: u64) -> Rev
         Err(e) => Revive::Failed(format!(
             "cache file {}: {e}; {}",
             path.display(),
-            if e.raw_os_error() == Some(libc::ENFILE) {
-                "the system is at its open-file limit (fs.file-max): lower max_inflight or close \
-                 other files"
-            } else {
-                "the process is at its open-file limit: lower max_inflight (every read in flight \
-                 and every cached chunk looked up ahead holds a file open) or raise the limit \
-                 (ulimit -n)"
-            }
+            out_of_descriptors_hint(&e).unwrap_or_default()
         )),
     }
-}
-
-/// True for an open that failed for want of descriptors: not the file's fault, so not a reason
-/// to forget its entry.
-fn out_of_descriptors(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
 }
 
 struct TierState {
@@ -803,7 +790,8 @@ fn warn_once(st: &mut TierState, message: String) {
 
 /// Opens the slot file at `path` and checks its size (`nbytes` of data) and `.npy` header
 /// (`descr`, `shape`): `Ok(None)` when it is missing or does not match (a miss), an error only
-/// when out of descriptors ([`out_of_descriptors`]).
+/// when out of descriptors ([`out_of_descriptors_hint`]): not the file's fault, so not a
+/// reason to forget its entry.
 fn open_checked(
     path: &Path,
     descr: &str,
@@ -813,7 +801,7 @@ fn open_checked(
     use std::os::unix::fs::FileExt;
     let file = match std::fs::File::open(path) {
         Ok(file) => file,
-        Err(e) if out_of_descriptors(&e) => return Err(e),
+        Err(e) if out_of_descriptors_hint(&e).is_some() => return Err(e),
         Err(_) => return Ok(None),
     };
     let matches = file.metadata().is_ok_and(|m| size_fits(m.len(), nbytes)) && {
@@ -832,7 +820,7 @@ async fn open_checked_async(
 ) -> std::io::Result<Option<File>> {
     let file = match File::open(path, OpenOptions::read()).await {
         Ok(file) => file,
-        Err(e) if out_of_descriptors(&e) => return Err(e),
+        Err(e) if out_of_descriptors_hint(&e).is_some() => return Err(e),
         Err(_) => return Ok(None),
     };
     let matches = file.stat().await.is_ok_and(|st| size_fits(st.len, nbytes))
@@ -1014,6 +1002,22 @@ mod tests {
         rt.handle().spawn("test", f).join().unwrap()
     }
 
+    /// Writes `bytes` as `key`'s slot file through `tier` and returns it mapped.
+    fn write_slot(tier: &std::sync::Arc<DiskTier>, key: &SlotKey, bytes: Vec<u8>) -> MappedFile {
+        let (t, k) = (std::sync::Arc::clone(tier), key.clone());
+        block_on(move || async move {
+            let permit = t.reserve_write().await.unwrap();
+            t.write(&k, SlotBytes::heap(bytes), permit).await.unwrap()
+        })
+    }
+
+    /// A persisted cache in `dir`.
+    fn persisted(dir: &Path) -> CacheConfig {
+        let mut cfg = CacheConfig::new(dir);
+        cfg.persist = true;
+        cfg
+    }
+
     #[test]
     fn file_names_are_bare_and_distinct_per_path() {
         let a = DiskTier::file_name(&SlotKey::new("g/t2m", 5));
@@ -1110,13 +1114,7 @@ mod tests {
             let slot = admit(c);
             let write = pool.begin_write(&slot);
             slot.adopt((0..24).collect()).unwrap();
-            let (t, k) = (Arc::clone(pool.disk().unwrap()), slot.key().clone());
-            let mapped = block_on(move || async move {
-                let permit = t.reserve_write().await.unwrap();
-                t.write(&k, SlotBytes::heap((0..24).collect()), permit)
-                    .await
-                    .unwrap()
-            });
+            let mapped = write_slot(pool.disk().unwrap(), slot.key(), (0..24).collect());
             write.landed(mapped);
             o.unpin(&slot);
         }
@@ -1147,8 +1145,7 @@ mod tests {
     #[test]
     fn an_admission_behind_another_iterations_load_revives_the_cached_file_privately() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = CacheConfig::new(dir.path());
-        cfg.persist = true;
+        let cfg = persisted(dir.path());
         let tier = DiskTier::open(cfg, meta(&fingerprint(&[]))).unwrap();
         let pool = crate::ChunkPool::with_disk(crate::Budget::Bytes(1000), Some(tier));
         let a = pool.register_owner("a", 100).unwrap();
@@ -1158,14 +1155,7 @@ mod tests {
             panic!("nothing is cached yet")
         };
         // The chunk's file lands (written by another run) while a's load is in flight.
-        let t = std::sync::Arc::clone(pool.disk().unwrap());
-        let k = key.clone();
-        block_on(move || async move {
-            let permit = t.reserve_write().await.unwrap();
-            t.write(&k, SlotBytes::heap((100..124).collect()), permit)
-                .await
-                .unwrap();
-        });
+        write_slot(pool.disk().unwrap(), &key, (100..124).collect());
         // b does not wait on a's load (a's tasks may be cancelled with it): it looks the file
         // up and revives a private copy.
         let crate::Admission::Hit(revived) = b.admit(&key, 24, 1).unwrap() else {
@@ -1185,18 +1175,11 @@ mod tests {
     fn persist_write_revive_stale_and_reset() {
         let dir = tempfile::tempdir().unwrap();
         let fp = fingerprint(&[]);
-        let mut cfg = CacheConfig::new(dir.path());
-        cfg.persist = true;
+        let mut cfg = persisted(dir.path());
         let tier = std::sync::Arc::new(DiskTier::open(cfg.clone(), meta(&fp)).unwrap());
         let key = SlotKey::new("g/t2m", 4);
         let data: Vec<u8> = (0..24u8).collect();
-        let t = std::sync::Arc::clone(&tier);
-        let k = key.clone();
-        let d = data.clone();
-        let got = block_on(move || async move {
-            let permit = t.reserve_write().await.unwrap();
-            t.write(&k, SlotBytes::heap(d), permit).await.unwrap()
-        });
+        let got = write_slot(&tier, &key, data.clone());
         assert_eq!(got.data(), &data[..]);
         assert_eq!(tier.stats().writes, 1);
         drop(got);
@@ -1240,19 +1223,12 @@ mod tests {
     fn a_lookup_through_the_runtime_agrees_with_the_direct_one() {
         let dir = tempfile::tempdir().unwrap();
         let fp = fingerprint(&[]);
-        let mut cfg = CacheConfig::new(dir.path());
-        cfg.persist = true;
+        let cfg = persisted(dir.path());
         let tier = std::sync::Arc::new(DiskTier::open(cfg.clone(), meta(&fp)).unwrap());
         let keys: Vec<SlotKey> = (0..4).map(|c| SlotKey::new("g/t2m", c)).collect();
-        let t = std::sync::Arc::clone(&tier);
-        let ks = keys.clone();
-        block_on(move || async move {
-            for (c, k) in ks.iter().enumerate() {
-                let bytes = SlotBytes::heap(vec![c as u8; 24]);
-                let permit = t.reserve_write().await.unwrap();
-                t.write(k, bytes, permit).await.unwrap();
-            }
-        });
+        for (c, k) in keys.iter().enumerate() {
+            write_slot(&tier, k, vec![c as u8; 24]);
+        }
         drop(tier);
         // Chunk 1's header damaged, chunk 2's file cut short, chunk 3's file gone.
         let path = |k: &SlotKey| dir.path().join(DiskTier::file_name(k));
@@ -1313,17 +1289,10 @@ mod tests {
     fn a_revival_prepared_ahead_counts_once_and_yields_to_a_resident_slot() {
         let dir = tempfile::tempdir().unwrap();
         let fp = fingerprint(&[]);
-        let mut cfg = CacheConfig::new(dir.path());
-        cfg.persist = true;
+        let cfg = persisted(dir.path());
         let tier = std::sync::Arc::new(DiskTier::open(cfg.clone(), meta(&fp)).unwrap());
         let (cached, other) = (SlotKey::new("g/t2m", 2), SlotKey::new("g/t2m", 3));
-        let (t, k) = (std::sync::Arc::clone(&tier), cached.clone());
-        block_on(move || async move {
-            let permit = t.reserve_write().await.unwrap();
-            t.write(&k, SlotBytes::heap((0..24).collect()), permit)
-                .await
-                .unwrap();
-        });
+        write_slot(&tier, &cached, (0..24).collect());
         drop(tier);
 
         let tier = DiskTier::open(cfg, meta(&fp)).unwrap();
