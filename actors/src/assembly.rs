@@ -6,12 +6,15 @@
 //! (docs/benchmarks.md, "One sample per chunk, profiled"). When nothing needs the slot, the
 //! chunk goes to its rows instead: a one-sample chunk is decoded straight into its row (zstd
 //! frames decompress into the batch buffer itself,
-//! [`insitubatch_store::ZarrArray::decode_chunk_into`]); a chunk of several samples is decoded
-//! into the decoding thread's scratch buffer, which stays in its cache and is never freshly
-//! mapped, and each sample copied from there into its row.
+//! [`insitubatch_store::ZarrArray::decode_chunk_into`]); any other chunk (several samples, a
+//! cropped field, the sample axis not first) is decoded into the decoding thread's scratch
+//! buffer, which stays in its cache and is never freshly mapped, and each sample's part copied
+//! from there into its row ([`TileLayout::copy_into_rows`]).
 //!
-//! [`DirectRows::plan`] decides, when a pass starts, which of its slots go this way: a whole
-//! chunk (one tile covering the field) of an array without chunk transforms, which one label
+//! [`DirectRows::plan`] decides, when a pass starts, which of its slots go this way: a chunk
+//! that is one tile (one stored chunk holds what the view reads; not a cropped view of a
+//! sharded array, which decodes only parts of its shards) of an array without chunk
+//! transforms, which one label
 //! reads, whose samples the order draws within one shuffle block, in a pass whose pool would
 //! keep little of what it reads for a later epoch ([`IntoRows`]) and writes no cache
 //! directory. The planner opens a batch's [`Assembly`] when it issues the first chunk with a
@@ -24,7 +27,7 @@
 //! and its rows sit in batch buffers instead of a slot: every batch a row of an issued chunk
 //! falls in is taken early, until the chunk's block drains. [`DirectRows::open_batches`]
 //! counts the most the read-ahead permits let the planner open at once, and each executor
-//! keeps a scratch buffer of the largest chunk of several samples
+//! keeps a scratch buffer of the largest stored chunk not decoded straight into its row
 //! ([`DirectRows::scratch_bytes`]).
 
 use std::collections::HashMap;
@@ -36,7 +39,7 @@ use insitubatch_pool::{BufferPool, ChunkPool, PooledBuf};
 
 use crate::error::EngineError;
 use crate::pass::{IntoRows, lock};
-use crate::planner::{EpochOrder, ReadPlan};
+use crate::planner::{EpochOrder, PathInfo, ReadPlan};
 use crate::tile::TileLayout;
 use crate::transform::Pipeline;
 
@@ -52,8 +55,9 @@ pub(crate) struct DirectRows {
     /// Per sample of every slot decoded into rows, in order: the row of the order that reads
     /// it, or `NONE`.
     rows: Vec<u32>,
-    /// The most samples per chunk of a slot decoded into rows (0: none is), and the largest of
-    /// those with more than one sample (decoded into a scratch buffer first).
+    /// The most samples per chunk of a slot decoded into rows (0: none is), and the largest
+    /// stored chunk of those not decoded straight into their one row (decoded into a scratch
+    /// buffer first).
     max_spc: u64,
     scratch_bytes: u64,
     /// The most batches the planner may hold open at once for rows decoded in place.
@@ -75,6 +79,7 @@ impl DirectRows {
         plan: &ReadPlan,
         order: &EpochOrder,
         release_each_block: bool,
+        reads_parts: impl Fn(&PathInfo) -> bool,
     ) -> Self {
         let n_rows = order.rows.len();
         // A chunk decoded into rows is not kept for a later epoch. Under LRU with each epoch's
@@ -110,9 +115,17 @@ impl DirectRows {
             .map(|(p, &labels)| {
                 labels == 1
                     && p.tiles == 1
-                    && TileLayout::new(&p.geom).can_adopt()
+                    && !reads_parts(p)
                     && transforms.get(&*p.path).is_none_or(Pipeline::is_empty)
             })
+            .collect();
+        // A one-sample chunk that is its row byte for byte is decoded straight into it; any
+        // other (several samples, a cropped field, the sample axis not first) is decoded whole
+        // into the executor's scratch buffer and its region copied from there into its rows.
+        let straight: Vec<bool> = plan
+            .paths
+            .iter()
+            .map(|p| p.samples_per_chunk == 1 && TileLayout::new(&p.geom).can_adopt())
             .collect();
         for s in &plan.slots {
             if s.first_block != s.last_block {
@@ -130,8 +143,11 @@ impl DirectRows {
                 slots[i] = (n_samples as u32, k as u32, 0);
                 n_samples = n_samples.saturating_add(k as usize);
                 max_spc = max_spc.max(k);
-                if k > 1 {
-                    scratch_bytes = scratch_bytes.max(s.nbytes);
+                if !straight[s.path] {
+                    let geom = &plan.paths[s.path].geom;
+                    let stored =
+                        geom.chunks.iter().product::<u64>() * geom.dtype.size_bytes() as u64;
+                    scratch_bytes = scratch_bytes.max(stored);
                 }
             }
         }
@@ -239,8 +255,9 @@ impl DirectRows {
         self.open_batches
     }
 
-    /// Bytes of the scratch buffer each executor thread keeps for chunks of several samples
-    /// (decoded there, then copied into their rows); 0 when every chunk has one sample.
+    /// Bytes of the scratch buffer each executor thread keeps for chunks not decoded straight
+    /// into their row (several samples, a cropped field, the sample axis not first: decoded
+    /// there, then copied into their rows); 0 when there are none.
     pub fn scratch_bytes(&self) -> u64 {
         self.scratch_bytes
     }

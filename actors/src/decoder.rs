@@ -23,6 +23,7 @@ use crate::fetcher::{Dest, TileJob};
 use crate::gather::stream::{copy_to_batch, stores_done};
 use crate::pass::{EngineContext, OnBadChunk, PanicGuard, PassShared, lock};
 use crate::stats::{BadChunk, Counters};
+use crate::tile::TileLayout;
 
 /// Mailbox capacity of a decoder; `max_inflight` bounds the total anyway.
 const DECODER_MAILBOX: usize = 64;
@@ -115,8 +116,8 @@ thread_local! {
 }
 
 /// Decodes a chunk into its samples' batch rows (see `crate::assembly`): a one-sample chunk
-/// straight into its row, a larger one into this thread's scratch buffer and from there into
-/// each row.
+/// that is its row byte for byte straight into it, any other into this thread's scratch buffer
+/// and from there into each row (its region, sample-first).
 async fn decode_into_rows<S: Store>(
     ctx: &EngineContext<S>,
     shared: &PassShared,
@@ -127,10 +128,13 @@ async fn decode_into_rows<S: Store>(
         unreachable!("called for a job with rows")
     };
     let array = &shared.arrays[job.path];
-    let (index, key) = (&job.index, &job.key);
+    let layout = &shared.layouts[job.path];
+    let (index, key, tile) = (&job.index, &job.key, job.tile);
     let locate = || ctx.store.locate(key);
     let decoded = match rows.as_mut_slice() {
-        [Some(row)] => array.decode_chunk_into(index, bytes.as_deref(), row.bytes_mut(), locate),
+        [Some(row)] if layout.can_adopt() => {
+            array.decode_chunk_into(index, bytes.as_deref(), row.bytes_mut(), locate)
+        }
         rows => SCRATCH.with_borrow_mut(|scratch| {
             let n = array.chunk_bytes_decoded() as usize;
             if scratch.len() < n {
@@ -139,7 +143,7 @@ async fn decode_into_rows<S: Store>(
             let chunk = &mut scratch[..n];
             array
                 .decode_chunk_into(index, bytes.as_deref(), chunk, locate)
-                .map(|()| copy_rows(chunk, rows))
+                .map(|()| copy_rows(layout, tile, chunk, rows))
         }),
     };
     if let Some(b) = bytes {
@@ -157,9 +161,17 @@ async fn decode_into_rows<S: Store>(
     }
 }
 
-/// Copies each sample of a decoded `chunk` into its batch row (rows that no row of the pass
-/// reads are skipped).
-fn copy_rows(chunk: &[u8], rows: &mut [Option<RowDest>]) {
+/// Copies each sample of a decoded stored chunk (tile `tile` of `layout`) into its batch row
+/// (samples that no row of the pass reads are skipped): whole samples when the chunk is the
+/// slot byte for byte, else each sample's part of the view's region.
+fn copy_rows(layout: &TileLayout, tile: u64, chunk: &[u8], rows: &mut [Option<RowDest>]) {
+    if !layout.can_adopt() {
+        let mut dsts: Vec<Option<&mut [u8]>> = rows
+            .iter_mut()
+            .map(|r| r.as_mut().map(RowDest::bytes_mut))
+            .collect();
+        return layout.copy_into_rows(tile, chunk, &mut dsts);
+    }
     let sample = chunk.len() / rows.len().max(1);
     for (w, row) in rows.iter_mut().enumerate() {
         if let Some(row) = row {
@@ -226,7 +238,7 @@ pub(crate) async fn deliver<S: Store>(
         Dest::Slot(slot) => Arc::clone(slot),
         Dest::Rows(rows) => {
             // A stand-in for a bad chunk (a decoded chunk goes `decode_into_rows`).
-            copy_rows(&bytes, rows);
+            copy_rows(&job.shared.layouts[job.path], job.tile, &bytes, rows);
             return rows_filled(job);
         }
         Dest::Filled => unreachable!("a filled row's job is complete"),

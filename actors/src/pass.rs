@@ -494,6 +494,14 @@ fn direct_rows<S: Store>(
         plan,
         order,
         config.release_each_block,
+        // A cropped view of a sharded array decodes only the parts of a shard it touches.
+        |p| {
+            p.geom.region.is_some()
+                && ctx
+                    .arrays
+                    .get(&*p.path)
+                    .is_some_and(|a| a.inner_chunk_shape().is_some())
+        },
     )
 }
 

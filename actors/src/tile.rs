@@ -4,7 +4,9 @@
 //! physical axis order. A tile is one stored chunk in physical order. When the array is
 //! sampled along axis 0 and one tile covers the whole field, the decoded tile already is the
 //! slot and is adopted without a copy; otherwise its rectangle is copied in (the one copy that
-//! assembling an inner-chunked field, or moving the sample axis first, costs).
+//! assembling an inner-chunked field, or moving the sample axis first, costs). A chunk decoded
+//! straight into batch rows (`crate::assembly`) has each sample's rectangle copied into its row
+//! instead ([`TileLayout::copy_into_rows`]).
 
 use std::ops::Range;
 
@@ -160,6 +162,62 @@ impl TileLayout {
     /// the parts [`TileLayout::tile_parts`] names, each in physical C order, one after
     /// another; its length says which.
     pub fn copy_into_slot(&self, tile: u64, src: &[u8], slot: &mut [u8]) {
+        let dst_stride = self.dst_strides();
+        self.for_each_box(tile, src, |b, extent, from| {
+            let to =
+                b.at.iter()
+                    .zip(&dst_stride)
+                    .map(|(&at, s)| at as usize * s)
+                    .sum::<usize>();
+            self.copy_box(src, slot, extent, from, (to, &dst_stride));
+        });
+    }
+
+    /// Copies decoded tile `tile` (`src` as for [`TileLayout::copy_into_slot`]) into its
+    /// samples' batch rows instead of a slot: `rows[k]` is sample `k` of the slot, one sample
+    /// of the view's region (`None`: no row reads it).
+    pub fn copy_into_rows(&self, tile: u64, src: &[u8], rows: &mut [Option<&mut [u8]>]) {
+        let dst_stride = self.dst_strides();
+        let sa = self.geom.sample_axis;
+        self.for_each_box(tile, src, |b, extent, (src_base, src_stride)| {
+            // Where the box starts within one sample; each of its samples goes to its own row.
+            let within_sample =
+                b.at.iter()
+                    .zip(&dst_stride)
+                    .enumerate()
+                    .filter(|&(d, _)| d != sa)
+                    .map(|(_, (&at, s))| at as usize * s)
+                    .sum::<usize>();
+            let mut one = extent.to_vec();
+            one[sa] = 1;
+            for j in 0..extent[sa] {
+                if let Some(Some(row)) = rows.get_mut(b.at[sa] as usize + j) {
+                    let from = (src_base + j * src_stride[sa], src_stride);
+                    self.copy_box(src, row, &one, from, (within_sample, &dst_stride));
+                }
+            }
+        });
+    }
+
+    /// Per physical axis, the stride in bytes of the slot's dimension it becomes.
+    fn dst_strides(&self) -> Vec<usize> {
+        (0..self.geom.shape.len())
+            .map(|d| match self.field_axes.iter().position(|&a| a == d) {
+                Some(f) => self.slot_strides[f + 1],
+                None => self.slot_strides[0],
+            })
+            .collect()
+    }
+
+    /// Calls `f` with each box of tile `tile` the view reads, its extent and where it starts in
+    /// `src` (the whole stored chunk or the parts, as [`TileLayout::copy_into_slot`] takes it)
+    /// with `src`'s strides in bytes.
+    fn for_each_box(
+        &self,
+        tile: u64,
+        src: &[u8],
+        mut f: impl FnMut(&TileBox, &[usize], (usize, &[usize])),
+    ) {
         let g = &self.geom;
         let nd = g.shape.len();
         let (boxes, _) = self.tile_boxes(tile);
@@ -172,18 +230,6 @@ impl TileLayout {
             }
             out
         };
-        let dst_stride: Vec<usize> = (0..nd)
-            .map(|d| match self.field_axes.iter().position(|&a| a == d) {
-                Some(f) => self.slot_strides[f + 1],
-                None => self.slot_strides[0],
-            })
-            .collect();
-        let dst_base = |b: &TileBox| {
-            b.at.iter()
-                .zip(&dst_stride)
-                .map(|(&at, s)| at as usize * s)
-                .sum::<usize>()
-        };
         let chunk: Vec<usize> = g.chunks.iter().map(|&c| c as usize).collect();
         if src.len() == chunk.iter().product::<usize>() * self.elem {
             let src_stride = strides(&chunk);
@@ -194,14 +240,7 @@ impl TileLayout {
                     .zip(&src_stride)
                     .map(|(r, s)| r.start as usize * s)
                     .sum();
-                let (extent, to) = (b.extent(), dst_base(b));
-                self.copy_box(
-                    src,
-                    slot,
-                    &extent,
-                    (src_base, &src_stride),
-                    (to, &dst_stride),
-                );
+                f(b, &b.extent(), (src_base, &src_stride));
             }
             return;
         }
@@ -218,8 +257,7 @@ impl TileLayout {
         let mut offset = 0;
         for b in &boxes {
             let extent = b.extent();
-            let (src_stride, to) = (strides(&extent), dst_base(b));
-            self.copy_box(src, slot, &extent, (offset, &src_stride), (to, &dst_stride));
+            f(b, &extent, (offset, &strides(&extent)));
             offset += extent.iter().product::<usize>() * self.elem;
         }
     }

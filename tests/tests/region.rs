@@ -665,3 +665,134 @@ fn a_wrapping_region_of_a_shard_reads_only_the_inner_chunks_at_its_two_ends() {
         buffers * 2 * (2 * 4 * 10 * 16 * 4 + index_len as u64)
     );
 }
+
+#[test]
+fn a_cropped_view_decoded_into_batch_rows_is_zarr_python_and_the_pool_paths_batches() {
+    // (case, array, sample axis, region: plain or wrapping), each one stored chunk per
+    // sample-axis chunk in the region (the chunks decoded into rows are whole tiles).
+    type Case = (&'static str, &'static str, usize, Vec<(i64, i64)>);
+    let cases: [Case; 7] = [
+        // Four samples per chunk, an interior region.
+        ("era5_v3", "t2m", 0, vec![(2, 7), (3, 11)]),
+        // Longitude across its seam: two stretches of the tile in each row.
+        ("era5_v3", "t2m", 0, vec![(0, 9), (-3, 4)]),
+        // Sampled along latitude: each row is a strided (time, longitude) box of the chunk.
+        ("era5_v3", "t2m", 1, vec![(4, 8), (3, 11)]),
+        // One sample per chunk, decoded whole into scratch and cropped into its row.
+        ("paired", "raw", 0, vec![(1, 4), (2, 5)]),
+        // A partial final chunk (10 = 3 + 3 + 3 + 1), blosc.
+        ("v2_blosc_lz4", "", 0, vec![(1, 5), (0, 7)]),
+        // Fortran order on disk.
+        ("v2_forder", "", 0, vec![(1, 4), (1, 2)]),
+        // Sampled along z (axis 2), with t chunked 1 cropped to one chunk.
+        ("v3_tczyx", "", 2, vec![(1, 2), (0, 2), (1, 4), (2, 6)]),
+    ];
+    for (case, array, axis, region) in cases {
+        let f = common::fixture(case, array);
+        let n = f.shape[axis];
+        let normal: Vec<(u64, u64)> = region
+            .iter()
+            .zip((0..f.shape.len()).filter(|&a| a != axis))
+            .map(|(&(lo, hi), a)| {
+                // A negative start counts from the axis's end; the length stays.
+                let start = lo.rem_euclid(f.shape[a] as i64);
+                (start as u64, (start + hi - lo) as u64)
+            })
+            .collect();
+        for (shuffle, bs) in [(true, 3), (false, 4)] {
+            let build = |mode: IntoRows| {
+                InSituDataset::builder(&f.store)
+                    .sample_axis(axis)
+                    .cropped_window_wrapping("v", array, 0, &region)
+                    .batch_size(bs)
+                    .block_chunks(2)
+                    .shuffle(shuffle)
+                    .executor_threads(2)
+                    .decode_into_batches(mode)
+                    .build()
+                    .unwrap_or_else(|e| panic!("{case}: {e}"))
+            };
+            let (rows, pooled) = (build(IntoRows::Always), build(IntoRows::Never));
+            assert_eq!(
+                rows.variables()[0].geom.region.as_deref(),
+                Some(&normal[..]),
+                "{case}"
+            );
+            // Each executor's scratch holds a whole stored chunk, larger than the region.
+            let stored = f.entry["chunks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_u64().unwrap())
+                .product::<u64>()
+                * item_size(&f.dtype) as u64;
+            let (need, pooled_need) = (
+                rows.memory_need("train").unwrap(),
+                pooled.memory_need("train").unwrap(),
+            );
+            assert_eq!(
+                need.reads,
+                pooled_need.reads + 2 * stored,
+                "{case}: {need:?}"
+            );
+            let (anchors, stats) = check_cropped_epoch(&rows, &["v"], &f, axis, &normal);
+            assert_eq!(sorted(anchors), (0..n).collect::<Vec<_>>(), "{case}");
+            // Every stored chunk read once and decoded into its rows: no slot pinned.
+            let chunks = n.div_ceil(f.entry["chunks"][axis].as_u64().unwrap());
+            assert_eq!(
+                (stats.tiles_read, stats.tiles_into_batches),
+                (chunks, chunks),
+                "{case} {region:?}: {stats:?}"
+            );
+            assert_eq!((stats.cache_misses, stats.pinned_peak_bytes), (chunks, 0));
+            // The same batches, in the same order, as through the pool.
+            for ds in [&rows, &pooled] {
+                ds.set_epoch(1);
+            }
+            let pooled_pass = pooled.train().unwrap();
+            let want: Vec<Vec<u8>> = pooled_pass
+                .map(|b| b.unwrap().array("v").unwrap().bytes().to_vec())
+                .collect();
+            let got: Vec<Vec<u8>> = rows
+                .train()
+                .unwrap()
+                .map(|b| b.unwrap().array("v").unwrap().bytes().to_vec())
+                .collect();
+            assert!(
+                got == want,
+                "{case} {region:?}: batches differ from the pool path's"
+            );
+        }
+    }
+    // A bad chunk's stand-in goes into the rows cropped like the data: with on_bad_chunk
+    // "nan", samples 4..8 of t2m (its second stored chunk) are NaN over the region.
+    let f = common::fixture("era5_v3", "t2m");
+    let dir = tempfile::tempdir().unwrap();
+    insitubatch_tests::copy_dir(&f.store, dir.path());
+    std::fs::write(dir.path().join("t2m/c/1/0/0"), b"this is not zstd").unwrap();
+    let ds = InSituDataset::builder(dir.path())
+        .cropped_window("v", "t2m", 0, &[(2, 7), (3, 11)])
+        .on_bad_chunk(insitubatch::OnBadChunk::Nan)
+        .decode_into_batches(IntoRows::Always)
+        .batch_size(5)
+        .build()
+        .unwrap();
+    let mut pass = ds.train().unwrap();
+    let mut nan_rows = Vec::new();
+    for b in pass.by_ref() {
+        let b = b.unwrap();
+        let v = b.array("v").unwrap().values::<f32>().unwrap().to_vec();
+        for (r, &i) in b.sample_indices().iter().enumerate() {
+            let row = &v[r * 40..(r + 1) * 40];
+            if row.iter().all(|x| x.is_nan()) {
+                nan_rows.push(i);
+            } else {
+                assert!(row.iter().all(|x| x.is_finite()), "sample {i} half NaN");
+            }
+        }
+    }
+    assert_eq!(sorted(nan_rows), vec![4, 5, 6, 7]);
+    // The two good chunks decoded into rows, the bad one listed.
+    let s = pass.stats();
+    assert_eq!((s.bad_chunks.len(), s.tiles_into_batches), (1, 2), "{s:?}");
+}
