@@ -142,6 +142,8 @@ async fn drive<S: Store>(
     fetcher: &ActorSender<TileJob>,
 ) -> Result<(), EngineError> {
     let plan = &shared.plan;
+    // Read buffers are recycled while this pass issues reads (and freed after its last).
+    let _reads = ctx.read_buffers.issuing();
     let mut tile_ordinal = 0u64;
     let mut announce = Announcer {
         shared,

@@ -43,5 +43,5 @@ pub use chunk_pool::{
     Admission, Budget, ChunkPool, Owner, PendingWrite, PoolError, PoolStats, PreparedRevival,
 };
 pub use disk::{ArrayMeta, CacheConfig, CacheError, CachedFile, DiskStats, DiskTier};
-pub use recycler::Recycler;
+pub use recycler::{Issuing, Recycler};
 pub use slot::{ClosedRange, FileRange, Phase, Slot, SlotBytes, SlotData, SlotFailure, SlotKey};
