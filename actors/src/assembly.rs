@@ -12,9 +12,9 @@
 //! from there into its row ([`TileLayout::copy_into_rows`]).
 //!
 //! [`DirectRows::plan`] decides, when a pass starts, which of its slots go this way: a chunk
-//! that is one tile (one stored chunk holds what the view reads; not a cropped view of a
-//! sharded array, which decodes only parts of its shards) of an array without chunk
-//! transforms, which one label
+//! (of one or several tiles, each a stored chunk copying its box of each sample in; not a
+//! cropped view of a sharded array, which decodes only parts of its shards) of an array
+//! without chunk transforms, which one label
 //! reads, whose samples the order draws within one shuffle block, in a pass whose pool would
 //! keep little of what it reads for a later epoch ([`IntoRows`]) and writes no cache
 //! directory. The planner opens a batch's [`Assembly`] when it issues the first chunk with a
@@ -114,7 +114,6 @@ impl DirectRows {
             .zip(&labels_of)
             .map(|(p, &labels)| {
                 labels == 1
-                    && p.tiles == 1
                     && !reads_parts(p)
                     && transforms.get(&*p.path).is_none_or(Pipeline::is_empty)
             })
@@ -402,6 +401,48 @@ impl Assemblies {
     /// Batch `j`'s assembly, which the gather now owns.
     pub fn close(&self, j: usize) -> Option<Arc<Assembly>> {
         lock(&self.open).remove(&j)
+    }
+}
+
+/// The batch rows of one chunk's samples (`None`: no row reads the sample), shared by the
+/// chunk's tiles: each stored chunk decoded copies its box of every sample in, one tile at a
+/// time, and the last one counts the rows filled.
+pub(crate) struct ChunkRows {
+    rows: Mutex<Vec<Option<RowDest>>>,
+    tiles_left: AtomicUsize,
+    /// A tile's stand-in (a bad stored chunk under `on_bad_chunk = "nan"`) went in.
+    stand_in: std::sync::atomic::AtomicBool,
+}
+
+impl ChunkRows {
+    /// The rows of a chunk whose field is `tiles` stored chunks.
+    pub fn new(rows: Vec<Option<RowDest>>, tiles: u64) -> Arc<Self> {
+        Arc::new(Self {
+            rows: Mutex::new(rows),
+            tiles_left: AtomicUsize::new(tiles.max(1) as usize),
+            stand_in: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Runs `write` on the rows; tiles write one at a time (a tile decodes before it calls this).
+    pub fn write<R>(&self, write: impl FnOnce(&mut [Option<RowDest>]) -> R) -> R {
+        write(&mut lock(&self.rows))
+    }
+
+    /// Counts one tile in, `decoded` or a bad one's stand-in; after the last, counts every row
+    /// filled (the gather may read them). True when this was the last tile and every tile of
+    /// the chunk was decoded: the chunk was decoded into rows.
+    pub fn tile_done(&self, decoded: bool) -> bool {
+        if !decoded {
+            self.stand_in.store(true, Ordering::Release);
+        }
+        if self.tiles_left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return false;
+        }
+        for row in std::mem::take(&mut *lock(&self.rows)).into_iter().flatten() {
+            row.filled();
+        }
+        !self.stand_in.load(Ordering::Acquire)
     }
 }
 

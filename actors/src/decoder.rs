@@ -115,35 +115,44 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Decodes a chunk into its samples' batch rows (see `crate::assembly`): a one-sample chunk
-/// that is its row byte for byte straight into it, any other into this thread's scratch buffer
-/// and from there into each row (its region, sample-first).
+/// Decodes a stored chunk into its samples' batch rows (see `crate::assembly`): a one-sample
+/// chunk that is its row byte for byte straight into it, any other into this thread's scratch
+/// buffer and from there into each row (its box of the view's region, sample-first; a chunk
+/// whose field is several stored chunks gets each one's box from its own job).
 async fn decode_into_rows<S: Store>(
     ctx: &EngineContext<S>,
     shared: &PassShared,
-    mut job: TileJob,
+    job: TileJob,
     bytes: Option<Vec<u8>>,
 ) {
-    let Dest::Rows(rows) = &mut job.dest else {
+    let Dest::Rows(rows) = &job.dest else {
         unreachable!("called for a job with rows")
     };
     let array = &shared.arrays[job.path];
     let layout = &shared.layouts[job.path];
     let (index, key, tile) = (&job.index, &job.key, job.tile);
     let locate = || ctx.store.locate(key);
-    let decoded = match rows.as_mut_slice() {
+    // A one-tile chunk's rows are this job's alone, so decoding into them under their lock
+    // holds nobody up.
+    let straight = rows.write(|r| match r {
         [Some(row)] if layout.can_adopt() => {
-            array.decode_chunk_into(index, bytes.as_deref(), row.bytes_mut(), locate)
+            Some(array.decode_chunk_into(index, bytes.as_deref(), row.bytes_mut(), locate))
         }
-        rows => SCRATCH.with_borrow_mut(|scratch| {
+        _ => None,
+    });
+    let decoded = match straight {
+        Some(decoded) => decoded,
+        None => SCRATCH.with_borrow_mut(|scratch| {
             let n = array.chunk_bytes_decoded() as usize;
             if scratch.len() < n {
                 scratch.resize(n, 0);
             }
             let chunk = &mut scratch[..n];
+            // Decoded without the rows' lock, so a chunk's tiles decode at once on several
+            // executors; only their copies take turns.
             array
                 .decode_chunk_into(index, bytes.as_deref(), chunk, locate)
-                .map(|()| copy_rows(layout, tile, chunk, rows))
+                .map(|()| rows.write(|r| copy_rows(layout, tile, chunk, r)))
         }),
     };
     if let Some(b) = bytes {
@@ -153,8 +162,7 @@ async fn decode_into_rows<S: Store>(
         Ok(()) => {
             let n = array.chunk_bytes_decoded();
             Counters::add(&shared.counters.bytes_decoded, n);
-            Counters::add(&shared.counters.tiles_into_batches, 1);
-            rows_filled(job);
+            rows_filled(job, true);
         }
         // A `nan` stand-in is copied into the rows by `deliver`.
         Err(e) => bad_chunk(ctx, job, e).await,
@@ -181,12 +189,14 @@ fn copy_rows(layout: &TileLayout, tile: u64, chunk: &[u8], rows: &mut [Option<Ro
     stores_done();
 }
 
-/// Counts a job's batch rows filled, wakes the gather and completes the job.
-fn rows_filled(mut job: TileJob) {
-    if let Dest::Rows(rows) = std::mem::replace(&mut job.dest, Dest::Filled) {
-        for row in rows.into_iter().flatten() {
-            row.filled();
-        }
+/// Counts a job's tile, `decoded` or a bad one's stand-in, into its chunk's rows (the last
+/// tile counts the rows filled, and the chunk as decoded into rows if every tile was), wakes
+/// the gather and completes the job.
+fn rows_filled(mut job: TileJob, decoded: bool) {
+    if let Dest::Rows(rows) = std::mem::replace(&mut job.dest, Dest::Filled)
+        && rows.tile_done(decoded)
+    {
+        Counters::add(&job.shared.counters.tiles_into_batches, 1);
     }
     job.shared.notify.notify_all();
     job.finish();
@@ -238,8 +248,9 @@ pub(crate) async fn deliver<S: Store>(
         Dest::Slot(slot) => Arc::clone(slot),
         Dest::Rows(rows) => {
             // A stand-in for a bad chunk (a decoded chunk goes `decode_into_rows`).
-            copy_rows(&job.shared.layouts[job.path], job.tile, &bytes, rows);
-            return rows_filled(job);
+            let layout = &job.shared.layouts[job.path];
+            rows.write(|r| copy_rows(layout, job.tile, &bytes, r));
+            return rows_filled(job, false);
         }
         Dest::Filled => unreachable!("a filled row's job is complete"),
     };

@@ -21,7 +21,7 @@ use insitubatch_runtime::sync::Permit;
 use insitubatch_runtime::{ActorPool, ActorSender, Mailbox};
 use insitubatch_store::Store;
 
-use crate::assembly::RowDest;
+use crate::assembly::ChunkRows;
 use crate::decoder::{self, DecodeJob};
 use crate::error::EngineError;
 use crate::pass::{EngineContext, PanicGuard, PassShared};
@@ -35,9 +35,8 @@ const FETCHER_MAILBOX: usize = 64;
 pub(crate) enum Dest {
     /// Into its slot in the pool (the gather copies rows out of it).
     Slot(Arc<Slot>),
-    /// Into the batch rows of its samples, one per sample (`None`: no row reads it); see
-    /// `crate::assembly`.
-    Rows(Vec<Option<RowDest>>),
+    /// Into the batch rows of its samples, shared by the chunk's tiles; see `crate::assembly`.
+    Rows(Arc<ChunkRows>),
     /// Its rows were filled: the job is complete.
     Filled,
 }

@@ -66,6 +66,7 @@ pub use read_plan::{
 };
 pub use split::{MANIFEST_FORMAT, SPLIT_NAMES, SplitManifest, split_by_chunk};
 
+use crate::assembly::ChunkRows;
 use crate::error::EngineError;
 use crate::fetcher::{Dest, TileJob};
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
@@ -133,7 +134,10 @@ fn row_dests<S: Store>(
             None => None,
         });
     }
-    Ok(Dest::Rows(dests))
+    Ok(Dest::Rows(ChunkRows::new(
+        dests,
+        plan.paths[plan.labels[label].path].tiles,
+    )))
 }
 
 async fn drive<S: Store>(
@@ -210,7 +214,7 @@ async fn drive<S: Store>(
         {
             announce.flush();
         }
-        let Some(mut dest) = dest else {
+        let Some(dest) = dest else {
             continue;
         };
         let layout = &shared.layouts[ps.path];
@@ -235,10 +239,11 @@ async fn drive<S: Store>(
             // A cropped view of a sharded array reads and decodes only the inner chunks its
             // region touches in this tile; anything else is a whole stored chunk.
             let part = array.inner_chunk_shape().and_then(|_| layout.tile_parts(t));
-            // A chunk decoded into rows is one tile; a slot's tiles each deliver into it.
+            // Each tile delivers into the slot, or copies its box of each sample into the rows.
             let dest = match &dest {
                 Dest::Slot(slot) => Dest::Slot(Arc::clone(slot)),
-                _ => std::mem::replace(&mut dest, Dest::Filled),
+                Dest::Rows(rows) => Dest::Rows(Arc::clone(rows)),
+                Dest::Filled => unreachable!("a chunk's destination is filled by its tiles"),
             };
             let job = TileJob {
                 dest,

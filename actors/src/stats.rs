@@ -69,8 +69,9 @@ pub struct PassStats {
     /// Of those, reads the page cache could not answer at once (they waited for the device;
     /// whichever core was free decoded them). The rest were decoded by the core that read them.
     pub tiles_read_waited: u64,
-    /// Of those, chunks decoded into their samples' batch rows rather than into the pool (see
-    /// `docs/architecture.md`, "Decoding into batch rows").
+    /// Of the misses, chunks decoded into their samples' batch rows rather than into the pool
+    /// (one per chunk, however many stored chunks its field is; not a chunk holding a bad
+    /// stored chunk's stand-in; see `docs/architecture.md`, "Decoding into batch rows").
     pub tiles_into_batches: u64,
     /// Encoded bytes read from the store.
     pub bytes_read: u64,

@@ -667,11 +667,10 @@ fn a_wrapping_region_of_a_shard_reads_only_the_inner_chunks_at_its_two_ends() {
 }
 
 #[test]
-fn a_cropped_view_decoded_into_batch_rows_is_zarr_python_and_the_pool_paths_batches() {
-    // (case, array, sample axis, region: plain or wrapping), each one stored chunk per
-    // sample-axis chunk in the region (the chunks decoded into rows are whole tiles).
+fn views_decoded_into_batch_rows_are_zarr_python_and_the_pool_paths_batches() {
+    // (case, array, sample axis, region: plain or wrapping; the whole field is no crop).
     type Case = (&'static str, &'static str, usize, Vec<(i64, i64)>);
-    let cases: [Case; 7] = [
+    let cases: [Case; 11] = [
         // Four samples per chunk, an interior region.
         ("era5_v3", "t2m", 0, vec![(2, 7), (3, 11)]),
         // Longitude across its seam: two stretches of the tile in each row.
@@ -686,19 +685,40 @@ fn a_cropped_view_decoded_into_batch_rows_is_zarr_python_and_the_pool_paths_batc
         ("v2_forder", "", 0, vec![(1, 4), (1, 2)]),
         // Sampled along z (axis 2), with t chunked 1 cropped to one chunk.
         ("v3_tczyx", "", 2, vec![(1, 2), (0, 2), (1, 4), (2, 6)]),
+        // A field of 3 x 3 stored chunks (partial at the edges), each copying its box into
+        // every row: whole, cropped across tile edges, and wrapping on both axes.
+        ("v3_inner", "", 0, vec![(0, 7), (0, 9)]),
+        ("v3_inner", "", 0, vec![(2, 7), (3, 9)]),
+        ("v3_inner", "", 0, vec![(-2, 2), (7, 12)]),
+        // Sampled along z, t chunked 1: two stored chunks per field.
+        ("v3_tczyx", "", 2, vec![(0, 2), (0, 2), (0, 5), (0, 6)]),
     ];
     for (case, array, axis, region) in cases {
         let f = common::fixture(case, array);
         let n = f.shape[axis];
+        let field_axes = || (0..f.shape.len()).filter(|&a| a != axis);
         let normal: Vec<(u64, u64)> = region
             .iter()
-            .zip((0..f.shape.len()).filter(|&a| a != axis))
+            .zip(field_axes())
             .map(|(&(lo, hi), a)| {
                 // A negative start counts from the axis's end; the length stays.
                 let start = lo.rem_euclid(f.shape[a] as i64);
                 (start as u64, (start + hi - lo) as u64)
             })
             .collect();
+        let whole = normal
+            .iter()
+            .zip(field_axes())
+            .all(|(&(lo, hi), a)| lo == 0 && hi == f.shape[a]);
+        let chunks: Vec<u64> = f.entry["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .collect();
+        // Each executor's scratch holds a whole stored chunk, larger than its part of a row.
+        let stored = chunks.iter().product::<u64>() * item_size(&f.dtype) as u64;
+        let tiles = n.div_ceil(chunks[axis]) * tiles_touched(&f, axis, &chunks, &normal);
         for (shuffle, bs) in [(true, 3), (false, 4)] {
             let build = |mode: IntoRows| {
                 InSituDataset::builder(&f.store)
@@ -715,17 +735,9 @@ fn a_cropped_view_decoded_into_batch_rows_is_zarr_python_and_the_pool_paths_batc
             let (rows, pooled) = (build(IntoRows::Always), build(IntoRows::Never));
             assert_eq!(
                 rows.variables()[0].geom.region.as_deref(),
-                Some(&normal[..]),
+                (!whole).then_some(&normal[..]),
                 "{case}"
             );
-            // Each executor's scratch holds a whole stored chunk, larger than the region.
-            let stored = f.entry["chunks"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| c.as_u64().unwrap())
-                .product::<u64>()
-                * item_size(&f.dtype) as u64;
             let (need, pooled_need) = (
                 rows.memory_need("train").unwrap(),
                 pooled.memory_need("train").unwrap(),
@@ -737,14 +749,17 @@ fn a_cropped_view_decoded_into_batch_rows_is_zarr_python_and_the_pool_paths_batc
             );
             let (anchors, stats) = check_cropped_epoch(&rows, &["v"], &f, axis, &normal);
             assert_eq!(sorted(anchors), (0..n).collect::<Vec<_>>(), "{case}");
-            // Every stored chunk read once and decoded into its rows: no slot pinned.
-            let chunks = n.div_ceil(f.entry["chunks"][axis].as_u64().unwrap());
+            // Every stored chunk read once, every chunk decoded into its rows: no slot pinned.
+            let sample_chunks = n.div_ceil(chunks[axis]);
             assert_eq!(
                 (stats.tiles_read, stats.tiles_into_batches),
-                (chunks, chunks),
+                (tiles, sample_chunks),
                 "{case} {region:?}: {stats:?}"
             );
-            assert_eq!((stats.cache_misses, stats.pinned_peak_bytes), (chunks, 0));
+            assert_eq!(
+                (stats.cache_misses, stats.pinned_peak_bytes),
+                (sample_chunks, 0)
+            );
             // The same batches, in the same order, as through the pool.
             for ds in [&rows, &pooled] {
                 ds.set_epoch(1);
@@ -795,4 +810,40 @@ fn a_cropped_view_decoded_into_batch_rows_is_zarr_python_and_the_pool_paths_batc
     // The two good chunks decoded into rows, the bad one listed.
     let s = pass.stats();
     assert_eq!((s.bad_chunks.len(), s.tiles_into_batches), (1, 2), "{s:?}");
+
+    // A field of several stored chunks with one of them bad: only its box of its samples is
+    // NaN. v3_inner is 6 x 7 x 9 in chunks of 2 x 3 x 4; chunk (0, 1, 1) holds rows 3..6 and
+    // columns 4..8 of samples 0 and 1.
+    let f = common::fixture("v3_inner", "");
+    let dir = tempfile::tempdir().unwrap();
+    insitubatch_tests::copy_dir(&f.store, dir.path());
+    std::fs::write(dir.path().join("c/0/1/1"), b"this is not zstd").unwrap();
+    let ds = InSituDataset::builder(dir.path())
+        .variable("v", "")
+        .on_bad_chunk(insitubatch::OnBadChunk::Nan)
+        .decode_into_batches(IntoRows::Always)
+        .batch_size(4)
+        .build()
+        .unwrap();
+    let mut pass = ds.train().unwrap();
+    for b in pass.by_ref() {
+        let b = b.unwrap();
+        let v = b.array("v").unwrap().values::<f32>().unwrap().to_vec();
+        for (r, &i) in b.sample_indices().iter().enumerate() {
+            let want = sample_of(&f.reference, &f.shape, 0, i, 4);
+            for (k, got) in v[r * 63..(r + 1) * 63].iter().enumerate() {
+                let (y, x) = (k / 9, k % 9);
+                if i < 2 && (3..6).contains(&y) && (4..8).contains(&x) {
+                    assert!(got.is_nan(), "sample {i} ({y}, {x}) is in the bad chunk");
+                } else {
+                    let w = f32::from_ne_bytes(want[k * 4..k * 4 + 4].try_into().unwrap());
+                    assert_eq!(*got, w, "sample {i} ({y}, {x})");
+                }
+            }
+        }
+    }
+    let s = pass.stats();
+    // 3 sample chunks of 9 stored chunks each, one of them bad: the other two chunks decoded.
+    assert_eq!((s.bad_chunks.len(), s.tiles_read), (1, 27), "{s:?}");
+    assert_eq!(s.tiles_into_batches, 2, "{s:?}");
 }
