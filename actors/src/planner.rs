@@ -56,7 +56,7 @@ pub(crate) fn plan_chunks(
 
 use std::sync::Arc;
 
-use insitubatch_pool::{Admission, SlotKey};
+use insitubatch_pool::{Admission, PoolError, SlotKey};
 use insitubatch_runtime::{ActorSender, JoinHandle};
 use insitubatch_store::Store;
 
@@ -190,10 +190,25 @@ async fn drive<S: Store>(
                 }
             },
             None => {
-                let prepared = look_ahead.take(i, || announce.flush()).await;
-                let admitted = shared
-                    .owner
-                    .admit_prepared(&key, ps.nbytes, path.tiles, prepared)?;
+                let mut prepared = look_ahead.take(i, || announce.flush()).await;
+                let admitted = loop {
+                    // Read before trying, so that a write ending in between is not missed.
+                    let seen = ctx.pool.writes_ended().generation();
+                    let admitted =
+                        shared
+                            .owner
+                            .admit_prepared(&key, ps.nbytes, path.tiles, prepared.take());
+                    // An ephemeral spill's room is held by evicted slots' files still being
+                    // written: each write ends on its own, then the room is back.
+                    if !matches!(admitted, Err(PoolError::WaitForWrites { .. })) {
+                        break admitted?;
+                    }
+                    announce.flush();
+                    ctx.pool.writes_ended().changed_since(seen).await;
+                    if shared.is_cancelled() {
+                        return Ok(());
+                    }
+                };
                 let (slot, miss) = match admitted {
                     Admission::Hit(s) | Admission::InFlight(s) => (s, false),
                     Admission::Miss(s) => (s, true),

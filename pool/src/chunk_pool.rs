@@ -8,6 +8,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use insitubatch_runtime::sync::Notify;
+
 use crate::disk::{DiskTier, Revive};
 use crate::lock;
 use crate::slot::{FileRange, Phase, Slot, SlotData, SlotKey};
@@ -60,6 +62,20 @@ pub enum PoolError {
         key: String,
         /// The cache directory.
         dir: String,
+    },
+    /// Admitting a chunk needs the room of slots evicted while their files are being written
+    /// (an ephemeral spill counts such a file against the budget until it is gone): retry
+    /// once [`ChunkPool::writes_ended`] notifies. The planner waits so; nothing else sees it.
+    #[error(
+        "internal error: admitting {key} ({nbytes} bytes) must wait for {writing_bytes} bytes of          evicted slots' cache files being written"
+    )]
+    WaitForWrites {
+        /// The chunk.
+        key: String,
+        /// Its size.
+        nbytes: u64,
+        /// Bytes of evicted slots whose files are being written.
+        writing_bytes: u64,
     },
     /// Admitting a chunk would exceed the budget with nothing left to evict. The read-ahead
     /// permits make this unreachable; seeing it is a bug in insitubatch.
@@ -154,6 +170,12 @@ struct Inner {
     /// fetched and decoded a second time (it is not in the log yet). At most one per write in
     /// flight.
     evicted_writing: HashMap<SlotKey, Arc<Slot>>,
+    /// Of those, by slot id, the bytes of each whose file an ephemeral spill is writing: on
+    /// disk (and on the heap, held by the write) until the write ends and the file goes, so
+    /// they count against the budget until then ([`Inner::writing_evicted_bytes`]). Empty
+    /// unless the tier unlinks files.
+    evicted_in_flight: HashMap<u64, u64>,
+    writing_evicted_bytes: u64,
     /// Evicted slots whose cache file may have to go (an ephemeral spill's), recorded under the
     /// lock and handed to the tier by the thread that evicted them once it has released the
     /// lock ([`Inner::take_doomed`]): unlinking a file waits for its directory's lock, and on a
@@ -174,6 +196,8 @@ pub struct PreparedRevival(Revive);
 pub struct ChunkPool {
     inner: Mutex<Inner>,
     disk: Option<Arc<DiskTier>>,
+    /// Notified as each cache-file write ends ([`PoolError::WaitForWrites`]).
+    writes_ended: Notify,
 }
 
 impl std::fmt::Debug for ChunkPool {
@@ -221,10 +245,13 @@ impl ChunkPool {
                 },
                 writing: HashMap::new(),
                 evicted_writing: HashMap::new(),
+                evicted_in_flight: HashMap::new(),
+                writing_evicted_bytes: 0,
                 doomed: Vec::new(),
                 unlinks_files: disk.as_ref().is_some_and(|d| !d.persist()),
             }),
             disk: disk.map(Arc::new),
+            writes_ended: Notify::new(),
         })
     }
 
@@ -263,7 +290,19 @@ impl ChunkPool {
                 g.evicted_writing.remove(slot.key());
             }
         }
+        // An evicted slot's room comes back once its file is gone: at once when the write
+        // failed (the tier removed the temporary), after the unlink below when it landed.
+        let freed = if left == 0 {
+            g.evicted_in_flight.remove(&slot.id)
+        } else {
+            None
+        };
         let Some(mapped) = landed else {
+            if let Some(n) = freed {
+                g.writing_evicted_bytes -= n;
+                drop(g);
+                self.writes_ended.notify_all();
+            }
             return;
         };
         match g.entries.get(&slot.id) {
@@ -279,8 +318,18 @@ impl ChunkPool {
                 if let Some(d) = &self.disk {
                     d.evicted(slot.key());
                 }
+                if let Some(n) = freed {
+                    lock(&self.inner).writing_evicted_bytes -= n;
+                }
             }
         }
+        self.writes_ended.notify_all();
+    }
+
+    /// Notified as each cache-file write ends: an admission refused with
+    /// [`PoolError::WaitForWrites`] reads its generation before trying and waits for a change.
+    pub fn writes_ended(&self) -> &Notify {
+        &self.writes_ended
     }
 
     /// True while some thread holds the pool's lock (tests of what runs outside it).
@@ -427,6 +476,11 @@ impl Inner {
             self.doomed.push(slot.key().clone());
         }
         if self.writing.contains_key(&id) {
+            if self.unlinks_files {
+                // Its file is being written: on disk until the write ends and it goes.
+                self.evicted_in_flight.insert(id, slot.nbytes());
+                self.writing_evicted_bytes += slot.nbytes();
+            }
             self.evicted_writing.insert(slot.key().clone(), slot);
         }
     }
@@ -686,8 +740,17 @@ impl Owner {
             (None, _) => None,
         };
         if !shadowed && let Some(slot) = g.evicted_writing.remove(key) {
-            // Evicted while its file was being written, needed again before it landed.
+            // Evicted while its file was being written, needed again before it landed: its
+            // bytes count as resident again instead of as a file in flight.
+            let in_flight = g.evicted_in_flight.remove(&slot.id);
+            if let Some(n) = in_flight {
+                g.writing_evicted_bytes -= n;
+            }
             if let Err(e) = self.make_room(g, key, nbytes) {
+                if let Some(n) = in_flight {
+                    g.evicted_in_flight.insert(slot.id, n);
+                    g.writing_evicted_bytes += n;
+                }
                 g.evicted_writing.insert(key.clone(), slot);
                 return Locked::Decided(Err(e));
             }
@@ -741,10 +804,18 @@ impl Owner {
         Locked::Decided(Ok(Admission::Miss(slot)))
     }
 
-    /// Evicts unpinned slots, least recently used first, until `nbytes` more fit the budget.
+    /// Evicts unpinned slots, least recently used first, until `nbytes` more fit the budget
+    /// beside the files being written for slots evicted before.
     fn make_room(&self, g: &mut Inner, key: &SlotKey, nbytes: u64) -> Result<(), PoolError> {
-        while g.stats.resident_bytes + nbytes > g.budget {
+        while g.stats.resident_bytes + g.writing_evicted_bytes + nbytes > g.budget {
             let Some((_, victim)) = g.lru.pop_first() else {
+                if g.writing_evicted_bytes > 0 {
+                    return Err(PoolError::WaitForWrites {
+                        key: key.to_string(),
+                        nbytes,
+                        writing_bytes: g.writing_evicted_bytes,
+                    });
+                }
                 let pinned = g
                     .entries
                     .values()

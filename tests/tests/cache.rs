@@ -4,6 +4,8 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use insitubatch::pool::disk::LOG_NAME;
@@ -121,11 +123,11 @@ fn inner_chunked_and_sharded_slots_are_cached_assembled_and_revive_equal() {
     }
 }
 
-#[test]
-fn ephemeral_spill_bounds_files_by_the_budget_and_removes_them() {
+/// An ephemeral spill of `paired/raw` (61 one-sample slots of 120 bytes) in batches of 4 and
+/// blocks of 4 chunks, so the automatic budget holds 8 slots; its fixture and directory.
+fn paired_spill() -> (FixtureArray, tempfile::TempDir, InSituDataset) {
     let f = fixture("paired", "raw");
     let cache = tempfile::tempdir().unwrap();
-    let slot = 5 * 6 * 4;
     let ds = InSituDataset::builder(&f.store)
         .variable("r", "raw")
         .batch_size(4)
@@ -133,6 +135,13 @@ fn ephemeral_spill_bounds_files_by_the_budget_and_removes_them() {
         .cache_dir(cache.path())
         .build()
         .unwrap();
+    (f, cache, ds)
+}
+
+#[test]
+fn ephemeral_spill_bounds_files_by_the_budget_and_removes_them() {
+    let (_, cache, ds) = paired_spill();
+    let slot = 5 * 6 * 4;
     let mut pass = ds.train().unwrap();
     let mut most = 0;
     for b in pass.by_ref() {
@@ -158,6 +167,49 @@ fn ephemeral_spill_bounds_files_by_the_budget_and_removes_them() {
     );
     drop(ds);
     assert_eq!(npy_files(cache.path()), 0, "files unlinked on close");
+}
+
+#[test]
+fn an_ephemeral_spill_never_holds_more_files_than_its_budget_even_mid_write() {
+    // Every slot file in the directory, temporaries being written included, counted by a
+    // thread polling throughout three epochs: a slot evicted while its file is written keeps
+    // its room in the budget until the file is gone, so an admission waits for that instead of
+    // going over. 61 slots of 120 bytes, a budget of 8 (two blocks of 4), 16 writes in flight.
+    let (f, cache, ds) = paired_spill();
+    let slot = 5 * 6 * 4;
+    let files = |dir: &Path| {
+        std::fs::read_dir(dir).map_or(0, |rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().contains(".npy"))
+                .count()
+        })
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (stop, dir) = (Arc::clone(&stop), cache.path().to_path_buf());
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while !stop.load(Ordering::Relaxed) {
+                most = most.max(files(&dir));
+            }
+            most
+        })
+    };
+    let mut budget = 0;
+    for epoch in 0..3 {
+        ds.set_epoch(epoch);
+        let anchors = check_epoch(&ds, "train", &[("r", &f, 0)]);
+        assert_eq!(sorted(anchors), (0..61).collect::<Vec<_>>());
+        budget = ds.pool_stats().budget_bytes;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let most = poller.join().unwrap();
+    assert_eq!(budget, 8 * slot as u64);
+    assert!(
+        most > 0 && most * slot <= budget as usize,
+        "{most} slot files at once over a budget of {budget} bytes"
+    );
+    assert!(ds.cache_stats().unwrap().writes >= 61);
 }
 
 #[test]

@@ -36,21 +36,19 @@ use crate::batch_buffer::BufferPool;
 use crate::lock as lock_mutex;
 use crate::slot::{SlotBytes, SlotKey};
 
-/// Slot bytes a persisted cache keeps being written at once: enough files in flight that each
+/// Slot bytes a cache directory keeps being written at once: enough files in flight that each
 /// one's creation and rename (the file system's work, serial per directory) hide behind the
 /// others' writes. With 464 KiB slots a cache-filling epoch was faster with 16 files in flight
 /// than with 4 in each of three rounds, by 14 to 103 % (docs/benchmarks.md, "NVMe tier").
 pub const WRITE_BYTES_IN_FLIGHT: u64 = 16 << 20;
-/// Fewest slot files written at once, however large the slots, and what an ephemeral spill
-/// (no `persist`) writes at once: there the budget bounds the files on disk, and a slot evicted
-/// while its file is written lands that file before it can be unlinked, so each write in flight
-/// is one file the budget may transiently be over by. With 16 a test holding 8 slots' budget
-/// saw 9 and 10 files; with 4, none in 60 runs.
+/// Fewest slot files written at once, however large the slots. (An ephemeral spill writes as
+/// many as a persisted cache: a slot evicted while its file is written keeps its room in the
+/// budget until the file is gone, so the files on disk never exceed the budget.)
 pub const MIN_WRITES_IN_FLIGHT: u64 = 4;
 /// Most slot files written at once, however small the slots.
 pub const MAX_WRITES_IN_FLIGHT: u64 = 16;
 
-/// Slot files a persisted cache writes at once for slots of at most `slot_bytes`:
+/// Slot files a cache directory writes at once for slots of at most `slot_bytes`:
 /// [`WRITE_BYTES_IN_FLIGHT`] of them, within [`MIN_WRITES_IN_FLIGHT`] and
 /// [`MAX_WRITES_IN_FLIGHT`].
 pub fn writes_in_flight(slot_bytes: u64) -> u64 {
@@ -439,11 +437,7 @@ impl DiskTier {
             .filter_map(|a| data_bytes(&a.descr, &a.slot_shape))
             .max()
             .unwrap_or(0);
-        let writes = if config.persist {
-            writes_in_flight(largest_slot)
-        } else {
-            MIN_WRITES_IN_FLIGHT
-        };
+        let writes = writes_in_flight(largest_slot);
         let write_bytes = if config.readonly {
             0
         } else {
@@ -1077,15 +1071,16 @@ mod tests {
         });
         assert_eq!(permits.len(), 4);
         drop(permits);
-        // Small slots only: 16 files; 4 for an ephemeral spill, whose files the budget bounds;
-        // none for a readonly cache, which writes nothing.
+        // Small slots only: 16 files, for an ephemeral spill as well (its evicted slots keep
+        // their room until their files are gone); none for a readonly cache, which writes
+        // nothing.
         let each = 16_000 + (4096 + 16_000u64).next_multiple_of(4096);
         let dir = tempfile::tempdir().unwrap();
         let tier = DiskTier::open(persist(dir.path()), arrays[..1].to_vec()).unwrap();
         assert_eq!(tier.write_bytes(), 16 * each);
         drop(tier);
         let spill = DiskTier::open(CacheConfig::new(dir.path()), arrays[..1].to_vec()).unwrap();
-        assert_eq!(spill.write_bytes(), 4 * each);
+        assert_eq!(spill.write_bytes(), 16 * each);
         drop(spill);
         let mut readonly = CacheConfig::new(dir.path());
         readonly.readonly = true;
@@ -1140,6 +1135,63 @@ mod tests {
         pool.clear_unpinned();
         assert_eq!(unlinks.load(Ordering::SeqCst), 2);
         assert!(!file(1).exists());
+    }
+
+    #[test]
+    fn a_spill_slot_evicted_mid_write_keeps_its_room_until_its_write_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let tier = DiskTier::open(CacheConfig::new(dir.path()), meta(&fingerprint(&[]))).unwrap();
+        let pool = crate::ChunkPool::with_disk(crate::Budget::Bytes(48), Some(tier));
+        let o = pool.register_owner("a", 24).unwrap();
+        let key = |c: u64| SlotKey::new("g/t2m", c);
+        let ready = |c: u64| match o.admit(&key(c), 24, 1).unwrap() {
+            crate::Admission::Miss(slot) => {
+                slot.adopt((0..24).collect()).unwrap();
+                slot
+            }
+            other => panic!("chunk {c}: expected a miss, got {other:?}"),
+        };
+        // Chunk 0's file is being written as it comes to rest; chunk 1 rests beside it.
+        let s0 = ready(0);
+        let write = pool.begin_write(&s0);
+        o.unpin(&s0);
+        let s1 = ready(1);
+        o.unpin(&s1);
+        // Chunk 2 evicts both (0 first): 0's file is still in flight, so it holds its room.
+        let s2 = ready(2);
+        assert_eq!(pool.stats().resident_bytes, 24);
+        // With 2 pinned, chunk 3 fits only once 0's write has ended.
+        let seen = pool.writes_ended().generation();
+        match o.admit(&key(3), 24, 1) {
+            Err(crate::PoolError::WaitForWrites { writing_bytes, .. }) => {
+                assert_eq!(writing_bytes, 24)
+            }
+            other => panic!("expected to wait for the write, got {other:?}"),
+        }
+        drop(write); // the write failed or was abandoned: no file, the room is back
+        assert_ne!(
+            pool.writes_ended().generation(),
+            seen,
+            "the waiter is woken"
+        );
+        assert!(matches!(
+            o.admit(&key(3), 24, 1),
+            Ok(crate::Admission::Miss(_))
+        ));
+        o.unpin(&s2);
+        // A landed file of an evicted slot goes, and its room with it.
+        let s4 = ready(4);
+        let write = pool.begin_write(&s4);
+        o.unpin(&s4);
+        pool.clear_unpinned();
+        let mapped = write_slot(pool.disk().unwrap(), s4.key(), (0..24).collect());
+        assert!(dir.path().join(DiskTier::file_name(s4.key())).exists());
+        write.landed(mapped);
+        assert!(!dir.path().join(DiskTier::file_name(s4.key())).exists());
+        assert!(matches!(
+            o.admit(&key(5), 24, 1),
+            Ok(crate::Admission::Miss(_))
+        ));
     }
 
     #[test]
