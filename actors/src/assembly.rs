@@ -12,9 +12,9 @@
 //! from there into its row ([`TileLayout::copy_into_rows`]).
 //!
 //! [`DirectRows::plan`] decides, when a pass starts, which of its slots go this way: a chunk
-//! (of one or several tiles, each a stored chunk copying its box of each sample in; not a
-//! cropped view of a sharded array, which decodes only parts of its shards) of an array
-//! without chunk transforms, which one label
+//! (of one or several tiles, each a stored chunk copying its box of each sample in; a cropped
+//! view of a shard decodes only the inner chunks its region touches) of an array without chunk
+//! transforms, which one label
 //! reads, whose samples the order draws within one shuffle block, in a pass whose pool would
 //! keep little of what it reads for a later epoch ([`IntoRows`]) and writes no cache
 //! directory. The planner opens a batch's [`Assembly`] when it issues the first chunk with a
@@ -71,7 +71,8 @@ impl DirectRows {
     }
 
     /// The slots of a pass over `plan` and `order` whose chunks are decoded straight into
-    /// their batch rows (see the module's documentation for which), in `mode`.
+    /// their batch rows (see the module's documentation for which), in `mode`; `reads_parts`
+    /// tells the arrays whose chunks are read and decoded in parts (a cropped shard).
     pub fn plan(
         mode: IntoRows,
         pool: &ChunkPool,
@@ -113,14 +114,14 @@ impl DirectRows {
             .iter()
             .zip(&labels_of)
             .map(|(p, &labels)| {
-                labels == 1
-                    && !reads_parts(p)
-                    && transforms.get(&*p.path).is_none_or(Pipeline::is_empty)
+                labels == 1 && transforms.get(&*p.path).is_none_or(Pipeline::is_empty)
             })
             .collect();
         // A one-sample chunk that is its row byte for byte is decoded straight into it; any
         // other (several samples, a cropped field, the sample axis not first) is decoded whole
-        // into the executor's scratch buffer and its region copied from there into its rows.
+        // into the executor's scratch buffer and its region copied from there into its rows,
+        // except a cropped view of a shard, which decodes only the inner chunks its region
+        // touches (`reads_parts`), into a buffer of their own.
         let straight: Vec<bool> = plan
             .paths
             .iter()
@@ -142,8 +143,13 @@ impl DirectRows {
                 slots[i] = (n_samples as u32, k as u32, 0);
                 n_samples = n_samples.saturating_add(k as usize);
                 max_spc = max_spc.max(k);
-                if !straight[s.path] {
-                    let geom = &plan.paths[s.path].geom;
+                let path = &plan.paths[s.path];
+                if reads_parts(path) {
+                    // The inner chunks a cropped shard's region touches, decoded into a buffer
+                    // of their own: at most the region's samples, the slot.
+                    scratch_bytes = scratch_bytes.max(s.nbytes);
+                } else if !straight[s.path] {
+                    let geom = &path.geom;
                     let stored =
                         geom.chunks.iter().product::<u64>() * geom.dtype.size_bytes() as u64;
                     scratch_bytes = scratch_bytes.max(stored);

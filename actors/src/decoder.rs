@@ -17,7 +17,7 @@ use insitubatch_pool::{PendingWrite, Slot, SlotFailure};
 use insitubatch_runtime::{ActorPool, Mailbox, yield_now};
 use insitubatch_store::{DType, DecodedChunk, Store, StoreError, ZarrArray};
 
-use crate::assembly::RowDest;
+use crate::assembly::{ChunkRows, RowDest};
 use crate::error::EngineError;
 use crate::fetcher::{Dest, TileJob};
 use crate::gather::stream::{copy_to_batch, stores_done};
@@ -118,7 +118,8 @@ thread_local! {
 /// Decodes a stored chunk into its samples' batch rows (see `crate::assembly`): a one-sample
 /// chunk that is its row byte for byte straight into it, any other into this thread's scratch
 /// buffer and from there into each row (its box of the view's region, sample-first; a chunk
-/// whose field is several stored chunks gets each one's box from its own job).
+/// whose field is several stored chunks gets each one's box from its own job). A cropped view
+/// of a shard decodes only the inner chunks its region touches, into a buffer of their own.
 async fn decode_into_rows<S: Store>(
     ctx: &EngineContext<S>,
     shared: &PassShared,
@@ -132,41 +133,68 @@ async fn decode_into_rows<S: Store>(
     let layout = &shared.layouts[job.path];
     let (index, key, tile) = (&job.index, &job.key, job.tile);
     let locate = || ctx.store.locate(key);
-    // A one-tile chunk's rows are this job's alone, so decoding into them under their lock
-    // holds nobody up.
-    let straight = rows.write(|r| match r {
-        [Some(row)] if layout.can_adopt() => {
-            Some(array.decode_chunk_into(index, bytes.as_deref(), row.bytes_mut(), locate))
+    // Bytes decoded, and the read buffer to recycle.
+    let (decoded, buffer) = match &job.part {
+        Some(parts) => {
+            let (decoded, buffer) = decode_parts(array, index, bytes, parts, locate);
+            let copied = decoded.map(|chunk| {
+                rows.write(|r| copy_rows(layout, tile, &chunk.bytes, r));
+                chunk.bytes.len() as u64
+            });
+            (copied, buffer)
         }
-        _ => None,
-    });
-    let decoded = match straight {
-        Some(decoded) => decoded,
-        None => SCRATCH.with_borrow_mut(|scratch| {
-            let n = array.chunk_bytes_decoded() as usize;
-            if scratch.len() < n {
-                scratch.resize(n, 0);
-            }
-            let chunk = &mut scratch[..n];
-            // Decoded without the rows' lock, so a chunk's tiles decode at once on several
-            // executors; only their copies take turns.
-            array
-                .decode_chunk_into(index, bytes.as_deref(), chunk, locate)
-                .map(|()| rows.write(|r| copy_rows(layout, tile, chunk, r)))
-        }),
+        None => {
+            let at = (layout, index.as_slice(), tile);
+            let decoded = decode_whole_into_rows(array, at, rows, bytes.as_deref(), locate);
+            (decoded.map(|()| array.chunk_bytes_decoded()), bytes)
+        }
     };
-    if let Some(b) = bytes {
+    if let Some(b) = buffer {
         ctx.read_buffers.give(b);
     }
     match decoded {
-        Ok(()) => {
-            let n = array.chunk_bytes_decoded();
+        Ok(n) => {
             Counters::add(&shared.counters.bytes_decoded, n);
             rows_filled(job, true);
         }
         // A `nan` stand-in is copied into the rows by `deliver`.
         Err(e) => bad_chunk(ctx, job, e).await,
     }
+}
+
+/// Decodes a whole stored chunk (`index`, tile `tile` of `layout`) into `rows`: straight into
+/// the row when it is one sample that is its row byte for byte, else into this thread's scratch
+/// buffer and each sample's box from there.
+fn decode_whole_into_rows(
+    array: &ZarrArray,
+    (layout, index, tile): (&TileLayout, &[u64], u64),
+    rows: &ChunkRows,
+    bytes: Option<&[u8]>,
+    locate: impl Fn() -> std::path::PathBuf,
+) -> Result<(), StoreError> {
+    // A one-tile chunk's rows are this job's alone, so decoding into them under their lock
+    // holds nobody up.
+    let straight = rows.write(|r| match r {
+        [Some(row)] if layout.can_adopt() => {
+            Some(array.decode_chunk_into(index, bytes, row.bytes_mut(), &locate))
+        }
+        _ => None,
+    });
+    if let Some(decoded) = straight {
+        return decoded;
+    }
+    SCRATCH.with_borrow_mut(|scratch| {
+        let n = array.chunk_bytes_decoded() as usize;
+        if scratch.len() < n {
+            scratch.resize(n, 0);
+        }
+        let chunk = &mut scratch[..n];
+        // Decoded without the rows' lock, so a chunk's tiles decode at once on several
+        // executors; only their copies take turns.
+        array
+            .decode_chunk_into(index, bytes, chunk, &locate)
+            .map(|()| rows.write(|r| copy_rows(layout, tile, chunk, r)))
+    })
 }
 
 /// Copies each sample of a decoded stored chunk (tile `tile` of `layout`) into its batch row

@@ -670,7 +670,7 @@ fn a_wrapping_region_of_a_shard_reads_only_the_inner_chunks_at_its_two_ends() {
 fn views_decoded_into_batch_rows_are_zarr_python_and_the_pool_paths_batches() {
     // (case, array, sample axis, region: plain or wrapping; the whole field is no crop).
     type Case = (&'static str, &'static str, usize, Vec<(i64, i64)>);
-    let cases: [Case; 11] = [
+    let cases: [Case; 14] = [
         // Four samples per chunk, an interior region.
         ("era5_v3", "t2m", 0, vec![(2, 7), (3, 11)]),
         // Longitude across its seam: two stretches of the tile in each row.
@@ -692,6 +692,12 @@ fn views_decoded_into_batch_rows_are_zarr_python_and_the_pool_paths_batches() {
         ("v3_inner", "", 0, vec![(-2, 2), (7, 12)]),
         // Sampled along z, t chunked 1: two stored chunks per field.
         ("v3_tczyx", "", 2, vec![(0, 2), (0, 2), (0, 5), (0, 6)]),
+        // Cropped shards: only the inner chunks the region touches are read and decoded, into
+        // a buffer of their own; the index at the end or the start (with an inner chunk never
+        // written), and x starting and ending inside the one shard (wrapping).
+        ("v3_sharded", "", 0, vec![(1, 3), (2, 7)]),
+        ("v3_sharded_start", "", 0, vec![(3, 6), (4, 8)]),
+        ("v3_sharded", "", 0, vec![(1, 3), (-2, 3)]),
     ];
     for (case, array, axis, region) in cases {
         let f = common::fixture(case, array);
@@ -710,14 +716,22 @@ fn views_decoded_into_batch_rows_are_zarr_python_and_the_pool_paths_batches() {
             .iter()
             .zip(field_axes())
             .all(|(&(lo, hi), a)| lo == 0 && hi == f.shape[a]);
-        let chunks: Vec<u64> = f.entry["chunks"]
+        // The stored chunk: the shard on a sharded array.
+        let sharded = f.entry.get("shards").is_some();
+        let chunks: Vec<u64> = f.entry[if sharded { "shards" } else { "chunks" }]
             .as_array()
             .unwrap()
             .iter()
             .map(|c| c.as_u64().unwrap())
             .collect();
-        // Each executor's scratch holds a whole stored chunk, larger than its part of a row.
-        let stored = chunks.iter().product::<u64>() * item_size(&f.dtype) as u64;
+        let item = item_size(&f.dtype) as u64;
+        // Each executor decodes a whole stored chunk into its scratch, larger than its part of
+        // a row; a cropped shard only the inner chunks the region touches: at most the slot.
+        let scratch = if sharded && !whole {
+            chunks[axis] * normal.iter().map(|(lo, hi)| hi - lo).product::<u64>() * item
+        } else {
+            chunks.iter().product::<u64>() * item
+        };
         let tiles = n.div_ceil(chunks[axis]) * tiles_touched(&f, axis, &chunks, &normal);
         for (shuffle, bs) in [(true, 3), (false, 4)] {
             let build = |mode: IntoRows| {
@@ -744,7 +758,7 @@ fn views_decoded_into_batch_rows_are_zarr_python_and_the_pool_paths_batches() {
             );
             assert_eq!(
                 need.reads,
-                pooled_need.reads + 2 * stored,
+                pooled_need.reads + 2 * scratch,
                 "{case}: {need:?}"
             );
             let (anchors, stats) = check_cropped_epoch(&rows, &["v"], &f, axis, &normal);
@@ -760,22 +774,29 @@ fn views_decoded_into_batch_rows_are_zarr_python_and_the_pool_paths_batches() {
                 (stats.cache_misses, stats.pinned_peak_bytes),
                 (sample_chunks, 0)
             );
-            // The same batches, in the same order, as through the pool.
-            for ds in [&rows, &pooled] {
+            // The same batches, in the same order, as through the pool, from the same reads and
+            // decodes (a cropped shard's index and inner chunks only, either way): first passes
+            // of fresh datasets, whose pools and shard indexes hold nothing yet.
+            let batches = |mode: IntoRows| {
+                let ds = build(mode);
                 ds.set_epoch(1);
-            }
-            let pooled_pass = pooled.train().unwrap();
-            let want: Vec<Vec<u8>> = pooled_pass
-                .map(|b| b.unwrap().array("v").unwrap().bytes().to_vec())
-                .collect();
-            let got: Vec<Vec<u8>> = rows
-                .train()
-                .unwrap()
-                .map(|b| b.unwrap().array("v").unwrap().bytes().to_vec())
-                .collect();
+                let mut pass = ds.train().unwrap();
+                let got: Vec<Vec<u8>> = pass
+                    .by_ref()
+                    .map(|b| b.unwrap().array("v").unwrap().bytes().to_vec())
+                    .collect();
+                (got, pass.stats())
+            };
+            let ((got, s), (want, p)) = (batches(IntoRows::Always), batches(IntoRows::Never));
             assert!(
                 got == want,
                 "{case} {region:?}: batches differ from the pool path's"
+            );
+            assert_eq!(s.tiles_into_batches, sample_chunks);
+            assert_eq!(
+                (s.bytes_read, s.bytes_decoded),
+                (p.bytes_read, p.bytes_decoded),
+                "{case} {region:?}"
             );
         }
     }
