@@ -213,6 +213,33 @@ fn an_ephemeral_spill_never_holds_more_files_than_its_budget_even_mid_write() {
 }
 
 #[test]
+fn an_ephemeral_spill_pass_dropped_at_any_batch_releases_everything_and_its_files() {
+    // A planner may be waiting for an evicted slot's write to end when its pass is dropped:
+    // every drop point leaves nothing pinned or reserved, the dataset iterates on, and the
+    // files go with it.
+    let (f, cache, ds) = paired_spill();
+    for stop in 0..16 {
+        ds.set_epoch(stop as u64);
+        let mut pass = ds.train().unwrap();
+        for _ in 0..stop {
+            pass.next().unwrap().unwrap();
+        }
+        drop(pass);
+        let st = ds.pool_stats();
+        assert_eq!(
+            (st.pinned_slots, st.reserved_bytes),
+            (0, 0),
+            "after {stop}: {st:?}"
+        );
+        assert!(st.resident_bytes <= st.budget_bytes);
+    }
+    let anchors = check_epoch(&ds, "train", &[("r", &f, 0)]);
+    assert_eq!(sorted(anchors), (0..61).collect::<Vec<_>>());
+    drop(ds);
+    assert_eq!(npy_files(cache.path()), 0, "files unlinked on close");
+}
+
+#[test]
 fn numpy_readable_slot_files_hold_the_chunk() {
     let f = fixture("era5_v3", "t2m");
     let cache = tempfile::tempdir().unwrap();
