@@ -670,7 +670,7 @@ fn a_wrapping_region_of_a_shard_reads_only_the_inner_chunks_at_its_two_ends() {
 fn views_decoded_into_batch_rows_are_zarr_python_and_the_pool_paths_batches() {
     // (case, array, sample axis, region: plain or wrapping; the whole field is no crop).
     type Case = (&'static str, &'static str, usize, Vec<(i64, i64)>);
-    let cases: [Case; 14] = [
+    let cases: [Case; 17] = [
         // Four samples per chunk, an interior region.
         ("era5_v3", "t2m", 0, vec![(2, 7), (3, 11)]),
         // Longitude across its seam: two stretches of the tile in each row.
@@ -692,6 +692,11 @@ fn views_decoded_into_batch_rows_are_zarr_python_and_the_pool_paths_batches() {
         ("v3_inner", "", 0, vec![(-2, 2), (7, 12)]),
         // Sampled along z, t chunked 1: two stored chunks per field.
         ("v3_tczyx", "", 2, vec![(0, 2), (0, 2), (0, 5), (0, 6)]),
+        // Sampled along longitude, the chunk's fastest axis: each point's 16 samples are
+        // scattered to 16 rows in one pass; one time tile, three, and cropped across two.
+        ("era5_v3", "t2m", 2, vec![(0, 4), (0, 9)]),
+        ("era5_v3", "t2m", 2, vec![(0, 12), (0, 9)]),
+        ("era5_v3", "t2m", 2, vec![(2, 7), (1, 8)]),
         // Cropped shards: only the inner chunks the region touches are read and decoded, into
         // a buffer of their own; the index at the end or the start (with an inner chunk never
         // written), and x starting and ending inside the one shard (wrapping).
