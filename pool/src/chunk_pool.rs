@@ -67,7 +67,8 @@ pub enum PoolError {
     /// (an ephemeral spill counts such a file against the budget until it is gone): retry
     /// once [`ChunkPool::writes_ended`] notifies. The planner waits so; nothing else sees it.
     #[error(
-        "internal error: admitting {key} ({nbytes} bytes) must wait for {writing_bytes} bytes of          evicted slots' cache files being written"
+        "internal error: admitting {key} ({nbytes} bytes) must wait for {writing_bytes} bytes of \
+         evicted slots' cache files being written"
     )]
     WaitForWrites {
         /// The chunk.
