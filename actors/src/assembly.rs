@@ -33,7 +33,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use insitubatch_pool::{BufferPool, ChunkPool, PooledBuf};
 
@@ -149,10 +149,7 @@ impl DirectRows {
                     // of their own: at most the region's samples, the slot.
                     scratch_bytes = scratch_bytes.max(s.nbytes);
                 } else if !straight[s.path] {
-                    let geom = &path.geom;
-                    let stored =
-                        geom.chunks.iter().product::<u64>() * geom.dtype.size_bytes() as u64;
-                    scratch_bytes = scratch_bytes.max(stored);
+                    scratch_bytes = scratch_bytes.max(path.geom.stored_chunk_bytes());
                 }
             }
         }
@@ -417,7 +414,7 @@ pub(crate) struct ChunkRows {
     rows: Mutex<Vec<Option<RowDest>>>,
     tiles_left: AtomicUsize,
     /// A tile's stand-in (a bad stored chunk under `on_bad_chunk = "nan"`) went in.
-    stand_in: std::sync::atomic::AtomicBool,
+    stand_in: AtomicBool,
 }
 
 impl ChunkRows {
@@ -426,7 +423,7 @@ impl ChunkRows {
         Arc::new(Self {
             rows: Mutex::new(rows),
             tiles_left: AtomicUsize::new(tiles.max(1) as usize),
-            stand_in: std::sync::atomic::AtomicBool::new(false),
+            stand_in: AtomicBool::new(false),
         })
     }
 

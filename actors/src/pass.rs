@@ -20,7 +20,7 @@ use std::time::Instant;
 use insitubatch_pool::{BufferPool, ChunkPool, Owner, Recycler, Slot, SlotFailure};
 use insitubatch_runtime::sync::{Notify, Permit, Semaphore};
 use insitubatch_runtime::{Handle, JoinHandle, TaskError};
-use insitubatch_store::{Store, ZarrArray};
+use insitubatch_store::{ArrayGeometry, Store, ZarrArray};
 
 use crate::assembly::{Assemblies, DirectRows};
 use crate::batch::Batch;
@@ -377,12 +377,16 @@ pub fn rank_share(
 /// array (which reads the shard's index and the inner chunks its region touches) twice the
 /// largest such part at its decoded size (what its encoded bytes rarely exceed) and the index:
 /// the inner chunks as read and the compact shard built from them coexist.
+/// True when `array`'s stored chunks are decoded in parts for a view of geometry `geom`: a
+/// cropped view of a sharded array decodes only the inner chunks its region touches (the
+/// planner sends each tile's parts, `TileLayout::tile_parts`, with its job).
+pub(crate) fn decodes_in_parts(array: &ZarrArray, geom: &ArrayGeometry) -> bool {
+    geom.region.is_some() && array.inner_chunk_shape().is_some()
+}
+
 fn read_size(path: &crate::planner::PathInfo, array: Option<&ZarrArray>) -> u64 {
     let g = &path.geom;
-    let whole = g
-        .chunks
-        .iter()
-        .fold(g.dtype.size_bytes() as u64, |a, &c| a.saturating_mul(c));
+    let whole = g.stored_chunk_bytes();
     let Some(array) = array.filter(|a| g.region.is_some() && a.reads_chunk_parts()) else {
         return whole;
     };
@@ -494,13 +498,10 @@ fn direct_rows<S: Store>(
         plan,
         order,
         config.release_each_block,
-        // A cropped view of a sharded array decodes only the parts of a shard it touches.
         |p| {
-            p.geom.region.is_some()
-                && ctx
-                    .arrays
-                    .get(&*p.path)
-                    .is_some_and(|a| a.inner_chunk_shape().is_some())
+            ctx.arrays
+                .get(&*p.path)
+                .is_some_and(|a| decodes_in_parts(a, &p.geom))
         },
     )
 }

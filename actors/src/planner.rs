@@ -69,7 +69,7 @@ pub use split::{MANIFEST_FORMAT, SPLIT_NAMES, SplitManifest, split_by_chunk};
 use crate::assembly::ChunkRows;
 use crate::error::EngineError;
 use crate::fetcher::{Dest, TileJob};
-use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
+use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, decodes_in_parts, lock};
 
 pub(crate) fn spawn<S: Store>(
     ctx: &Arc<EngineContext<S>>,
@@ -253,7 +253,9 @@ async fn drive<S: Store>(
             let index = layout.chunk_index(ps.chunk, t);
             // A cropped view of a sharded array reads and decodes only the inner chunks its
             // region touches in this tile; anything else is a whole stored chunk.
-            let part = array.inner_chunk_shape().and_then(|_| layout.tile_parts(t));
+            let part = decodes_in_parts(array, &path.geom)
+                .then(|| layout.tile_parts(t))
+                .flatten();
             // Each tile delivers into the slot, or copies its box of each sample into the rows.
             let dest = match &dest {
                 Dest::Slot(slot) => Dest::Slot(Arc::clone(slot)),

@@ -238,6 +238,13 @@ impl ArrayGeometry {
         self.axis_tiles().iter().map(|t| t.len() as u64).product()
     }
 
+    /// Bytes of one decoded stored chunk (the shard on a sharded array), whole.
+    pub fn stored_chunk_bytes(&self) -> u64 {
+        self.chunks
+            .iter()
+            .fold(self.dtype.size_bytes() as u64, |a, &c| a.saturating_mul(c))
+    }
+
     /// Bytes of one sample.
     pub fn sample_bytes(&self) -> u64 {
         self.inner_shape().iter().product::<u64>() * self.dtype.size_bytes() as u64

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use insitubatch::pool::disk::LOG_NAME;
 use insitubatch::{EngineError, InSituDataset};
-use insitubatch_tests::{FixtureArray, copy_dir, sample_of};
+use insitubatch_tests::{FixtureArray, sample_of};
 
 mod common;
 use common::{check_epoch, fixture, sorted};
@@ -516,9 +516,7 @@ fn enospc_keeps_the_pass_going_from_memory_and_logs_only_complete_files() {
 #[test]
 fn a_substituted_bad_chunk_is_never_cached() {
     let f = fixture("v3_zstd", "");
-    let dir = tempfile::tempdir().unwrap();
-    copy_dir(&f.store, dir.path());
-    std::fs::write(dir.path().join("c/1/0/0"), b"this is not zstd").unwrap();
+    let dir = common::corrupt_copy(&f, "c/1/0/0");
     let cache = tempfile::tempdir().unwrap();
     let build = || {
         InSituDataset::builder(dir.path())

@@ -14,7 +14,7 @@ use insitubatch_tests::{
 };
 
 mod common;
-use common::{check_epoch, fixture, sample_axis_of, sorted};
+use common::{check_epoch, corrupt_copy, fixture, sample_axis_of, sorted};
 
 #[test]
 fn every_sample_of_every_fixture_equals_zarr_python_shuffled_and_sequential() {
@@ -311,13 +311,6 @@ fn a_pass_may_outlive_its_dataset_value() {
     let pass = ds.train().unwrap();
     drop(ds);
     assert_eq!(pass.map(|b| b.unwrap().len()).sum::<usize>(), 61);
-}
-
-fn corrupt_copy(f: &FixtureArray, chunk_file: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    copy_dir(&f.store, dir.path());
-    std::fs::write(dir.path().join(chunk_file), b"this is not zstd").unwrap();
-    dir
 }
 
 /// Runs `pass` to its end; its stats.

@@ -808,9 +808,7 @@ fn views_decoded_into_batch_rows_are_zarr_python_and_the_pool_paths_batches() {
     // A bad chunk's stand-in goes into the rows cropped like the data: with on_bad_chunk
     // "nan", samples 4..8 of t2m (its second stored chunk) are NaN over the region.
     let f = common::fixture("era5_v3", "t2m");
-    let dir = tempfile::tempdir().unwrap();
-    insitubatch_tests::copy_dir(&f.store, dir.path());
-    std::fs::write(dir.path().join("t2m/c/1/0/0"), b"this is not zstd").unwrap();
+    let dir = common::corrupt_copy(&f, "t2m/c/1/0/0");
     let ds = InSituDataset::builder(dir.path())
         .cropped_window("v", "t2m", 0, &[(2, 7), (3, 11)])
         .on_bad_chunk(insitubatch::OnBadChunk::Nan)
@@ -841,9 +839,7 @@ fn views_decoded_into_batch_rows_are_zarr_python_and_the_pool_paths_batches() {
     // NaN. v3_inner is 6 x 7 x 9 in chunks of 2 x 3 x 4; chunk (0, 1, 1) holds rows 3..6 and
     // columns 4..8 of samples 0 and 1.
     let f = common::fixture("v3_inner", "");
-    let dir = tempfile::tempdir().unwrap();
-    insitubatch_tests::copy_dir(&f.store, dir.path());
-    std::fs::write(dir.path().join("c/0/1/1"), b"this is not zstd").unwrap();
+    let dir = common::corrupt_copy(&f, "c/0/1/1");
     let ds = InSituDataset::builder(dir.path())
         .variable("v", "")
         .on_bad_chunk(insitubatch::OnBadChunk::Nan)

@@ -9,7 +9,7 @@ use std::path::Path;
 use insitubatch::DType;
 use insitubatch::transform::{Affine, Cast, Clip, Coarsen, FillNan, Standardize};
 use insitubatch::{InSituDataset, OnBadChunk};
-use insitubatch_tests::{FixtureArray, copy_dir};
+use insitubatch_tests::FixtureArray;
 
 mod common;
 use common::{check_epoch, fixture, sample_axis_of};
@@ -146,9 +146,7 @@ fn fill_nan_repairs_the_hole_a_bad_tile_leaves() {
     // One of the six tiles of sample chunk 1 is corrupt: the slot assembles with a NaN
     // rectangle, and fill_nan turns it into -1 before the slot is ready.
     let f = fixture("v3_inner", "");
-    let dir = tempfile::tempdir().unwrap();
-    copy_dir(&f.store, dir.path());
-    std::fs::write(dir.path().join("c/1/0/0"), b"this is not zstd").unwrap();
+    let dir = common::corrupt_copy(&f, "c/1/0/0");
     let ds = InSituDataset::builder(dir.path())
         .variable("v", "")
         .batch_size(6)

@@ -4,6 +4,15 @@
 use insitubatch::InSituDataset;
 use insitubatch_tests::{FixtureArray, fixture_arrays, item_size, sample_of};
 
+/// A copy of `f`'s store in a new directory with its stored chunk `chunk_file` (a key under
+/// the store) overwritten with bytes no codec decodes; the directory lives as long as the guard.
+pub fn corrupt_copy(f: &FixtureArray, chunk_file: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    insitubatch_tests::copy_dir(&f.store, dir.path());
+    std::fs::write(dir.path().join(chunk_file), b"this is not zstd").unwrap();
+    dir
+}
+
 pub fn fixture(case: &str, array: &str) -> FixtureArray {
     fixture_arrays()
         .into_iter()
