@@ -361,9 +361,14 @@ async fn persist_in_background<S: Store>(
     };
     let disk = Arc::clone(disk);
     let handle = ctx.runtime.spawn("cache-write", move || async move {
-        // A failure is warned about by the tier; the slot stays on the heap.
+        // The turn may have come after the slot was evicted: an ephemeral file is not wanted.
+        let Some(pending) = pending.unless_evicted() else {
+            return;
+        };
+        // A failure is warned about by the tier; the slot stays on the heap. A slot evicted
+        // while its file was written has that file unlinked here, off this thread.
         if let Ok(mapped) = disk.write(pending.slot().key(), bytes, permit).await {
-            pending.landed(mapped);
+            pending.landed(mapped).run().await;
         }
     });
     let mut writes = lock(&job.shared.cache_writes);

@@ -26,6 +26,7 @@ use crate::decoder::{self, DecodeJob};
 use crate::error::EngineError;
 use crate::pass::{EngineContext, PanicGuard, PassShared};
 use crate::stats::Counters;
+use crate::unlink_gate::Gate;
 
 /// Mailbox capacity of a fetcher. The `max_inflight` permits bound the jobs in the system; this
 /// only bounds how many wait to be picked up.
@@ -67,6 +68,8 @@ pub struct TileJob {
         reason = "held for its Drop: returns the max_inflight permit"
     )]
     pub(crate) permit: Permit,
+    /// Shut until the cache files of the slots evicted to admit this one's are gone.
+    pub(crate) after: Option<Gate>,
     pub(crate) done: bool,
     pub(crate) shared: Arc<PassShared>,
 }
@@ -141,6 +144,18 @@ pub(crate) fn spawn<S: Store>(
                     actor: "fetcher",
                 };
                 while let Some(job) = inbox.recv().await {
+                    if let Some(gate) = &job.after {
+                        // Never waits past the pass's stop (an unlink on a hung file system).
+                        let (mut passed, mut stopped) = (
+                            std::pin::pin!(gate.passed()),
+                            std::pin::pin!(shared.stopped()),
+                        );
+                        std::future::poll_fn(|cx| match passed.as_mut().poll(cx) {
+                            Poll::Ready(()) => Poll::Ready(()),
+                            Poll::Pending => stopped.as_mut().poll(cx),
+                        })
+                        .await;
+                    }
                     if shared.is_cancelled() {
                         job.cancel();
                         continue;

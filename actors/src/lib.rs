@@ -26,6 +26,7 @@ pub mod rng;
 pub mod stats;
 pub mod tile;
 pub mod transform;
+pub(crate) mod unlink_gate;
 pub mod variable;
 
 pub use batch::{Batch, BatchArray, Element};

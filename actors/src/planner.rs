@@ -70,6 +70,7 @@ use crate::assembly::ChunkRows;
 use crate::error::EngineError;
 use crate::fetcher::{Dest, TileJob};
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, decodes_in_parts, lock};
+use crate::unlink_gate::Gate;
 
 pub(crate) fn spawn<S: Store>(
     ctx: &Arc<EngineContext<S>>,
@@ -175,6 +176,9 @@ async fn drive<S: Store>(
             path: Arc::clone(&path.path),
             chunk: ps.chunk,
         };
+        // Shut until the cache files of the slots evicted for this one are gone (an ephemeral
+        // spill's; see `crate::unlink_gate`).
+        let mut after: Option<Gate> = None;
         // Where a miss is decoded: its slot, or (a chunk nothing keeps; see `crate::assembly`)
         // its samples' batch rows.
         let dest = match shared.direct.rows_of(i) {
@@ -194,10 +198,19 @@ async fn drive<S: Store>(
                 let admitted = loop {
                     // Read before trying, so that a write ending in between is not missed.
                     let seen = ctx.pool.writes_ended().generation();
-                    let admitted =
-                        shared
-                            .owner
-                            .admit_prepared(&key, ps.nbytes, path.tiles, prepared.take());
+                    let (admitted, unlinks) = shared.owner.admit_deferring_unlinks(
+                        &key,
+                        ps.nbytes,
+                        path.tiles,
+                        prepared.take(),
+                    );
+                    // The files of the slots an ephemeral spill evicted for this one go on a
+                    // task of their own; this chunk's reads wait for them, nothing else does.
+                    if !unlinks.is_empty() {
+                        after
+                            .get_or_insert_with(Gate::default)
+                            .unlink(&ctx.runtime, unlinks);
+                    }
                     // An ephemeral spill's room is held by evicted slots' files still being
                     // written: each write ends on its own, then the room is back.
                     if !matches!(admitted, Err(PoolError::WaitForWrites { .. })) {
@@ -271,6 +284,7 @@ async fn drive<S: Store>(
                 part,
                 ordinal: tile_ordinal,
                 permit: inflight,
+                after: after.clone(),
                 done: false,
                 shared: Arc::clone(shared),
             };

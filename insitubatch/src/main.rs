@@ -958,11 +958,20 @@ fn run(cli: Cli) -> CliResult {
             } else {
                 run_epochs_with_bar(&ds, split, epochs)?
             };
+            let cache = ds.cache_stats();
             if json {
                 let out = serde_json::json!({
                     "epochs": reports,
                     "memory_need_bytes": need.total(),
                     "peak_rss_bytes": peak_rss_bytes(),
+                    "cache": cache.map(|c| serde_json::json!({
+                        "writes": c.writes,
+                        "write_bytes": c.write_bytes,
+                        "write_errors": c.write_errors,
+                        "writes_skipped": c.writes_skipped,
+                        "revived": c.revived,
+                        "rejected": c.rejected,
+                    })),
                 });
                 println!("{}", serde_json::to_string_pretty(&out)?);
                 return Ok(());
@@ -972,6 +981,17 @@ fn run(cli: Cli) -> CliResult {
                 human_bytes(peak_rss_bytes()),
                 human_bytes(need.total())
             );
+            if let Some(c) = cache {
+                println!(
+                    "cache directory: {} files written ({}), {} writes skipped (evicted first), \
+                     {} failed; {} chunks revived",
+                    c.writes,
+                    human_bytes(c.write_bytes),
+                    c.writes_skipped,
+                    c.write_errors,
+                    c.revived
+                );
+            }
             Ok(())
         }
         Command::Memory { pass, json } => {

@@ -443,6 +443,14 @@ fn warm_fills_a_cache_that_readonly_benches_read_without_decoding() {
         (s["tiles_read"].as_u64(), s["cache_revived"].as_u64()),
         (Some(0), Some(12))
     );
+    // The cache directory's counters: a reader writes nothing.
+    let c = &v["cache"];
+    assert_eq!(
+        (c["writes"].as_u64(), c["writes_skipped"].as_u64()),
+        (Some(0), Some(0)),
+        "{c}"
+    );
+    assert_eq!(c["revived"].as_u64(), Some(12), "{c}");
     // The text report says where the hits came from.
     let out = run_ok(
         bench_with(&store, &manifest)

@@ -63,19 +63,19 @@ pub enum PoolError {
         /// The cache directory.
         dir: String,
     },
-    /// Admitting a chunk needs the room of slots evicted while their files are being written
+    /// Admitting a chunk needs the room of slots evicted while their files were being written
     /// (an ephemeral spill counts such a file against the budget until it is gone): retry
     /// once [`ChunkPool::writes_ended`] notifies. The planner waits so; nothing else sees it.
     #[error(
         "internal error: admitting {key} ({nbytes} bytes) must wait for {writing_bytes} bytes of \
-         evicted slots' cache files being written"
+         evicted slots' cache files being written or unlinked"
     )]
     WaitForWrites {
         /// The chunk.
         key: String,
         /// Its size.
         nbytes: u64,
-        /// Bytes of evicted slots whose files are being written.
+        /// Bytes of evicted slots whose files are being written or unlinked.
         writing_bytes: u64,
     },
     /// Admitting a chunk would exceed the budget with nothing left to evict. The read-ahead
@@ -181,9 +181,11 @@ struct Inner {
     /// lock and handed to the tier by the thread that evicted them once it has released the
     /// lock ([`Inner::take_doomed`]): unlinking a file waits for its directory's lock, and on a
     /// file system mounted with `discard` for the device, which no holder of the pool's lock
-    /// may do. The evicting thread unlinks them before its admission returns, so a new chunk's
-    /// file is never written while a victim's is still there.
-    doomed: Vec<SlotKey>,
+    /// may do. The evicting admission hands them to its caller ([`Unlinks`]), which has them
+    /// unlinked before it reads the chunk admitted in their room, so a new chunk's file is
+    /// never written while a victim's is still there. With each key, the bytes of room held for
+    /// its file until it is gone (see [`Inner::evict`]).
+    doomed: Vec<(SlotKey, u64)>,
     /// The tier unlinks evicted slots' files (an ephemeral spill): only then does an eviction
     /// record its key in `doomed`, so a pool without one pays nothing per eviction.
     unlinks_files: bool,
@@ -197,7 +199,8 @@ pub struct PreparedRevival(Revive);
 pub struct ChunkPool {
     inner: Mutex<Inner>,
     disk: Option<Arc<DiskTier>>,
-    /// Notified as each cache-file write ends ([`PoolError::WaitForWrites`]).
+    /// Notified as each cache-file write ends, and as the file of a slot evicted while it was
+    /// written goes ([`PoolError::WaitForWrites`]).
     writes_ended: Notify,
 }
 
@@ -265,15 +268,20 @@ impl ChunkPool {
         PendingWrite {
             pool: Arc::clone(self),
             slot: Arc::clone(slot),
-            landed: None,
+            ended: false,
         }
     }
 
     /// `slot`'s write ended, with its file `landed` or not. A landed slot moves onto the
     /// mapping now if nothing pins it (else at its last unpin). If the slot was evicted while
-    /// its file was being written, an ephemeral file goes at once, so spilled files stay bounded
-    /// by the budget; a persisted one is in the log now and revives from there.
-    fn end_write(&self, slot: &Slot, landed: Option<crate::disk::MappedFile>) {
+    /// its file was being written, an ephemeral file must go, and its room in the budget comes
+    /// back only then (what this returns), so spilled files stay bounded by the budget; a
+    /// persisted one is in the log now and revives from there.
+    fn end_write(
+        self: &Arc<Self>,
+        slot: &Slot,
+        landed: Option<crate::disk::MappedFile>,
+    ) -> Unlinks {
         let mut g = lock(&self.inner);
         let left = match g.writing.get_mut(&slot.id) {
             Some(n) => {
@@ -304,7 +312,7 @@ impl ChunkPool {
                 drop(g);
                 self.writes_ended.notify_all();
             }
-            return;
+            return Unlinks::none();
         };
         match g.entries.get(&slot.id) {
             Some(e) => {
@@ -312,17 +320,50 @@ impl ChunkPool {
                 if e.pins == 0 {
                     slot.settle();
                 }
+                drop(g);
+                self.writes_ended.notify_all();
+                Unlinks::none()
             }
             None => {
                 drop(mapped);
                 drop(g);
-                if let Some(d) = &self.disk {
-                    d.evicted(slot.key());
-                }
-                if let Some(n) = freed {
-                    lock(&self.inner).writing_evicted_bytes -= n;
-                }
+                let mut unlinks = self.unlinks(&[(slot.key().clone(), 0)]);
+                unlinks.then_release = Some((Arc::clone(self), freed.unwrap_or(0)));
+                unlinks
             }
+        }
+    }
+
+    /// The files of evicted slots' keys that must go; call it without the pool's lock. Room
+    /// held for a key without a file comes back at once, for one with a file once it is gone.
+    fn unlinks(self: &Arc<Self>, doomed: &[(SlotKey, u64)]) -> Unlinks {
+        let Some(disk) = self.disk.as_ref().filter(|_| !doomed.is_empty()) else {
+            return Unlinks::none();
+        };
+        let (mut paths, mut held, mut free_now) = (Vec::new(), 0, 0);
+        for (key, hold) in doomed {
+            match disk.take_spilled(key) {
+                Some(path) => {
+                    paths.push(path);
+                    held += hold;
+                }
+                None => free_now += hold,
+            }
+        }
+        if free_now > 0 {
+            self.release_file_room(free_now);
+        }
+        Unlinks {
+            paths,
+            disk: Some(Arc::clone(disk)),
+            then_release: (held > 0).then(|| (Arc::clone(self), held)),
+        }
+    }
+
+    /// Gives back `n` bytes of room held for an evicted slot's file, now gone.
+    fn release_file_room(&self, n: u64) {
+        if n > 0 {
+            lock(&self.inner).writing_evicted_bytes -= n;
         }
         self.writes_ended.notify_all();
     }
@@ -444,51 +485,104 @@ impl ChunkPool {
     }
 
     /// Drops every unpinned slot (for tests and for a user who wants the memory back).
-    pub fn clear_unpinned(&self) {
+    pub fn clear_unpinned(self: &Arc<Self>) {
         let mut g = lock(&self.inner);
         while let Some((_, id)) = g.lru.pop_first() {
-            g.evict(id);
+            g.evict(id, false);
         }
         let doomed = g.take_doomed();
         drop(g);
-        self.unlink(doomed);
+        self.unlinks(&doomed).now();
+    }
+}
+
+/// Cache files of evicted slots that must go before their room is used: an ephemeral spill's
+/// ([`Owner::admit_deferring_unlinks`], [`PendingWrite::landed`]). [`Unlinks::run`] unlinks
+/// them through the runtime, so the executor thread runs its other tasks while the file system
+/// works; what is left when it is dropped is unlinked on the dropping thread. Room the pool held
+/// for them comes back when it is dropped, after the last is gone.
+#[must_use = "the files must be unlinked before their room is used: `.run().await` or `.now()`"]
+pub struct Unlinks {
+    disk: Option<Arc<DiskTier>>,
+    paths: Vec<std::path::PathBuf>,
+    /// The pool and the bytes of room to give back once the files are gone.
+    then_release: Option<(Arc<ChunkPool>, u64)>,
+}
+
+impl Unlinks {
+    fn none() -> Self {
+        Self {
+            disk: None,
+            paths: Vec::new(),
+            then_release: None,
+        }
     }
 
-    /// Hands evicted slots' keys to the tier, whose ephemeral files then go; call it without
-    /// the pool's lock.
-    fn unlink(&self, doomed: Vec<SlotKey>) {
-        if let Some(d) = &self.disk {
-            for key in &doomed {
-                d.evicted(key);
+    /// Nothing to unlink and no room to give back.
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty() && self.then_release.is_none()
+    }
+
+    /// Unlinks the files through the runtime (see [`Unlinks`]).
+    pub async fn run(&mut self) {
+        if let Some(disk) = self.disk.clone() {
+            while let Some(path) = self.paths.last() {
+                disk.unlink(path).await;
+                self.paths.pop();
             }
+        }
+    }
+
+    /// Unlinks the files on this thread.
+    pub fn now(self) {}
+}
+
+impl Drop for Unlinks {
+    fn drop(&mut self) {
+        if let Some(disk) = &self.disk {
+            for path in self.paths.drain(..) {
+                disk.unlink_now(&path);
+            }
+        }
+        if let Some((pool, n)) = self.then_release.take() {
+            pool.release_file_room(n);
         }
     }
 }
 
 impl Inner {
     /// Evicts an unpinned entry and, where the tier unlinks files, records its key in `doomed`
-    /// (its cache file may now go). A slot whose file is still being written is kept aside until
-    /// the write ends.
-    fn evict(&mut self, id: u64) {
+    /// (its cache file may now go); returns the bytes of room held for that file. A slot whose
+    /// file is still being written is kept aside until the write ends, its room held until
+    /// then. Another's room is free at once, its file to be gone before anything new is
+    /// written there (the admission's caller sees to that), unless `hold`: then the room is
+    /// held until the file is gone, for an admission whose own file may land any moment.
+    fn evict(&mut self, id: u64, hold: bool) -> u64 {
         let Some(slot) = self.take_entry(id) else {
-            return;
+            return 0;
         };
-        if self.unlinks_files {
-            self.doomed.push(slot.key().clone());
-        }
+        let mut held = 0;
         if self.writing.contains_key(&id) {
             if self.unlinks_files {
                 // Its file is being written: on disk until the write ends and it goes.
                 self.evicted_in_flight.insert(id, slot.nbytes());
                 self.writing_evicted_bytes += slot.nbytes();
             }
-            self.evicted_writing.insert(slot.key().clone(), slot);
+            self.evicted_writing
+                .insert(slot.key().clone(), Arc::clone(&slot));
+        } else if self.unlinks_files && hold {
+            held = slot.nbytes();
+            self.writing_evicted_bytes += held;
         }
+        if self.unlinks_files {
+            self.doomed.push((slot.key().clone(), held));
+        }
+        held
     }
 
     /// The keys evicted since the last call, whose files the caller hands to the tier once it
-    /// has released the lock ([`ChunkPool::unlink`]).
-    fn take_doomed(&mut self) -> Vec<SlotKey> {
+    /// has released the lock ([`ChunkPool::unlinks`]), each with the room held for it.
+    fn take_doomed(&mut self) -> Vec<(SlotKey, u64)> {
         std::mem::take(&mut self.doomed)
     }
 
@@ -635,6 +729,21 @@ impl Owner {
         tiles: u64,
         prepared: Option<PreparedRevival>,
     ) -> Result<Admission, PoolError> {
+        let (admission, unlinks) = self.admit_deferring_unlinks(key, nbytes, tiles, prepared);
+        unlinks.now();
+        admission
+    }
+
+    /// [`Owner::admit_prepared`], leaving the files of the slots it evicted (an ephemeral
+    /// spill's) to the caller, who must have them unlinked ([`Unlinks::run`]) before a new
+    /// file can land in their room: before it starts the reads of a chunk it admitted.
+    pub fn admit_deferring_unlinks(
+        &self,
+        key: &SlotKey,
+        nbytes: u64,
+        tiles: u64,
+        prepared: Option<PreparedRevival>,
+    ) -> (Result<Admission, PoolError>, Unlinks) {
         // File IO must not happen under the pool's lock: a chunk that is not resident may be in
         // the cache directory (looking it up opens and reads its file), and a revived slot at
         // rest maps its file again on a hit. Both are prepared with the lock released (the
@@ -643,6 +752,7 @@ impl Owner {
         // which case what was prepared is simply dropped).
         let mut probe: Option<Revive> = prepared.map(|p| p.0);
         let mut reopened: Option<(u64, Option<SlotData>)> = None;
+        let mut doomed = Vec::new();
         loop {
             let g = lock(&self.pool.inner);
             match g.index.get(key).map(|id| (*id, &g.entries[id])) {
@@ -665,11 +775,10 @@ impl Owner {
             let mut g = g;
             let decided =
                 self.admit_locked(&mut g, key, nbytes, tiles, probe.take(), reopened.take());
-            let doomed = g.take_doomed();
+            doomed.append(&mut g.take_doomed());
             drop(g);
-            self.pool.unlink(doomed);
             match decided {
-                Locked::Decided(admission) => return admission,
+                Locked::Decided(admission) => return (admission, self.pool.unlinks(&doomed)),
                 // The slot turned out to be another iteration's load, a failed one, or revived
                 // with its file gone since: look the chunk's cache file up with the lock
                 // released, then decide afresh.
@@ -747,7 +856,9 @@ impl Owner {
             if let Some(n) = in_flight {
                 g.writing_evicted_bytes -= n;
             }
-            if let Err(e) = self.make_room(g, key, nbytes) {
+            // Its file may land any moment, so the room of slots evicted for it is taken only
+            // once their files are gone.
+            if let Err(e) = self.make_room(g, key, nbytes, true) {
                 if let Some(n) = in_flight {
                     g.evicted_in_flight.insert(slot.id, n);
                     g.writing_evicted_bytes += n;
@@ -761,7 +872,7 @@ impl Owner {
             let slot = g.pin(self.id, slot.id);
             return Locked::Decided(Ok(Admission::Hit(slot)));
         }
-        if let Err(e) = self.make_room(g, key, nbytes) {
+        if let Err(e) = self.make_room(g, key, nbytes, false) {
             return Locked::Decided(Err(e));
         }
         let id = g.next_slot;
@@ -806,10 +917,27 @@ impl Owner {
     }
 
     /// Evicts unpinned slots, least recently used first, until `nbytes` more fit the budget
-    /// beside the files being written for slots evicted before.
-    fn make_room(&self, g: &mut Inner, key: &SlotKey, nbytes: u64) -> Result<(), PoolError> {
+    /// beside the files being written for slots evicted before. With `hold`, the victims' room
+    /// is held until their files are gone ([`Inner::evict`]): it stops evicting once that room
+    /// would do, and the admission waits for it.
+    fn make_room(
+        &self,
+        g: &mut Inner,
+        key: &SlotKey,
+        nbytes: u64,
+        hold: bool,
+    ) -> Result<(), PoolError> {
+        let mut coming = 0;
         while g.stats.resident_bytes + g.writing_evicted_bytes + nbytes > g.budget {
-            let Some((_, victim)) = g.lru.pop_first() else {
+            // Room this call holds for its victims' files will do once they are gone.
+            let enough_coming =
+                g.stats.resident_bytes + g.writing_evicted_bytes - coming + nbytes <= g.budget;
+            let next = if enough_coming {
+                None
+            } else {
+                g.lru.pop_first()
+            };
+            let Some((_, victim)) = next else {
                 if g.writing_evicted_bytes > 0 {
                     return Err(PoolError::WaitForWrites {
                         key: key.to_string(),
@@ -833,7 +961,7 @@ impl Owner {
             if let Some(e) = g.entries.get_mut(&victim) {
                 e.lru_tick = None;
             }
-            g.evict(victim);
+            coming += g.evict(victim, hold);
             g.stats.evictions += 1;
         }
         Ok(())
@@ -908,7 +1036,7 @@ impl Owner {
 pub struct PendingWrite {
     pool: Arc<ChunkPool>,
     slot: Arc<Slot>,
-    landed: Option<crate::disk::MappedFile>,
+    ended: bool,
 }
 
 impl PendingWrite {
@@ -917,15 +1045,39 @@ impl PendingWrite {
         &self.slot
     }
 
-    /// The file landed: the slot may move onto its mapping.
-    pub fn landed(mut self, mapped: crate::disk::MappedFile) {
-        self.landed = Some(mapped);
+    /// The file landed: the slot may move onto its mapping. If the slot was evicted meanwhile,
+    /// an ephemeral file must go, and the room it holds comes back once it has: what this
+    /// returns.
+    pub fn landed(mut self, mapped: crate::disk::MappedFile) -> Unlinks {
+        self.ended = true;
+        self.pool.end_write(&self.slot, Some(mapped))
+    }
+
+    /// The write, unless it is no longer worth starting: in an ephemeral spill, a slot evicted
+    /// while its write waited for its turn would land a file only for it to be unlinked. Then
+    /// the write is given up (counted in [`crate::DiskStats::writes_skipped`]) and the room the
+    /// slot kept in the budget comes back at once. A persisted slot is always written: its file
+    /// is the cache.
+    pub fn unless_evicted(self) -> Option<Self> {
+        let evicted = {
+            let g = lock(&self.pool.inner);
+            g.unlinks_files && !g.entries.contains_key(&self.slot.id)
+        };
+        if !evicted {
+            return Some(self);
+        }
+        if let Some(d) = &self.pool.disk {
+            d.write_skipped();
+        }
+        None
     }
 }
 
 impl Drop for PendingWrite {
     fn drop(&mut self) {
-        self.pool.end_write(&self.slot, self.landed.take());
+        if !self.ended {
+            self.pool.end_write(&self.slot, None).now();
+        }
     }
 }
 

@@ -108,6 +108,9 @@ pub struct ProbeReport {
     /// The ring can rename (`IORING_OP_RENAMEAT`, Linux 5.11); without it a rename on an
     /// io_uring executor is a system call on the executor thread.
     pub renameat: bool,
+    /// The ring can unlink (`IORING_OP_UNLINKAT`, Linux 5.11); without it an unlink on an
+    /// io_uring executor is a system call on the executor thread.
+    pub unlinkat: bool,
 }
 
 /// Opcodes the uring driver submits; a kernel without one of them falls back.
@@ -128,10 +131,12 @@ pub fn probe() -> &'static ProbeReport {
         Ok(probe) => ProbeReport {
             unavailable: None,
             renameat: probe.is_supported(opcode::RenameAt::CODE),
+            unlinkat: probe.is_supported(opcode::UnlinkAt::CODE),
         },
         Err(reason) => ProbeReport {
             unavailable: Some(reason),
             renameat: false,
+            unlinkat: false,
         },
     })
 }

@@ -11,6 +11,7 @@ pub(crate) mod open;
 pub(crate) mod read;
 pub(crate) mod rename;
 pub(crate) mod statx;
+pub(crate) mod unlink;
 pub(crate) mod write;
 
 use std::future::Future;

@@ -148,6 +148,38 @@ fn rename_replaces_the_target_and_fails_for_a_missing_source() {
     }
 }
 
+#[test]
+fn remove_file_unlinks_a_name_whose_open_file_stays_readable_and_fails_for_a_missing_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for choice in backends() {
+        let rt = runtime(choice, "rm");
+        let path = dir.path().join("gone");
+        std::fs::write(&path, b"data").unwrap();
+        let p = path.clone();
+        let missing = rt
+            .block_on(move || async move {
+                let open = fs::File::open(&p, fs::OpenOptions::read()).await.unwrap();
+                fs::remove_file(&p).await.unwrap();
+                assert!(!p.exists());
+                // An open descriptor (or a mapping) keeps the inode.
+                assert_eq!(open.read_exact_at(0, 4).await.unwrap(), b"data");
+                fs::remove_file(&p).await.unwrap_err()
+            })
+            .unwrap();
+        assert_eq!(missing.kind(), std::io::ErrorKind::NotFound, "{choice:?}");
+        // Off the runtime it is refused, not run on the caller's thread.
+        std::fs::write(&path, b"data").unwrap();
+        let mut off = std::pin::pin!(fs::remove_file(&path));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let std::task::Poll::Ready(off) = off.as_mut().poll(&mut cx) else {
+            panic!("an unlink off the runtime must fail at once")
+        };
+        assert!(off.unwrap_err().to_string().contains("executor thread"));
+        assert!(path.exists());
+        std::fs::remove_file(&path).unwrap();
+    }
+}
+
 /// Descriptors open in this process.
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()

@@ -151,11 +151,11 @@ fn ephemeral_spill_bounds_files_by_the_budget_and_removes_them() {
     let s = pass.stats();
     drop(pass); // joins the writes still in flight
     most = most.max(npy_files(cache.path()));
-    assert_eq!(
-        ds.cache_stats().unwrap().writes,
-        61,
-        "every slot went to a file"
-    );
+    // Each slot went to a file, unless it was evicted before its write's turn came (then the
+    // write was skipped rather than landed and unlinked).
+    let disk = ds.cache_stats().unwrap();
+    assert!(disk.writes > 0, "{disk:?}");
+    assert_eq!(disk.writes + disk.writes_skipped, 61, "{disk:?}");
     assert!(
         (most * slot) as u64 <= s.budget_bytes,
         "{most} files over a budget of {}",
@@ -209,7 +209,11 @@ fn an_ephemeral_spill_never_holds_more_files_than_its_budget_even_mid_write() {
         most > 0 && most * slot <= budget as usize,
         "{most} slot files at once over a budget of {budget} bytes"
     );
-    assert!(ds.cache_stats().unwrap().writes >= 61);
+    let disk = ds.cache_stats().unwrap();
+    assert!(
+        disk.writes > 0 && disk.writes + disk.writes_skipped >= 61,
+        "{disk:?}"
+    );
 }
 
 #[test]

@@ -537,7 +537,8 @@ IsbStatus isb_dataset_memory_json(const struct IsbDataset *ds,
  Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
  (label, path, offset, region, shape, dtype, sample_shape), `manifest`, `pool` (budget, resident and peak bytes,
  evictions, hits, misses, revived), `cache` (`null` without `cache_dir`; else dir, persist,
- readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, revived, rejected) and
+ readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, writes_skipped, revived,
+ rejected) and
  `warnings` (every dataset warning so far, each also printed to stderr once).
 
  # Safety

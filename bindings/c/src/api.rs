@@ -830,7 +830,8 @@ pub unsafe extern "C" fn isb_dataset_memory_json(
 /// Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
 /// (label, path, offset, region, shape, dtype, sample_shape), `manifest`, `pool` (budget, resident and peak bytes,
 /// evictions, hits, misses, revived), `cache` (`null` without `cache_dir`; else dir, persist,
-/// readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, revived, rejected) and
+/// readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, writes_skipped, revived,
+/// rejected) and
 /// `warnings` (every dataset warning so far, each also printed to stderr once).
 ///
 /// # Safety
@@ -889,6 +890,7 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
                     "writes": st.writes,
                     "write_bytes": st.write_bytes,
                     "write_errors": st.write_errors,
+                    "writes_skipped": st.writes_skipped,
                     "revived": st.revived,
                     "rejected": st.rejected,
                 })

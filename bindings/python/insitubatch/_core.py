@@ -999,7 +999,8 @@ class InSituDataset:
 
     def cache_stats(self) -> dict | None:
         """Counters of the cache directory (`None` without `cache_dir`): writes, write_bytes,
-        write_errors, revived, rejected, cached_chunks, direct_io."""
+        write_errors, writes_skipped (spill writes not started because the slot had been
+        evicted), revived, rejected, cached_chunks, direct_io."""
         info = self._dataset_stats()
         self._emit_warnings(info)
         return info["cache"]

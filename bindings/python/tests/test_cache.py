@@ -47,6 +47,34 @@ def test_numpy_loads_every_slot_file_and_it_equals_the_chunk(fixtures, tmp_path)
         np.testing.assert_array_equal(a, ref[c * spc:(c + 1) * spc])
 
 
+def test_an_ephemeral_spill_stays_within_its_budget_and_goes_on_close(fixtures, tmp_path):
+    # t2m: 12 samples in 3 chunks of 4 (2,304-byte slots); a budget of two slots, so every
+    # epoch evicts, and each decoded slot is written or, evicted before its turn, skipped.
+    store = era5(fixtures)
+    cache = tmp_path / "spill"
+    ref = zarr.open_array(store / "t2m", mode="r")[...]
+    slot = ref[:4].nbytes
+    g = isb.open_geometries(store, ["t2m"])
+    decoded = 0
+    with isb.InSituDataset(store, None, g, batch_size=2, block_chunks=1, cache_dir=cache,
+                           cache_budget_bytes=2 * slot) as ds:
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            seen = []
+            for b in ds.train:
+                for r, idx in enumerate(b.read_indices("t2m")):
+                    np.testing.assert_array_equal(b.arrays["t2m"][r], ref[idx])
+                seen.extend(b.sample_indices.tolist())
+                assert len(list(cache.glob("*.npy*"))) <= 2, "files over the budget"
+            assert sorted(seen) == list(range(12))
+            decoded += ds.cache_misses
+        st = ds.cache_stats()
+        assert st["persist"] is False and st["write_errors"] == 0
+        assert st["writes"] > 0 and st["writes"] + st["writes_skipped"] == decoded, st
+        assert not (cache / "insitu_cache.jsonl").exists(), "no log without persist"
+    assert not list(cache.glob("*.npy*")), "files unlinked on close"
+
+
 def test_a_warm_run_decodes_nothing_and_values_match(fixtures, tmp_path):
     store = era5(fixtures)
     cache = tmp_path / "cache"

@@ -285,6 +285,9 @@ pub struct DiskStats {
     pub write_bytes: u64,
     /// Writes that failed (the slot stayed on the heap).
     pub write_errors: u64,
+    /// Ephemeral spill writes not started because their slot had been evicted while the write
+    /// waited for its turn (the file would have been unlinked as it landed).
+    pub writes_skipped: u64,
     /// Slots revived from files.
     pub revived: u64,
     /// Log entries consulted and rejected (file missing, damaged or of another geometry).
@@ -750,18 +753,48 @@ impl DiskTier {
         message
     }
 
-    /// An evicted slot: an ephemeral file goes (a mapping still held keeps its inode).
-    pub(crate) fn evicted(&self, key: &SlotKey) {
+    /// A spill write given up before it started ([`crate::PendingWrite::unless_evicted`]).
+    pub(crate) fn write_skipped(&self) {
+        lock_mutex(&self.state).stats.writes_skipped += 1;
+    }
+
+    /// An evicted slot's ephemeral file, which must now go (`None`: persisted, or no file
+    /// landed for it). From here the caller unlinks it ([`DiskTier::unlink`]).
+    pub(crate) fn take_spilled(&self, key: &SlotKey) -> Option<PathBuf> {
         if self.config.persist {
-            return;
+            return None;
         }
         let path = self.config.dir.join(Self::file_name(key));
-        if lock_mutex(&self.state).spilled.remove(&path) {
-            #[cfg(test)]
-            if let Some(hook) = lock_mutex(&self.unlink_hook).as_ref() {
-                hook();
+        lock_mutex(&self.state)
+            .spilled
+            .remove(&path)
+            .then_some(path)
+    }
+
+    /// Unlinks an evicted slot's file (a mapping still held keeps its inode): through the
+    /// runtime on an executor thread, which goes on running its other tasks meanwhile (an
+    /// unlink waits for its directory's lock and, under `discard`, for the device), else here.
+    pub(crate) async fn unlink(&self, path: &Path) {
+        self.unlink_hook();
+        if insitubatch_runtime::on_executor_thread() {
+            match insitubatch_runtime::fs::remove_file(path).await {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {}
+                _ => return,
             }
-            let _ = std::fs::remove_file(&path);
+        }
+        let _ = std::fs::remove_file(path);
+    }
+
+    /// [`DiskTier::unlink`] on this thread.
+    pub(crate) fn unlink_now(&self, path: &Path) {
+        self.unlink_hook();
+        let _ = std::fs::remove_file(path);
+    }
+
+    fn unlink_hook(&self) {
+        #[cfg(test)]
+        if let Some(hook) = lock_mutex(&self.unlink_hook).as_ref() {
+            hook();
         }
     }
 }
@@ -1005,6 +1038,30 @@ mod tests {
         })
     }
 
+    /// A pool of two 24-byte slots of `g/t2m` over a cache directory in `dir`, and its owner.
+    fn two_slot_pool(
+        dir: &Path,
+        persist: bool,
+    ) -> (std::sync::Arc<crate::ChunkPool>, crate::Owner) {
+        let mut cfg = CacheConfig::new(dir);
+        cfg.persist = persist;
+        let tier = DiskTier::open(cfg, meta(&fingerprint(&[]))).unwrap();
+        let pool = crate::ChunkPool::with_disk(crate::Budget::Bytes(48), Some(tier));
+        let owner = pool.register_owner("a", 24).unwrap();
+        (pool, owner)
+    }
+
+    /// Admits chunk `c` of `g/t2m`, which must be a miss, and fills it.
+    fn ready(o: &crate::Owner, c: u64) -> std::sync::Arc<crate::Slot> {
+        match o.admit(&SlotKey::new("g/t2m", c), 24, 1).unwrap() {
+            crate::Admission::Miss(slot) => {
+                slot.adopt((0..24).collect()).unwrap();
+                slot
+            }
+            other => panic!("chunk {c}: expected a miss, got {other:?}"),
+        }
+    }
+
     /// A persisted cache in `dir`.
     fn persisted(dir: &Path) -> CacheConfig {
         let mut cfg = CacheConfig::new(dir);
@@ -1110,7 +1167,7 @@ mod tests {
             let write = pool.begin_write(&slot);
             slot.adopt((0..24).collect()).unwrap();
             let mapped = write_slot(pool.disk().unwrap(), slot.key(), (0..24).collect());
-            write.landed(mapped);
+            write.landed(mapped).now();
             o.unpin(&slot);
         }
         assert!(file(0).exists() && file(1).exists());
@@ -1138,19 +1195,110 @@ mod tests {
     }
 
     #[test]
+    fn evicted_spill_files_can_be_left_to_the_runtime_and_their_room_waits_for_them() {
+        use std::sync::{Arc, Mutex};
+        let dir = tempfile::tempdir().unwrap();
+        let (pool, o) = two_slot_pool(dir.path(), false);
+        let key = |c: u64| SlotKey::new("g/t2m", c);
+        let file = |c: u64| dir.path().join(DiskTier::file_name(&key(c)));
+        let miss = |a: crate::Admission| match a {
+            crate::Admission::Miss(slot) => slot,
+            other => panic!("expected a miss, got {other:?}"),
+        };
+        // Every unlink records whether it ran on an executor thread and checks that the pool's
+        // lock is free.
+        let on_executor = Arc::new(Mutex::new(Vec::new()));
+        let (weak, seen) = (Arc::downgrade(&pool), Arc::clone(&on_executor));
+        *lock_mutex(&pool.disk().unwrap().unlink_hook) = Some(Box::new(move || {
+            let pool = weak
+                .upgrade()
+                .expect("the pool outlives its tier's unlinks");
+            assert!(!pool.is_locked(), "a file unlinked under the pool's lock");
+            seen.lock()
+                .unwrap()
+                .push(insitubatch_runtime::on_executor_thread());
+        }));
+        let landed = |c: u64| {
+            let slot = miss(o.admit(&key(c), 24, 1).unwrap());
+            let write = pool.begin_write(&slot);
+            slot.adopt((0..24).collect()).unwrap();
+            let mapped = write_slot(pool.disk().unwrap(), slot.key(), (0..24).collect());
+            assert!(
+                write.landed(mapped).is_empty(),
+                "a resident slot's file stays"
+            );
+            o.unpin(&slot);
+        };
+        landed(0);
+        landed(1);
+        // Chunk 2 evicts chunk 0 and leaves its file to the caller: still there until run.
+        let (admitted, unlinks) = o.admit_deferring_unlinks(&key(2), 24, 1, None);
+        let s2 = miss(admitted.unwrap());
+        assert!(!unlinks.is_empty() && file(0).exists() && file(1).exists());
+        block_on(move || async move {
+            let mut u = unlinks;
+            u.run().await
+        });
+        assert!(!file(0).exists() && file(1).exists());
+        assert_eq!(
+            *on_executor.lock().unwrap(),
+            [true],
+            "unlinked on the runtime"
+        );
+        s2.adopt((0..24).collect()).unwrap();
+        o.unpin(&s2);
+        // Dropped unrun, they are unlinked on the dropping thread.
+        let (admitted, unlinks) = o.admit_deferring_unlinks(&key(3), 24, 1, None);
+        let s3 = miss(admitted.unwrap());
+        assert!(file(1).exists());
+        drop(unlinks);
+        assert!(!file(1).exists());
+        assert_eq!(*on_executor.lock().unwrap(), [true, false]);
+        // A slot evicted while its file is written: the file that lands must go, and its room
+        // in the budget waits for that, not only for the write.
+        s3.adopt((0..24).collect()).unwrap();
+        o.unpin(&s3);
+        let s4 = miss(o.admit(&key(4), 24, 1).unwrap()); // evicts 2, which has no file
+        let write = pool.begin_write(&s4);
+        s4.adopt((0..24).collect()).unwrap();
+        o.unpin(&s4);
+        let s5 = miss(o.admit(&key(5), 24, 1).unwrap()); // evicts 3
+        let wait_for_4 = |what: &str| match o.admit(&key(6), 24, 1) {
+            Err(crate::PoolError::WaitForWrites { writing_bytes, .. }) => {
+                assert_eq!(writing_bytes, 24, "{what}")
+            }
+            other => panic!("{what}: expected to wait for chunk 4's file, got {other:?}"),
+        };
+        wait_for_4("chunk 4 evicted mid-write");
+        let mapped = write_slot(pool.disk().unwrap(), s4.key(), (0..24).collect());
+        let unlinks = write.landed(mapped);
+        assert!(!unlinks.is_empty() && file(4).exists());
+        wait_for_4("chunk 4's file landed, not yet unlinked");
+        let generation = pool.writes_ended().generation();
+        block_on(move || async move {
+            let mut u = unlinks;
+            u.run().await
+        });
+        assert!(!file(4).exists());
+        assert_ne!(
+            pool.writes_ended().generation(),
+            generation,
+            "the waiter is woken"
+        );
+        assert!(matches!(
+            o.admit(&key(6), 24, 1),
+            Ok(crate::Admission::Miss(_))
+        ));
+        assert_eq!(*on_executor.lock().unwrap(), [true, false, true]);
+        drop(s5);
+    }
+
+    #[test]
     fn a_spill_slot_evicted_mid_write_keeps_its_room_until_its_write_ends() {
         let dir = tempfile::tempdir().unwrap();
-        let tier = DiskTier::open(CacheConfig::new(dir.path()), meta(&fingerprint(&[]))).unwrap();
-        let pool = crate::ChunkPool::with_disk(crate::Budget::Bytes(48), Some(tier));
-        let o = pool.register_owner("a", 24).unwrap();
+        let (pool, o) = two_slot_pool(dir.path(), false);
         let key = |c: u64| SlotKey::new("g/t2m", c);
-        let ready = |c: u64| match o.admit(&key(c), 24, 1).unwrap() {
-            crate::Admission::Miss(slot) => {
-                slot.adopt((0..24).collect()).unwrap();
-                slot
-            }
-            other => panic!("chunk {c}: expected a miss, got {other:?}"),
-        };
+        let ready = |c: u64| ready(&o, c);
         // Chunk 0's file is being written as it comes to rest; chunk 1 rests beside it.
         let s0 = ready(0);
         let write = pool.begin_write(&s0);
@@ -1186,12 +1334,57 @@ mod tests {
         pool.clear_unpinned();
         let mapped = write_slot(pool.disk().unwrap(), s4.key(), (0..24).collect());
         assert!(dir.path().join(DiskTier::file_name(s4.key())).exists());
-        write.landed(mapped);
+        write.landed(mapped).now();
         assert!(!dir.path().join(DiskTier::file_name(s4.key())).exists());
         assert!(matches!(
             o.admit(&key(5), 24, 1),
             Ok(crate::Admission::Miss(_))
         ));
+    }
+
+    #[test]
+    fn a_spill_write_whose_slot_was_evicted_before_its_turn_is_skipped_and_gives_its_room_back() {
+        for persist in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let (pool, o) = two_slot_pool(dir.path(), persist);
+            let key = |c: u64| SlotKey::new("g/t2m", c);
+            let ready = |c: u64| ready(&o, c);
+            // Chunk 0 is resident when its write's turn comes: it is written.
+            let s0 = ready(0);
+            let kept = pool.begin_write(&s0).unless_evicted();
+            assert!(kept.is_some(), "a resident slot's write goes ahead");
+            drop(kept);
+            o.unpin(&s0);
+            // Chunk 1 waits for its turn while chunks 2 and 3 evict it.
+            let s1 = ready(1);
+            let write = pool.begin_write(&s1);
+            o.unpin(&s1);
+            let s2 = ready(2);
+            o.unpin(&s2);
+            let s3 = ready(3);
+            let skipped = pool.disk().unwrap().stats().writes_skipped;
+            match write.unless_evicted() {
+                None => {
+                    assert!(!persist, "a persisted slot is always written");
+                    assert_eq!(skipped, 0);
+                    assert_eq!(pool.disk().unwrap().stats().writes_skipped, 1);
+                    // Its room is back: chunk 4 fits beside pinned chunk 3 without waiting
+                    // (chunk 2 went to make room for chunk 1's file in flight).
+                    assert!(matches!(
+                        o.admit(&key(4), 24, 1),
+                        Ok(crate::Admission::Miss(_))
+                    ));
+                }
+                Some(write) => {
+                    assert!(persist, "an evicted spill slot's write is skipped");
+                    let mapped = write_slot(pool.disk().unwrap(), s1.key(), (0..24).collect());
+                    write.landed(mapped).now();
+                    assert!(dir.path().join(DiskTier::file_name(s1.key())).exists());
+                    assert_eq!(pool.disk().unwrap().stats().writes_skipped, 0);
+                }
+            }
+            drop(s3);
+        }
     }
 
     #[test]
