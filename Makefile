@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 CARGO ?= cargo
 
-.PHONY: demo check deps build fmt clippy test-rust test-doc test-python bench-harness
+.PHONY: demo check deps build fmt clippy test-rust test-doc test-python bench-harness bench-harness-render
 
 demo:
 	$(CARGO) build --release
@@ -54,3 +54,10 @@ bench-harness: build
 	rm -f docs/harness/variants.jsonl
 	$(PYTHON) bench-harness/run.py --variants fat-spatial,v2-blosc,sharded \
 	  --out docs/harness/variants.jsonl --markdown docs/harness/variants.md --docs docs/benchmarks.md
+
+# The tables, the plots and the docs regions again from the saved rows (measures nothing).
+bench-harness-render:
+	$(PYTHON) bench-harness/run.py --from docs/harness/results.jsonl \
+	  --markdown docs/harness/table.md --plots docs/harness --docs docs/benchmarks.md
+	$(PYTHON) bench-harness/run.py --variants fat-spatial,v2-blosc,sharded \
+	  --from docs/harness/variants.jsonl --markdown docs/harness/variants.md --docs docs/benchmarks.md

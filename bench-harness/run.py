@@ -232,8 +232,8 @@ def markdown(rows):
     for store in dict.fromkeys(r["store"] for r in rows):
         rs = [r for r in rows if r["store"] == store]
         lines.append(f"\n**{Path(store).name}** — decode ceiling {rs[0]['decode_ceiling_mb_s']:.0f} MB/s\n")
-        lines.append("| engine | epoch 0 samples/s | × decode ceiling (epoch 0) | steady samples/s | × tuned DataLoader (steady) | TTFB ms | TTFB from process start ms | p50 ms | p99 ms | peak RSS MiB | processes | CPU s |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        lines.append("| engine | epoch 0 samples/s | × decode ceiling (epoch 0) | steady samples/s | × decode ceiling (steady) | × tuned DataLoader (steady) | TTFB ms | TTFB from process start ms | p50 ms | p99 ms | peak RSS MiB | processes | CPU s |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rs:
             b = r["best"]
             e0 = r["epochs"][0]
@@ -244,6 +244,7 @@ def markdown(rows):
             lines.append(
                 f"| {r['engine']}{mark} | {e0['samples_per_s']:.0f} | "
                 f"{e0['mb_per_s'] / r['decode_ceiling_mb_s']:.2f} | {b['samples_per_s']:.0f} | "
+                f"{b['mb_per_s'] / r['decode_ceiling_mb_s']:.2f} | "
                 f"{r['vs_tuned_dataloader']:.2f} | {e0['ttfb_ms']:.1f} | "
                 f"{e0['ttfb_from_process_start_ms'] or float('nan'):.0f} | "
                 f"{b.get('latency_ms_p50', float('nan')):.2f} | {b.get('latency_ms_p99', float('nan')):.2f} | "
@@ -346,6 +347,9 @@ def main():
                          "state for every engine; 0 with --smoke)")
     ap.add_argument("--train-step", action="store_true",
                     help="run a small torch model step per batch and report the data-stall fraction")
+    ap.add_argument("--from", dest="from_rows", default=None, metavar="JSONL",
+                    help="measure nothing: render the table, the plots and the docs region from "
+                         "the rows of an earlier run (its --out file)")
     ap.add_argument("--no-inference", action="store_true",
                     help="skip the inference pass (one sequential pass from a fresh process, "
                          "for time to first batch) that follows each store's engines")
@@ -357,6 +361,11 @@ def main():
     rows, inference = [], []
     jobs = ([(VARIANTS[v][0], v) for v in a.variants.split(",")] if a.variants
             else [(int(s), None) for s in a.spc.split(",")])
+    if a.from_rows:
+        jobs = []
+        for line in Path(a.from_rows).read_text().splitlines():
+            r = json.loads(line)
+            (inference if r.get("mode") == "inference" else rows).append(r)
     for spc, variant in jobs:
         store = make_store(a.dir, spc, a.samples, a.grid, variant)
         measured = measure(store, a.epochs, workers, a.batch_size, a.train_step, a.settle)

@@ -44,7 +44,15 @@ def test_every_engine_runs_once_and_reports(tmp_path):
     # The model-step mode reports how much of each epoch waited for data.
     shim = next(r for r in rows if "Python shim" in r["engine"])
     assert 0.0 <= shim["best"]["data_stall_fraction"] <= 1.0
-    assert "× tuned DataLoader (steady)" in (tmp_path / "table.md").read_text()
+    table = (tmp_path / "table.md").read_text()
+    assert "× tuned DataLoader (steady)" in table and "× decode ceiling (steady)" in table
+    # The saved rows render the same table again without measuring anything.
+    subprocess.run(
+        [sys.executable, str(HERE / "run.py"), "--from", str(out),
+         "--markdown", str(tmp_path / "again.md")],
+        check=True, capture_output=True, text=True,
+    )
+    assert (tmp_path / "again.md").read_text() == table
     assert (tmp_path / "throughput.png").stat().st_size > 1000
     assert any(p.name.startswith("latency_cdf_") for p in tmp_path.iterdir())
     # Every engine's batch-latency percentiles (HdrHistogram) are ordered and positive.

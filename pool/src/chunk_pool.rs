@@ -63,9 +63,10 @@ pub enum PoolError {
         /// The cache directory.
         dir: String,
     },
-    /// Admitting a chunk needs the room of slots evicted while their files were being written
-    /// (an ephemeral spill counts such a file against the budget until it is gone): retry
-    /// once [`ChunkPool::writes_ended`] notifies. The planner waits so; nothing else sees it.
+    /// Admitting a chunk needs the room of evicted slots whose files are still on disk, being
+    /// written or unlinked (an ephemeral spill counts such a file against the budget until it
+    /// is gone): retry once [`ChunkPool::writes_ended`] notifies. The planner waits so; nothing
+    /// else sees it.
     #[error(
         "internal error: admitting {key} ({nbytes} bytes) must wait for {writing_bytes} bytes of \
          evicted slots' cache files being written or unlinked"
