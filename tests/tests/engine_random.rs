@@ -3,8 +3,9 @@
 //! index, every valid anchor comes once per split and epoch, in the order the planner promised,
 //! each slot is fetched at most once per pass (read-once), and another thread count and IO
 //! backend emit the same order. Each case also drops a pass part way, zips train with val,
-//! waits for batches with timeouts, revives a persisted cache in a fresh dataset, and meets a
-//! corrupt chunk under both `on_bad_chunk` policies (what a case draws: `random_case/`).
+//! waits for batches with timeouts, revives a persisted cache in a fresh dataset (or spills into
+//! an ephemeral one, which must be empty once the dataset is gone), and meets a corrupt chunk
+//! under both `on_bad_chunk` policies (what a case draws: `random_case/`).
 //!
 //! The stores are written by the test (by hand when uncompressed, through zarrs when compressed
 //! or sharded) rather than by zarr-python: this test is about the planner, fetcher, decoder and
@@ -315,6 +316,7 @@ struct Coverage {
     chunked_differently: u64,
     multi_tile_slots: u64,
     persisted: u64,
+    spilled: u64,
     abandoned: u64,
     zipped: u64,
     zip_refused: u64,
@@ -396,9 +398,13 @@ fn run_case(n: u64, cov: &mut Coverage) {
         }
     }
     let cache = tmp.path().join("cache");
+    let spill = case.spill && !case.persist;
     if case.persist {
         builder = builder.cache_dir(&cache).persist(true);
         cov.persisted += 1;
+    } else if spill {
+        builder = builder.cache_dir(&cache);
+        cov.spilled += 1;
     }
     let ds = builder
         .executor_threads(case.executor_threads)
@@ -419,6 +425,18 @@ fn run_case(n: u64, cov: &mut Coverage) {
     }
     let backend = ds.io_backend();
     drop(ds);
+    if spill {
+        // An ephemeral spill's files (and their unlinks in flight) are gone with the dataset.
+        let left: Vec<_> = std::fs::read_dir(&cache)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.contains(".npy"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(left.is_empty(), "spill files left after close: {left:?}");
+    }
 
     // The same (seed, epoch) gives the same order with another thread count and IO backend.
     if !train_orders.is_empty() {
@@ -936,6 +954,7 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("chunked differently", c.chunked_differently),
             ("multi-tile slots", c.multi_tile_slots),
             ("a persisted cache", c.persisted),
+            ("an ephemeral spill", c.spilled),
             ("a pass abandoned", c.abandoned),
             ("train and val zipped", c.zipped),
             ("val refused next to train", c.zip_refused),

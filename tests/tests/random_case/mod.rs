@@ -409,6 +409,8 @@ pub struct Case {
     pub into_rows: IntoRows,
     /// Shuffled blocks ramp up from one batch's chunks.
     pub fast_first_batch: bool,
+    /// Slots spilled into an ephemeral cache directory (when not `persist`).
+    pub spill: bool,
 }
 
 impl Case {
@@ -526,6 +528,8 @@ impl Case {
             },
             // After `into_rows`, for the same reason.
             fast_first_batch: r.chance(0.5),
+            // Last, for the same reason.
+            spill: r.chance(0.25),
         }
     }
 
