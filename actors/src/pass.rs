@@ -373,10 +373,6 @@ pub fn rank_share(
     shard.share(split, samples_per_chunk, n_samples, &offsets)
 }
 
-/// The most bytes one read of `path` holds: a stored chunk, or for a cropped view of a sharded
-/// array (which reads the shard's index and the inner chunks its region touches) twice the
-/// largest such part at its decoded size (what its encoded bytes rarely exceed) and the index:
-/// the inner chunks as read and the compact shard built from them coexist.
 /// True when `array`'s stored chunks are decoded in parts for a view of geometry `geom`: a
 /// cropped view of a sharded array decodes only the inner chunks its region touches (the
 /// planner sends each tile's parts, `TileLayout::tile_parts`, with its job).
@@ -384,6 +380,10 @@ pub(crate) fn decodes_in_parts(array: &ZarrArray, geom: &ArrayGeometry) -> bool 
     geom.region.is_some() && array.inner_chunk_shape().is_some()
 }
 
+/// The most bytes one read of `path` holds: a stored chunk, or for a cropped view of a sharded
+/// array (which reads the shard's index and the inner chunks its region touches) twice the
+/// largest such part at its decoded size (what its encoded bytes rarely exceed) and the index:
+/// the inner chunks as read and the compact shard built from them coexist.
 fn read_size(path: &crate::planner::PathInfo, array: Option<&ZarrArray>) -> u64 {
     let g = &path.geom;
     let whole = g.stored_chunk_bytes();

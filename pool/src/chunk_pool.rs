@@ -328,8 +328,9 @@ impl ChunkPool {
             None => {
                 drop(mapped);
                 drop(g);
-                let mut unlinks = self.unlinks(&[(slot.key().clone(), 0)]);
-                unlinks.then_release = Some((Arc::clone(self), freed.unwrap_or(0)));
+                // Its room (held while the file was written) comes back once the file is gone.
+                let unlinks = self.unlinks(&[(slot.key().clone(), freed.unwrap_or(0))]);
+                self.writes_ended.notify_all();
                 unlinks
             }
         }

@@ -16,13 +16,20 @@ mod common;
 use common::{check_epoch, fixture, sorted};
 
 fn npy_files(dir: &Path) -> usize {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".npy"))
-                .count()
-        })
-        .unwrap_or(0)
+    slot_files(dir, false)
+}
+
+/// Slot files in `dir`, and with `temporaries` those still being written too.
+fn slot_files(dir: &Path, temporaries: bool) -> usize {
+    std::fs::read_dir(dir).map_or(0, |rd| {
+        rd.flatten()
+            .filter(|e| {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                name.ends_with(".npy") || (temporaries && name.contains(".npy.tmp."))
+            })
+            .count()
+    })
 }
 
 fn log_lines(dir: &Path) -> Vec<serde_json::Value> {
@@ -177,20 +184,13 @@ fn an_ephemeral_spill_never_holds_more_files_than_its_budget_even_mid_write() {
     // going over. 61 slots of 120 bytes, a budget of 8 (two blocks of 4), 16 writes in flight.
     let (f, cache, ds) = paired_spill();
     let slot = 5 * 6 * 4;
-    let files = |dir: &Path| {
-        std::fs::read_dir(dir).map_or(0, |rd| {
-            rd.flatten()
-                .filter(|e| e.file_name().to_string_lossy().contains(".npy"))
-                .count()
-        })
-    };
     let stop = Arc::new(AtomicBool::new(false));
     let poller = {
         let (stop, dir) = (Arc::clone(&stop), cache.path().to_path_buf());
         std::thread::spawn(move || {
             let mut most = 0;
             while !stop.load(Ordering::Relaxed) {
-                most = most.max(files(&dir));
+                most = most.max(slot_files(&dir, true));
             }
             most
         })
