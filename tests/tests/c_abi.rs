@@ -1,6 +1,6 @@
-//! The C ABI from C: the example program's checksum against the Rust API, and the bad-input
-//! checks. Both are compiled with the system C compiler against the committed header and the
-//! shared library (built here if needed).
+//! The C ABI from C and C++: the example programs' checksum against the Rust API, and the
+//! bad-input checks. They are compiled with the system C (or C++) compiler against the committed
+//! header and the shared library (built here if needed).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,11 +29,16 @@ fn library_dir() -> PathBuf {
     dir
 }
 
+/// Compiles a C program (or, for a `.cpp` source, a C++17 one) against the header and the
+/// library, warnings as errors.
 fn compile(source: &Path, name: &str) -> PathBuf {
     let lib = library_dir();
     let exe = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let cpp = source.extension().is_some_and(|e| e == "cpp");
+    let (var, default) = if cpp { ("CXX", "c++") } else { ("CC", "cc") };
+    let cc = std::env::var(var).unwrap_or_else(|_| default.into());
     let out = Command::new(&cc)
+        .args(cpp.then_some("-std=c++17"))
         .args(["-Wall", "-Wextra", "-Werror", "-O1", "-pthread"])
         .arg(source)
         .arg("-I")
@@ -64,26 +69,13 @@ fn c_program(exe: &Path) -> Command {
     cmd
 }
 
-#[test]
-fn the_c_example_prints_the_checksum_the_rust_api_computes() {
-    let f = fixture_arrays()
-        .into_iter()
-        .find(|f| f.case == "era5_v3")
-        .expect("era5_v3 fixture");
-    let exe = compile(&root().join("examples/c/loader.c"), "isb-loader");
-    let out = c_program(&exe).arg(&f.store).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let printed = String::from_utf8(out.stdout).unwrap();
-
-    // The same job through the Rust API.
-    let probe = InSituDataset::builder(&f.store).build().unwrap();
+/// What the example programs print for `store`, computed through the Rust API: two epochs of
+/// train under a 0.75/0.25 split, batches of 8, seed 7.
+fn loader_line(store: &Path) -> String {
+    let probe = InSituDataset::builder(store).build().unwrap();
     let manifest =
         split_by_chunk(&probe.variables()[0].geom, &[0.75, 0.25], 0, true, None).unwrap();
-    let ds = InSituDataset::builder(&f.store)
+    let ds = InSituDataset::builder(store)
         .manifest(manifest)
         .batch_size(8)
         .seed(7)
@@ -103,12 +95,44 @@ fn the_c_example_prints_the_checksum_the_rust_api_computes() {
             }
         }
     }
-    assert_eq!(
-        printed.trim(),
-        format!("samples {samples} index_sum {index_sum} checksum {bits}")
-    );
     assert!(samples > 0);
+    format!("samples {samples} index_sum {index_sum} checksum {bits}")
+}
+
+/// Runs the example `source` on the era5_v3 fixture and checks its line against the Rust API's.
+fn example_prints_the_rust_apis_checksum(source: &str, name: &str) {
+    let f = fixture_arrays()
+        .into_iter()
+        .find(|f| f.case == "era5_v3")
+        .expect("era5_v3 fixture");
+    let exe = compile(&root().join(source), name);
+    let out = c_program(&exe).arg(&f.store).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(printed.trim(), loader_line(&f.store));
+    // A failed call: the program names it, with the library's message, and exits with 1.
+    let missing = c_program(&exe).arg("/nonexistent/store").output().unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("isb_split_by_chunk failed") && stderr.contains("/nonexistent/store"),
+        "{stderr}"
+    );
     std::fs::remove_file(exe).ok();
+}
+
+#[test]
+fn the_c_example_prints_the_checksum_the_rust_api_computes() {
+    example_prints_the_rust_apis_checksum("examples/c/loader.c", "isb-loader");
+}
+
+#[test]
+fn the_cpp_example_prints_the_checksum_the_rust_api_computes() {
+    example_prints_the_rust_apis_checksum("examples/cpp/loader.cpp", "isb-loader-cpp");
 }
 
 #[test]
