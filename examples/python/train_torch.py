@@ -135,7 +135,9 @@ def main():
                     save(epoch, i + 1)
                     say(f"stopped after {steps} steps, at epoch {epoch}, batch {i + 1}")
                     return
-            val, persistence = evaluate(model, ds.val, world_size)
+            # The unwrapped model: ranks may hold different numbers of validation batches, and
+            # DDP's forward can run a collective (buffer broadcasts) that all ranks must join.
+            val, persistence = evaluate(plain, ds.val, world_size)
             save(epoch + 1, 0)
             say(f"epoch {epoch}: {samples} samples, train mse {loss_sum / max(samples, 1):.4f}, "
                 f"val mse {val:.4f} against persistence {persistence:.4f} "
