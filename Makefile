@@ -46,7 +46,8 @@ check: deps fmt build clippy test-rust test-doc test-python
 	@echo "make check: all checks passed"
 
 # The full side-by-side benchmark (minutes): results, the table and the plot into docs/harness/.
-bench-harness: build
+# It installs what it measures (torch, zarr-python, xbatcher, ...) first, as `check` does.
+bench-harness: deps build
 	rm -f docs/harness/results.jsonl
 	mkdir -p docs/harness
 	$(PYTHON) bench-harness/run.py --out docs/harness/results.jsonl \
@@ -56,7 +57,7 @@ bench-harness: build
 	  --out docs/harness/variants.jsonl --markdown docs/harness/variants.md --docs docs/benchmarks.md
 
 # The tables, the plots and the docs regions again from the saved rows (measures nothing).
-bench-harness-render:
+bench-harness-render: deps
 	$(PYTHON) bench-harness/run.py --from docs/harness/results.jsonl \
 	  --markdown docs/harness/table.md --plots docs/harness --docs docs/benchmarks.md
 	$(PYTHON) bench-harness/run.py --variants fat-spatial,v2-blosc,sharded \
