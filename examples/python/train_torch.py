@@ -79,9 +79,17 @@ def main():
     a = ap.parse_args()
 
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if world_size > 1:
-        torch.distributed.init_process_group("gloo")
-        torch.set_num_threads(1)  # ranks share the node's cores with the loader's executors
+    if world_size == 1:
+        return train(a, rank, world_size)
+    torch.distributed.init_process_group("gloo")
+    torch.set_num_threads(1)  # ranks share the node's cores with the loader's executors
+    try:
+        train(a, rank, world_size)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def train(a, rank, world_size):
     torch.manual_seed(0)
 
     g = isb.open_geometries(a.store, [a.var])[a.var]
@@ -143,8 +151,6 @@ def main():
                 f"val mse {val:.4f} against persistence {persistence:.4f} "
                 f"(skill {1 - val / persistence:+.2f}); waited for data "
                 f"{100 * wait / max(wait + work, 1e-9):.1f} % of the step time")
-    if world_size > 1:
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
