@@ -32,6 +32,11 @@ fn library_dir() -> PathBuf {
 /// Compiles a C program (or, for a `.cpp` source, a C++17 one) against the header and the
 /// library, warnings as errors.
 fn compile(source: &Path, name: &str) -> PathBuf {
+    try_compile(source, name, &[]).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`compile`] with `flags` added; the compiler's complaint if it fails.
+fn try_compile(source: &Path, name: &str, flags: &[&str]) -> Result<PathBuf, String> {
     let lib = library_dir();
     let exe = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
     let cpp = source.extension().is_some_and(|e| e == "cpp");
@@ -40,6 +45,7 @@ fn compile(source: &Path, name: &str) -> PathBuf {
     let out = Command::new(&cc)
         .args(cpp.then_some("-std=c++17"))
         .args(["-Wall", "-Wextra", "-Werror", "-O1", "-pthread"])
+        .args(flags)
         .arg(source)
         .arg("-I")
         .arg(root().join("bindings/c/include"))
@@ -51,13 +57,41 @@ fn compile(source: &Path, name: &str) -> PathBuf {
         .arg(&exe)
         .output()
         .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
-    assert!(
-        out.status.success(),
-        "compiling {} failed:\n{}",
-        source.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    if !out.status.success() {
+        return Err(format!(
+            "compiling {} failed:\n{}",
+            source.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(exe)
+}
+
+/// Flags that build a program with AddressSanitizer (leaks included) and UndefinedBehavior-
+/// Sanitizer, every finding fatal; `None` when this compiler cannot link such a program.
+fn sanitizer_flags() -> Option<&'static [&'static str]> {
+    const FLAGS: &[&str] = &[
+        "-g",
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=undefined",
+        "-fno-omit-frame-pointer",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("probe.c");
+    std::fs::write(&probe, "int main(void) { return 0; }\n").unwrap();
+    let linked = try_compile(&probe, "isb-sanitizer-probe", FLAGS);
+    linked.ok().map(|exe| {
+        std::fs::remove_file(exe).ok();
+        FLAGS
+    })
+}
+
+/// Runs a sanitized program: a finding exits with 86, not a code the program itself uses.
+fn sanitized(exe: &Path) -> Command {
+    let mut cmd = c_program(exe);
+    cmd.env("ASAN_OPTIONS", "detect_leaks=1:exitcode=86")
+        .env("UBSAN_OPTIONS", "print_stacktrace=1");
+    cmd
 }
 
 /// A command running a compiled C program against the release library it was linked with. The
@@ -113,15 +147,34 @@ fn example_prints_the_rust_apis_checksum(source: &str, name: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
     let printed = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(printed.trim(), loader_line(&f.store));
+    let expected = loader_line(&f.store);
+    assert_eq!(printed.trim(), expected);
     // A failed call: the program names it, with the library's message, and exits with 1.
-    let missing = c_program(&exe).arg("/nonexistent/store").output().unwrap();
-    assert_eq!(missing.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&missing.stderr);
-    assert!(
-        stderr.contains("isb_split_by_chunk failed") && stderr.contains("/nonexistent/store"),
-        "{stderr}"
-    );
+    let missing_store = |cmd: &mut Command| {
+        let missing = cmd.arg("/nonexistent/store").output().unwrap();
+        let stderr = String::from_utf8_lossy(&missing.stderr).into_owned();
+        assert_eq!(missing.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("isb_split_by_chunk failed") && stderr.contains("/nonexistent/store"),
+            "{stderr}"
+        );
+    };
+    missing_store(&mut c_program(&exe));
+    std::fs::remove_file(exe).ok();
+
+    // Both paths again under the sanitizers: nothing leaked (every handle freed, on the early
+    // exit too), no invalid access, no undefined behaviour, across the library as well.
+    let Some(flags) = sanitizer_flags() else {
+        eprintln!("skipped the sanitizer run: this compiler cannot link -fsanitize=address");
+        return;
+    };
+    let exe = try_compile(&root().join(source), &format!("{name}-asan"), flags)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let out = sanitized(&exe).arg(&f.store).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), expected);
+    missing_store(&mut sanitized(&exe));
     std::fs::remove_file(exe).ok();
 }
 
