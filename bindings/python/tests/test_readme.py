@@ -157,3 +157,56 @@ def test_train_torch_example_learns_resumes_where_it_stopped_and_runs_two_ranks(
     d = epochs(two)
     assert [(n, s) for n, s, *_ in d] == [("0", "100")] and d[0][3] == e[0][3], (two, unbroken)
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["rank0", "rank1"]
+
+
+def test_infer_jax_example_writes_each_forecast_once_at_its_valid_time(tmp_path):
+    """examples/python/infer_jax.py: a stencil fitted in JAX beats persistence, and its forecasts
+    land in the new array exactly at the times they are valid for, each equal to the stencil
+    applied (here, in numpy) to the source field `lead` steps earlier; everything else is NaN."""
+    pytest.importorskip("jax")
+    zarr = pytest.importorskip("zarr")
+    import numpy as np
+
+    if not BIN.is_file():
+        pytest.skip("needs `cargo build --release`")
+    store = tmp_path / "era5.zarr"
+    subprocess.run([BIN, "make-dataset", store, "--samples", "256", "--grid", "16x32",
+                    "--sample-chunk", "4"], check=True, capture_output=True)
+    source = zarr.open_array(store, path="t2m")[:]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+
+    def run(out, *args):
+        stdout = subprocess.run([sys.executable, ROOT / "examples" / "python" / "infer_jax.py",
+                                 store, out, *args], check=True, capture_output=True, text=True,
+                                env=env).stdout
+        m = re.search(r"wrote (\d+) forecasts .* mse (\S+) against persistence (\S+)", stdout)
+        assert m, stdout
+        forecast = zarr.open_array(out, path="t2m_forecast")
+        assert forecast.shape == source.shape and forecast.chunks == (4, 16, 32)
+        return stdout, int(m[1]), float(m[2]), float(m[3]), forecast
+
+    def expected(forecast, times):
+        """The stencil from the array's attributes applied to the source at t - lead."""
+        attrs = forecast.attrs
+        x = source[times - attrs["lead"]].astype(np.float64)
+        step = sum(w * (np.roll(x, -m, axis=-1) - x)
+                   for m, w in zip(attrs["stencil_offsets"], attrs["stencil_weights"]))
+        return x + step
+
+    # The test split, lead 1: one run of consecutive valid times, each written once.
+    out, n, mse, persistence, forecast = run(tmp_path / "test.zarr")
+    values = forecast[:]
+    times = np.flatnonzero(~np.isnan(values).all(axis=(1, 2)))
+    assert len(times) == n > 0 and np.all(np.diff(times) == 1), out
+    assert not np.isnan(values[times]).any(), "a written forecast holds NaN"
+    np.testing.assert_allclose(values[times], expected(forecast, times), rtol=0, atol=2e-3)
+    assert mse < 0.1 * persistence, f"the stencil is no better than persistence:\n{out}"
+
+    # Every anchor in order, lead 3: the forecasts are valid from t = 3 to the last time; the
+    # last three anchors would read past the array's end and are not forecast from.
+    out, n, _, _, forecast = run(tmp_path / "all.zarr", "--split", "all", "--lead", "3")
+    values = forecast[:]
+    assert n == 253, out
+    assert np.isnan(values[:3]).all() and not np.isnan(values[3:]).any(), out
+    np.testing.assert_allclose(values[3:], expected(forecast, np.arange(3, 256)), rtol=0,
+                               atol=2e-3)
