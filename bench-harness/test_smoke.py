@@ -41,11 +41,19 @@ def test_every_engine_runs_once_and_reports(tmp_path):
         assert r["best"]["samples_per_s"] > 0 and r["peak_rss_bytes"] > 0
         assert r["best"]["samples"] == 64, r["engine"]
     assert sum(1 for r in rows if r.get("tuned")) == 1
+    # The decode ceiling, measured before and after the insitubatch engines: each row's fraction
+    # is of the mean of the two, and the table says both.
+    for r in rows:
+        before, after = r["decode_ceiling_runs_mb_s"]
+        assert before > 0 and after > 0
+        assert r["decode_ceiling_mb_s"] == (before + after) / 2
+        assert abs(r["vs_decode_ceiling"] - r["best"]["mb_per_s"] / r["decode_ceiling_mb_s"]) < 1e-9
     # The model-step mode reports how much of each epoch waited for data.
     shim = next(r for r in rows if "Python shim" in r["engine"])
     assert 0.0 <= shim["best"]["data_stall_fraction"] <= 1.0
     table = (tmp_path / "table.md").read_text()
     assert "× tuned DataLoader (steady)" in table and "× decode ceiling (steady)" in table
+    assert f"(mean of {before:.0f} before and {after:.0f} after the insitubatch engines)" in table
     # The saved rows render the same table again without measuring anything.
     subprocess.run(
         [sys.executable, str(HERE / "run.py"), "--from", str(out),
