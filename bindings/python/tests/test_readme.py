@@ -202,6 +202,13 @@ def test_infer_jax_example_writes_each_forecast_once_at_its_valid_time(tmp_path)
     np.testing.assert_allclose(values[times], expected(forecast, times), rtol=0, atol=2e-3)
     assert mse < 0.1 * persistence, f"the stencil is no better than persistence:\n{out}"
 
+    # The shuffled train split: batches of scattered times, written by orthogonal indexing.
+    out, n, _, _, forecast = run(tmp_path / "train.zarr", "--split", "train")
+    values = forecast[:]
+    times = np.flatnonzero(~np.isnan(values).all(axis=(1, 2)))
+    assert len(times) == n > 0 and np.all(np.diff(times) == 1), out
+    np.testing.assert_allclose(values[times], expected(forecast, times), rtol=0, atol=2e-3)
+
     # Every anchor in order, lead 3: the forecasts are valid from t = 3 to the last time; the
     # last three anchors would read past the array's end and are not forecast from.
     out, n, _, _, forecast = run(tmp_path / "all.zarr", "--split", "all", "--lead", "3")
