@@ -77,13 +77,14 @@ unsafe fn arg_str<'a>(p: *const c_char, what: &str) -> Result<&'a str, IsbError>
         .map_err(|_| invalid(format!("`{what}` is not valid UTF-8")))
 }
 
-fn out_string(out: *mut *mut c_char, s: String) -> Result<IsbStatus, IsbError> {
-    if out.is_null() {
-        return Err(null("out"));
+/// Hands `s` to the caller through `out_json` (a NULL one is an error naming it).
+fn out_string(out_json: *mut *mut c_char, s: String) -> Result<IsbStatus, IsbError> {
+    if out_json.is_null() {
+        return Err(null("out_json"));
     }
     let c = CString::new(s).map_err(|_| IsbError::new(IsbStatus::IsbInternal, "NUL in output"))?;
     // SAFETY: checked non-NULL; the caller passed a writable `char**`.
-    unsafe { *out = c.into_raw() };
+    unsafe { *out_json = c.into_raw() };
     Ok(IsbStatus::IsbOk)
 }
 
@@ -1130,8 +1131,11 @@ pub unsafe extern "C" fn isb_batch_sample_indices(
     boundary(err, || {
         // SAFETY: forwarded contract.
         let s = unsafe { batch(b) }?.batch.sample_indices();
-        if out.is_null() || len.is_null() {
+        if out.is_null() {
             return Err(null("out"));
+        }
+        if len.is_null() {
+            return Err(null("len"));
         }
         // SAFETY: checked non-NULL.
         unsafe {

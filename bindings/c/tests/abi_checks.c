@@ -269,6 +269,7 @@ int main(int argc, char **argv) {
     isb_string_free(need);
     CHECK("memory need, unknown split", isb_dataset_memory_json(ds, "holdout", &need, &err), ISB_INVALID_ARGUMENT, "holdout");
     CHECK("memory need, NULL split", isb_dataset_memory_json(ds, NULL, &need, &err), ISB_NULL_POINTER, "split");
+    CHECK("memory need, NULL out_json", isb_dataset_memory_json(ds, "train", NULL, &err), ISB_NULL_POINTER, "`out_json`");
     CHECK("memory need, NULL dataset", isb_dataset_memory_json(NULL, "train", &need, &err), ISB_NULL_POINTER, "ds");
     IsbIter *it = NULL;
     /* Resuming an epoch (ABI 7): from batch 2 of 3 comes the whole epoch's last batch, from
@@ -295,6 +296,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "FAIL resumed batch 2 is not the epoch's last batch\n");
             failures++;
         }
+        CHECK("sample indices, NULL out", isb_batch_sample_indices(rb, NULL, &len, &err), ISB_NULL_POINTER, "`out`");
+        CHECK("sample indices, NULL len", isb_batch_sample_indices(rb, &idx, NULL, &err), ISB_NULL_POINTER, "`len`");
         isb_batch_free(rb);
         CHECK("resumed epoch ends", isb_iter_next(it, &rb, &err), ISB_END_OF_EPOCH, NULL);
         isb_iter_free(it);
