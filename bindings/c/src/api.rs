@@ -1091,7 +1091,7 @@ pub unsafe extern "C" fn isb_iter_free(it: *mut IsbIter) {
 /// `b` is NULL or a live batch.
 unsafe fn batch<'a>(b: *const IsbBatch) -> Result<&'a IsbBatch, IsbError> {
     // SAFETY: per the contract.
-    unsafe { b.as_ref() }.ok_or_else(|| null("batch"))
+    unsafe { b.as_ref() }.ok_or_else(|| null("b"))
 }
 
 /// Rows in the batch.

@@ -296,6 +296,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "FAIL resumed batch 2 is not the epoch's last batch\n");
             failures++;
         }
+        CHECK("sample indices, NULL batch", isb_batch_sample_indices(NULL, &idx, &len, &err), ISB_NULL_POINTER, "`b`");
         CHECK("sample indices, NULL out", isb_batch_sample_indices(rb, NULL, &len, &err), ISB_NULL_POINTER, "`out`");
         CHECK("sample indices, NULL len", isb_batch_sample_indices(rb, &idx, NULL, &err), ISB_NULL_POINTER, "`len`");
         isb_batch_free(rb);
