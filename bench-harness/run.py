@@ -14,12 +14,16 @@ every sample from a fresh process — insitubatch (Rust and Python) and the tune
 time to first batch as a single scoring or inference job meets it.
 Page cache warm: every store is read once before timing. The all-core decode ceiling
 (`insitubatch bench-read`) is measured just before the insitubatch engines and again just after
-them; each engine's "× decode ceiling" is of the mean, and the table gives both.
+them; each engine's "× decode ceiling" is of the mean, and the table gives both. Every row
+carries what it was measured on and with (`machine`: CPU, cores, memory, kernel, Python and
+package versions, the insitubatch version and commit, the start time), and the table says it.
 """
 
 import argparse
+import importlib.metadata
 import json
 import os
+import platform
 import resource
 import subprocess
 import sys
@@ -32,6 +36,53 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / "target" / "release" / "insitubatch"
 ENGINES = Path(__file__).resolve().parent / "engines.py"
+
+
+def machine_info():
+    """What the figures were measured on and with, saved with every row (a run's ratios are
+    only comparable with another's on the same machine and software)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                   if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+
+    def version(package):
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def git(*args):
+        r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    commit = git("rev-parse", "--short=12", "HEAD")
+    # docs/ is where a run writes its own results; a change anywhere else is in what it measures.
+    if commit and git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"):
+        commit += " (with uncommitted changes)"
+    return {
+        "cpu": cpu,
+        "logical_cores": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "kernel": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "packages": {p: version(p) for p in ("torch", "zarr", "numpy", "xbatcher")},
+        "insitubatch": subprocess.run([BIN, "--version"], capture_output=True,
+                                      text=True).stdout.strip(),
+        "commit": commit,
+        "started_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def machine_line(m):
+    """One markdown line saying what `machine_info` recorded."""
+    packages = ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v)
+    commit = f" at {m['commit']}" if m.get("commit") else ""
+    return (f"_Measured from {m['started_utc']} on {m['cpu']}, {m['logical_cores']} logical "
+            f"cores, {m['memory_bytes'] / 2**30:.1f} GiB, {m['kernel']}; Python {m['python']}, "
+            f"{packages}; {m['insitubatch']}{commit}; page cache warm._")
 
 
 def shim_env():
@@ -246,6 +297,8 @@ def inference_markdown(rows):
 
 def markdown(rows):
     lines = []
+    for m in dict.fromkeys(json.dumps(r["machine"], sort_keys=True) for r in rows if "machine" in r):
+        lines.append("\n" + machine_line(json.loads(m)))
     for store in dict.fromkeys(r["store"] for r in rows):
         rs = [r for r in rows if r["store"] == store]
         runs = rs[0].get("decode_ceiling_runs_mb_s", [])
@@ -384,6 +437,7 @@ def main():
     cores = os.cpu_count() or 1
     workers = [int(w) for w in a.workers.split(",")] if a.workers else sorted({0, 1, cores, 2 * cores})
     rows, inference = [], []
+    machine = None if a.from_rows else machine_info()
     if a.from_rows:
         jobs = []
         for line in Path(a.from_rows).read_text().splitlines():
@@ -401,6 +455,7 @@ def main():
         for r in measured + passes:
             r["samples_per_chunk"] = spc
             r["variant"] = variant or "family"
+            r["machine"] = machine
             (inference if r.get("mode") == "inference" else rows).append(r)
             line = json.dumps(r)
             print(line, flush=True)

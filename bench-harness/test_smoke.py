@@ -1,6 +1,9 @@
 """CI smoke run of the harness: a tiny store, every engine once, a table and a plot."""
 
+import importlib.metadata
 import json
+import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +57,19 @@ def test_every_engine_runs_once_and_reports(tmp_path):
     table = (tmp_path / "table.md").read_text()
     assert "× tuned DataLoader (steady)" in table and "× decode ceiling (steady)" in table
     assert f"(mean of {before:.0f} before and {after:.0f} after the insitubatch engines)" in table
+    # What the run was measured on and with is saved in every row and said once in the table.
+    machines = {json.dumps(r["machine"], sort_keys=True) for r in lines}
+    assert len(machines) == 1, machines
+    m = lines[0]["machine"]
+    assert m["logical_cores"] == os.cpu_count() and m["python"] == platform.python_version()
+    assert m["packages"]["zarr"] == importlib.metadata.version("zarr")
+    assert m["insitubatch"].startswith("insitubatch ") and m["memory_bytes"] > 0
+    head = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    assert m["commit"] is None or m["commit"].startswith(head), (m["commit"], head)
+    assert table.count("_Measured from ") == 1
+    assert (f"{m['logical_cores']} logical cores" in table and f"Python {m['python']}" in table
+            and f"zarr {m['packages']['zarr']}" in table), table[:600]
     # The saved rows render the same table again without measuring anything.
     subprocess.run(
         [sys.executable, str(HERE / "run.py"), "--from", str(out),
