@@ -191,20 +191,10 @@ def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0):
     common = ["--epochs", str(epochs), "--batch-size", str(batch_size)]
     if train_step:
         common.append("--train-step")
-    for engine, extra, env in [
-        ("insitubatch-python", [], shim_env()),
-        ("decode-ceiling", None, None),
-        *[("torch-dataloader", ["--workers", str(w)], None) for w in workers],
-        *([("xbatcher", [], None)] if HAVE_XBATCHER else []),
-        ("zarr-sequential", [], None),
-        ("in-memory", [], None),
-        ("raw-read", [], None),
-    ]:
-        if engine == "decode-ceiling":
-            ceilings.append(decode_ceiling(store, settle))
-            continue
+
+    def run_python_engine(engine, extra=(), env=None):
         time.sleep(settle)
-        out, peak, procs, cpu = run_tree(py + [engine, str(store)] + common + extra, env)
+        out, peak, procs, cpu = run_tree(py + [engine, str(store)] + common + list(extra), env)
         r = json.loads(out)
         r["cpu_s"] = cpu
         name = {"insitubatch-python": "insitubatch (Python shim)",
@@ -216,6 +206,14 @@ def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0):
             name = f"torch DataLoader, {r['workers']} workers ({r['start_method']})"
         r.update(engine=name, peak_rss_bytes=peak, processes=procs)
         rows.append(r)
+
+    run_python_engine("insitubatch-python", env=shim_env())
+    ceilings.append(decode_ceiling(store, settle))  # the insitubatch engines are done
+    for w in workers:
+        run_python_engine("torch-dataloader", ["--workers", str(w)])
+    for engine in (["xbatcher"] if HAVE_XBATCHER else []) + ["zarr-sequential", "in-memory",
+                                                              "raw-read"]:
+        run_python_engine(engine)
     dl = [r for r in rows if r["engine"].startswith("torch DataLoader")]
     tuned = max(dl, key=lambda r: best_epoch(r["epochs"])["samples_per_s"])
     tuned["tuned"] = True
