@@ -30,10 +30,14 @@ import insitubatch as isb
 from insitubatch.frameworks import to_jax
 
 
+def stencil_offsets(radius):
+    """The neighbours a forecast looks at: m = -radius..-1, 1..radius grid points east."""
+    return [m for m in range(-radius, radius + 1) if m != 0]
+
+
 def neighbour_differences(x, radius):
-    """(batch, lat, lon) -> (batch, lat, lon, 2 * radius): x(j + m) - x(j), m = ±1..±radius."""
-    shifts = [m for m in range(-radius, radius + 1) if m != 0]
-    return jnp.stack([jnp.roll(x, -m, axis=-1) - x for m in shifts], axis=-1)
+    """(batch, lat, lon) -> (batch, lat, lon, 2 * radius): x(j + m) - x(j) for each offset m."""
+    return jnp.stack([jnp.roll(x, -m, axis=-1) - x for m in stencil_offsets(radius)], axis=-1)
 
 
 def main():
@@ -85,7 +89,7 @@ def main():
         out = zarr.open_group(a.out, mode="w").create_array(
             f"{a.var}_forecast", shape=shape, chunks=chunks, dtype="float32", fill_value=np.nan)
         out.attrs.update({"source": str(a.store), "variable": a.var, "lead": a.lead,
-                          "stencil_offsets": [m for m in range(-a.radius, a.radius + 1) if m],
+                          "stencil_offsets": stencil_offsets(a.radius),
                           "stencil_weights": w.tolist()})
         w_dev = jnp.asarray(w)
         err = np.zeros(2)  # squared error of the forecast and of persistence

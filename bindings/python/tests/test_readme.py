@@ -14,6 +14,21 @@ BIN = ROOT / "target" / "release" / "insitubatch"
 LIB = ROOT / "target" / "release" / "libinsitubatch.so"
 
 
+def shim_env():
+    """The environment in which an example imports the shim from the checkout, uninstalled."""
+    return {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+
+
+def forecast_store(tmp_path):
+    """The store the training and inference examples run on: 64 chunks of 4 samples."""
+    if not BIN.is_file():
+        pytest.skip("needs `cargo build --release`")
+    store = tmp_path / "era5.zarr"
+    subprocess.run([BIN, "make-dataset", store, "--samples", "256", "--grid", "16x32",
+                    "--sample-chunk", "4"], check=True, capture_output=True)
+    return store
+
+
 def block(lang, index=0):
     text = (ROOT / "README.md").read_text()
     blocks = re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
@@ -36,7 +51,7 @@ def test_python_cache_example(store, tmp_path):
     code = code.replace("/tmp/era5-cache/v1", str(tmp_path / "cache" / "v1"))
     script = tmp_path / "cache_ex.py"
     script.write_text(code)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+    env = shim_env()
     out = subprocess.run([sys.executable, script], check=True, capture_output=True, text=True, env=env)
     # 64 samples in chunks of 8, two variables: 16 chunks, every one revived, nothing decoded.
     assert "64 samples, 16 chunks revived, 0 bytes decoded" in out.stdout, out.stdout
@@ -46,7 +61,7 @@ def test_python_transforms_example(store, tmp_path):
     code = block("python", 2).replace("/tmp/era5.zarr", str(store))
     script = tmp_path / "transforms_ex.py"
     script.write_text(code)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+    env = shim_env()
     out = subprocess.run([sys.executable, script], check=True, capture_output=True, text=True, env=env)
     # The synthetic t2m is ERA5-like, in kelvin around 270, so in Celsius it straddles zero.
     low, high = map(float, re.findall(r"from (\S+) to (\S+) degrees", out.stdout)[0])
@@ -57,7 +72,7 @@ def test_python_example(store, tmp_path):
     code = block("python").replace("/tmp/era5.zarr", str(store))
     script = tmp_path / "ex.py"
     script.write_text(code)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+    env = shim_env()
     out = subprocess.run([sys.executable, script], check=True, capture_output=True, text=True, env=env)
     # 64 samples in chunks of 8: val is one chunk, 8 samples, one (short) batch.
     assert "epoch 1:" in out.stdout and "val: 8 samples in 1 batches" in out.stdout, out.stdout
@@ -81,7 +96,7 @@ def test_transforms_example(tmp_path):
     store = tmp_path / "wind.zarr"
     subprocess.run([BIN, "make-dataset", store, "--samples", "48", "--grid", "12x20",
                     "--variables", "t2m,u10,v10"], check=True, capture_output=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+    env = shim_env()
     out = subprocess.run([sys.executable, ROOT / "examples" / "python" / "transforms.py", store],
                          check=True, capture_output=True, text=True, env=env).stdout
     epochs = re.findall(r"epoch (\d): (\d+) samples .* t2m (\S+)\.\.(\S+) degC, wind (\S+)\.\.", out)
@@ -98,7 +113,7 @@ def test_fit_scaler_example(tmp_path):
     store = tmp_path / "era5.zarr"
     subprocess.run([BIN, "make-dataset", store, "--samples", "64", "--grid", "16x32"], check=True,
                    capture_output=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+    env = shim_env()
     out = subprocess.run([sys.executable, ROOT / "examples" / "python" / "fit_scaler.py", store,
                           tmp_path / "cache"], check=True, capture_output=True, text=True,
                          env=env).stdout
@@ -115,13 +130,9 @@ def test_train_torch_example_learns_resumes_where_it_stopped_and_runs_two_ranks(
     """examples/python/train_torch.py: a forecaster past persistence, a stopped run resumed to the
     same model as an unbroken one, and two torchrun ranks each reading its own share."""
     pytest.importorskip("torch")
-    if not BIN.is_file():
-        pytest.skip("needs `cargo build --release`")
-    store = tmp_path / "era5.zarr"
-    subprocess.run([BIN, "make-dataset", store, "--samples", "256", "--grid", "16x32",
-                    "--sample-chunk", "4"], check=True, capture_output=True)
+    store = forecast_store(tmp_path)
     script = ROOT / "examples" / "python" / "train_torch.py"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+    env = shim_env()
 
     def run(*args, launcher=()):
         return subprocess.run([sys.executable, *launcher, script, store, "--epochs", "2", *args],
@@ -167,13 +178,9 @@ def test_infer_jax_example_writes_each_forecast_once_at_its_valid_time(tmp_path)
     zarr = pytest.importorskip("zarr")
     import numpy as np
 
-    if not BIN.is_file():
-        pytest.skip("needs `cargo build --release`")
-    store = tmp_path / "era5.zarr"
-    subprocess.run([BIN, "make-dataset", store, "--samples", "256", "--grid", "16x32",
-                    "--sample-chunk", "4"], check=True, capture_output=True)
+    store = forecast_store(tmp_path)
     source = zarr.open_array(store, path="t2m")[:]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
+    env = shim_env()
 
     def run(out, *args):
         stdout = subprocess.run([sys.executable, ROOT / "examples" / "python" / "infer_jax.py",
@@ -193,21 +200,23 @@ def test_infer_jax_example_writes_each_forecast_once_at_its_valid_time(tmp_path)
                    for m, w in zip(attrs["stencil_offsets"], attrs["stencil_weights"]))
         return x + step
 
-    # The test split, lead 1: one run of consecutive valid times, each written once.
+    def one_run_each_written_once(out, n, forecast):
+        """The written times are one run of consecutive times, as many as were forecast, each
+        holding the stencil's value."""
+        values = forecast[:]
+        times = np.flatnonzero(~np.isnan(values).all(axis=(1, 2)))
+        assert len(times) == n > 0 and np.all(np.diff(times) == 1), out
+        assert not np.isnan(values[times]).any(), "a written forecast holds NaN"
+        np.testing.assert_allclose(values[times], expected(forecast, times), rtol=0, atol=2e-3)
+
+    # The test split, lead 1, read in order.
     out, n, mse, persistence, forecast = run(tmp_path / "test.zarr")
-    values = forecast[:]
-    times = np.flatnonzero(~np.isnan(values).all(axis=(1, 2)))
-    assert len(times) == n > 0 and np.all(np.diff(times) == 1), out
-    assert not np.isnan(values[times]).any(), "a written forecast holds NaN"
-    np.testing.assert_allclose(values[times], expected(forecast, times), rtol=0, atol=2e-3)
+    one_run_each_written_once(out, n, forecast)
     assert mse < 0.1 * persistence, f"the stencil is no better than persistence:\n{out}"
 
     # The shuffled train split: batches of scattered times, written by orthogonal indexing.
     out, n, _, _, forecast = run(tmp_path / "train.zarr", "--split", "train")
-    values = forecast[:]
-    times = np.flatnonzero(~np.isnan(values).all(axis=(1, 2)))
-    assert len(times) == n > 0 and np.all(np.diff(times) == 1), out
-    np.testing.assert_allclose(values[times], expected(forecast, times), rtol=0, atol=2e-3)
+    one_run_each_written_once(out, n, forecast)
 
     # Every anchor in order, lead 3: the forecasts are valid from t = 3 to the last time; the
     # last three anchors would read past the array's end and are not forecast from.
