@@ -19,14 +19,18 @@ def shim_env():
     return {**os.environ, "PYTHONPATH": str(ROOT / "bindings" / "python"), "INSITUBATCH_LIB": str(LIB)}
 
 
-def forecast_store(tmp_path):
-    """The store the training and inference examples run on: 64 chunks of 4 samples."""
+def make_store(store, *args):
+    """`insitubatch make-dataset store *args` (skipped without the release build); `store`."""
     if not BIN.is_file():
         pytest.skip("needs `cargo build --release`")
-    store = tmp_path / "era5.zarr"
-    subprocess.run([BIN, "make-dataset", store, "--samples", "256", "--grid", "16x32",
-                    "--sample-chunk", "4"], check=True, capture_output=True)
+    subprocess.run([BIN, "make-dataset", store, *args], check=True, capture_output=True)
     return store
+
+
+def forecast_store(tmp_path):
+    """The store the training and inference examples run on: 64 chunks of 4 samples."""
+    return make_store(tmp_path / "era5.zarr", "--samples", "256", "--grid", "16x32",
+                      "--sample-chunk", "4")
 
 
 def block(lang, index=0):
@@ -38,12 +42,8 @@ def block(lang, index=0):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    if not BIN.is_file():
-        pytest.skip("needs `cargo build --release`")
-    s = tmp_path_factory.mktemp("readme") / "era5.zarr"
-    subprocess.run([BIN, "make-dataset", s, "--samples", "64", "--grid", "16x32"], check=True,
-                   capture_output=True)
-    return s
+    return make_store(tmp_path_factory.mktemp("readme") / "era5.zarr", "--samples", "64",
+                      "--grid", "16x32")
 
 
 def test_python_cache_example(store, tmp_path):
@@ -91,11 +91,8 @@ def test_c_example(store, tmp_path):
 
 def test_transforms_example(tmp_path):
     """examples/python/transforms.py: a chunk transform and a batch transform, two epochs."""
-    if not BIN.is_file():
-        pytest.skip("needs `cargo build --release`")
-    store = tmp_path / "wind.zarr"
-    subprocess.run([BIN, "make-dataset", store, "--samples", "48", "--grid", "12x20",
-                    "--variables", "t2m,u10,v10"], check=True, capture_output=True)
+    store = make_store(tmp_path / "wind.zarr", "--samples", "48", "--grid", "12x20",
+                       "--variables", "t2m,u10,v10")
     env = shim_env()
     out = subprocess.run([sys.executable, ROOT / "examples" / "python" / "transforms.py", store],
                          check=True, capture_output=True, text=True, env=env).stdout
@@ -108,11 +105,7 @@ def test_transforms_example(tmp_path):
 
 def test_fit_scaler_example(tmp_path):
     """examples/python/fit_scaler.py: fit over the loader, then train on revived raw chunks."""
-    if not BIN.is_file():
-        pytest.skip("needs `cargo build --release`")
-    store = tmp_path / "era5.zarr"
-    subprocess.run([BIN, "make-dataset", store, "--samples", "64", "--grid", "16x32"], check=True,
-                   capture_output=True)
+    store = make_store(tmp_path / "era5.zarr", "--samples", "64", "--grid", "16x32")
     env = shim_env()
     out = subprocess.run([sys.executable, ROOT / "examples" / "python" / "fit_scaler.py", store,
                           tmp_path / "cache"], check=True, capture_output=True, text=True,
