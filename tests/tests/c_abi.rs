@@ -103,6 +103,18 @@ fn c_program(exe: &Path) -> Command {
     cmd
 }
 
+/// Runs a check program, which prints "ok" and exits 0 when every check passed.
+fn assert_prints_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim() == "ok",
+        "status {:?}\nstdout: {stdout}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// What the example programs print for `store`, computed through the Rust API: two epochs of
 /// train under a 0.75/0.25 split, batches of 8, seed 7.
 fn loader_line(store: &Path) -> String {
@@ -207,17 +219,11 @@ fn bad_input_through_the_c_abi_is_a_status_and_a_message() {
     copy_dir(&zstd.store, corrupt.path());
     std::fs::write(corrupt.path().join("c/1/0/0"), b"this is not zstd").unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let out = c_program(&exe)
-        .arg(&f.store)
-        .arg(corrupt.path())
-        .arg(cache.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok",
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    assert_prints_ok(
+        c_program(&exe)
+            .arg(&f.store)
+            .arg(corrupt.path())
+            .arg(cache.path()),
     );
     std::fs::remove_file(exe).ok();
 }
@@ -277,12 +283,31 @@ fn chunk_transforms_written_in_c_run_once_per_chunk_and_fail_cleanly() {
         &root().join("bindings/c/tests/callbacks.c"),
         "isb-callbacks",
     );
-    let out = c_program(&exe).arg(&f.store).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim() == "ok",
-        "stdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_prints_ok(c_program(&exe).arg(&f.store));
+    std::fs::remove_file(exe).ok();
+}
+
+#[test]
+fn the_cpp_wrapper_delivers_what_the_c_abi_does_and_frees_every_handle() {
+    let f = fixture_arrays()
+        .into_iter()
+        .find(|f| f.case == "era5_v3" && f.array == "t2m")
+        .expect("era5_v3 fixture");
+    let source = root().join("bindings/c/tests/wrapper.cpp");
+    // The header compiles as pedantic C++17 and C++20.
+    let exe = try_compile(&source, "isb-wrapper", &["-pedantic"]).unwrap_or_else(|e| panic!("{e}"));
+    assert_prints_ok(c_program(&exe).arg(&f.store));
+    std::fs::remove_file(exe).ok();
+    let exe = try_compile(&source, "isb-wrapper-20", &["-pedantic", "-std=c++20"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_file(exe).ok();
+    // Under the sanitizers: every handle the wrapper owns is freed (tensors kept past their
+    // dataset, early exits and failed opens included), and nothing is touched after its free.
+    let Some(flags) = sanitizer_flags() else {
+        eprintln!("skipped the sanitizer run: this compiler cannot link -fsanitize=address");
+        return;
+    };
+    let exe = try_compile(&source, "isb-wrapper-asan", flags).unwrap_or_else(|e| panic!("{e}"));
+    assert_prints_ok(sanitized(&exe).arg(&f.store));
     std::fs::remove_file(exe).ok();
 }
