@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 CARGO ?= cargo
 
-.PHONY: demo check deps build fmt clippy test-rust test-doc test-python bench-harness bench-harness-render
+.PHONY: demo check deps build install fmt clippy test-rust test-doc test-python bench-harness bench-harness-render
 
 demo:
 	$(CARGO) build --release
@@ -14,6 +14,12 @@ deps:
 
 build:
 	$(CARGO) build --release
+
+# The C library, insitubatch.h, insitubatch.hpp and a pkg-config file under PREFIX, for C and C++
+# programs built outside this tree (docs/c-api.md, "Installing").
+PREFIX ?= /usr/local
+install: build
+	bindings/c/install.sh "$(PREFIX)"
 
 fmt:
 	$(CARGO) fmt --all -- --check

@@ -311,3 +311,135 @@ fn the_cpp_wrapper_delivers_what_the_c_abi_does_and_frees_every_handle() {
     assert_prints_ok(sanitized(&exe).arg(&f.store));
     std::fs::remove_file(exe).ok();
 }
+
+/// The fields of a pkg-config file (`Cflags`, `Libs`, ...) with its variables substituted.
+fn pkg_config_fields(pc: &str) -> std::collections::HashMap<String, String> {
+    let mut vars: Vec<(String, String)> = Vec::new();
+    let mut fields = std::collections::HashMap::new();
+    let expand = |value: &str, vars: &[(String, String)]| {
+        let mut out = value.trim().to_string();
+        for (name, v) in vars.iter().rev() {
+            out = out.replace(&format!("${{{name}}}"), v);
+        }
+        out
+    };
+    for line in pc.lines() {
+        if let Some((name, value)) = line.split_once('=')
+            && !name.contains(':')
+            && !name.contains(' ')
+        {
+            let value = expand(value, &vars);
+            vars.push((name.to_string(), value));
+        } else if let Some((name, value)) = line.split_once(':') {
+            fields.insert(name.to_string(), expand(value, &vars));
+        }
+    }
+    fields
+}
+
+#[test]
+fn an_installed_prefix_builds_c_and_cpp_programs_shared_and_static() {
+    let f = fixture_arrays()
+        .into_iter()
+        .find(|f| f.case == "era5_v3")
+        .expect("era5_v3 fixture");
+    library_dir();
+    let prefix = tempfile::tempdir().unwrap();
+    let out = Command::new(root().join("bindings/c/install.sh"))
+        .arg(prefix.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lib = prefix.path().join("lib");
+    for installed in [
+        "lib/libinsitubatch.so",
+        "lib/libinsitubatch.a",
+        "include/insitubatch.h",
+        "include/insitubatch.hpp",
+    ] {
+        assert!(prefix.path().join(installed).is_file(), "{installed}");
+    }
+    let pc = std::fs::read_to_string(lib.join("pkgconfig/insitubatch.pc")).unwrap();
+    let fields = pkg_config_fields(&pc);
+    let flags = |name: &str| -> Vec<String> {
+        fields[name]
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let (cflags, libs, private) = (flags("Cflags"), flags("Libs"), flags("Libs.private"));
+    assert_eq!(fields["Version"], env!("CARGO_PKG_VERSION"));
+    // pkg-config itself, where installed, reads the file the same way.
+    if let Ok(out) = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "insitubatch"])
+        .env("PKG_CONFIG_PATH", lib.join("pkgconfig"))
+        .output()
+    {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(got, [cflags.clone(), libs.clone()].concat());
+    }
+
+    let expected = loader_line(&f.store);
+    let build_and_run = |source: &str, link: Vec<String>| -> (String, String) {
+        let exe = prefix.path().join(Path::new(source).file_stem().unwrap());
+        let cpp = source.ends_with(".cpp");
+        let out = Command::new(if cpp { "c++" } else { "cc" })
+            .args(cpp.then_some("-std=c++17"))
+            .args(["-Wall", "-Wextra", "-Werror", "-O1", "-pthread"])
+            .arg(root().join(source))
+            .args(&cflags)
+            .args(&link)
+            .arg("-o")
+            .arg(&exe)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{source}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // No LD_LIBRARY_PATH: the run path alone must find the installed library.
+        let run = Command::new(&exe)
+            .arg(&f.store)
+            .env_remove("LD_LIBRARY_PATH")
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "{source}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let ldd = Command::new("ldd").arg(&exe).output().unwrap();
+        (
+            String::from_utf8_lossy(&run.stdout).trim().to_string(),
+            String::from_utf8_lossy(&ldd.stdout).into_owned(),
+        )
+    };
+    let rpath = format!("-Wl,-rpath,{}", lib.display());
+    for source in ["examples/c/loader.c", "examples/cpp/loader.cpp"] {
+        // Shared: `Libs` and a run path into the prefix.
+        let (printed, ldd) = build_and_run(source, [libs.clone(), vec![rpath.clone()]].concat());
+        assert_eq!(printed, expected, "{source}, shared");
+        assert!(
+            ldd.contains(&format!("{}/libinsitubatch.so", lib.display())),
+            "{source} does not load the installed library:\n{ldd}"
+        );
+        // Static: the archive and `Libs.private`, nothing else.
+        let archive = lib.join("libinsitubatch.a").display().to_string();
+        let (printed, ldd) = build_and_run(source, [vec![archive], private.clone()].concat());
+        assert_eq!(printed, expected, "{source}, static");
+        assert!(!ldd.contains("libinsitubatch"), "{source} static:\n{ldd}");
+    }
+}
