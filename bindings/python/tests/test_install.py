@@ -31,7 +31,10 @@ def test_pip_install_into_a_fresh_venv_imports_and_reads(tmp_path, fixtures):
     store = fixtures[0] / "era5_v3.zarr"
     code = (
         "import insitubatch as isb, sys;"
+        "import pathlib;"
         "assert 'site-packages' in isb.__file__, isb.__file__;"
+        # PEP 561: type checkers read the package's annotations only when this marker ships.
+        "assert (pathlib.Path(isb.__file__).parent / 'py.typed').is_file();"
         f"ds = isb.InSituDataset({str(store)!r}, batch_size=4);"
         "print(sum(len(b) for b in ds.train))"
     )
