@@ -22,7 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from typing import TYPE_CHECKING, Sequence
+
 from ._lib import lib
+
+if TYPE_CHECKING:
+    from .transforms import Function
 
 
 class IsbChunk(ctypes.Structure):
@@ -80,7 +85,7 @@ _release_state.argtypes = [ctypes.c_int]
 _thread = threading.local()
 
 _lock = threading.Lock()
-_live: dict[int, object] = {}  # key -> transforms.Function, until the library releases it
+_live: dict[int, Function] = {}  # key -> transforms.Function, until the library releases it
 _next_key = 1
 _shutdown_registered = False
 
@@ -103,7 +108,7 @@ def _describe(f) -> str:
 def _apply(key, inp, out, message, message_len) -> int:
     if getattr(_thread, "kept", None) is None:
         _thread.kept = _ensure()
-    f = None
+    f: Function | None = None
     try:
         f = _live[key]
         i, o = inp.contents, out.contents
@@ -150,12 +155,10 @@ _RELEASE = RELEASE_FN(_release)
 _THREAD_EXIT = RELEASE_FN(_thread_exit)
 
 
-def callbacks(functions) -> ctypes.Array | None:
-    """The C array of callbacks for `functions` (in config order), each registered in `_live`
-    until the library releases it."""
+def callbacks(functions: Sequence[Function]) -> ctypes.Array:
+    """The C array of callbacks for `functions` (in config order, at least one), each registered
+    in `_live` until the library releases it."""
     global _next_key, _shutdown_registered
-    if not functions:
-        return None
     arr = (IsbTransformCallback * len(functions))()
     with _lock:
         if not _shutdown_registered:

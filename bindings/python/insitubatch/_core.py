@@ -104,9 +104,16 @@ def _call_interruptible(fn, *args, free) -> ctypes.c_void_p:
     return out
 
 
+def _address(p: ctypes.c_void_p, what: str) -> int:
+    """The address a call returned through `p`; NULL there would be a bug in the library."""
+    if not p.value:
+        raise errors.InternalError(f"the library returned a NULL {what}")
+    return p.value
+
+
 def _take_string(p: ctypes.c_void_p) -> str:
     try:
-        return ctypes.string_at(p.value).decode("utf-8")
+        return ctypes.string_at(_address(p, "string")).decode("utf-8")
     finally:
         lib.isb_string_free(p)
 
@@ -289,7 +296,7 @@ def open_geometries(
         free=lib.isb_string_free,
     )
     raw = json.loads(_take_string(out))
-    out = {
+    geometries = {
         p: ArrayGeometry(
             store=_store_str(store),
             path=p,
@@ -302,13 +309,13 @@ def open_geometries(
         for p, g in raw.items()
     }
     if variables is None:
-        return out
-    missing = [v for v in variables if v not in out]
+        return geometries
+    missing = [v for v in variables if v not in geometries]
     if missing:
         raise errors.InvalidArgument(
-            f"variables {missing} are not data variables of {store}; it has {sorted(out)}"
+            f"variables {missing} are not data variables of {store}; it has {sorted(geometries)}"
         )
-    return {v: out[v] for v in variables}
+    return {v: geometries[v] for v in variables}
 
 
 @dataclass
@@ -388,11 +395,12 @@ def split_by_chunk(
 def _check_int(name: str, value, minimum: int = 1) -> int:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise TypeError(f"`{name}` must be an int, not {type(value).__name__}")
+    value = int(value)
     if value < minimum:
         raise errors.InvalidArgument(f"invalid argument `{name}` = {value}: must be at least {minimum}")
     if value >= 2**64:  # the library takes 64-bit integers
         raise errors.InvalidArgument(f"invalid argument `{name}` = {value}: must be below 2**64")
-    return int(value)
+    return value
 
 
 class _Export:
@@ -500,12 +508,12 @@ class _BatchReader:
         try:
             _check(lib.isb_batch_sample_indices(handle, self.idx_ref, self.len_ref, self.err_ref), self.err)
             n = self.len.value
-            raw = ctypes.string_at(self.idx.value, n * 8) if n else b""
+            raw = ctypes.string_at(_address(self.idx, "sample index array"), n * 8) if n else b""
             sample_indices = np.frombuffer(raw, dtype=np.uint64).astype(np.int64)
             arrays = {}
             for label, raw_label, inner, typestr in self.labels:
                 _check(lib.isb_batch_export(handle, raw_label, self.tensor_ref, self.err_ref), self.err)
-                tensor = self.tensor.value
+                tensor = _address(self.tensor, "tensor")
                 data = ctypes.c_size_t.from_address(tensor + DATA_OFFSET).value
                 arrays[label] = np.asarray(_Export(tensor, data, (n,) + inner, typestr))
         finally:
@@ -519,7 +527,7 @@ class _Epoch:
 
     def __init__(self, ds: "InSituDataset", it: ctypes.c_void_p, n_batches: int):
         self._ds = ds
-        self._it = it
+        self._it: ctypes.c_void_p | None = it
         self._len = n_batches
         self._reader = _BatchReader(ds.sample_formats, ds._offsets)
         self._b = ctypes.c_void_p()

@@ -277,7 +277,7 @@ def to_config(transforms: Sequence) -> list[dict]:
     return _config_and_functions(transforms)[0]
 
 
-def _config_and_functions(transforms: Sequence) -> tuple[list[dict], list[Function]]:
+def _config_and_functions(transforms: Iterable) -> tuple[list[dict], list[Function]]:
     """The JSON list and, in the order its ``callback`` entries number them, the functions."""
     if isinstance(transforms, (str, bytes, dict)) or not isinstance(transforms, Iterable):
         raise TypeError("`chunk_transforms` must be a list of transforms")
