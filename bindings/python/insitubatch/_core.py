@@ -443,12 +443,16 @@ class EpochOrder(NamedTuple):
 
 
 class Batch:
-    """One batch: `arrays[label]` shaped (batch, *sample_inner), aliasing Rust memory."""
+    """One batch: `arrays[label]` shaped (batch, *sample_inner), aliasing Rust memory;
+    `sample_indices`, the anchor of each row; `epoch`, the epoch it was drawn in (what a
+    per-sample random augmentation keys on with the sample index, `insitubatch.augment`)."""
 
-    def __init__(self, arrays: dict, sample_indices: np.ndarray, offsets: Mapping[str, int]):
+    def __init__(self, arrays: dict, sample_indices: np.ndarray, offsets: Mapping[str, int],
+                 epoch: int = 0):
         self.arrays = arrays
         self.sample_indices = sample_indices
         self._offsets = dict(offsets)
+        self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self.sample_indices)
@@ -489,7 +493,8 @@ class _BatchReader:
     dataset, and the out-parameters are reused, so a batch costs one C call per label plus three
     and no ctypes structure traversal."""
 
-    def __init__(self, formats: Mapping[str, tuple], offsets: Mapping[str, int]):
+    def __init__(self, formats: Mapping[str, tuple], offsets: Mapping[str, int], epoch: int):
+        self.epoch = epoch
         self.labels = [
             (label, label.encode(), tuple(shape), dtype.str)
             for label, (shape, dtype) in formats.items()
@@ -518,18 +523,18 @@ class _BatchReader:
                 arrays[label] = np.asarray(_Export(tensor, data, (n,) + inner, typestr))
         finally:
             lib.isb_batch_free(handle)
-        return Batch(arrays, sample_indices, self.offsets)
+        return Batch(arrays, sample_indices, self.offsets, self.epoch)
 
 
 class _Epoch:
     """One epoch's iterator. Breaking out of the loop (or dropping it) stops the epoch and frees
     what it held; after an error, `next` raises `Cancelled` naming the first error."""
 
-    def __init__(self, ds: "InSituDataset", it: ctypes.c_void_p, n_batches: int):
+    def __init__(self, ds: "InSituDataset", it: ctypes.c_void_p, n_batches: int, epoch: int):
         self._ds = ds
         self._it: ctypes.c_void_p | None = it
         self._len = n_batches
-        self._reader = _BatchReader(ds.sample_formats, ds._offsets)
+        self._reader = _BatchReader(ds.sample_formats, ds._offsets, epoch)
         self._b = ctypes.c_void_p()
         self._err = ctypes.c_void_p()
         self._refs = (ctypes.byref(self._b), ctypes.byref(self._err))
@@ -996,7 +1001,13 @@ class InSituDataset:
             lib.isb_iter_start_at(self._live(), split.encode(), start_batch, ctypes.byref(it), ctypes.byref(err)),
             err,
         )
-        return _Epoch(self, it, n_batches - start_batch)
+        try:
+            # The iteration's own epoch (set_epoch from another thread cannot change it now).
+            epoch = int(_json_call(lib.isb_iter_stats_json, it)["epoch"])
+        except BaseException:
+            lib.isb_iter_free(it)
+            raise
+        return _Epoch(self, it, n_batches - start_batch, epoch)
 
     # reports ---------------------------------------------------------------------------
     def stats(self) -> dict:
