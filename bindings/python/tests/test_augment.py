@@ -68,43 +68,41 @@ def test_each_label_is_cut_at_one_origin_per_sample(store):
     assert {i for i, _ in found} == set(range(H - 4)) and {j for _, j in found} == set(range(W - 5))
 
 
+def check_crops(path, label, geometry, crop, want, epochs=(0,)):
+    """Crops every batch of a few epochs of `label` alone, checks each row against
+    `want(sample, origin)`, and returns the origins."""
+    found = []
+    for epoch in epochs:
+        for b in batches(path, {label: geometry}, epoch=epoch, batch_size=6):
+            origins = crop.origins(b)
+            out = crop(b)
+            for r, s in enumerate(out.sample_indices):
+                np.testing.assert_array_equal(out.arrays[label][r], want(s, *origins[r]))
+                found.append(tuple(origins[r]))
+    return found
+
+
 def test_axes_other_than_the_last_and_a_periodic_axis(store):
     path, ref = store
     g = isb.open_geometries(path)
     # Channels last: crop the two axes before it.
-    crop = RandomCrop((5, 6), labels=["chl"], axes=(0, 1), seed=1)
-    for b in batches(path, {"chl": g["chl"]}, batch_size=6):
-        origins = crop.origins(b)
-        out = crop(b)
-        assert out.arrays["chl"].shape == (len(b), 5, 6, 2)
-        for r, s in enumerate(out.sample_indices):
-            i, j = origins[r]
-            np.testing.assert_array_equal(out.arrays["chl"][r], ref["chl"][s, i:i + 5, j:j + 6])
+    check_crops(path, "chl", g["chl"], RandomCrop((5, 6), labels=["chl"], axes=(0, 1), seed=1),
+                lambda s, i, j: ref["chl"][s, i:i + 5, j:j + 6])
     # Longitude periodic: a window of 8 may start anywhere and run past the end.
-    crop = RandomCrop((4, 8), wrap=(False, True), seed=2)
-    across = 0
-    for epoch in range(4):
-        for b in batches(path, {"mask": g["mask"]}, epoch=epoch, batch_size=6):
-            origins = crop.origins(b)
-            out = crop(b)
-            for r, s in enumerate(out.sample_indices):
-                i, j = origins[r]
-                assert 0 <= i <= H - 4 and 0 <= j < W
-                across += j + 8 > W
-                want = np.take(ref["mask"][s, i:i + 4], np.arange(j, j + 8) % W, axis=1)
-                np.testing.assert_array_equal(out.arrays["mask"][r], want)
-    assert across > 0
+    found = check_crops(
+        path, "mask", g["mask"], RandomCrop((4, 8), wrap=(False, True), seed=2),
+        lambda s, i, j: np.take(ref["mask"][s, i:i + 4], np.arange(j, j + 8) % W, axis=1),
+        epochs=range(4))
+    assert all(0 <= i <= H - 4 and 0 <= j < W for i, j in found)
+    assert any(j + 8 > W for _, j in found)
     # A periodic first axis beside a bounded one, channels last.
-    crop = RandomCrop((7, 6), labels=["chl"], axes=(0, 1), wrap=(True, False), seed=4)
-    for b in batches(path, {"chl": g["chl"]}, batch_size=6):
-        origins = crop.origins(b)
-        out = crop(b)
-        assert out.arrays["chl"].shape == (len(b), 7, 6, 2)
-        for r, s in enumerate(out.sample_indices):
-            i, j = origins[r]
-            assert 0 <= i < H and 0 <= j <= W - 6
-            want = np.take(ref["chl"][s, :, j:j + 6], np.arange(i, i + 7) % H, axis=0)
-            np.testing.assert_array_equal(out.arrays["chl"][r], want)
+    found = check_crops(
+        path, "chl", g["chl"],
+        RandomCrop((7, 6), labels=["chl"], axes=(0, 1), wrap=(True, False), seed=4),
+        lambda s, i, j: np.take(ref["chl"][s, :, j:j + 6], np.arange(i, i + 7) % H, axis=0),
+        epochs=range(2))
+    assert all(0 <= i < H and 0 <= j <= W - 6 for i, j in found)
+    assert any(i + 7 > H for i, _ in found)
 
 
 def test_the_draw_depends_on_seed_epoch_and_sample_only(store):
