@@ -349,8 +349,9 @@ class Iter : public detail::Handle<IsbIter, isb_iter_free> {
     });
   }
 
-  // An input iterator over the remaining batches; each step frees the batch before it (its
-  // exported tensors stay valid).
+  // An input iterator over the remaining batches, like std::istream_iterator: its copies
+  // share this iteration, which holds the current batch; each step frees the batch before it
+  // (its exported tensors stay valid).
   class iterator {
    public:
     using iterator_category = std::input_iterator_tag;
@@ -360,28 +361,46 @@ class Iter : public detail::Handle<IsbIter, isb_iter_free> {
     using reference = Batch &;
 
     iterator() = default;
-    Batch &operator*() { return *current_; }
-    Batch *operator->() { return &*current_; }
+    Batch &operator*() const { return *iter_->current_; }
+    Batch *operator->() const { return &*iter_->current_; }
     iterator &operator++() {
-      current_ = iter_->next();
-      if (!current_) iter_ = nullptr;
+      iter_->current_ = iter_->next();
+      if (!iter_->current_) iter_ = nullptr;
       return *this;
     }
+    void operator++(int) { ++*this; }
     bool operator==(const iterator &other) const noexcept { return iter_ == other.iter_; }
     bool operator!=(const iterator &other) const noexcept { return iter_ != other.iter_; }
 
    private:
     friend class Iter;
-    explicit iterator(Iter *iter) : iter_(iter) { ++*this; }
+    explicit iterator(Iter *iter) noexcept : iter_(iter) {}
     Iter *iter_ = nullptr;
-    std::optional<Batch> current_;
   };
   iterator begin() {
     detail::live(h_, "Iter");
-    return iterator(this);
+    iterator first(this);
+    ++first;
+    return first;
   }
   iterator end() noexcept { return iterator(); }
 
+  Iter() = default;
+  Iter(Iter &&other) noexcept = default;
+  // The current batch goes before the iteration it came from (as in the destructor, where
+  // members go before the base).
+  Iter &operator=(Iter &&other) noexcept {
+    if (this != &other) {
+      current_.reset();
+      Handle::operator=(std::move(other));
+      current_ = std::move(other.current_);
+    }
+    return *this;
+  }
+  ~Iter() = default;
+
+ private:
+  std::optional<Batch> current_;  // the batch a range-for is on
 };
 
 // One chunk as a transform sees it (insitubatch.h's IsbChunk): the input, or the output to fill.

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -181,6 +182,14 @@ int main(int argc, char **argv) {
       }
       EXPECT(delivered == order.samples, "the batches did not deliver the planned order");
       EXPECT((rows == std::vector<size_t>{5, 5, 2}), "rows per batch");
+
+      // Iterators are input iterators (copies share the iteration): std::distance counts the
+      // batches left.
+      {
+        isb::Iter it = ds.iter("train");
+        EXPECT(std::distance(it.begin(), it.end()) == 3, "std::distance over an epoch");
+        EXPECT(!it.next(), "the epoch is over after std::distance");
+      }
 
       // Early exit: break after the first batch; resuming at batch 1 gives the rest.
       {
