@@ -443,3 +443,38 @@ fn an_installed_prefix_builds_c_and_cpp_programs_shared_and_static() {
         assert!(!ldd.contains("libinsitubatch"), "{source} static:\n{ldd}");
     }
 }
+
+#[test]
+fn the_cpp_snippets_in_the_c_api_docs_compile() {
+    // Each ```cpp block of docs/c-api.md becomes the body of a `main` (its includes and
+    // namespace aliases at file scope), with the names the prose leaves to the reader: `store`,
+    // and `step`, the model's step.
+    let doc = std::fs::read_to_string(root().join("docs/c-api.md")).unwrap();
+    let blocks: Vec<&str> = doc
+        .split("```cpp\n")
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap())
+        .collect();
+    assert!(blocks.len() >= 2, "docs/c-api.md lost its C++ examples");
+    let dir = tempfile::tempdir().unwrap();
+    for (i, block) in blocks.iter().enumerate() {
+        let (file_scope, body): (Vec<&str>, Vec<&str>) = block
+            .lines()
+            .partition(|l| l.starts_with("#include") || l.starts_with("namespace "));
+        let source = dir.path().join(format!("snippet{i}.cpp"));
+        std::fs::write(
+            &source,
+            format!(
+                "#include <string>\n#include \"insitubatch.hpp\"\n{}\nnamespace isb = insitubatch;\n\
+                 template <typename... A> void step(A &&...) {{}}\n\
+                 int main() {{\n  const std::string store = \"era5.zarr\";\n{}\n}}\n",
+                file_scope.join("\n"),
+                body.join("\n")
+            ),
+        )
+        .unwrap();
+        let exe = try_compile(&source, &format!("isb-doc-snippet{i}"), &["-pedantic"])
+            .unwrap_or_else(|e| panic!("docs/c-api.md, C++ example {}:\n{block}\n{e}", i + 1));
+        std::fs::remove_file(exe).ok();
+    }
+}
