@@ -1,6 +1,9 @@
 """insitubatch.augment: random crops against the stored values, one window for every label, draws
 that depend on (seed, epoch, sample) only, periodic axes, and bad arguments."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import zarr
@@ -176,3 +179,26 @@ def test_bad_arguments_name_what_is_wrong(store):
         RandomCrop(2, labels="mask")
     with pytest.raises(ValueError, match="must not be negative"):
         sample_random_bits(0, 0, [-1])
+
+
+def test_the_example_in_the_python_docs_runs(tmp_path):
+    """docs/python-api.md, "Random crops": its example as printed, on a store of its own."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
+    section = text.split("## Random crops", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    path = tmp_path / "era5.zarr"
+    g = zarr.open_group(path, mode="w", zarr_format=3)
+    t2m = np.random.default_rng(1).standard_normal((100, 72, 96)).astype("float32")
+    g.create_array("t2m", shape=t2m.shape, chunks=(4, 72, 96), dtype="float32")[...] = t2m
+    scope = {"isb": isb, "store": str(path)}
+    exec(code, scope)
+    x, y = scope["x"], scope["y"]  # the last batch of the epoch
+    assert x.shape[1:] == y.shape[1:] == (64, 64) and 0 < len(x) <= 64
+    # y is x six steps on, cut at the same place: its window is found in t2m at x's origin.
+    batch = scope["batch"]
+    for r, s in enumerate(batch.sample_indices):
+        hits = [(i, j) for i in range(72 - 63) for j in range(96 - 63)
+                if np.array_equal(t2m[s, i:i + 64, j:j + 64], x[r])]
+        assert len(hits) == 1
+        i, j = hits[0]
+        np.testing.assert_array_equal(y[r], t2m[s + 6, i:i + 64, j:j + 64])
