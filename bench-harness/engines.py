@@ -88,9 +88,11 @@ def latency_summary(intervals_s):
     }
 
 
-def make_train_step(names):
+def make_train_step(names, accelerator_ms=0.0):
     """A small torch model step per batch (the "keeping the accelerator fed" mode; on a CPU-only
-    machine it runs on the CPU): a linear layer over the first 4096 values of each sample."""
+    machine it runs on the CPU): a linear layer over the first 4096 values of each sample. With
+    `accelerator_ms`, the step then waits that long, as a host waits for a GPU's step, the
+    cores left to the loader: an accelerator that takes a batch every `accelerator_ms`."""
     import torch
 
     torch.manual_seed(0)
@@ -104,6 +106,8 @@ def make_train_step(names):
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if accelerator_ms:
+            time.sleep(accelerator_ms / 1e3)
 
     return step
 
@@ -155,6 +159,8 @@ def main():
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--train-step", action="store_true", help="run a small torch model step per batch")
+    ap.add_argument("--accelerator-ms", type=float, default=0.0,
+                    help="with --train-step, wait this long in each step, as for a GPU's step")
     ap.add_argument("--sequential", action="store_true",
                     help="store order, as an inference pass (insitubatch and the DataLoader)")
     a = ap.parse_args()
@@ -179,7 +185,9 @@ def main():
         n = arrays[names[0]].shape[0]
         sample_bytes = sum(int(np.prod(arrays[k].shape[1:])) * arrays[k].dtype.itemsize for k in names)
         spc = int(arrays[names[0]].chunks[0])
-    step = make_train_step(names) if a.train_step else None
+    if a.accelerator_ms and not a.train_step:
+        sys.exit("--accelerator-ms needs --train-step")
+    step = make_train_step(names, a.accelerator_ms) if a.train_step else None
 
     def shuffled(epoch):
         return np.random.default_rng(epoch).permutation(n)

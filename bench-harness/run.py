@@ -166,7 +166,7 @@ except ImportError:
     HAVE_XBATCHER = False
 
 
-def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0):
+def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0, accelerator_ms=0.0):
     """Every engine on `store`, each in its own process. Before each process starts, `settle`
     seconds pass, so that each starts with the machine's memory in the same state: on a VM that
     hands freed memory back to its host, an engine started right after another process exits
@@ -191,6 +191,8 @@ def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0):
     common = ["--epochs", str(epochs), "--batch-size", str(batch_size)]
     if train_step:
         common.append("--train-step")
+        if accelerator_ms:
+            common += ["--accelerator-ms", str(accelerator_ms)]
 
     def run_python_engine(engine, extra=(), env=None):
         time.sleep(settle)
@@ -297,6 +299,11 @@ def markdown(rows):
     lines = []
     for m in dict.fromkeys(json.dumps(r["machine"], sort_keys=True) for r in rows if "machine" in r):
         lines.append("\n" + machine_line(json.loads(m)))
+    for ms in dict.fromkeys(r["accelerator_ms"] for r in rows if "accelerator_ms" in r):
+        lines.append(f"\n_Model step per batch (the Python engines; the Rust API row has none): a "
+                     f"small torch step, then {ms:g} ms of waiting, as for an accelerator's step "
+                     f"with the cores left to the loader; \"data stall\" is the share of the "
+                     f"epoch's wall time spent outside the step._")
     for store in dict.fromkeys(r["store"] for r in rows):
         rs = [r for r in rows if r["store"] == store]
         runs = rs[0].get("decode_ceiling_runs_mb_s", [])
@@ -423,6 +430,9 @@ def main():
                          "state for every engine; 0 with --smoke)")
     ap.add_argument("--train-step", action="store_true",
                     help="run a small torch model step per batch and report the data-stall fraction")
+    ap.add_argument("--accelerator-ms", type=float, default=0.0,
+                    help="with --train-step, each step also waits this long, as a host waits for "
+                         "a GPU's step with the cores left to the loader (Python engines only)")
     ap.add_argument("--from", dest="from_rows", default=None, metavar="JSONL",
                     help="measure nothing: render the table, the plots and the docs region from "
                          "the rows of an earlier run (its --out file)")
@@ -430,6 +440,8 @@ def main():
                     help="skip the inference pass (one sequential pass from a fresh process, "
                          "for time to first batch) that follows each store's engines")
     a = ap.parse_args()
+    if a.accelerator_ms and not a.train_step:
+        ap.error("--accelerator-ms needs --train-step")
     if a.smoke:
         a.spc, a.samples, a.grid, a.epochs, a.workers, a.settle = "8", 64, "16x32", 1, "0,1", 0.0
     cores = os.cpu_count() or 1
@@ -447,13 +459,16 @@ def main():
         jobs = [(int(s), None) for s in a.spc.split(",")]
     for spc, variant in jobs:
         store = make_store(a.dir, spc, a.samples, a.grid, variant)
-        measured = measure(store, a.epochs, workers, a.batch_size, a.train_step, a.settle)
+        measured = measure(store, a.epochs, workers, a.batch_size, a.train_step, a.settle,
+                           a.accelerator_ms)
         passes = [] if a.no_inference else measure_inference(store, measured, a.batch_size,
                                                              a.settle)
         for r in measured + passes:
             r["samples_per_chunk"] = spc
             r["variant"] = variant or "family"
             r["machine"] = machine
+            if a.train_step:
+                r["accelerator_ms"] = a.accelerator_ms
             (inference if r.get("mode") == "inference" else rows).append(r)
             line = json.dumps(r)
             print(line, flush=True)

@@ -18,7 +18,7 @@ def test_every_engine_runs_once_and_reports(tmp_path):
     subprocess.run(
         [sys.executable, str(HERE / "run.py"), "--smoke", "--dir", str(tmp_path / "stores"),
          "--out", str(out), "--markdown", str(tmp_path / "table.md"), "--plots", str(tmp_path),
-         "--train-step", "--docs", str(docs)],
+         "--train-step", "--accelerator-ms", "5", "--docs", str(docs)],
         check=True, capture_output=True, text=True,
     )
     # The docs region was regenerated from this run's table; the text around it is kept.
@@ -54,6 +54,8 @@ def test_every_engine_runs_once_and_reports(tmp_path):
     # The model-step mode reports how much of each epoch waited for data.
     shim = next(r for r in rows if "Python shim" in r["engine"])
     assert 0.0 <= shim["best"]["data_stall_fraction"] <= 1.0
+    # With a simulated accelerator every step waits its 5 ms: two batches of 32, at least 10 ms.
+    assert shim["best"]["step_s"] >= 2 * 0.005 and shim["accelerator_ms"] == 5.0
     table = (tmp_path / "table.md").read_text()
     assert "× tuned DataLoader (steady)" in table and "× decode ceiling (steady)" in table
     assert f"(mean of {before:.0f} before and {after:.0f} after the insitubatch engines)" in table
