@@ -61,6 +61,10 @@ bench-harness: deps build
 	rm -f docs/harness/variants.jsonl
 	$(PYTHON) bench-harness/run.py --variants fat-spatial,v2-blosc,sharded \
 	  --out docs/harness/variants.jsonl --markdown docs/harness/variants.md --docs docs/benchmarks.md
+	rm -f docs/harness/train_step.jsonl
+	$(PYTHON) bench-harness/run.py --train-step --accelerator-ms 10 --spc 1,8,32 --no-inference \
+	  --out docs/harness/train_step.jsonl --markdown docs/harness/train_step.md \
+	  --docs docs/benchmarks.md --docs-region train-step
 
 # The tables, the plots and the docs regions again from the saved rows (measures nothing).
 bench-harness-render: deps
@@ -68,3 +72,5 @@ bench-harness-render: deps
 	  --markdown docs/harness/table.md --plots docs/harness --docs docs/benchmarks.md
 	$(PYTHON) bench-harness/run.py --variants fat-spatial,v2-blosc,sharded \
 	  --from docs/harness/variants.jsonl --markdown docs/harness/variants.md --docs docs/benchmarks.md
+	$(PYTHON) bench-harness/run.py --from docs/harness/train_step.jsonl \
+	  --markdown docs/harness/train_step.md --docs docs/benchmarks.md --docs-region train-step
