@@ -182,8 +182,9 @@ def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0, ac
     for name, extra in [("insitubatch (Rust API)", []),
                         ("insitubatch (Rust API, fast_first_batch)", ["--fast-first-batch"])]:
         time.sleep(settle)
+        step = ["--accelerator-ms", str(accelerator_ms)] if train_step and accelerator_ms else []
         out, peak, procs, cpu = run_tree([BIN, "bench", store, "--epochs", str(epochs),
-                                          "--batch-size", str(batch_size), *extra, "--json"])
+                                          "--batch-size", str(batch_size), *extra, *step, "--json"])
         rows.append({"engine": name, "epochs": rust_epochs(out),
                      "peak_rss_bytes": peak, "processes": procs, "cpu_s": cpu})
 
@@ -253,6 +254,7 @@ def rust_epochs(out):
         "latency_ms_p90": e["stats"]["batch_latency_us_p90"] / 1e3,
         "latency_ms_p99": e["stats"]["batch_latency_us_p99"] / 1e3,
         "latency_ms_max": e["stats"]["batch_latency_us_max"] / 1e3,
+        **{k: e[k] for k in ("step_s", "data_stall_fraction") if k in e},
     } for i, e in enumerate(rust["epochs"])]
 
 
@@ -300,10 +302,11 @@ def markdown(rows):
     for m in dict.fromkeys(json.dumps(r["machine"], sort_keys=True) for r in rows if "machine" in r):
         lines.append("\n" + machine_line(json.loads(m)))
     for ms in dict.fromkeys(r["accelerator_ms"] for r in rows if "accelerator_ms" in r):
-        lines.append(f"\n_Model step per batch (the Python engines; the Rust API row has none): a "
-                     f"small torch step, then {ms:g} ms of waiting, as for an accelerator's step "
-                     f"with the cores left to the loader; \"data stall\" is the share of the "
-                     f"epoch's wall time spent outside the step._")
+        lines.append(f"\n_Model step per batch: in the Python engines a small torch step, then "
+                     f"{ms:g} ms of waiting, as for an accelerator's step with the cores left to "
+                     f"the loader; in the Rust API rows (no torch) the {ms:g} ms wait alone. "
+                     f"\"Data stall\" is the share of the epoch's wall time spent outside the "
+                     f"step._")
     for store in dict.fromkeys(r["store"] for r in rows):
         rs = [r for r in rows if r["store"] == store]
         runs = rs[0].get("decode_ceiling_runs_mb_s", [])
@@ -432,7 +435,8 @@ def main():
                     help="run a small torch model step per batch and report the data-stall fraction")
     ap.add_argument("--accelerator-ms", type=float, default=0.0,
                     help="with --train-step, each step also waits this long, as a host waits for "
-                         "a GPU's step with the cores left to the loader (Python engines only)")
+                         "a GPU's step with the cores left to the loader (the Rust API rows: the "
+                         "wait alone)")
     ap.add_argument("--from", dest="from_rows", default=None, metavar="JSONL",
                     help="measure nothing: render the table, the plots and the docs region from "
                          "the rows of an earlier run (its --out file)")

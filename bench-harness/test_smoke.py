@@ -56,6 +56,8 @@ def test_every_engine_runs_once_and_reports(tmp_path):
     assert 0.0 <= shim["best"]["data_stall_fraction"] <= 1.0
     # With a simulated accelerator every step waits its 5 ms: two batches of 32, at least 10 ms.
     assert shim["best"]["step_s"] >= 2 * 0.005 and shim["accelerator_ms"] == 5.0
+    rust = next(r for r in rows if r["engine"] == "insitubatch (Rust API)")
+    assert rust["best"]["step_s"] >= 2 * 0.005 and 0.0 <= rust["best"]["data_stall_fraction"] < 1
     table = (tmp_path / "table.md").read_text()
     assert "× tuned DataLoader (steady)" in table and "× decode ceiling (steady)" in table
     assert f"(mean of {before:.0f} before and {after:.0f} after the insitubatch engines)" in table

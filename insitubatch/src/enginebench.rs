@@ -8,7 +8,7 @@
 //! epoch is compared with.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -32,6 +32,12 @@ pub struct EpochReport {
     pub mb_per_s: f64,
     /// From the start of this process to the epoch's first batch, ms.
     pub ttfb_from_process_start_ms: f64,
+    /// With a model step ([`run_epoch_with_step`]): the epoch's seconds spent in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_s: Option<f64>,
+    /// With a model step: the share of the epoch spent outside it, waiting for data.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_stall_fraction: Option<f64>,
 }
 
 /// When this process started (its first call here or to [`process_start`] fixes it; the CLI
@@ -48,25 +54,47 @@ pub fn run_epoch(
     epoch: u64,
     on_batch: &dyn Fn(u64, u64),
 ) -> Result<EpochReport, EngineError> {
+    run_epoch_with_step(ds, split, epoch, Duration::ZERO, on_batch)
+}
+
+/// [`run_epoch`] with a model step that holds each batch for `step` (a sleep, as a host waits
+/// for an accelerator's step with the cores left to the loader); a zero `step` is none.
+pub fn run_epoch_with_step(
+    ds: &InSituDataset,
+    split: &str,
+    epoch: u64,
+    step: Duration,
+    on_batch: &dyn Fn(u64, u64),
+) -> Result<EpochReport, EngineError> {
     ds.set_epoch(epoch);
     let start = Instant::now();
     let mut pass = ds.iter(split)?;
     let total = pass.stats().batches_total;
     let mut done = 0;
     let mut first: Option<Instant> = None;
+    let mut in_step = Duration::ZERO;
     for batch in pass.by_ref() {
-        drop(batch?);
+        let batch = batch?;
         first.get_or_insert_with(Instant::now);
+        if !step.is_zero() {
+            let t = Instant::now();
+            std::thread::sleep(step);
+            in_step += t.elapsed();
+        }
+        drop(batch);
         done += 1;
         on_batch(done, total);
     }
     let seconds = start.elapsed().as_secs_f64();
     let stats = pass.stats();
     let first = first.unwrap_or_else(Instant::now);
+    let step_s = (!step.is_zero()).then(|| in_step.as_secs_f64());
     Ok(EpochReport {
         samples_per_s: stats.samples as f64 / seconds,
         mb_per_s: stats.bytes_delivered as f64 / seconds / 1e6,
         ttfb_from_process_start_ms: (first - process_start()).as_secs_f64() * 1e3,
+        step_s,
+        data_stall_fraction: step_s.map(|s| 1.0 - s / seconds),
         seconds,
         stats,
     })

@@ -7,13 +7,15 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use insitubatch::check_transform::{check_transform, transforms_arg};
-use insitubatch::enginebench::{EpochReport, compare_with_ceilings, peak_rss_bytes, run_epoch};
+use insitubatch::enginebench::{
+    EpochReport, compare_with_ceilings, peak_rss_bytes, run_epoch_with_step,
+};
 use insitubatch::inspect::{human_bytes, inspect};
 use insitubatch::readbench::bench_read;
 use insitubatch::runtime::{Runtime, RuntimeBuilder};
@@ -335,6 +337,11 @@ enum Command {
         /// Repeats of each ceiling (best kept).
         #[arg(long, default_value_t = 3, value_parser = at_least_one())]
         repeat: usize,
+        /// Hold each batch this many milliseconds, as a model step on an accelerator would
+        /// (a sleep: the cores stay the loader's), and report the share of each epoch spent
+        /// waiting for data.
+        #[arg(long, default_value_t = 0.0, conflicts_with = "ceilings", value_parser = non_negative_ms)]
+        accelerator_ms: f64,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -700,6 +707,21 @@ fn print_epoch(r: &EpochReport) {
             ),
         },
     );
+    if let Some(stall) = r.data_stall_fraction {
+        println!(
+            "  with the model step: {:.2} s in it, {:.1} % of the epoch waiting for data",
+            r.step_s.unwrap_or(0.0),
+            100.0 * stall
+        );
+    }
+}
+
+/// A clap parser for milliseconds that must be finite and not negative.
+fn non_negative_ms(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of milliseconds (0 or more)")),
+    }
 }
 
 /// A clap parser for counts that must be at least 1.
@@ -711,12 +733,13 @@ fn run_epochs_with_bar(
     ds: &InSituDataset,
     split: &str,
     epochs: u64,
+    step: Duration,
 ) -> Result<Vec<EpochReport>, EngineError> {
     let mut out = Vec::new();
     for epoch in 0..epochs {
         let pb = progress_bar(0, &format!("epoch {epoch}"));
         let pb2 = pb.clone();
-        let r = run_epoch(ds, split, epoch, &move |done, total| {
+        let r = run_epoch_with_step(ds, split, epoch, step, &move |done, total| {
             if pb2.length() != Some(total) {
                 pb2.set_length(total);
             }
@@ -860,7 +883,7 @@ fn run(cli: Cli) -> CliResult {
                 insitubatch::DEFAULT_PREFETCH_DEPTH,
                 ds.io_backend()
             );
-            run_epochs_with_bar(&ds, "train", epochs)?;
+            run_epochs_with_bar(&ds, "train", epochs, Duration::ZERO)?;
             let pool = ds.pool_stats();
             // Chunks decoded straight into batch rows take no pool slot, so nothing sizes it.
             let why = if pool.budget_bytes == 0 {
@@ -917,8 +940,10 @@ fn run(cli: Cli) -> CliResult {
             epochs,
             ceilings,
             repeat,
+            accelerator_ms,
             json,
         } => {
+            let step = Duration::from_secs_f64(accelerator_ms / 1e3);
             let split = &pass.split;
             if ceilings {
                 let make = |b: Option<u64>| {
@@ -952,11 +977,11 @@ fn run(cli: Cli) -> CliResult {
             let reports = if json {
                 let mut v = Vec::new();
                 for e in 0..epochs {
-                    v.push(run_epoch(&ds, split, e, &|_, _| {})?);
+                    v.push(run_epoch_with_step(&ds, split, e, step, &|_, _| {})?);
                 }
                 v
             } else {
-                run_epochs_with_bar(&ds, split, epochs)?
+                run_epochs_with_bar(&ds, split, epochs, step)?
             };
             let cache = ds.cache_stats();
             if json {
