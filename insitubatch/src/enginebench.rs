@@ -88,7 +88,7 @@ pub fn run_epoch_with_step(
     let seconds = start.elapsed().as_secs_f64();
     let stats = pass.stats();
     let first = first.unwrap_or_else(Instant::now);
-    let step_s = (!step.is_zero()).then(|| in_step.as_secs_f64());
+    let step_s = (!step.is_zero()).then_some(in_step.as_secs_f64());
     Ok(EpochReport {
         samples_per_s: stats.samples as f64 / seconds,
         mb_per_s: stats.bytes_delivered as f64 / seconds / 1e6,
