@@ -12,6 +12,15 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The store of the zarr-python fixture `case` (with `array` in it, when given).
+fn fixture_store(case: &str, array: Option<&str>) -> PathBuf {
+    fixture_arrays()
+        .into_iter()
+        .find(|f| f.case == case && array.is_none_or(|a| f.array == a))
+        .unwrap_or_else(|| panic!("no fixture {case} {array:?}"))
+        .store
+}
+
 /// Builds the C library (release) and returns its directory.
 fn library_dir() -> PathBuf {
     let out = Command::new(env!("CARGO"))
@@ -147,19 +156,16 @@ fn loader_line(store: &Path) -> String {
 
 /// Runs the example `source` on the era5_v3 fixture and checks its line against the Rust API's.
 fn example_prints_the_rust_apis_checksum(source: &str, name: &str) {
-    let f = fixture_arrays()
-        .into_iter()
-        .find(|f| f.case == "era5_v3")
-        .expect("era5_v3 fixture");
+    let store = fixture_store("era5_v3", None);
     let exe = compile(&root().join(source), name);
-    let out = c_program(&exe).arg(&f.store).output().unwrap();
+    let out = c_program(&exe).arg(&store).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let printed = String::from_utf8(out.stdout).unwrap();
-    let expected = loader_line(&f.store);
+    let expected = loader_line(&store);
     assert_eq!(printed.trim(), expected);
     // A failed call: the program names it, with the library's message, and exits with 1.
     let missing_store = |cmd: &mut Command| {
@@ -182,7 +188,7 @@ fn example_prints_the_rust_apis_checksum(source: &str, name: &str) {
     };
     let exe = try_compile(&root().join(source), &format!("{name}-asan"), flags)
         .unwrap_or_else(|e| panic!("{e}"));
-    let out = sanitized(&exe).arg(&f.store).output().unwrap();
+    let out = sanitized(&exe).arg(&store).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), expected);
@@ -202,26 +208,20 @@ fn the_cpp_example_prints_the_checksum_the_rust_api_computes() {
 
 #[test]
 fn bad_input_through_the_c_abi_is_a_status_and_a_message() {
-    let f = fixture_arrays()
-        .into_iter()
-        .find(|f| f.case == "era5_v3")
-        .unwrap();
+    let store = fixture_store("era5_v3", None);
     let exe = compile(
         &root().join("bindings/c/tests/abi_checks.c"),
         "isb-abi-checks",
     );
     // A copy of a v3 zstd array with one stored chunk overwritten by garbage.
-    let zstd = fixture_arrays()
-        .into_iter()
-        .find(|f| f.case == "v3_zstd")
-        .unwrap();
+    let zstd = fixture_store("v3_zstd", None);
     let corrupt = tempfile::tempdir().unwrap();
-    copy_dir(&zstd.store, corrupt.path());
+    copy_dir(&zstd, corrupt.path());
     std::fs::write(corrupt.path().join("c/1/0/0"), b"this is not zstd").unwrap();
     let cache = tempfile::tempdir().unwrap();
     assert_prints_ok(
         c_program(&exe)
-            .arg(&f.store)
+            .arg(&store)
             .arg(corrupt.path())
             .arg(cache.path()),
     );
@@ -230,12 +230,9 @@ fn bad_input_through_the_c_abi_is_a_status_and_a_message() {
 
 #[test]
 fn threads_sharing_iterations_and_datasets_through_the_c_abi_get_every_sample_once() {
-    let f = fixture_arrays()
-        .into_iter()
-        .find(|f| f.case == "paired" && f.array == "raw")
-        .expect("paired fixture");
+    let store = fixture_store("paired", Some("raw"));
     let exe = compile(&root().join("bindings/c/tests/threads.c"), "isb-threads");
-    let out = c_program(&exe).arg(&f.store).arg("4").output().unwrap();
+    let out = c_program(&exe).arg(&store).arg("4").output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.lines().last() == Some("ok"),
@@ -244,7 +241,7 @@ fn threads_sharing_iterations_and_datasets_through_the_c_abi_get_every_sample_on
     );
     // The C program's reference pass, hashed the same way through the Rust API: per sample, an
     // FNV-1a over each label's row bytes in the batch's label order, summed over the samples.
-    let ds = InSituDataset::builder(&f.store)
+    let ds = InSituDataset::builder(&store)
         .variable("raw", "raw")
         .variable("mask", "mask")
         .batch_size(3)
@@ -275,28 +272,22 @@ fn threads_sharing_iterations_and_datasets_through_the_c_abi_get_every_sample_on
 
 #[test]
 fn chunk_transforms_written_in_c_run_once_per_chunk_and_fail_cleanly() {
-    let f = fixture_arrays()
-        .into_iter()
-        .find(|f| f.case == "era5_v3" && f.array == "t2m")
-        .expect("era5_v3 fixture");
+    let store = fixture_store("era5_v3", Some("t2m"));
     let exe = compile(
         &root().join("bindings/c/tests/callbacks.c"),
         "isb-callbacks",
     );
-    assert_prints_ok(c_program(&exe).arg(&f.store));
+    assert_prints_ok(c_program(&exe).arg(&store));
     std::fs::remove_file(exe).ok();
 }
 
 #[test]
 fn the_cpp_wrapper_delivers_what_the_c_abi_does_and_frees_every_handle() {
-    let f = fixture_arrays()
-        .into_iter()
-        .find(|f| f.case == "era5_v3" && f.array == "t2m")
-        .expect("era5_v3 fixture");
+    let store = fixture_store("era5_v3", Some("t2m"));
     let source = root().join("bindings/c/tests/wrapper.cpp");
     // The header compiles as pedantic C++17 and C++20.
     let exe = try_compile(&source, "isb-wrapper", &["-pedantic"]).unwrap_or_else(|e| panic!("{e}"));
-    assert_prints_ok(c_program(&exe).arg(&f.store));
+    assert_prints_ok(c_program(&exe).arg(&store));
     std::fs::remove_file(exe).ok();
     let exe = try_compile(&source, "isb-wrapper-20", &["-pedantic", "-std=c++20"])
         .unwrap_or_else(|e| panic!("{e}"));
@@ -308,7 +299,7 @@ fn the_cpp_wrapper_delivers_what_the_c_abi_does_and_frees_every_handle() {
         return;
     };
     let exe = try_compile(&source, "isb-wrapper-asan", flags).unwrap_or_else(|e| panic!("{e}"));
-    assert_prints_ok(sanitized(&exe).arg(&f.store));
+    assert_prints_ok(sanitized(&exe).arg(&store));
     std::fs::remove_file(exe).ok();
 }
 
@@ -339,10 +330,7 @@ fn pkg_config_fields(pc: &str) -> std::collections::HashMap<String, String> {
 
 #[test]
 fn an_installed_prefix_builds_c_and_cpp_programs_shared_and_static() {
-    let f = fixture_arrays()
-        .into_iter()
-        .find(|f| f.case == "era5_v3")
-        .expect("era5_v3 fixture");
+    let store = fixture_store("era5_v3", None);
     library_dir();
     let prefix = tempfile::tempdir().unwrap();
     let out = Command::new(root().join("bindings/c/install.sh"))
@@ -391,7 +379,7 @@ fn an_installed_prefix_builds_c_and_cpp_programs_shared_and_static() {
         assert_eq!(got, [cflags.clone(), libs.clone()].concat());
     }
 
-    let expected = loader_line(&f.store);
+    let expected = loader_line(&store);
     let build_and_run = |source: &str, link: Vec<String>| -> (String, String) {
         let exe = prefix.path().join(Path::new(source).file_stem().unwrap());
         let cpp = source.ends_with(".cpp");
@@ -412,7 +400,7 @@ fn an_installed_prefix_builds_c_and_cpp_programs_shared_and_static() {
         );
         // No LD_LIBRARY_PATH: the run path alone must find the installed library.
         let run = Command::new(&exe)
-            .arg(&f.store)
+            .arg(&store)
             .env_remove("LD_LIBRARY_PATH")
             .output()
             .unwrap();

@@ -125,13 +125,15 @@ inline std::string dtype_name(DLDataType t) {
 
 namespace detail {
 
-// Runs `call(&err)` and throws Error naming `name` unless it returns ISB_OK or `also_fine`.
+// Runs `call(&err)` and throws Error naming `name` unless it returns ISB_OK or one of the
+// statuses the caller expects (`also_fine`, `or_this`).
 template <typename Call>
-IsbStatus check(const char *name, Call &&call, IsbStatus also_fine = ISB_OK) {
+IsbStatus check(const char *name, Call &&call, IsbStatus also_fine = ISB_OK,
+                IsbStatus or_this = ISB_OK) {
   IsbError *err = nullptr;
   const IsbStatus status = call(&err);
   std::unique_ptr<IsbError, void (*)(IsbError *)> owned(err, isb_error_free);
-  if (status == ISB_OK || status == also_fine) return status;
+  if (status == ISB_OK || status == also_fine || status == or_this) return status;
   throw Error(name, status, err ? isb_error_message(err) : "no message from the library");
 }
 
@@ -232,8 +234,9 @@ class Tensor : public detail::Handle<DLManagedTensorVersioned, isb_dlpack_delete
   }
   // Elements, the product of the shape.
   std::size_t size() const {
+    const DLTensor &t = dl();
     std::size_t n = 1;
-    for (const std::int64_t extent : shape()) n *= static_cast<std::size_t>(extent);
+    for (int d = 0; d < t.ndim; d++) n *= static_cast<std::size_t>(t.shape[d]);
     return n;
   }
   std::size_t nbytes() const { return size() * ((dl().dtype.bits + 7) / 8) * dl().dtype.lanes; }
@@ -330,15 +333,13 @@ class Iter : public detail::Handle<IsbIter, isb_iter_free> {
   Waited next_for(std::chrono::duration<Rep, Period> timeout) {
     IsbBatch *b = nullptr;
     const std::uint64_t ms = detail::timeout_ms(timeout);
-    IsbError *err = nullptr;
-    const IsbStatus status = isb_iter_next_timeout(h_, ms, &b, &err);
-    std::unique_ptr<IsbError, void (*)(IsbError *)> owned(err, isb_error_free);
+    const IsbStatus status = detail::check(
+        "isb_iter_next_timeout",
+        [&](IsbError **err) { return isb_iter_next_timeout(h_, ms, &b, err); },
+        ISB_END_OF_EPOCH, ISB_TIMED_OUT);
     Waited waited;
     if (status == ISB_OK) waited.batch.emplace(b);
-    else if (status == ISB_TIMED_OUT) waited.timed_out = true;
-    else if (status != ISB_END_OF_EPOCH)
-      throw Error("isb_iter_next_timeout", status,
-                  err ? isb_error_message(err) : "no message from the library");
+    waited.timed_out = status == ISB_TIMED_OUT;
     return waited;
   }
 

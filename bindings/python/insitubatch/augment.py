@@ -25,9 +25,8 @@ from typing import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ._core import Batch
+from ._core import Batch, _check_int
 
-_MASK64 = (1 << 64) - 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -38,22 +37,14 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def _int(name: str, value, minimum: int) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-        raise TypeError(f"`{name}` must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"`{name}` = {value} must be at least {minimum}")
-    return int(value)
-
-
 def sample_random_bits(seed: int, epoch: int, sample_indices, streams: int = 1) -> np.ndarray:
     """Random bits for each sample: a (len(sample_indices), streams) uint64 array whose row is a
     function of (seed, epoch, sample index) only, and whose columns are independent streams (one
     per random quantity a sample needs). ``bits % n`` draws from range(n) (the bias is below
     n / 2**64)."""
-    seed = _int("seed", seed, 0) & _MASK64
-    epoch = _int("epoch", epoch, 0) & _MASK64
-    streams = _int("streams", streams, 1)
+    seed = _check_int("seed", seed, 0)  # below 2**64, as the library takes it
+    epoch = _check_int("epoch", epoch, 0)
+    streams = _check_int("streams", streams, 1)
     samples = np.asarray(sample_indices)
     if samples.ndim != 1 or not np.issubdtype(samples.dtype, np.integer):
         raise ValueError("`sample_indices` must be a 1-D array of integers")
@@ -97,12 +88,12 @@ class RandomCrop:
         sizes = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
         if not sizes:
             raise ValueError("RandomCrop: `size` needs at least one extent")
-        self.size = tuple(_int("size", s, 1) for s in sizes)
+        self.size = tuple(_check_int("size", s, 1) for s in sizes)
         k = len(self.size)
         if axes is None:
             self.axes = tuple(range(-k, 0))
         else:
-            self.axes = tuple(_int("axes", a, -(1 << 31)) for a in axes)
+            self.axes = tuple(_check_int("axes", a, -(1 << 31)) for a in axes)
             if len(self.axes) != k:
                 raise ValueError(f"RandomCrop: {len(self.axes)} axes for a {k}-axis `size`")
         wraps = (wrap,) * k if isinstance(wrap, bool) else tuple(wrap)
@@ -112,7 +103,7 @@ class RandomCrop:
         if labels is not None and (isinstance(labels, str) or not labels):
             raise ValueError("RandomCrop: `labels` must be a non-empty list of labels")
         self.labels = None if labels is None else list(labels)
-        self.seed = _int("seed", seed, 0)
+        self.seed = _check_int("seed", seed, 0)
 
     def __repr__(self) -> str:
         return (f"RandomCrop(size={self.size}, labels={self.labels}, axes={self.axes}, "
