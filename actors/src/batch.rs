@@ -86,6 +86,7 @@ impl BatchArray {
 /// One batch: every label at the same anchors.
 #[derive(Debug)]
 pub struct Batch {
+    pub(crate) epoch: u64,
     pub(crate) index: usize,
     pub(crate) labels: Arc<[String]>,
     pub(crate) offsets: Arc<[i64]>,
@@ -94,7 +95,14 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Position of this batch in its epoch.
+    /// The epoch this batch was drawn in (the dataset's epoch when its pass started).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Position of this batch in its epoch, counted from the epoch's first batch also when the
+    /// pass was resumed part-way: a checkpoint that saves (`epoch()`, `index() + 1`) resumes
+    /// after this batch.
     pub fn index(&self) -> usize {
         self.index
     }

@@ -306,7 +306,8 @@ async fn run<S: Store>(
             next_release += 1;
         }
         let batch = Batch {
-            index: j,
+            epoch: shared.config.epoch,
+            index: shared.config.start_batch as usize + j,
             labels: Arc::clone(&labels),
             offsets: Arc::clone(&offsets),
             arrays,

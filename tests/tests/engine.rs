@@ -1641,6 +1641,15 @@ fn a_pass_resumed_at_a_batch_yields_the_rest_of_the_epoch_and_reads_only_its_chu
                 whole[k as usize..],
                 "epoch {epoch}, resumed at batch {k}"
             );
+            // Each batch knows its epoch and its place in the whole epoch, so a checkpoint of
+            // (epoch, index + 1) resumes right after it.
+            let positions: Vec<(u64, usize)> = ds
+                .iter_from("train", k)
+                .unwrap()
+                .map(|b| b.map(|b| (b.epoch(), b.index())).unwrap())
+                .collect();
+            let want: Vec<(u64, usize)> = (k..n).map(|i| (epoch, i as usize)).collect();
+            assert_eq!(positions, want, "epoch {epoch}, resumed at batch {k}");
         }
     }
     let e = ds

@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 11
+#define ISB_ABI_VERSION 12
 
 /*
  DLPack version of the exported structs.
@@ -627,6 +627,20 @@ void isb_iter_free(struct IsbIter *it);
  `b` is NULL or a live batch; `out` is writable; `err` is NULL or writable.
  */
 IsbStatus isb_batch_len(const struct IsbBatch *b, size_t *out, struct IsbError **err);
+
+/*
+ The epoch the batch was drawn in and its position in that epoch (ABI 12). The position
+ counts from the epoch's first batch also in an iteration resumed with `isb_iter_start_at`,
+ so a checkpoint that saves `(*epoch, *index + 1)` resumes right after this batch with
+ `isb_dataset_set_epoch` and `isb_iter_start_at`.
+
+ # Safety
+ `b` is NULL or a live batch; `epoch` and `index` are writable; `err` is NULL or writable.
+ */
+IsbStatus isb_batch_position(const struct IsbBatch *b,
+                             uint64_t *epoch,
+                             uint64_t *index,
+                             struct IsbError **err);
 
 /*
  The anchor (sample index on the reference grid) of each row: `*len` values at `*out`, valid

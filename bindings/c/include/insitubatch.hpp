@@ -279,6 +279,21 @@ class Batch : public detail::Handle<IsbBatch, isb_batch_free> {
     return Span<std::uint64_t>(indices, n);
   }
 
+  // Where the batch sits: its epoch, and its index in that whole epoch (also when the iteration
+  // was resumed part-way). A checkpoint saving {epoch, index + 1} resumes after this batch with
+  // set_epoch(epoch) and iter(split, index + 1).
+  struct Position {
+    std::uint64_t epoch = 0;
+    std::uint64_t index = 0;
+  };
+  Position position() const {
+    Position p;
+    detail::check("isb_batch_position", [&](IsbError **err) {
+      return isb_batch_position(h_, &p.epoch, &p.index, err);
+    });
+    return p;
+  }
+
   // The labels, in the dataset's order.
   std::vector<std::string> labels() const {
     std::size_t n = 0;

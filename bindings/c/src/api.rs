@@ -14,7 +14,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 11;
+pub const ISB_ABI_VERSION: u32 = 12;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -1112,6 +1112,38 @@ pub unsafe extern "C" fn isb_batch_len(
         }
         // SAFETY: checked non-NULL.
         unsafe { *out = n };
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// The epoch the batch was drawn in and its position in that epoch (ABI 12). The position
+/// counts from the epoch's first batch also in an iteration resumed with `isb_iter_start_at`,
+/// so a checkpoint that saves `(*epoch, *index + 1)` resumes right after this batch with
+/// `isb_dataset_set_epoch` and `isb_iter_start_at`.
+///
+/// # Safety
+/// `b` is NULL or a live batch; `epoch` and `index` are writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_batch_position(
+    b: *const IsbBatch,
+    epoch: *mut u64,
+    index: *mut u64,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let batch = &unsafe { batch(b) }?.batch;
+        if epoch.is_null() {
+            return Err(null("epoch"));
+        }
+        if index.is_null() {
+            return Err(null("index"));
+        }
+        // SAFETY: both checked non-NULL.
+        unsafe {
+            *epoch = batch.epoch();
+            *index = batch.index() as u64;
+        }
         Ok(IsbStatus::IsbOk)
     })
 }

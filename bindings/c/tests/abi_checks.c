@@ -296,6 +296,17 @@ int main(int argc, char **argv) {
             fprintf(stderr, "FAIL resumed batch 2 is not the epoch's last batch\n");
             failures++;
         }
+        /* A resumed batch knows its place in the whole epoch (ABI 12). */
+        uint64_t epoch = 99, index = 99;
+        CHECK("position", isb_batch_position(rb, &epoch, &index, &err), ISB_OK, NULL);
+        if (epoch != 0 || index != 2) {
+            fprintf(stderr, "FAIL resumed batch at (epoch %llu, index %llu), want (0, 2)\n",
+                    (unsigned long long)epoch, (unsigned long long)index);
+            failures++;
+        }
+        CHECK("position, NULL batch", isb_batch_position(NULL, &epoch, &index, &err), ISB_NULL_POINTER, "`b`");
+        CHECK("position, NULL epoch", isb_batch_position(rb, NULL, &index, &err), ISB_NULL_POINTER, "`epoch`");
+        CHECK("position, NULL index", isb_batch_position(rb, &epoch, NULL, &err), ISB_NULL_POINTER, "`index`");
         CHECK("sample indices, NULL batch", isb_batch_sample_indices(NULL, &idx, &len, &err), ISB_NULL_POINTER, "`b`");
         CHECK("sample indices, NULL out", isb_batch_sample_indices(rb, NULL, &len, &err), ISB_NULL_POINTER, "`out`");
         CHECK("sample indices, NULL len", isb_batch_sample_indices(rb, &idx, NULL, &err), ISB_NULL_POINTER, "`len`");

@@ -200,10 +200,15 @@ int main(int argc, char **argv) {
         }
       }
       std::vector<uint64_t> resumed;
+      std::vector<uint64_t> positions;
       isb::Iter rest = ds.iter("train", 1);
       while (auto b = rest.next()) {
         for (const uint64_t s : b->sample_indices()) resumed.push_back(s);
+        const isb::Batch::Position p = b->position();
+        EXPECT(p.epoch == 1, "a resumed batch's epoch: %llu", (unsigned long long)p.epoch);
+        positions.push_back(p.index);
       }
+      EXPECT((positions == std::vector<uint64_t>{1, 2}), "resumed batches' places in the epoch");
       EXPECT(!rest.next(), "a finished epoch yields nothing more");
       EXPECT(std::vector<uint64_t>(order.samples.begin() + 5, order.samples.end()) == resumed,
              "resumed at batch 1: %zu samples", resumed.size());

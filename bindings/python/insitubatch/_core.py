@@ -445,21 +445,24 @@ class EpochOrder(NamedTuple):
 class Batch:
     """One batch: `arrays[label]` shaped (batch, *sample_inner), aliasing Rust memory;
     `sample_indices`, the anchor of each row; `epoch`, the epoch it was drawn in (what a
-    per-sample random augmentation keys on with the sample index, `insitubatch.augment`)."""
+    per-sample random augmentation keys on with the sample index, `insitubatch.augment`);
+    `index`, its place in that whole epoch, also when the epoch was resumed with `from_batch`
+    (a checkpoint that saves `(epoch, index + 1)` resumes right after it)."""
 
     def __init__(self, arrays: dict, sample_indices: np.ndarray, offsets: Mapping[str, int],
-                 epoch: int = 0):
+                 epoch: int = 0, index: int = 0):
         self.arrays = arrays
         self.sample_indices = sample_indices
         self._offsets = dict(offsets)
         self.epoch = epoch
+        self.index = index
 
     def __len__(self) -> int:
         return len(self.sample_indices)
 
     def __repr__(self) -> str:
         shapes = {k: v.shape for k, v in self.arrays.items()}
-        return f"Batch(len={len(self)}, arrays={shapes})"
+        return f"Batch(epoch={self.epoch}, index={self.index}, len={len(self)}, arrays={shapes})"
 
     def read_indices(self, label: str) -> np.ndarray:
         """The sample index `label` read for each row: anchor + the label's offset."""
@@ -490,11 +493,10 @@ _DTYPES = {
 
 class _BatchReader:
     """Turns batch handles into `Batch`es. The labels, inner shapes and dtypes are fixed per
-    dataset, and the out-parameters are reused, so a batch costs one C call per label plus three
+    dataset, and the out-parameters are reused, so a batch costs one C call per label plus four
     and no ctypes structure traversal."""
 
-    def __init__(self, formats: Mapping[str, tuple], offsets: Mapping[str, int], epoch: int):
-        self.epoch = epoch
+    def __init__(self, formats: Mapping[str, tuple], offsets: Mapping[str, int]):
         self.labels = [
             (label, label.encode(), tuple(shape), dtype.str)
             for label, (shape, dtype) in formats.items()
@@ -504,13 +506,17 @@ class _BatchReader:
         self.tensor = ctypes.c_void_p()
         self.idx = ctypes.c_void_p()
         self.len = ctypes.c_size_t()
+        self.epoch = ctypes.c_uint64()
+        self.index = ctypes.c_uint64()
         self.err_ref = ctypes.byref(self.err)
+        self.position_refs = (ctypes.byref(self.epoch), ctypes.byref(self.index))
         self.tensor_ref = ctypes.byref(self.tensor)
         self.idx_ref = ctypes.byref(self.idx)
         self.len_ref = ctypes.byref(self.len)
 
     def read(self, handle: ctypes.c_void_p) -> Batch:
         try:
+            _check(lib.isb_batch_position(handle, *self.position_refs, self.err_ref), self.err)
             _check(lib.isb_batch_sample_indices(handle, self.idx_ref, self.len_ref, self.err_ref), self.err)
             n = self.len.value
             raw = ctypes.string_at(_address(self.idx, "sample index array"), n * 8) if n else b""
@@ -523,18 +529,18 @@ class _BatchReader:
                 arrays[label] = np.asarray(_Export(tensor, data, (n,) + inner, typestr))
         finally:
             lib.isb_batch_free(handle)
-        return Batch(arrays, sample_indices, self.offsets, self.epoch)
+        return Batch(arrays, sample_indices, self.offsets, self.epoch.value, self.index.value)
 
 
 class _Epoch:
     """One epoch's iterator. Breaking out of the loop (or dropping it) stops the epoch and frees
     what it held; after an error, `next` raises `Cancelled` naming the first error."""
 
-    def __init__(self, ds: "InSituDataset", it: ctypes.c_void_p, n_batches: int, epoch: int):
+    def __init__(self, ds: "InSituDataset", it: ctypes.c_void_p, n_batches: int):
         self._ds = ds
         self._it: ctypes.c_void_p | None = it
         self._len = n_batches
-        self._reader = _BatchReader(ds.sample_formats, ds._offsets, epoch)
+        self._reader = _BatchReader(ds.sample_formats, ds._offsets)
         self._b = ctypes.c_void_p()
         self._err = ctypes.c_void_p()
         self._refs = (ctypes.byref(self._b), ctypes.byref(self._err))
@@ -1001,13 +1007,7 @@ class InSituDataset:
             lib.isb_iter_start_at(self._live(), split.encode(), start_batch, ctypes.byref(it), ctypes.byref(err)),
             err,
         )
-        try:
-            # The iteration's own epoch (set_epoch from another thread cannot change it now).
-            epoch = int(_json_call(lib.isb_iter_stats_json, it)["epoch"])
-        except BaseException:
-            lib.isb_iter_free(it)
-            raise
-        return _Epoch(self, it, n_batches - start_batch, epoch)
+        return _Epoch(self, it, n_batches - start_batch)
 
     # reports ---------------------------------------------------------------------------
     def stats(self) -> dict:

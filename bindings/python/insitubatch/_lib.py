@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 _LIB_NAME = "libinsitubatch.so"
 
 
@@ -122,6 +122,9 @@ def _load() -> ctypes.CDLL:
         "isb_iter_stats_json": (U32, [P, OUT_STR, ERR]),
         "isb_iter_free": (None, [P]),
         "isb_batch_len": (U32, [P, ctypes.POINTER(ctypes.c_size_t), ERR]),
+        "isb_batch_position": (
+            U32, [P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ERR],
+        ),
         "isb_batch_sample_indices": (
             U32,
             [P, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ERR],

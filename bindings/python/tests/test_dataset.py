@@ -340,8 +340,14 @@ def test_a_resumed_epoch_yields_the_rest_of_a_whole_one_and_reads_only_its_chunk
         for k in (0, 1, n // 2, n - 1, n):
             it = ds.train.from_batch(k)
             assert len(it) == n - k, "len() of a resumed iterator is the batches it yields"
-            rest = [(b.sample_indices.tolist(), b.arrays["raw"].copy()) for b in it]
+            rest, positions = [], []
+            for b in it:
+                rest.append((b.sample_indices.tolist(), b.arrays["raw"].copy()))
+                positions.append((b.epoch, b.index))
             assert [i for i, _ in rest] == [i for i, _ in whole[k:]], k
+            # Each batch knows where it sits in the whole epoch: (epoch, index + 1) resumes
+            # right after it.
+            assert positions == [(2, j) for j in range(k, n)], k
             assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(rest, whole[k:]))
             # One sample per chunk of `raw`: only the chunks of the batches yielded are drawn.
             s = ds.stats()
