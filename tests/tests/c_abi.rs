@@ -409,7 +409,11 @@ fn an_installed_prefix_builds_c_and_cpp_programs_shared_and_static() {
             "{source}: {}",
             String::from_utf8_lossy(&run.stderr)
         );
-        let ldd = Command::new("ldd").arg(&exe).output().unwrap();
+        let ldd = Command::new("ldd")
+            .arg(&exe)
+            .env_remove("LD_LIBRARY_PATH")
+            .output()
+            .unwrap();
         (
             String::from_utf8_lossy(&run.stdout).trim().to_string(),
             String::from_utf8_lossy(&ldd.stdout).into_owned(),
@@ -429,6 +433,172 @@ fn an_installed_prefix_builds_c_and_cpp_programs_shared_and_static() {
         let (printed, ldd) = build_and_run(source, [vec![archive], private.clone()].concat());
         assert_eq!(printed, expected, "{source}, static");
         assert!(!ldd.contains("libinsitubatch"), "{source} static:\n{ldd}");
+    }
+}
+
+/// The `cmake` of the `cmake` Python package (in `requirements-test.txt`).
+fn cmake_program() -> PathBuf {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&python)
+        .args([
+            "-c",
+            "import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, 'cmake'))",
+        ])
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "the CMake test needs the `cmake` Python package (pip install -r requirements-test.txt):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+#[test]
+fn an_installed_prefix_is_a_cmake_package_that_still_works_when_moved() {
+    let store = fixture_store("era5_v3", None);
+    library_dir();
+    let cmake = cmake_program();
+    let dir = tempfile::tempdir().unwrap();
+    let installed = dir.path().join("installed");
+    let out = Command::new(root().join("bindings/c/install.sh"))
+        .arg(&installed)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The package finds its files from its own place: move the prefix before using it.
+    let prefix = dir.path().join("moved");
+    std::fs::rename(&installed, &prefix).unwrap();
+
+    let project = dir.path().join("project");
+    std::fs::create_dir(&project).unwrap();
+    let mut lists = String::from(
+        "cmake_minimum_required(VERSION 3.16)\nproject(consumer C CXX)\n\
+         find_package(insitubatch ${WANT} CONFIG REQUIRED)\n",
+    );
+    let programs = [
+        ("loader_c", "examples/c/loader.c", "insitubatch"),
+        ("loader_cpp", "examples/cpp/loader.cpp", "insitubatch"),
+        (
+            "loader_c_static",
+            "examples/c/loader.c",
+            "insitubatch_static",
+        ),
+        (
+            "loader_cpp_static",
+            "examples/cpp/loader.cpp",
+            "insitubatch_static",
+        ),
+    ];
+    for (name, source, target) in programs {
+        lists += &format!(
+            "add_executable({name} \"{}\")\n\
+             set_target_properties({name} PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)\n\
+             target_link_libraries({name} PRIVATE insitubatch::{target})\n",
+            root().join(source).display()
+        );
+    }
+    std::fs::write(project.join("CMakeLists.txt"), lists).unwrap();
+    let configure = |want: &str| {
+        let build = dir.path().join(format!("build-{want}"));
+        let out = Command::new(&cmake)
+            .arg("-S")
+            .arg(&project)
+            .arg("-B")
+            .arg(&build)
+            .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display()))
+            .arg(format!("-DWANT={want}"))
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), build, log)
+    };
+
+    // The version file: this major.minor at this or an earlier patch, nothing else (before 1.0
+    // a minor release may change the ABI).
+    let version = env!("CARGO_PKG_VERSION");
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap());
+    let (major, minor, patch) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    for (want, ok) in [
+        (format!("{major}.{minor}"), true),
+        (version.to_string(), true),
+        (format!("{major}.{minor}.{}", patch + 1), false),
+        (format!("{major}.{}", minor + 1), false),
+        (format!("{}.0", major + 1), false),
+    ] {
+        let (configured, _, log) = configure(&want);
+        assert_eq!(configured, ok, "find_package(insitubatch {want}):\n{log}");
+        if !ok {
+            assert!(
+                log.contains(version),
+                "the refusal names the installed version:\n{log}"
+            );
+        }
+    }
+
+    let (configured, build, log) = configure("");
+    assert!(configured, "{log}");
+    let out = Command::new(&cmake)
+        .arg("--build")
+        .arg(&build)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = loader_line(&store);
+    let lib = prefix.join("lib").display().to_string();
+    for (name, _, target) in programs {
+        let exe = build.join(name);
+        // No LD_LIBRARY_PATH: the shared programs find the library through their run path.
+        let run = Command::new(&exe)
+            .arg(&store)
+            .env_remove("LD_LIBRARY_PATH")
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&run.stdout).trim(),
+            expected,
+            "{name}"
+        );
+        let ldd = Command::new("ldd")
+            .arg(&exe)
+            .env_remove("LD_LIBRARY_PATH")
+            .output()
+            .unwrap();
+        let ldd = String::from_utf8_lossy(&ldd.stdout);
+        if target == "insitubatch" {
+            assert!(
+                ldd.contains(&format!("{lib}/libinsitubatch.so")),
+                "{name} does not load the installed library:\n{ldd}"
+            );
+            // Recorded by name, not by path: the prefix can move again under the program.
+            let dynamic = Command::new("readelf").arg("-d").arg(&exe).output().unwrap();
+            let dynamic = String::from_utf8_lossy(&dynamic.stdout);
+            assert!(
+                dynamic.contains("Shared library: [libinsitubatch.so]"),
+                "{name}:\n{dynamic}"
+            );
+        } else {
+            assert!(!ldd.contains("libinsitubatch"), "{name} is static:\n{ldd}");
+        }
     }
 }
 
