@@ -590,7 +590,11 @@ fn an_installed_prefix_is_a_cmake_package_that_still_works_when_moved() {
                 "{name} does not load the installed library:\n{ldd}"
             );
             // Recorded by name, not by path: the prefix can move again under the program.
-            let dynamic = Command::new("readelf").arg("-d").arg(&exe).output().unwrap();
+            let dynamic = Command::new("readelf")
+                .arg("-d")
+                .arg(&exe)
+                .output()
+                .unwrap();
             let dynamic = String::from_utf8_lossy(&dynamic.stdout);
             assert!(
                 dynamic.contains("Shared library: [libinsitubatch.so]"),
