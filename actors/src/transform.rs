@@ -41,7 +41,9 @@
 //! inner axis and drops the elements past the last whole block of an axis; `regrid`
 //! interpolates linearly along two inner axes in turn, each pass as `numpy.interp` does, or
 //! with `"method": "nearest"` copies the value at the nearest source coordinate (any element
-//! type: masks, categories). Each
+//! type: masks, categories), or with `"method": "conservative"` takes each target cell's
+//! area-weighted mean of the source cells it overlaps (`"sphere": true` for latitude and
+//! longitude in degrees). Each
 //! step's [`ChunkTransform::output`] says what it makes of its input, or refuses it, when the
 //! dataset is built.
 
@@ -871,6 +873,16 @@ builtin! {
 mod regrid;
 pub use regrid::{Regrid, RegridMethod};
 
+/// `json` as an error message shows it: whole when short, else its start and its length (a
+/// regrid's coordinate lists run to thousands of characters).
+fn abbreviated(json: &str) -> String {
+    const SHOWN: usize = 160;
+    match json.char_indices().nth(SHOWN) {
+        None => json.to_string(),
+        Some((cut, _)) => format!("{}… ({} characters)", &json[..cut], json.len()),
+    }
+}
+
 /// The kinds [`ChunkTransforms::extend_from_json`] knows.
 pub const BUILTIN_KINDS: [&str; 7] = [
     "affine",
@@ -957,14 +969,14 @@ impl ChunkTransforms {
             .copied()
             .collect::<Vec<_>>()
             .join(", ");
-        let whole = |msg: String| EngineError::arg("chunk_transforms", json, msg);
+        let whole = |msg: String| EngineError::arg("chunk_transforms", abbreviated(json), msg);
         let list: serde_json::Value =
             serde_json::from_str(json).map_err(|e| whole(format!("not valid JSON: {e}")))?;
         let serde_json::Value::Array(list) = list else {
             return Err(whole("must be a list of transforms".into()));
         };
         for (i, item) in list.into_iter().enumerate() {
-            let shown = item.to_string();
+            let shown = abbreviated(&item.to_string());
             let bad =
                 |msg: String| EngineError::arg("chunk_transforms", format!("[{i}] {shown}"), msg);
             let serde_json::Value::Object(mut obj) = item else {
@@ -1442,6 +1454,21 @@ mod tests {
         }
         // The entry's position is named.
         assert!(err(r#"[{"type": "clip", "min": 0, "max": 1}, {"type": "x"}]"#).contains("[1]"));
+        // A long entry (a regrid's coordinates) is shown by its start and its length; the
+        // reason stays whole.
+        let src: Vec<String> = (0..2000).map(|i| format!("{i}.5")).collect();
+        let json = format!(
+            r#"[{{"type": "regrid", "axes": [0, 1], "src": [[{}], [0, 1]], "dst": [[1, 2], [0]], "sphere": true}}]"#,
+            src.join(", ")
+        );
+        let msg = err(&json);
+        assert!(
+            msg.len() < 600
+                && msg.contains("characters)")
+                && msg.contains("[0] {\"type\":\"regrid\""),
+            "{msg}"
+        );
+        assert!(msg.contains("`sphere` is for"), "{msg}");
     }
 
     #[test]

@@ -149,24 +149,35 @@ class Regrid:
     pass in float64 exactly as ``numpy.interp`` does (targets outside the source range take the
     edge value; float arrays). ``method="nearest"`` copies the value at the nearest source
     coordinate, a tie going to the smaller coordinate, of any dtype: for masks and categories.
+    ``method="conservative"`` gives each target cell the area-weighted mean of the source cells
+    it overlaps (float arrays; cells are the spans between midpoints of neighbouring
+    coordinates, so ``dst`` must be monotonic too), keeping the field's area integral; NaN
+    source cells are left out and the rest re-weighted. With ``sphere=True`` the axes are
+    latitude and longitude in degrees: areas on the sphere, longitude wrapping at 360°.
     Source coordinates may fall (latitudes from 90 to -90)."""
 
     axes: Sequence[int]
     src: Sequence[Any]
     dst: Sequence[Any]
     method: str = "linear"
+    sphere: bool = False
 
     def to_config(self) -> dict:
         axes = [int(a) for a in self.axes]
         if len(axes) != 2 or len(self.src) != 2 or len(self.dst) != 2:
             raise ValueError("Regrid: give two axes, and src and dst coordinates for each")
-        if self.method not in ("linear", "nearest"):
-            raise ValueError(f"Regrid: method must be 'linear' or 'nearest', not {self.method!r}")
+        if self.method not in ("linear", "nearest", "conservative"):
+            raise ValueError("Regrid: method must be 'linear', 'nearest' or 'conservative', "
+                             f"not {self.method!r}")
+        if not isinstance(self.sphere, bool):
+            raise TypeError(f"Regrid: sphere must be a bool, not {self.sphere!r}")
         coords = lambda name, c: [_values(f"{name}[{k}]", np.ravel(v)) for k, v in enumerate(c)]
         config = {"type": "regrid", "axes": axes, "src": coords("src", self.src),
                   "dst": coords("dst", self.dst)}
         if self.method != "linear":
             config["method"] = self.method
+        if self.sphere:
+            config["sphere"] = True
         return config
 
 

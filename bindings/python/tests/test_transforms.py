@@ -219,5 +219,64 @@ def test_regrid_nearest_copies_a_mask_exactly(fixtures):
     with pytest.raises(isb.InvalidArgument, match="uint8.*nearest"):
         isb.InSituDataset(store, None, isb.open_geometries(store, ["mask"]),
                           chunk_transforms=[Regrid((0, 1), src, dst)])
-    with pytest.raises(ValueError, match="'linear' or 'nearest'"):
+    with pytest.raises(ValueError, match="'linear', 'nearest' or 'conservative'"):
         isb.InSituDataset(store, chunk_transforms=[Regrid((0, 1), src, dst, method="cubic")])
+
+
+def _cell_edges(c):
+    """(lower, upper) edge of each cell around centres `c` (either direction): midpoints, and
+    half a step past the ends."""
+    order = np.argsort(c)
+    x = c[order]
+    e = np.concatenate([[x[0] - (x[1] - x[0]) / 2], (x[1:] + x[:-1]) / 2,
+                        [x[-1] + (x[-1] - x[-2]) / 2]])
+    lo, hi = np.empty_like(c), np.empty_like(c)
+    lo[order], hi[order] = e[:-1], e[1:]
+    return lo, hi
+
+
+def test_conservative_regrid_on_the_sphere_is_the_area_weighted_mean_and_keeps_the_integral(fixtures):
+    # t2m (12, 9, 16) on 22.5° cells (latitudes falling 90..-90) onto 45° cells whose first
+    # longitude cell straddles 0°.
+    store = store_of(fixtures, "era5_v3.zarr")
+    ref = zarr.open_array(store / "t2m", mode="r")[...].astype(np.float64)
+    lat = zarr.open_array(store / "latitude", mode="r")[...].astype(np.float64)
+    lon = zarr.open_array(store / "longitude", mode="r")[...].astype(np.float64)
+    new_lat, new_lon = np.array([-67.5, -22.5, 22.5, 67.5]), np.arange(8) * 45.0
+
+    def lat_weights(src, dst):  # overlap of sin(latitude), edges clamped at the poles
+        a, b = (np.clip(e, -90, 90) for e in _cell_edges(dst))
+        c, d = (np.clip(e, -90, 90) for e in _cell_edges(src))
+        lo, hi = np.maximum(a[:, None], c[None, :]), np.minimum(b[:, None], d[None, :])
+        return np.where(hi > lo, np.sin(np.radians(hi)) - np.sin(np.radians(lo)), 0.0)
+
+    def lon_weights(src, dst):  # overlap in degrees, across the seam too
+        (a, b), (c, d) = _cell_edges(dst), _cell_edges(src)
+        return sum(np.maximum(0.0, np.minimum(b[:, None], d[None, :] + k)
+                              - np.maximum(a[:, None], c[None, :] + k)) for k in (-360, 0, 360))
+
+    w_lat, w_lon = lat_weights(lat, new_lat), lon_weights(lon, new_lon)
+    want = np.einsum("ip,jq,spq->sij", w_lat, w_lon, ref)
+    want /= (w_lat.sum(1)[:, None] * w_lon.sum(1)[None, :])
+    # The area integral of each field is kept (both grids cover the whole sphere).
+    def area(la, lo):
+        (a, b), (c, d) = (np.clip(e, -90, 90) for e in _cell_edges(la)), _cell_edges(lo)
+        return np.outer(np.abs(np.sin(np.radians(b)) - np.sin(np.radians(a))), d - c)
+
+    np.testing.assert_allclose((want * area(new_lat, new_lon)).sum((1, 2)),
+                               (ref * area(lat, lon)).sum((1, 2)), rtol=1e-12)
+    with isb.InSituDataset(store, None, isb.open_geometries(store, ["t2m"]), batch_size=5,
+                           chunk_transforms=[Regrid((0, 1), (lat, lon), (new_lat, new_lon),
+                                                    method="conservative", sphere=True)]) as ds:
+        assert ds.sample_formats["t2m"] == ((4, 8), np.dtype("float32"))
+        assert check(ds, "t2m", want.astype(np.float32)) == 12
+    # What it refuses, by name.
+    with pytest.raises(isb.InvalidArgument, match="at least 2 `dst`"):
+        isb.InSituDataset(store, chunk_transforms=[applies("t2m", Regrid(
+            (0, 1), (lat, lon), (new_lat[:1], new_lon), method="conservative"))])
+    with pytest.raises(isb.InvalidArgument, match="`sphere`"):
+        isb.InSituDataset(store, chunk_transforms=[applies("t2m", Regrid(
+            (0, 1), (lat, lon), (new_lat, new_lon), sphere=True))])
+    with pytest.raises(TypeError, match="sphere must be a bool"):
+        isb.InSituDataset(store, chunk_transforms=[Regrid((0, 1), (lat, lon), (new_lat, new_lon),
+                                                          method="conservative", sphere="yes")])
