@@ -172,8 +172,8 @@ class Regrid:
         if not isinstance(self.sphere, bool):
             raise TypeError(f"Regrid: sphere must be a bool, not {self.sphere!r}")
         coords = lambda name, c: [_values(f"{name}[{k}]", np.ravel(v)) for k, v in enumerate(c)]
-        config = {"type": "regrid", "axes": axes, "src": coords("src", self.src),
-                  "dst": coords("dst", self.dst)}
+        config: dict[str, Any] = {"type": "regrid", "axes": axes,
+                                  "src": coords("src", self.src), "dst": coords("dst", self.dst)}
         if self.method != "linear":
             config["method"] = self.method
         if self.sphere:
