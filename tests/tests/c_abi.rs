@@ -328,13 +328,10 @@ fn pkg_config_fields(pc: &str) -> std::collections::HashMap<String, String> {
     fields
 }
 
-#[test]
-fn an_installed_prefix_builds_c_and_cpp_programs_shared_and_static() {
-    let store = fixture_store("era5_v3", None);
-    library_dir();
-    let prefix = tempfile::tempdir().unwrap();
+/// Runs `bindings/c/install.sh` into `prefix`.
+fn install_into(prefix: &Path) {
     let out = Command::new(root().join("bindings/c/install.sh"))
-        .arg(prefix.path())
+        .arg(prefix)
         .output()
         .unwrap();
     assert!(
@@ -342,6 +339,40 @@ fn an_installed_prefix_builds_c_and_cpp_programs_shared_and_static() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Runs a program built against an installed prefix on `store` as a user would, without
+/// `LD_LIBRARY_PATH` (its run path alone must find a shared library): what it printed, and
+/// what `ldd` says it loads.
+fn run_installed(exe: &Path, store: &Path) -> (String, String) {
+    let run = Command::new(exe)
+        .arg(store)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}: {}",
+        exe.display(),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let ldd = Command::new("ldd")
+        .arg(exe)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    (
+        String::from_utf8_lossy(&run.stdout).trim().to_string(),
+        String::from_utf8_lossy(&ldd.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn an_installed_prefix_builds_c_and_cpp_programs_shared_and_static() {
+    let store = fixture_store("era5_v3", None);
+    library_dir();
+    let prefix = tempfile::tempdir().unwrap();
+    install_into(prefix.path());
     let lib = prefix.path().join("lib");
     for installed in [
         "lib/libinsitubatch.so",
@@ -398,26 +429,7 @@ fn an_installed_prefix_builds_c_and_cpp_programs_shared_and_static() {
             "{source}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        // No LD_LIBRARY_PATH: the run path alone must find the installed library.
-        let run = Command::new(&exe)
-            .arg(&store)
-            .env_remove("LD_LIBRARY_PATH")
-            .output()
-            .unwrap();
-        assert!(
-            run.status.success(),
-            "{source}: {}",
-            String::from_utf8_lossy(&run.stderr)
-        );
-        let ldd = Command::new("ldd")
-            .arg(&exe)
-            .env_remove("LD_LIBRARY_PATH")
-            .output()
-            .unwrap();
-        (
-            String::from_utf8_lossy(&run.stdout).trim().to_string(),
-            String::from_utf8_lossy(&ldd.stdout).into_owned(),
-        )
+        run_installed(&exe, &store)
     };
     let rpath = format!("-Wl,-rpath,{}", lib.display());
     for source in ["examples/c/loader.c", "examples/cpp/loader.cpp"] {
@@ -461,15 +473,7 @@ fn an_installed_prefix_is_a_cmake_package_that_still_works_when_moved() {
     let cmake = cmake_program();
     let dir = tempfile::tempdir().unwrap();
     let installed = dir.path().join("installed");
-    let out = Command::new(root().join("bindings/c/install.sh"))
-        .arg(&installed)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    install_into(&installed);
     // The package finds its files from its own place: move the prefix before using it.
     let prefix = dir.path().join("moved");
     std::fs::rename(&installed, &prefix).unwrap();
@@ -562,28 +566,8 @@ fn an_installed_prefix_is_a_cmake_package_that_still_works_when_moved() {
     let lib = prefix.join("lib").display().to_string();
     for (name, _, target) in programs {
         let exe = build.join(name);
-        // No LD_LIBRARY_PATH: the shared programs find the library through their run path.
-        let run = Command::new(&exe)
-            .arg(&store)
-            .env_remove("LD_LIBRARY_PATH")
-            .output()
-            .unwrap();
-        assert!(
-            run.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&run.stderr)
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&run.stdout).trim(),
-            expected,
-            "{name}"
-        );
-        let ldd = Command::new("ldd")
-            .arg(&exe)
-            .env_remove("LD_LIBRARY_PATH")
-            .output()
-            .unwrap();
-        let ldd = String::from_utf8_lossy(&ldd.stdout);
+        let (printed, ldd) = run_installed(&exe, &store);
+        assert_eq!(printed, expected, "{name}");
         if target == "insitubatch" {
             assert!(
                 ldd.contains(&format!("{lib}/libinsitubatch.so")),
