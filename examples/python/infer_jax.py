@@ -10,8 +10,11 @@ without a copy, into its normal equations, summed on the host in float64 and sol
 
 Inference reads the chosen split sequentially (`shuffle` plays no part outside train), runs the
 jitted forecast on each batch and writes it at `batch.read_indices("y")`, the times the
-forecasts are valid for. Times no forecast lands on stay NaN. The stencil's weights, the lead
-and the source go in the array's attributes.
+forecasts are valid for. Times no forecast lands on stay NaN. Forecasts are gathered into whole
+chunks of the new array before they are stored, so that zarr writes each chunk once and never
+reads one back (a batch ending mid-chunk would otherwise make it read, patch and rewrite that
+chunk for every batch that touches it); `ds.order` says beforehand which rows the pass writes.
+The stencil's weights, the lead and the source go in the array's attributes.
 
     insitubatch make-dataset /tmp/era5.zarr
     python examples/python/infer_jax.py /tmp/era5.zarr /tmp/forecast.zarr
@@ -38,6 +41,40 @@ def stencil_offsets(radius):
 def neighbour_differences(x, radius):
     """(batch, lat, lon) -> (batch, lat, lon, 2 * radius): x(j + m) - x(j) for each offset m."""
     return jnp.stack([jnp.roll(x, -m, axis=-1) - x for m in stencil_offsets(radius)], axis=-1)
+
+
+class ChunkWriter:
+    """Stores rows of `array` (a new one, all fill value) one whole chunk per write. `expected`
+    lists every row the pass will write; the rows of a chunk gather in a buffer until the last
+    of them comes, then the chunk is written once and its buffer dropped. In order, that holds
+    one or two chunks at a time; shuffled, the chunks whose rows are still to come (a shuffle
+    block draws a chunk's rows close together). Rows never written keep the fill value."""
+
+    def __init__(self, array, expected):
+        self.array, self.rows = array, array.chunks[0]
+        chunks, counts = np.unique(np.asarray(expected) // self.rows, return_counts=True)
+        self.missing = dict(zip(chunks.tolist(), counts.tolist()))
+        self.buffers = {}
+
+    def write(self, indices, values):
+        for i, v in zip(indices.tolist(), values):
+            chunk, row = divmod(i, self.rows)
+            if self.missing.get(chunk, 0) == 0:
+                raise ValueError(f"row {i} was not expected, or came twice")
+            buf = self.buffers.get(chunk)
+            if buf is None:
+                n = min(self.rows, self.array.shape[0] - chunk * self.rows)
+                buf = np.full((n,) + values.shape[1:], self.array.fill_value, values.dtype)
+                self.buffers[chunk] = buf
+            buf[row] = v
+            self.missing[chunk] -= 1
+            if self.missing[chunk] == 0:
+                start = chunk * self.rows
+                self.array[start:start + len(buf)] = self.buffers.pop(chunk)
+
+    def close(self):
+        if self.buffers:
+            raise ValueError(f"rows of chunks {sorted(self.buffers)} never came")
 
 
 def main():
@@ -94,6 +131,8 @@ def main():
         w_dev = jnp.asarray(w)
         err = np.zeros(2)  # squared error of the forecast and of persistence
         written = 0
+        # The rows the pass writes: the times its forecasts are valid for, known before it runs.
+        writer = ChunkWriter(out, ds.order(a.split).sample_indices + a.lead)
         t = time.perf_counter()
         for batch in view:
             arrays = to_jax(batch)
@@ -101,11 +140,9 @@ def main():
             err += [float(jnp.sum((pred - arrays["y"]) ** 2)),
                     float(jnp.sum((arrays["x"] - arrays["y"]) ** 2))]
             valid = batch.read_indices("y")
-            if np.all(np.diff(valid) == 1):  # a run of consecutive times: one slice
-                out[valid[0]:valid[-1] + 1] = pred
-            else:
-                out.oindex[valid] = pred
+            writer.write(valid, pred)
             written += len(valid)
+        writer.close()
         n_values = written * int(np.prod(shape[1:]))
         mse, persistence = err / max(n_values, 1)
         print(f"{a.split}: wrote {written} forecasts of {a.var} (lead {a.lead}) to {a.out} in "

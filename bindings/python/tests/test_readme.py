@@ -163,6 +163,49 @@ def test_train_torch_example_learns_resumes_where_it_stopped_and_runs_two_ranks(
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["rank0", "rank1"]
 
 
+def test_infer_jax_examples_chunk_writer_stores_each_chunk_once_and_whole():
+    """The example's ChunkWriter: rows arriving in any order are stored one whole chunk per
+    write, as soon as the chunk's last expected row is in; rows not expected keep the fill
+    value; a row given twice, or one missing at the end, is an error."""
+    pytest.importorskip("jax")
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location(
+        "infer_jax", ROOT / "examples" / "python" / "infer_jax.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    class Recorder:  # the part of a zarr array the writer uses, recording each store
+        shape, chunks, fill_value = (10, 2), (4, 2), np.nan
+
+        def __init__(self):
+            self.data, self.writes = np.full(self.shape, np.nan), []
+
+        def __setitem__(self, key, value):
+            self.writes.append((key.start, key.stop))
+            self.data[key] = value
+
+    out = Recorder()
+    expected = np.array([9, 1, 2, 3, 5, 6, 7, 8])  # not 0 or 4: they stay NaN
+    writer = module.ChunkWriter(out, expected)
+    rng = np.random.default_rng(0)
+    for part in np.array_split(rng.permutation(expected), 3):
+        writer.write(part, np.stack([part * 10.0, part * 10.0 + 1], axis=1))
+    writer.close()
+    assert sorted(out.writes) == [(0, 4), (4, 8), (8, 10)], out.writes
+    want = np.stack([np.arange(10) * 10.0, np.arange(10) * 10.0 + 1], axis=1)
+    want[[0, 4]] = np.nan
+    np.testing.assert_array_equal(out.data, want)
+    with pytest.raises(ValueError, match="came twice"):
+        writer.write(np.array([1]), np.zeros((1, 2)))
+    short = module.ChunkWriter(Recorder(), expected)
+    short.write(np.array([1, 2]), np.zeros((2, 2)))
+    with pytest.raises(ValueError, match=r"rows of chunks \[0\] never came"):
+        short.close()
+
+
 def test_infer_jax_example_writes_each_forecast_once_at_its_valid_time(tmp_path):
     """examples/python/infer_jax.py: a stencil fitted in JAX beats persistence, and its forecasts
     land in the new array exactly at the times they are valid for, each equal to the stencil
@@ -207,7 +250,7 @@ def test_infer_jax_example_writes_each_forecast_once_at_its_valid_time(tmp_path)
     one_run_each_written_once(out, n, forecast)
     assert mse < 0.1 * persistence, f"the stencil is no better than persistence:\n{out}"
 
-    # The shuffled train split: batches of scattered times, written by orthogonal indexing.
+    # The shuffled train split: batches of scattered times, gathered into whole chunks.
     out, n, _, _, forecast = run(tmp_path / "train.zarr", "--split", "train")
     one_run_each_written_once(out, n, forecast)
 
