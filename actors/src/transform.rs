@@ -1355,6 +1355,12 @@ mod tests {
         assert_eq!(c.shape, vec![2, 1, 2]);
         // Sample 0: (0+1+5+6)/4, (2+3+7+8)/4; sample 1 adds 15.
         assert_eq!(back(&c.bytes), vec![3.0, 5.0, 18.0, 20.0]);
+        // A NaN in a block makes that block's mean NaN (skipna=False), and no other.
+        let mut holed = x.clone();
+        holed[6] = f32::NAN;
+        let got = run(&t, &[2, 3, 5], &holed);
+        assert!(got[0].is_nan(), "{got:?}");
+        assert_eq!(got[1..], [5.0, 18.0, 20.0]);
         assert!(
             t.output(&[1, 5], DType::Float32)
                 .unwrap_err()

@@ -130,8 +130,9 @@ class Cast:
 @dataclass(frozen=True)
 class Coarsen:
     """Block means over the inner axes, one factor per inner axis (1 keeps an axis); elements
-    past the last whole block are dropped (xarray's ``coarsen(boundary="trim")``). Batches then
-    have the coarser shape (``ds.sample_formats``)."""
+    past the last whole block are dropped (xarray's ``coarsen(boundary="trim")``), and a NaN in
+    a block makes its mean NaN (``.mean(skipna=False)``). Batches then have the coarser shape
+    (``ds.sample_formats``)."""
 
     factors: Sequence[int]
 
