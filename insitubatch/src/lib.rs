@@ -7,12 +7,14 @@
 pub mod allocator;
 pub mod cachebench;
 pub mod check_transform;
+mod coords;
 mod dataset;
 pub mod enginebench;
 pub mod inspect;
 pub mod readbench;
 pub mod synth;
 
+pub use coords::{CoordinateBounds, CoordinateRegion, coordinate_region};
 pub use dataset::{
     DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_INFLIGHT_PER_EXECUTOR,
     DEFAULT_PREFETCH_DEPTH, DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR, DatasetBuilder, InSituDataset,

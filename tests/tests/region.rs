@@ -869,3 +869,106 @@ fn views_decoded_into_batch_rows_are_zarr_python_and_the_pool_paths_batches() {
     assert_eq!((s.bad_chunks.len(), s.tiles_read), (1, 27), "{s:?}");
     assert_eq!(s.tiles_into_batches, 2, "{s:?}");
 }
+
+#[test]
+fn a_region_in_coordinate_values_is_the_index_region_of_the_values_in_it() {
+    use insitubatch::{CoordinateBounds, CoordinateRegion, coordinate_region};
+    let bounds = |dim: &str, start: f64, stop: f64, period: Option<f64>| CoordinateBounds {
+        dim: dim.into(),
+        start,
+        stop,
+        period,
+    };
+    // v3 `dimension_names`, and v2 `_ARRAY_DIMENSIONS` without consolidated metadata. Latitude
+    // falls from 90 by 22.5° (9), longitude rises from 0 by 22.5° (16).
+    for case in ["era5_v3", "era5_v2"] {
+        let f = fixture_arrays()
+            .into_iter()
+            .find(|f| f.case == case && f.array == "t2m")
+            .unwrap();
+        let europe = [
+            bounds("latitude", 67.5, 0.0, None),
+            bounds("longitude", -25.0, 45.0, Some(360.0)),
+        ];
+        let r = coordinate_region(&f.store, "t2m", 0, &europe, &[]).unwrap();
+        assert_eq!(
+            r,
+            CoordinateRegion {
+                region: vec![(1, 5), (15, 19)],
+                wrap: true
+            },
+            "{case}"
+        );
+        // Cropped to it, an epoch is zarr-python's values over those indices.
+        let whole = InSituDataset::builder(&f.store)
+            .variable("x", "t2m")
+            .build()
+            .unwrap();
+        let cropped = r.crop(&whole.variables()[0].geom).unwrap();
+        assert_eq!(cropped.region, Some(vec![(1, 5), (15, 19)]));
+        let ds = InSituDataset::builder(&f.store)
+            .cropped_window_wrapping("x", "t2m", 0, &r.region)
+            .batch_size(5)
+            .build()
+            .unwrap();
+        let (anchors, _) = check_cropped_epoch(&ds, &["x"], &f, 0, &[(1, 5), (15, 19)]);
+        assert!(!anchors.is_empty());
+        // One axis given, the other whole; no period, no wrap.
+        let r = coordinate_region(
+            &f.store,
+            "t2m",
+            0,
+            &[bounds("longitude", 50.0, 100.0, None)],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(r.region, vec![(0, 9), (3, 5)]);
+        assert!(!r.wrap);
+
+        // What it refuses, naming the dimension.
+        let err = |b: &[CoordinateBounds], array: &str| {
+            coordinate_region(&f.store, array, 0, b, &[])
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(&[bounds("level", 0.0, 1.0, None)], "t2m");
+        assert!(
+            e.contains("`level` is not a dimension") && e.contains("latitude"),
+            "{e}"
+        );
+        let e = err(&[bounds("time", 0.0, 6.0, None)], "t2m");
+        assert!(e.contains("`time` is the sample axis"), "{e}");
+        let e = err(&[bounds("latitude", 10.0, 20.0, None)], "t2m");
+        assert!(e.contains("no coordinate lies between 10 and 20"), "{e}");
+        let e = err(&[bounds("latitude", 0.0, 9.0, None)], "nope");
+        assert!(e.contains("`array` = nope") && e.contains("t2m"), "{e}");
+        let twice = [
+            bounds("latitude", 0.0, 9.0, None),
+            bounds("latitude", 0.0, 1.0, None),
+        ];
+        assert!(err(&twice, "t2m").contains("given twice"));
+    }
+    // An array whose dimensions have names but no coordinate arrays, and one without names.
+    let tczyx = fixture_case("v3_tczyx");
+    let e = coordinate_region(
+        &tczyx.store,
+        &tczyx.array,
+        2,
+        &[bounds("y", 0.0, 1.0, None)],
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("no coordinate array `y`"), "{e}");
+    let plain = fixture_case("v2_fill");
+    let e = coordinate_region(
+        &plain.store,
+        &plain.array,
+        0,
+        &[bounds("y", 0.0, 1.0, None)],
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("no dimension names"), "{e}");
+}

@@ -1,0 +1,391 @@
+//! Regions of a field given in coordinate values (degrees of latitude and longitude, metres,
+//! levels) instead of indices. An array's dimension names (Zarr v3 `dimension_names`, or the
+//! `_ARRAY_DIMENSIONS` attribute xarray writes to v2) name the 1-D coordinate arrays beside it;
+//! those are read, and each range of values becomes the run of indices whose coordinates lie in
+//! it: the region [`ArrayGeometry::crop`] (or, across the seam of a periodic axis,
+//! [`ArrayGeometry::crop_wrapping`]) takes.
+
+use std::path::Path;
+
+use insitubatch_store::{DType, ZarrArray};
+
+use crate::dataset::open_store;
+use crate::{ArrayGeometry, EngineError};
+
+/// A range of one dimension's coordinate values, both ends included (to the coordinate's own
+/// precision: a float32 coordinate matches a bound it rounds to).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoordinateBounds {
+    /// The dimension's name, which is also the name of its coordinate array.
+    pub dim: String,
+    /// One end of the range.
+    pub start: f64,
+    /// The other end.
+    pub stop: f64,
+    /// For a periodic coordinate (longitude in degrees: 360), the range runs upward from
+    /// `start` to `stop` round the circle, across the seam if it must (`start` 335 or -25 and
+    /// `stop` 45 is the 70° from 25°W to 45°E). Without a period the ends may come in either
+    /// order.
+    pub period: Option<f64>,
+}
+
+/// A field region from coordinate bounds: one `(start, end)` index range per field axis, in
+/// physical order (the whole axis where no bounds were given), and whether a range runs across
+/// the end of its axis (then crop with [`ArrayGeometry::crop_wrapping`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoordinateRegion {
+    /// Index ranges, half-open; with `wrap`, an end past the axis length continues from its
+    /// start.
+    pub region: Vec<(i64, i64)>,
+    /// True when a range runs across the end of its axis.
+    pub wrap: bool,
+}
+
+impl CoordinateRegion {
+    /// `geom` cropped to this region.
+    pub fn crop(&self, geom: &ArrayGeometry) -> Result<ArrayGeometry, EngineError> {
+        if self.wrap {
+            return Ok(geom.crop_wrapping(&self.region)?);
+        }
+        let plain: Vec<(u64, u64)> = self
+            .region
+            .iter()
+            .map(|&(lo, hi)| (lo as u64, hi as u64))
+            .collect();
+        Ok(geom.crop(&plain)?)
+    }
+}
+
+/// The region of array `array` of the store at `root` (sampled along `sample_axis`) that
+/// `bounds` describe. Reads the coordinate arrays the bounds name.
+pub fn coordinate_region(
+    root: impl AsRef<Path>,
+    array: &str,
+    sample_axis: usize,
+    bounds: &[CoordinateBounds],
+    storage_options: &[(String, String)],
+) -> Result<CoordinateRegion, EngineError> {
+    let (store, hierarchy, runtime) = open_store(root.as_ref(), storage_options)?;
+    let arr = hierarchy.arrays.get(array).ok_or_else(|| {
+        let names: Vec<&str> = hierarchy.arrays.keys().map(String::as_str).collect();
+        EngineError::arg(
+            "array",
+            array,
+            format!("the store has no such array; it has {names:?}"),
+        )
+    })?;
+    if sample_axis >= arr.ndim() {
+        return Err(EngineError::arg(
+            "sample_axis",
+            sample_axis,
+            format!("array `{array}` has {} axes", arr.ndim()),
+        ));
+    }
+    let dims = arr.dimension_names().ok_or_else(|| {
+        EngineError::arg(
+            "bounds",
+            array,
+            "the array has no dimension names (Zarr v3 `dimension_names`, or the v2 attribute \
+             `_ARRAY_DIMENSIONS`), so its axes have no coordinates: crop it by index",
+        )
+    })?;
+    let field: Vec<usize> = (0..arr.ndim()).filter(|&a| a != sample_axis).collect();
+    let mut region: Vec<(i64, i64)> = field.iter().map(|&a| (0, arr.shape()[a] as i64)).collect();
+    let mut wrap = false;
+    for (k, b) in bounds.iter().enumerate() {
+        if bounds[..k].iter().any(|o| o.dim == b.dim) {
+            return Err(EngineError::arg(
+                "bounds",
+                &b.dim,
+                "this dimension is given twice",
+            ));
+        }
+        let axis = dims.iter().position(|d| *d == b.dim);
+        let Some(slot) = axis.and_then(|a| field.iter().position(|&f| f == a)) else {
+            let field_dims: Vec<&str> = field.iter().map(|&a| dims[a].as_str()).collect();
+            let why = if axis == Some(sample_axis) {
+                "is the sample axis, which splits and manifests divide (`sample_range`), not \
+                 crops"
+            } else {
+                "is not a dimension of the array"
+            };
+            return Err(EngineError::arg(
+                "bounds",
+                &b.dim,
+                format!(
+                    "`{}` {why}; the field dimensions of `{array}` are {field_dims:?}",
+                    b.dim
+                ),
+            ));
+        };
+        let (coord_path, coord) = coordinate_array(&hierarchy.arrays, array, &b.dim)?;
+        let n = arr.shape()[field[slot]];
+        if coord.shape() != [n] {
+            return Err(EngineError::arg(
+                "bounds",
+                &b.dim,
+                format!(
+                    "the coordinate array `{coord_path}` has shape {:?}, but `{array}` has {n} \
+                     along `{}`: it is not that axis's coordinate",
+                    coord.shape(),
+                    b.dim
+                ),
+            ));
+        }
+        let values = runtime
+            .block_on({
+                let (store, coord) = (store.clone(), coord.clone());
+                move || async move { read_values(&store, &coord).await }
+            })
+            .map_err(|e| EngineError::Runtime(e.to_string()))??;
+        let tolerance = if coord.dtype() == DType::Float32 {
+            f64::from(f32::EPSILON)
+        } else {
+            4.0 * f64::EPSILON
+        };
+        let (range, wraps) = index_range(&values, b, tolerance)
+            .map_err(|why| EngineError::arg("bounds", &b.dim, format!("{coord_path}: {why}")))?;
+        region[slot] = range;
+        wrap |= wraps;
+    }
+    Ok(CoordinateRegion { region, wrap })
+}
+
+/// The coordinate array of dimension `dim` of `array`: the array named `dim` in the same group.
+fn coordinate_array<'a>(
+    arrays: &'a std::collections::BTreeMap<String, ZarrArray>,
+    array: &str,
+    dim: &str,
+) -> Result<(String, &'a ZarrArray), EngineError> {
+    let path = match array.rsplit_once('/') {
+        Some((group, _)) => format!("{group}/{dim}"),
+        None => dim.to_string(),
+    };
+    match arrays.get(&path) {
+        Some(coord) if coord.ndim() == 1 => Ok((path, coord)),
+        Some(coord) => Err(EngineError::arg(
+            "bounds",
+            dim,
+            format!(
+                "`{path}` has {} axes; a coordinate array has one",
+                coord.ndim()
+            ),
+        )),
+        None => Err(EngineError::arg(
+            "bounds",
+            dim,
+            format!(
+                "there is no coordinate array `{path}` beside `{array}` to read its values from; \
+                 crop that axis by index"
+            ),
+        )),
+    }
+}
+
+/// Every element of 1-D array `coord` as f64, read chunk by chunk.
+async fn read_values<S: insitubatch_store::Store>(
+    store: &S,
+    coord: &ZarrArray,
+) -> Result<Vec<f64>, EngineError> {
+    let n = coord.shape()[0] as usize;
+    let mut values = Vec::with_capacity(n);
+    for index in coord.chunk_indices() {
+        let chunk = coord.read_chunk(store, &index).await?;
+        let elems = numbers(chunk.dtype, &chunk.bytes).ok_or_else(|| {
+            EngineError::arg(
+                "bounds",
+                coord.path(),
+                format!(
+                    "a coordinate of {} cannot be compared with numbers",
+                    chunk.dtype.name()
+                ),
+            )
+        })?;
+        values.extend(elems.into_iter().take(n - values.len()));
+    }
+    Ok(values)
+}
+
+/// Native-endian elements of a real numeric type as f64.
+fn numbers(dtype: DType, bytes: &[u8]) -> Option<Vec<f64>> {
+    macro_rules! each {
+        ($t:ty) => {
+            bytes
+                .chunks_exact(std::mem::size_of::<$t>())
+                .map(|b| <$t>::from_ne_bytes(b.try_into().expect("element width")) as f64)
+                .collect()
+        };
+    }
+    Some(match dtype {
+        DType::Int8 => each!(i8),
+        DType::Int16 => each!(i16),
+        DType::Int32 => each!(i32),
+        DType::Int64 => each!(i64),
+        DType::Uint8 => each!(u8),
+        DType::Uint16 => each!(u16),
+        DType::Uint32 => each!(u32),
+        DType::Uint64 => each!(u64),
+        DType::Float32 => each!(f32),
+        DType::Float64 => each!(f64),
+        _ => return None,
+    })
+}
+
+/// The run of indices of `coords` inside `b` (ends included, widened by `tolerance` relative
+/// to the bound), and whether it runs across the end of the axis; or why there is none.
+fn index_range(
+    coords: &[f64],
+    b: &CoordinateBounds,
+    tolerance: f64,
+) -> Result<((i64, i64), bool), String> {
+    let n = coords.len();
+    let rising = coords.windows(2).all(|w| w[0] < w[1]);
+    let falling = coords.windows(2).all(|w| w[0] > w[1]);
+    if coords.iter().any(|c| !c.is_finite()) || !(rising || falling) {
+        return Err(
+            "its values do not rise or fall strictly, so a range of them is not a \
+                    run of indices"
+                .into(),
+        );
+    }
+    if !(b.start.is_finite() && b.stop.is_finite()) {
+        return Err(format!(
+            "the bounds {} and {} must be finite",
+            b.start, b.stop
+        ));
+    }
+    let slack = |x: f64| tolerance * x.abs().max(1.0);
+    let described = || {
+        format!(
+            "no coordinate lies between {} and {} (they run from {} to {})",
+            b.start,
+            b.stop,
+            coords[0],
+            coords[n - 1]
+        )
+    };
+    let Some(period) = b.period else {
+        let (lo, hi) = (b.start.min(b.stop), b.start.max(b.stop));
+        let inside = |c: f64| c >= lo - slack(lo) && c <= hi + slack(hi);
+        let first = coords
+            .iter()
+            .position(|&c| inside(c))
+            .ok_or_else(described)?;
+        let count = coords[first..].iter().take_while(|&&c| inside(c)).count();
+        return Ok(((first as i64, (first + count) as i64), false));
+    };
+    if !(period.is_finite() && period > 0.0) {
+        return Err(format!("the period must be positive, not {period}"));
+    }
+    // Going upward from `start`: each coordinate's distance round the circle, and the span.
+    let span = if b.stop - b.start >= period {
+        period
+    } else {
+        (b.stop - b.start).rem_euclid(period)
+    };
+    let ahead: Vec<f64> = coords
+        .iter()
+        .map(|&c| (c - b.start).rem_euclid(period))
+        .collect();
+    let inside: Vec<bool> = ahead
+        .iter()
+        .map(|&d| d <= span + slack(b.stop) || period - d <= slack(b.start))
+        .collect();
+    let count = inside.iter().filter(|&&x| x).count();
+    if count == 0 {
+        return Err(described());
+    }
+    // The run starts at the selected index whose predecessor round the axis is not; when all
+    // are selected, at the coordinate nearest `start` going upward.
+    let first = if count == n {
+        let nearest = |i: usize| {
+            let d = ahead[i];
+            if period - d <= slack(b.start) { 0.0 } else { d }
+        };
+        (0..n)
+            .min_by(|&i, &j| nearest(i).total_cmp(&nearest(j)))
+            .unwrap_or(0)
+    } else {
+        (0..n)
+            .find(|&i| inside[i] && !inside[(i + n - 1) % n])
+            .expect("a partial cyclic selection has a start")
+    };
+    if (0..count).any(|k| !inside[(first + k) % n]) {
+        return Err(format!(
+            "the coordinates between {} and {} are not one run of indices round the axis",
+            b.start, b.stop
+        ));
+    }
+    let end = first + count;
+    Ok(((first as i64, end as i64), end > n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bounds(start: f64, stop: f64, period: Option<f64>) -> CoordinateBounds {
+        CoordinateBounds {
+            dim: "d".into(),
+            start,
+            stop,
+            period,
+        }
+    }
+
+    #[test]
+    fn a_range_of_values_is_the_run_of_indices_inside_it() {
+        let lat: Vec<f64> = (0..9).map(|i| 90.0 - 22.5 * i as f64).collect(); // 90 .. -90
+        let r = |a, b| index_range(&lat, &bounds(a, b, None), 1e-12);
+        // Either order of the ends, both included; falling coordinates.
+        assert_eq!(r(67.5, 0.0), Ok(((1, 5), false)));
+        assert_eq!(r(0.0, 67.5), Ok(((1, 5), false)));
+        assert_eq!(r(60.0, 10.0), Ok(((2, 4), false)));
+        assert_eq!(r(-100.0, 100.0), Ok(((0, 9), false)));
+        assert!(
+            r(10.0, 20.0)
+                .unwrap_err()
+                .contains("no coordinate lies between 10 and 20")
+        );
+        // A float32 coordinate matches the bound it rounds to.
+        let c = [35.0_f32 as f64, 35.1_f32 as f64, 35.2_f32 as f64];
+        let f32_tolerance = f64::from(f32::EPSILON);
+        assert_eq!(
+            index_range(&c, &bounds(35.1, 35.2, None), f32_tolerance),
+            Ok(((1, 3), false))
+        );
+        let unsorted = [0.0, 2.0, 1.0];
+        assert!(
+            index_range(&unsorted, &bounds(0.0, 1.0, None), 0.0)
+                .unwrap_err()
+                .contains("rise or fall")
+        );
+    }
+
+    #[test]
+    fn a_periodic_range_runs_upward_across_the_seam() {
+        let lon: Vec<f64> = (0..16).map(|i| 22.5 * i as f64).collect(); // 0 .. 337.5
+        let r = |a, b| index_range(&lon, &bounds(a, b, Some(360.0)), 1e-12);
+        // 25°W .. 45°E: 337.5, then 0, 22.5, 45.
+        assert_eq!(r(-25.0, 45.0), Ok(((15, 19), true)));
+        assert_eq!(r(335.0, 45.0), Ok(((15, 19), true)));
+        // Within the axis: no wrap. The other way round the circle is the rest of it.
+        assert_eq!(r(45.0, 90.0), Ok(((2, 5), false)));
+        assert_eq!(r(90.0, 45.0), Ok(((4, 19), true)));
+        // A whole turn starting at 180° (a 0..360 grid read as -180..180).
+        assert_eq!(r(-180.0, 180.0), Ok(((8, 24), true)));
+        assert_eq!(r(0.0, 360.0), Ok(((0, 16), false)));
+        assert!(r(1.0, 2.0).unwrap_err().contains("no coordinate"));
+        // A -180..180 grid, a range given in 0..360 terms.
+        let west: Vec<f64> = (0..16).map(|i| -180.0 + 22.5 * i as f64).collect();
+        assert_eq!(
+            index_range(&west, &bounds(315.0, 22.5, Some(360.0)), 1e-12),
+            Ok(((6, 10), false))
+        );
+        assert!(
+            index_range(&lon, &bounds(0.0, 1.0, Some(0.0)), 0.0)
+                .unwrap_err()
+                .contains("period")
+        );
+    }
+}
