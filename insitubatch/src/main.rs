@@ -236,8 +236,13 @@ impl PassArgs {
         if let Some(n) = self.max_inflight {
             b = b.max_inflight(n);
         }
+        let at = StoreAt {
+            path: &self.path,
+            sample_axis: self.sample_axis,
+            storage_options: &self.store.storage_options,
+        };
         for v in self.variables.iter().flatten() {
-            b = self.region.view(b, v)?;
+            b = self.region.view(b, &at, v)?;
         }
         if let Some(m) = &self.manifest {
             b = b.manifest(SplitManifest::load(m)?);
@@ -511,11 +516,71 @@ struct RegionArgs {
     /// first 180 elements).
     #[arg(long, requires = "region")]
     wrap: bool,
+    /// The region in coordinate values instead: DIM=START:STOP per dimension, comma-separated
+    /// (e.g. latitude=72:35,longitude=-25:45). The coordinate array named DIM is read and the
+    /// indices whose values lie between START and STOP, both included, are the range; axes
+    /// not named stay whole.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = parse_coord_range,
+        allow_hyphen_values = true,
+        requires = "variables",
+        conflicts_with = "region"
+    )]
+    coords: Option<Vec<(String, f64, f64)>>,
+    /// Periodic dimensions of --coords and their periods, comma-separated (longitude=360): the
+    /// range runs upward from START to STOP, across the end of the axis if it must.
+    #[arg(long, value_delimiter = ',', value_parser = parse_period, requires = "coords")]
+    periodic: Option<Vec<(String, f64)>>,
 }
 
 impl RegionArgs {
-    /// Adds `path` as the variable of that name, cropped to the region if there is one.
-    fn view(&self, b: DatasetBuilder, path: &str) -> Result<DatasetBuilder, String> {
+    /// Adds `path` of the store at `store` as the variable of that name, cropped to the region
+    /// if there is one (`--coords` read from the store's coordinate arrays).
+    fn view(
+        &self,
+        b: DatasetBuilder,
+        store: &StoreAt,
+        path: &str,
+    ) -> Result<DatasetBuilder, Box<dyn std::error::Error>> {
+        if let Some(coords) = &self.coords {
+            let periods = self.periodic.as_deref().unwrap_or_default();
+            if let Some((dim, _)) = periods
+                .iter()
+                .find(|(d, _)| !coords.iter().any(|c| c.0 == *d))
+            {
+                return Err(
+                    format!("--periodic names `{dim}`, which --coords gives no range").into(),
+                );
+            }
+            let bounds: Vec<insitubatch::CoordinateBounds> = coords
+                .iter()
+                .map(|(dim, start, stop)| insitubatch::CoordinateBounds {
+                    dim: dim.clone(),
+                    start: *start,
+                    stop: *stop,
+                    period: periods.iter().find(|p| p.0 == *dim).map(|p| p.1),
+                })
+                .collect();
+            let r = insitubatch::coordinate_region(
+                store.path,
+                path,
+                store.sample_axis,
+                &bounds,
+                store.storage_options,
+            )?;
+            return Ok(if r.wrap {
+                b.cropped_window_wrapping(path, path, 0, &r.region)
+            } else {
+                let plain: Vec<(u64, u64)> = r
+                    .region
+                    .iter()
+                    .map(|&(lo, hi)| (lo as u64, hi as u64))
+                    .collect();
+                b.cropped_window(path, path, 0, &plain)
+            });
+        }
         let Some(r) = &self.region else {
             return Ok(b.variable(path, path));
         };
@@ -531,9 +596,49 @@ impl RegionArgs {
             None => Err(format!(
                 "--region {r:?} has a negative bound; a range across the end of a periodic axis \
                  (longitude) needs --wrap"
-            )),
+            )
+            .into()),
         }
     }
+}
+
+/// Where the variables of a `RegionArgs` come from: the store and how it is opened.
+struct StoreAt<'a> {
+    path: &'a Path,
+    sample_axis: usize,
+    storage_options: &'a [(String, String)],
+}
+
+/// `DIM=START:STOP` with numbers (`latitude=72:35`, `longitude=-25:45`).
+fn parse_coord_range(s: &str) -> Result<(String, f64, f64), String> {
+    let (dim, range) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not of the form DIM=START:STOP (latitude=72:35)"))?;
+    let (a, b) = range
+        .split_once(':')
+        .ok_or_else(|| format!("`{range}` in `{s}` is not of the form START:STOP"))?;
+    let p = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| format!("`{v}` in `{s}` is not a number"))
+    };
+    Ok((dim.trim().to_string(), p(a)?, p(b)?))
+}
+
+/// `DIM=PERIOD` (`longitude=360`).
+fn parse_period(s: &str) -> Result<(String, f64), String> {
+    let (dim, period) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not of the form DIM=PERIOD (longitude=360)"))?;
+    let p = period
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .ok_or_else(|| format!("`{period}` in `{s}` is not a positive number"))?;
+    Ok((dim.trim().to_string(), p))
 }
 
 fn parse_range(s: &str) -> Result<(u64, u64), String> {
@@ -600,8 +705,13 @@ fn warm(args: &WarmArgs) -> CliResult {
     if let Some(t) = chunk_transforms {
         b = b.chunk_transforms_json(transforms_arg(t)?);
     }
+    let at = StoreAt {
+        path,
+        sample_axis: *sample_axis,
+        storage_options: &store.storage_options,
+    };
     for v in variables.iter().flatten() {
-        b = region.view(b, v)?;
+        b = region.view(b, &at, v)?;
     }
     if let Some(m) = manifest {
         b = b.manifest(SplitManifest::load(m)?);

@@ -275,6 +275,53 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
         bench_with(&store, &manifest).args(["--variables", "t2m", "--region", "-2:2,0:8"]),
         &["--region", "--wrap"],
     );
+    // The same regions in coordinate values (latitude 90, 54, 18, -18, -54, -90; longitude 0
+    // to 315 by 45): rows 3..6 and columns 2..8, then every row and the columns from 270° to
+    // 45° across 0°.
+    for (coords, tiles) in [
+        (&["--coords", "latitude=-18:-90,longitude=90:315"][..], 12),
+        (
+            &[
+                "--coords",
+                "longitude=270:45",
+                "--periodic",
+                "longitude=360",
+            ][..],
+            24,
+        ),
+    ] {
+        let out = run_ok(
+            bench_with(&store, &manifest)
+                .args(["--variables", "t2m,u10", "--json"])
+                .args(coords),
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let s = &v["epochs"][0]["stats"];
+        assert_eq!(
+            (&s["samples"], &s["tiles_read"]),
+            (&24.into(), &tiles.into()),
+            "{coords:?}: {s}"
+        );
+    }
+    fails_with(
+        bench_with(&store, &manifest).args(["--variables", "t2m", "--coords", "level=0:1"]),
+        &["`level` is not a dimension", "latitude"],
+    );
+    fails_with(
+        bench_with(&store, &manifest).args(["--variables", "t2m", "--coords", "latitude=1-2"]),
+        &["--coords", "START:STOP"],
+    );
+    fails_with(
+        bench_with(&store, &manifest).args([
+            "--variables",
+            "t2m",
+            "--coords",
+            "latitude=0:90",
+            "--region",
+            "0:2,0:8",
+        ]),
+        &["--coords", "--region"],
+    );
     fails_with(
         bench_with(&store, &manifest).args(["--variables", "t2m", "--region", "3-6"]),
         &["--region", "START:STOP"],

@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 12
+#define ISB_ABI_VERSION 13
 
 /*
  DLPack version of the exported structs.
@@ -372,6 +372,26 @@ IsbStatus isb_open_geometries_with(const char *store,
                                    const char *params_json,
                                    char **out_json,
                                    struct IsbError **err);
+
+/*
+ The field region of an array given in coordinate values (ABI 13). `params_json`:
+ `{"array": "t2m", "bounds": {"latitude": [72, 35], "longitude": [-25, 45]}, "periodic":
+ {"longitude": 360}, "sample_axis": 0, "storage_options": {...}}`: for each named dimension,
+ the run of indices whose values in its 1-D coordinate array (the array of that name beside
+ `array`) lie between the two ends, both included; a periodic dimension's range runs upward
+ from the first end to the second, across the seam if it must. `*out_json` gets `{"region":
+ [[start, end], ...], "wrap": bool}`, one half-open range per field axis in physical order
+ (whole where no bounds were given), ready for a view's `region` and `wrap`. Free it with
+ `isb_string_free`.
+
+ # Safety
+ `store` and `params_json` are NUL-terminated; `out_json` is writable; `err` is NULL or
+ writable.
+ */
+IsbStatus isb_coordinate_region(const char *store,
+                                const char *params_json,
+                                char **out_json,
+                                struct IsbError **err);
 
 /*
  Splits the sample-axis chunks of `array` (NULL: the first data variable) of `store` by

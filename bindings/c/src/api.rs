@@ -14,7 +14,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 12;
+pub const ISB_ABI_VERSION: u32 = 13;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -204,6 +204,70 @@ pub unsafe extern "C" fn isb_open_geometries_with(
         let options = storage_options(p.storage_options)?;
         let geoms = insitubatch::geometries_with(store, None, p.sample_axis, &options)?;
         out_string(out_json, geometries_json(geoms))
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CoordinateParams {
+    array: String,
+    bounds: std::collections::BTreeMap<String, (f64, f64)>,
+    #[serde(default)]
+    periodic: std::collections::BTreeMap<String, f64>,
+    #[serde(default)]
+    sample_axis: usize,
+    #[serde(default)]
+    storage_options: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The field region of an array given in coordinate values (ABI 13). `params_json`:
+/// `{"array": "t2m", "bounds": {"latitude": [72, 35], "longitude": [-25, 45]}, "periodic":
+/// {"longitude": 360}, "sample_axis": 0, "storage_options": {...}}`: for each named dimension,
+/// the run of indices whose values in its 1-D coordinate array (the array of that name beside
+/// `array`) lie between the two ends, both included; a periodic dimension's range runs upward
+/// from the first end to the second, across the seam if it must. `*out_json` gets `{"region":
+/// [[start, end], ...], "wrap": bool}`, one half-open range per field axis in physical order
+/// (whole where no bounds were given), ready for a view's `region` and `wrap`. Free it with
+/// `isb_string_free`.
+///
+/// # Safety
+/// `store` and `params_json` are NUL-terminated; `out_json` is writable; `err` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_coordinate_region(
+    store: *const c_char,
+    params_json: *const c_char,
+    out_json: *mut *mut c_char,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let store = unsafe { arg_str(store, "store") }?;
+        // SAFETY: forwarded contract.
+        let params = unsafe { arg_str(params_json, "params_json") }?;
+        let p: CoordinateParams = parse_json(params, "coordinate region parameters")?;
+        if let Some(dim) = p.periodic.keys().find(|d| !p.bounds.contains_key(*d)) {
+            return Err(invalid(format!(
+                "coordinate region parameters: `periodic` names `{dim}`, which `bounds` does not \
+                 give a range for"
+            )));
+        }
+        let bounds: Vec<insitubatch::CoordinateBounds> = p
+            .bounds
+            .iter()
+            .map(|(dim, &(start, stop))| insitubatch::CoordinateBounds {
+                dim: dim.clone(),
+                start,
+                stop,
+                period: p.periodic.get(dim).copied(),
+            })
+            .collect();
+        let options = storage_options(p.storage_options)?;
+        let r = insitubatch::coordinate_region(store, &p.array, p.sample_axis, &bounds, &options)?;
+        out_string(
+            out_json,
+            serde_json::json!({"region": r.region, "wrap": r.wrap}).to_string(),
+        )
     })
 }
 

@@ -143,6 +143,26 @@ int main(int argc, char **argv) {
     }
     isb_string_free(out);
     out = NULL;
+    /* A region in coordinate values (ABI 13): 67.5N..0, 25W..45E across 0 longitude. */
+    CHECK("coordinate region",
+          isb_coordinate_region(store, "{\"array\": \"t2m\", \"bounds\": {\"latitude\": [67.5, 0], "
+                                "\"longitude\": [-25, 45]}, \"periodic\": {\"longitude\": 360}}", &out, &err),
+          ISB_OK, NULL);
+    if (!out || strcmp(out, "{\"region\":[[1,5],[15,19]],\"wrap\":true}") != 0) {
+        fprintf(stderr, "FAIL coordinate region: %s\n", out ? out : "(null)");
+        failures++;
+    }
+    isb_string_free(out);
+    out = NULL;
+    CHECK("coordinate region, periodic without bounds",
+          isb_coordinate_region(store, "{\"array\": \"t2m\", \"bounds\": {\"latitude\": [0, 9]}, "
+                                "\"periodic\": {\"longitude\": 360}}", &out, &err),
+          ISB_INVALID_ARGUMENT, "`periodic` names `longitude`");
+    CHECK("coordinate region, not a dimension",
+          isb_coordinate_region(store, "{\"array\": \"t2m\", \"bounds\": {\"level\": [0, 9]}}", &out, &err),
+          ISB_INVALID_ARGUMENT, "`level` is not a dimension");
+    CHECK("coordinate region, no array", isb_coordinate_region(store, "{\"bounds\": {}}", &out, &err),
+          ISB_INVALID_ARGUMENT, "array");
     CHECK("split, options for a directory", isb_split_by_chunk(store, NULL, "{\"fractions\": [1.0], \"storage_options\": {\"aws_region\": \"x\"}}", &out, &err), ISB_INVALID_ARGUMENT, "aws_region");
     CHECK("bad fractions", isb_split_by_chunk(store, NULL, "{\"fractions\": [0.9, 0.3]}", &out, &err), ISB_INVALID_ARGUMENT, "fractions");
 

@@ -268,6 +268,26 @@ class ArrayGeometry:
         whole = all(lo == 0 and hi == self.shape[a] for a, (lo, hi) in zip(axes, out))
         return replace(self, region=None if whole else tuple(out))
 
+    def crop_coords(self, bounds: Mapping[str, Any] | None = None, *,
+                    periodic: Mapping[str, float] | None = None,
+                    **dims: Any) -> "ArrayGeometry":
+        """`crop` with the region given in coordinate values: `g.crop_coords(latitude=(72, 35),
+        longitude=(-25, 45), periodic={"longitude": 360})` (or the same ranges as a `bounds`
+        dict). Each named dimension's 1-D coordinate array (the array of that name beside this
+        one, as xarray writes them) is read, and its range becomes the run of indices whose
+        values lie between its two ends, both included; axes not named stay whole. A periodic
+        dimension's range runs upward from its first end to its second, across the seam of
+        the axis if it must (then the crop wraps). See `coordinate_region`."""
+        ranges = dict(bounds or {})
+        for dim in dims:
+            if dim in ranges:
+                raise TypeError(f"crop_coords: {dim!r} is given twice")
+        ranges.update(dims)
+        region, wrap = coordinate_region(self.store, self.path, ranges, periodic=periodic,
+                                         sample_axis=self.sample_axis,
+                                         storage_options=self.storage_options)
+        return self.crop(*region, wrap=wrap)
+
     @property
     def wraps(self) -> bool:
         """True when a range of the region runs across the end of its axis (`crop(...,
@@ -275,6 +295,50 @@ class ArrayGeometry:
         return self.region is not None and any(
             hi > self.shape[a] for a, (_, hi) in zip(self.field_axes, self.region)
         )
+
+
+def coordinate_region(
+    store,
+    array: str,
+    bounds: Mapping[str, Any],
+    *,
+    periodic: Mapping[str, float] | None = None,
+    sample_axis: int = 0,
+    storage_options: Mapping[str, Any] | None = None,
+) -> tuple[tuple[tuple[int, int], ...], bool]:
+    """The field region of `array` that coordinate ranges describe: `bounds` maps dimension
+    names to `(end, end)` pairs of coordinate values, `periodic` dimension names to their
+    period (360 for longitude in degrees). Returns one `(start, end)` index range per field
+    axis in physical order (the whole axis where no bounds were given) and whether a range
+    runs across the end of its axis: what `ArrayGeometry.crop(*region, wrap=wrap)` takes.
+    Raises `InvalidArgument` naming the dimension when it is not one of the array's field
+    dimensions, has no coordinate array, or no coordinate lies in its range."""
+    if not isinstance(array, str):
+        raise TypeError(f"array must be a str, not {type(array).__name__}")
+    _check_int("sample_axis", sample_axis, minimum=0)
+    if not isinstance(bounds, Mapping) or not bounds:
+        raise TypeError("bounds must be a non-empty dict of dimension name -> (end, end)")
+    ranges = {}
+    for dim, r in bounds.items():
+        pair = tuple(r) if isinstance(r, (tuple, list)) else None
+        if not isinstance(dim, str) or pair is None or len(pair) != 2 or not all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) for v in pair):
+            raise TypeError(f"bounds[{dim!r}] must be a pair of numbers, not {r!r}")
+        ranges[dim] = [float(pair[0]), float(pair[1])]
+    periods = {}
+    for dim, p in dict(periodic or {}).items():
+        if not isinstance(p, numbers.Real) or isinstance(p, bool):
+            raise TypeError(f"periodic[{dim!r}] must be a number (360 for degrees), not {p!r}")
+        periods[dim] = float(p)
+    options = None if storage_options is None else _storage_options(storage_options)
+    params = {"array": array, "bounds": ranges, "periodic": periods,
+              "sample_axis": sample_axis, "storage_options": options or {}}
+    out = _call_interruptible(
+        lib.isb_coordinate_region, _path(store), json.dumps(params).encode(),
+        free=lib.isb_string_free,
+    )
+    raw = json.loads(_take_string(out))
+    return tuple((int(lo), int(hi)) for lo, hi in raw["region"]), bool(raw["wrap"])
 
 
 def open_geometries(

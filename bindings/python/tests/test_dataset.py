@@ -129,6 +129,47 @@ def test_a_wrapping_crop_is_the_range_across_the_seam_in_order(fixtures):
         g.crop(slice(0, 2), slice(None), wrap=1)
 
 
+def test_a_crop_in_coordinate_values_reads_the_indices_whose_values_lie_in_it(fixtures):
+    # ERA5-like groups, v3 (dimension_names) and v2 (_ARRAY_DIMENSIONS, unconsolidated):
+    # latitude falls from 90 by 22.5 (9 values), longitude rises from 0 by 22.5 (16).
+    out, _ = fixtures
+    for name in ("era5_v3.zarr", "era5_v2.zarr"):
+        store = out / name
+        ref = zarr.open_array(store / "t2m", mode="r")[...]
+        lat = zarr.open_array(store / "latitude", mode="r")[...]
+        lon = zarr.open_array(store / "longitude", mode="r")[...]
+        g = isb.open_geometries(store)["t2m"]
+        # 67.5N .. 0 and 25W .. 45E, across 0 longitude.
+        europe = g.crop_coords(latitude=(67.5, 0), longitude=(-25, 45), periodic={"longitude": 360})
+        assert europe == g.crop((1, 5), (15, 19), wrap=True), name
+        assert g.crop_coords({"latitude": (0, 67.5)}, longitude=(335, 45),
+                             periodic={"longitude": 360}) == europe
+        rows = np.flatnonzero((lat <= 67.5) & (lat >= 0))
+        cols = [15, 0, 1, 2]  # 337.5, then 0, 22.5 and 45 in that order
+        assert lon[cols].tolist() == [337.5, 0, 22.5, 45]
+        with isb.InSituDataset(store, None, {"x": europe}, batch_size=5) as ds:
+            seen = 0
+            for b in ds.train:
+                for r, idx in enumerate(b.read_indices("x")):
+                    np.testing.assert_array_equal(b.arrays["x"][r], ref[idx][np.ix_(rows, cols)])
+                    seen += 1
+            assert seen == 12
+        # The same as a region for C-style callers; axes not named stay whole.
+        assert isb.coordinate_region(store, "t2m", {"longitude": (50, 100)}) == (((0, 9), (3, 5)), False)
+        with pytest.raises(isb.InvalidArgument, match="`level` is not a dimension"):
+            g.crop_coords(level=(0, 1))
+        with pytest.raises(isb.InvalidArgument, match="`time` is the sample axis"):
+            g.crop_coords(time=(0, 6))
+        with pytest.raises(isb.InvalidArgument, match="no coordinate lies between 10 and 20"):
+            g.crop_coords(latitude=(10, 20))
+        with pytest.raises(isb.InvalidArgument, match="`periodic` names `longitude`"):
+            g.crop_coords(latitude=(0, 10), periodic={"longitude": 360})
+        with pytest.raises(TypeError, match=r"bounds\['latitude'\] must be a pair"):
+            g.crop_coords(latitude=10)
+        with pytest.raises(TypeError, match="given twice"):
+            g.crop_coords({"latitude": (0, 1)}, latitude=(0, 2))
+
+
 def test_memory_need_counts_the_batches_and_pool_a_pass_holds_before_it_runs(fixtures):
     out, _ = fixtures
     store = out / "paired.zarr"
