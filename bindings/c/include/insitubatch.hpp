@@ -199,6 +199,15 @@ inline std::string geometries_json(const std::string &store,
   });
 }
 
+// A field region from coordinate values as JSON (isb_coordinate_region): `params_json` such as
+// {"array": "t2m", "bounds": {"latitude": [72, 35]}} gives {"region": [[...]], "wrap": false}.
+inline std::string coordinate_region_json(const std::string &store,
+                                          const std::string &params_json) {
+  return detail::string_result("isb_coordinate_region", [&](char **out, IsbError **err) {
+    return isb_coordinate_region(store.c_str(), params_json.c_str(), out, err);
+  });
+}
+
 // A split manifest as JSON (isb_split_by_chunk): `params_json` such as
 // {"fractions": [0.8, 0.1, 0.1], "seed": 0}; `array` empty for the first data variable.
 inline std::string split_by_chunk(const std::string &store, const std::string &params_json,

@@ -103,6 +103,10 @@ int main(int argc, char **argv) {
     EXPECT(contains(geometries, "\"t2m\"") && contains(geometries, "\"u10\"") &&
                !contains(geometries, "\"latitude\""),
            "geometries: %s", geometries.c_str());
+    const std::string region = isb::coordinate_region_json(
+        store, R"({"array": "t2m", "bounds": {"latitude": [67.5, 0]}})");
+    EXPECT(region == R"({"region":[[1,5],[0,16]],"wrap":false})", "coordinate region: %s",
+           region.c_str());
     isb::Error e = error_of([&] { isb::split_by_chunk(store, R"({"fractions": [1]})", "nope"); });
     EXPECT(e.call() == "isb_split_by_chunk" && e.status() == ISB_INVALID_ARGUMENT &&
                contains(e.what(), "nope"),
