@@ -318,14 +318,14 @@ def coordinate_region(
     _check_int("sample_axis", sample_axis, minimum=0)
     if not isinstance(bounds, Mapping) or not bounds:
         raise TypeError("bounds must be a non-empty dict of dimension name -> (end, end)")
-    ranges = {}
+    ranges: dict[str, list[float]] = {}
     for dim, r in bounds.items():
         pair = tuple(r) if isinstance(r, (tuple, list)) else None
         if not isinstance(dim, str) or pair is None or len(pair) != 2 or not all(
                 isinstance(v, numbers.Real) and not isinstance(v, bool) for v in pair):
             raise TypeError(f"bounds[{dim!r}] must be a pair of numbers, not {r!r}")
         ranges[dim] = [float(pair[0]), float(pair[1])]
-    periods = {}
+    periods: dict[str, float] = {}
     for dim, p in dict(periodic or {}).items():
         if not isinstance(p, numbers.Real) or isinstance(p, bool):
             raise TypeError(f"periodic[{dim!r}] must be a number (360 for degrees), not {p!r}")
