@@ -182,6 +182,29 @@ fn coordinate_array<'a>(
     }
 }
 
+/// The first and last values of the coordinate of dimension `dim` (length `n`) of `array`,
+/// from the first and last stored chunks of its coordinate array; `None` when there is no
+/// such 1-D array of that length or it cannot be read as numbers. For `insitubatch inspect`.
+pub(crate) async fn coordinate_ends<S: insitubatch_store::Store>(
+    store: &S,
+    arrays: &std::collections::BTreeMap<String, ZarrArray>,
+    array: &str,
+    dim: &str,
+    n: u64,
+) -> Option<(f64, f64)> {
+    let (_, coord) = coordinate_array(arrays, array, dim).ok()?;
+    if coord.shape() != [n] || n == 0 {
+        return None;
+    }
+    let per_chunk = coord.chunk_shape()[0];
+    let last_chunk = (n - 1) / per_chunk;
+    let first = coord.read_chunk(store, &[0]).await.ok()?;
+    let first = *numbers(first.dtype, &first.bytes)?.first()?;
+    let last = coord.read_chunk(store, &[last_chunk]).await.ok()?;
+    let last = *numbers(last.dtype, &last.bytes)?.get(((n - 1) % per_chunk) as usize)?;
+    Some((first, last))
+}
+
 /// Every element of 1-D array `coord` as f64, read chunk by chunk.
 async fn read_values<S: insitubatch_store::Store>(
     store: &S,

@@ -37,10 +37,26 @@ pub struct VariableReport {
     pub samples_per_chunk: u64,
     /// Stored chunks (tiles) per sample-axis chunk.
     pub tiles_per_sample_chunk: u64,
+    /// The axes' dimension names with their lengths and the first and last values of their
+    /// coordinate arrays (null when the array names no dimensions): what a region in
+    /// coordinate values (`--coords`) is given in.
+    pub dimensions: Option<Vec<DimensionReport>>,
     /// The regime the spec's trade-offs name, with a one-line hint.
     pub regime: String,
     /// What it means for reading.
     pub hint: String,
+}
+
+/// One axis of a variable, by name.
+#[derive(Clone, Debug, Serialize)]
+pub struct DimensionReport {
+    /// The dimension's name.
+    pub name: String,
+    /// Its length.
+    pub length: u64,
+    /// The first and last values of the 1-D coordinate array of that name beside the
+    /// variable (null when there is none).
+    pub coordinate: Option<(f64, f64)>,
 }
 
 /// Whole report.
@@ -139,6 +155,28 @@ pub fn inspect(
             }
         }
         let known = |n: u64| (!matches!(sizes, Sizes::Unknown)).then_some(n);
+        let dimensions = a.dimension_names().map(|names| {
+            names
+                .iter()
+                .zip(a.shape())
+                .map(|(dim, &length)| {
+                    let (st, arrays) = (store.clone(), hierarchy.arrays.clone());
+                    let (array, dim2) = (name.clone(), dim.clone());
+                    let coordinate = handle
+                        .block_on(move || async move {
+                            crate::coords::coordinate_ends(&st, &arrays, &array, &dim2, length)
+                                .await
+                        })
+                        .ok()
+                        .flatten();
+                    DimensionReport {
+                        name: dim.clone(),
+                        length,
+                        coordinate,
+                    }
+                })
+                .collect()
+        });
         let (reg, hint) = regime(g);
         out.push(VariableReport {
             path: name.clone(),
@@ -155,6 +193,7 @@ pub fn inspect(
             stored_chunk_bytes_decoded: a.chunk_bytes_decoded(),
             samples_per_chunk: g.samples_per_chunk(),
             tiles_per_sample_chunk: g.tiles_per_sample_chunk(),
+            dimensions,
             regime: reg.to_string(),
             hint: hint.to_string(),
         });
@@ -203,6 +242,18 @@ impl InspectReport {
                 s += &format!("  (sharded, inner {inner:?})");
             }
             s += &format!("\n  codecs: {}\n", v.codecs.join(" -> "));
+            if let Some(dims) = &v.dimensions {
+                let shown: Vec<String> = dims
+                    .iter()
+                    .map(|d| match d.coordinate {
+                        Some((first, last)) => {
+                            format!("{} {} ({first} .. {last})", d.name, d.length)
+                        }
+                        None => format!("{} {}", d.name, d.length),
+                    })
+                    .collect();
+                s += &format!("  dimensions: {}\n", shown.join(", "));
+            }
             match (
                 v.stored_chunks_present,
                 v.stored_bytes_on_disk,

@@ -123,6 +123,23 @@ fn make_dataset_then_inspect_json() {
     assert_eq!(vars[0]["stored_chunks"], 6);
     assert_eq!(vars[0]["stored_chunks_present"], 6);
     assert_eq!(vars[0]["regime"], "moderate");
+    // Each axis by name, with its coordinate's first and last values (times 6 h apart,
+    // latitudes falling from 90, longitudes from 0 by 45): what --coords takes.
+    assert_eq!(
+        vars[0]["dimensions"],
+        serde_json::json!([
+            {"name": "time", "length": 10, "coordinate": [0.0, 54.0]},
+            {"name": "latitude", "length": 6, "coordinate": [90.0, -90.0]},
+            {"name": "longitude", "length": 8, "coordinate": [0.0, 315.0]},
+        ])
+    );
+    let text = run_ok(cli().arg("inspect").arg(&store));
+    assert!(
+        text.contains(
+            "dimensions: time 10 (0 .. 54), latitude 6 (90 .. -90), longitude 8 (0 .. 315)"
+        ),
+        "{text}"
+    );
     let out = cli()
         .args(["inspect", "--sample-axis", "3"])
         .arg(&store)
