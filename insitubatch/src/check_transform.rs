@@ -44,28 +44,8 @@ pub struct Summary {
 
 impl Summary {
     fn of(bytes: &[u8], dtype: DType) -> Self {
-        // Every real type as f64 (what a summary needs; an int64 beyond 2^53 rounds).
-        macro_rules! each {
-            ($t:ty) => {
-                bytes
-                    .chunks_exact(std::mem::size_of::<$t>())
-                    .map(|b| <$t>::from_ne_bytes(b.try_into().expect("element width")) as f64)
-                    .collect()
-            };
-        }
-        let values: Vec<f64> = match dtype {
-            DType::Bool | DType::Uint8 => each!(u8),
-            DType::Int8 => each!(i8),
-            DType::Int16 => each!(i16),
-            DType::Int32 => each!(i32),
-            DType::Int64 => each!(i64),
-            DType::Uint16 => each!(u16),
-            DType::Uint32 => each!(u32),
-            DType::Uint64 => each!(u64),
-            DType::Float32 => each!(f32),
-            DType::Float64 => each!(f64),
-            DType::Float16 | DType::Complex64 | DType::Complex128 => Vec::new(),
-        };
+        // Every real type as f64 (what a summary needs); nothing for float16 and complex.
+        let values = crate::coords::numbers(dtype, bytes).unwrap_or_default();
         let finite: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
         let n = finite.len();
         Self {

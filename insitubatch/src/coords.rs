@@ -229,8 +229,9 @@ async fn read_values<S: insitubatch_store::Store>(
     Ok(values)
 }
 
-/// Native-endian elements of a real numeric type as f64.
-fn numbers(dtype: DType, bytes: &[u8]) -> Option<Vec<f64>> {
+/// Native-endian elements of a real numeric type (booleans as 0 and 1) as f64; `None` for
+/// float16 and complex types. An int64 beyond 2^53 rounds.
+pub(crate) fn numbers(dtype: DType, bytes: &[u8]) -> Option<Vec<f64>> {
     macro_rules! each {
         ($t:ty) => {
             bytes
@@ -240,17 +241,17 @@ fn numbers(dtype: DType, bytes: &[u8]) -> Option<Vec<f64>> {
         };
     }
     Some(match dtype {
+        DType::Bool | DType::Uint8 => each!(u8),
         DType::Int8 => each!(i8),
         DType::Int16 => each!(i16),
         DType::Int32 => each!(i32),
         DType::Int64 => each!(i64),
-        DType::Uint8 => each!(u8),
         DType::Uint16 => each!(u16),
         DType::Uint32 => each!(u32),
         DType::Uint64 => each!(u64),
         DType::Float32 => each!(f32),
         DType::Float64 => each!(f64),
-        _ => return None,
+        DType::Float16 | DType::Complex64 | DType::Complex128 => return None,
     })
 }
 
