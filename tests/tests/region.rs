@@ -972,3 +972,37 @@ fn a_region_in_coordinate_values_is_the_index_region_of_the_values_in_it() {
     .to_string();
     assert!(e.contains("no dimension names"), "{e}");
 }
+
+#[test]
+fn inspect_names_each_axis_with_the_ends_of_its_coordinate() {
+    let runtime = insitubatch::runtime::RuntimeBuilder::new()
+        .executor_threads(1)
+        .build()
+        .unwrap();
+    for case in ["era5_v3", "era5_v2"] {
+        let f = fixture_arrays()
+            .into_iter()
+            .find(|f| f.case == case && f.array == "t2m")
+            .unwrap();
+        let report =
+            insitubatch::inspect::inspect(&runtime.handle(), &f.store, None, 0, &[]).unwrap();
+        let t2m = report.variables.iter().find(|v| v.path == "t2m").unwrap();
+        let dims: Vec<_> = t2m
+            .dimensions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|d| (d.name.as_str(), d.length, d.coordinate))
+            .collect();
+        // Time is stored in chunks of 5: its last value comes from the third, partial one.
+        assert_eq!(
+            dims,
+            [
+                ("time", 12, Some((0.0, 66.0))),
+                ("latitude", 9, Some((90.0, -90.0))),
+                ("longitude", 16, Some((0.0, 337.5))),
+            ],
+            "{case}"
+        );
+    }
+}
