@@ -97,6 +97,12 @@ def test_a_store_in_s3_reads_as_zarr_python_and_the_local_copy(fixtures, s3, sto
             ref = zarr.open_array(out / store / label, mode="r")[...]
             np.testing.assert_array_equal(got[label], ref[got_order])
         assert remote.stats()["tiles_read"] == local.stats()["tiles_read"]
+    # A region in coordinate values reads the coordinate arrays from the bucket (the
+    # geometry carries the options), and is the local copy's region.
+    g = isb.open_geometries(f"s3://data/{store}", storage_options=s3)["t2m"]
+    europe = dict(latitude=(67.5, 0), longitude=(-25, 45), periodic={"longitude": 360})
+    local_g = isb.open_geometries(out / store)["t2m"]
+    assert g.crop_coords(**europe).region == local_g.crop_coords(**europe).region == ((1, 5), (15, 19))
 
 
 def test_a_sharded_root_array_in_s3_reads_as_zarr_python(fixtures, s3):
