@@ -4,6 +4,7 @@ lifetimes under adversarial drop orders, errors, fork."""
 import contextlib
 import gc
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,6 +169,24 @@ def test_a_crop_in_coordinate_values_reads_the_indices_whose_values_lie_in_it(fi
             g.crop_coords(latitude=10)
         with pytest.raises(TypeError, match="given twice"):
             g.crop_coords({"latitude": (0, 1)}, latitude=(0, 2))
+
+
+def test_the_coordinate_crop_example_in_the_python_docs_gives_the_region_it_prints(tmp_path):
+    """docs/python-api.md, "In coordinate values": its example as printed, on a 0.25° global
+    grid (latitudes falling from 90, longitudes from 0) of its own."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
+    section = text.split("**In coordinate values.**", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    path = tmp_path / "era5_0p25.zarr"
+    g = zarr.open_group(path, mode="w", zarr_format=3)
+    for name, values in (("latitude", np.linspace(90, -90, 721)), ("longitude", np.arange(1440) * 0.25)):
+        g.create_array(name, shape=values.shape, dtype="float64",
+                       dimension_names=[name])[...] = values
+    g.create_array("t2m", shape=(2, 721, 1440), chunks=(1, 721, 1440), dtype="float32",
+                   dimension_names=["time", "latitude", "longitude"])[...] = 0
+    scope = {"isb": isb, "store": str(path)}
+    exec(code, scope)
+    assert (scope["europe"].region, scope["europe"].wraps) == (((72, 221), (1340, 1621)), True)
 
 
 def test_memory_need_counts_the_batches_and_pool_a_pass_holds_before_it_runs(fixtures):
