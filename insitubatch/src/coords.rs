@@ -42,17 +42,10 @@ pub struct CoordinateRegion {
 }
 
 impl CoordinateRegion {
-    /// `geom` cropped to this region.
+    /// `geom` cropped to this region (a wrapping crop whose ranges do not wrap is a plain
+    /// one).
     pub fn crop(&self, geom: &ArrayGeometry) -> Result<ArrayGeometry, EngineError> {
-        if self.wrap {
-            return Ok(geom.crop_wrapping(&self.region)?);
-        }
-        let plain: Vec<(u64, u64)> = self
-            .region
-            .iter()
-            .map(|&(lo, hi)| (lo as u64, hi as u64))
-            .collect();
-        Ok(geom.crop(&plain)?)
+        Ok(geom.crop_wrapping(&self.region)?)
     }
 }
 
@@ -152,7 +145,7 @@ pub fn coordinate_region(
 }
 
 /// The coordinate array of dimension `dim` of `array`: the array named `dim` in the same group.
-fn coordinate_array<'a>(
+pub(crate) fn coordinate_array<'a>(
     arrays: &'a std::collections::BTreeMap<String, ZarrArray>,
     array: &str,
     dim: &str,
@@ -182,18 +175,14 @@ fn coordinate_array<'a>(
     }
 }
 
-/// The first and last values of the coordinate of dimension `dim` (length `n`) of `array`,
-/// from the first and last stored chunks of its coordinate array; `None` when there is no
-/// such 1-D array of that length or it cannot be read as numbers. For `insitubatch inspect`.
+/// The first and last values of 1-D coordinate array `coord`, from its first and last stored
+/// chunks; `None` when it is empty or cannot be read as numbers. For `insitubatch inspect`.
 pub(crate) async fn coordinate_ends<S: insitubatch_store::Store>(
     store: &S,
-    arrays: &std::collections::BTreeMap<String, ZarrArray>,
-    array: &str,
-    dim: &str,
-    n: u64,
+    coord: &ZarrArray,
 ) -> Option<(f64, f64)> {
-    let (_, coord) = coordinate_array(arrays, array, dim).ok()?;
-    if coord.shape() != [n] || n == 0 {
+    let n = coord.shape()[0];
+    if n == 0 {
         return None;
     }
     let per_chunk = coord.chunk_shape()[0];

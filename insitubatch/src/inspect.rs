@@ -126,6 +126,9 @@ pub fn inspect(
     let hierarchy = handle.block_on(move || async move { open_hierarchy(&st).await })??;
     let geoms = open_geometries(&hierarchy, variables.as_deref(), sample_axis)?;
     let mut out = Vec::new();
+    // The first and last values of each coordinate array, read once however many variables
+    // name it.
+    let mut ends: std::collections::HashMap<String, Option<(f64, f64)>> = Default::default();
     for (name, g) in &geoms {
         let a = &hierarchy.arrays[name];
         // An object store's sizes come from one listing of the array, not a request per chunk;
@@ -160,15 +163,20 @@ pub fn inspect(
                 .iter()
                 .zip(a.shape())
                 .map(|(dim, &length)| {
-                    let (st, arrays) = (store.clone(), hierarchy.arrays.clone());
-                    let (array, dim2) = (name.clone(), dim.clone());
-                    let coordinate = handle
-                        .block_on(move || async move {
-                            crate::coords::coordinate_ends(&st, &arrays, &array, &dim2, length)
-                                .await
-                        })
+                    let coord = crate::coords::coordinate_array(&hierarchy.arrays, name, dim)
                         .ok()
-                        .flatten();
+                        .filter(|(_, c)| c.shape() == [length]);
+                    let coordinate = coord.and_then(|(path, coord)| {
+                        *ends.entry(path).or_insert_with(|| {
+                            let (st, coord) = (store.clone(), coord.clone());
+                            handle
+                                .block_on(move || async move {
+                                    crate::coords::coordinate_ends(&st, &coord).await
+                                })
+                                .ok()
+                                .flatten()
+                        })
+                    });
                     DimensionReport {
                         name: dim.clone(),
                         length,

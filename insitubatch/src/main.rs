@@ -570,16 +570,8 @@ impl RegionArgs {
                 &bounds,
                 store.storage_options,
             )?;
-            return Ok(if r.wrap {
-                b.cropped_window_wrapping(path, path, 0, &r.region)
-            } else {
-                let plain: Vec<(u64, u64)> = r
-                    .region
-                    .iter()
-                    .map(|&(lo, hi)| (lo as u64, hi as u64))
-                    .collect();
-                b.cropped_window(path, path, 0, &plain)
-            });
+            // A wrapping crop whose ranges do not wrap is a plain crop.
+            return Ok(b.cropped_window_wrapping(path, path, 0, &r.region));
         }
         let Some(r) = &self.region else {
             return Ok(b.variable(path, path));
@@ -609,11 +601,17 @@ struct StoreAt<'a> {
     storage_options: &'a [(String, String)],
 }
 
+/// `DIM=VALUE` split at its `=`, the name trimmed; `form` is what to write instead.
+fn split_dim<'a>(s: &'a str, form: &str) -> Result<(String, &'a str), String> {
+    let (dim, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not of the form {form}"))?;
+    Ok((dim.trim().to_string(), value))
+}
+
 /// `DIM=START:STOP` with numbers (`latitude=72:35`, `longitude=-25:45`).
 fn parse_coord_range(s: &str) -> Result<(String, f64, f64), String> {
-    let (dim, range) = s
-        .split_once('=')
-        .ok_or_else(|| format!("`{s}` is not of the form DIM=START:STOP (latitude=72:35)"))?;
+    let (dim, range) = split_dim(s, "DIM=START:STOP (latitude=72:35)")?;
     let (a, b) = range
         .split_once(':')
         .ok_or_else(|| format!("`{range}` in `{s}` is not of the form START:STOP"))?;
@@ -624,21 +622,19 @@ fn parse_coord_range(s: &str) -> Result<(String, f64, f64), String> {
             .filter(|x| x.is_finite())
             .ok_or_else(|| format!("`{v}` in `{s}` is not a number"))
     };
-    Ok((dim.trim().to_string(), p(a)?, p(b)?))
+    Ok((dim, p(a)?, p(b)?))
 }
 
 /// `DIM=PERIOD` (`longitude=360`).
 fn parse_period(s: &str) -> Result<(String, f64), String> {
-    let (dim, period) = s
-        .split_once('=')
-        .ok_or_else(|| format!("`{s}` is not of the form DIM=PERIOD (longitude=360)"))?;
+    let (dim, period) = split_dim(s, "DIM=PERIOD (longitude=360)")?;
     let p = period
         .trim()
         .parse::<f64>()
         .ok()
         .filter(|x| x.is_finite() && *x > 0.0)
         .ok_or_else(|| format!("`{period}` in `{s}` is not a positive number"))?;
-    Ok((dim.trim().to_string(), p))
+    Ok((dim, p))
 }
 
 fn parse_range(s: &str) -> Result<(u64, u64), String> {

@@ -74,15 +74,7 @@ impl Regrid {
         dst: [Vec<f64>; 2],
         method: RegridMethod,
     ) -> Result<Self, String> {
-        let t = Self {
-            axes,
-            src,
-            dst,
-            method,
-            sphere: false,
-        };
-        t.validate()?;
-        Ok(t)
+        Self::validated(axes, src, dst, method, false)
     }
 
     /// Conservative remapping from `src` to `dst` cell centres along inner axes `axes`; with
@@ -93,11 +85,21 @@ impl Regrid {
         dst: [Vec<f64>; 2],
         sphere: bool,
     ) -> Result<Self, String> {
+        Self::validated(axes, src, dst, RegridMethod::Conservative, sphere)
+    }
+
+    fn validated(
+        axes: [usize; 2],
+        src: [Vec<f64>; 2],
+        dst: [Vec<f64>; 2],
+        method: RegridMethod,
+        sphere: bool,
+    ) -> Result<Self, String> {
         let t = Self {
             axes,
             src,
             dst,
-            method: RegridMethod::Conservative,
+            method,
             sphere,
         };
         t.validate()?;
