@@ -265,32 +265,32 @@ impl DirectRows {
     }
 }
 
-/// A buffer for `rows` samples of `sample_bytes` each, or an error that names the batch size when
+/// A buffer for `rows` rows of `row_bytes` each, or an error that names the batch size when
 /// the allocator refuses it (a size from user input must not abort the host process).
 fn take_batch_buffer(
     buffers: &BufferPool,
     batch_size: usize,
     rows: usize,
-    sample_bytes: usize,
-    label: &str,
+    row_bytes: usize,
+    name: &str,
 ) -> Result<PooledBuf, EngineError> {
-    rows.checked_mul(sample_bytes)
+    rows.checked_mul(row_bytes)
         .and_then(|bytes| buffers.take(bytes))
         .ok_or_else(|| {
             EngineError::arg(
                 "batch_size",
                 batch_size,
                 format!(
-                    "a batch of label `{label}` needs {rows} × {sample_bytes} bytes, which cannot \
-                     be allocated; lower batch_size"
+                    "a batch of `{name}` needs {rows} × {row_bytes} bytes, which cannot be \
+                     allocated; lower batch_size"
                 ),
             )
         })
 }
 
-/// Buffers for batch `j` of a pass over `plan` yielding `n_rows` rows, one per label: each the
-/// size of the pass's largest batch, cut to this one's rows (the short final batch costs no
-/// other buffer).
+/// Buffers for batch `j` of a pass over `plan` yielding `n_rows` rows, one per batch array
+/// ([`ReadPlan::outputs`]): each the size of the pass's largest batch, cut to this one's rows
+/// (the short final batch costs no other buffer).
 pub(crate) fn batch_buffers(
     buffers: &BufferPool,
     plan: &ReadPlan,
@@ -299,12 +299,12 @@ pub(crate) fn batch_buffers(
 ) -> Result<Vec<PooledBuf>, EngineError> {
     let bs = plan.batch_size;
     let n = plan.batch_rows(j, n_rows).len();
-    plan.labels
+    plan.outputs
         .iter()
-        .map(|l| {
-            let sb = l.sample_bytes as usize;
-            let mut buf = take_batch_buffer(buffers, bs, bs.min(n_rows), sb, &l.label)?;
-            buf.truncate(n * sb);
+        .map(|o| {
+            let rb = o.row_bytes as usize;
+            let mut buf = take_batch_buffer(buffers, bs, bs.min(n_rows), rb, &o.name)?;
+            buf.truncate(n * rb);
             Ok(buf)
         })
         .collect()
@@ -314,8 +314,10 @@ pub(crate) fn batch_buffers(
 pub(crate) struct Assembly {
     /// Owned until the gather takes them; only written through `dst`, by row.
     bufs: Mutex<Option<Vec<PooledBuf>>>,
-    /// Each label's buffer: base pointer and length.
+    /// Each batch array's buffer: base pointer and length.
     dst: Vec<(*mut u8, usize)>,
+    /// Per label: its buffer, its row's bytes and where its sample starts in a row.
+    layout: Vec<(usize, usize, usize)>,
     /// Per label, per row: handed to a [`RowDest`] already.
     handed: Mutex<Vec<Vec<bool>>>,
     filled: AtomicUsize,
@@ -330,7 +332,15 @@ unsafe impl Send for Assembly {}
 unsafe impl Sync for Assembly {}
 
 impl Assembly {
-    fn new(mut bufs: Vec<PooledBuf>, rows: usize) -> Self {
+    fn new(mut bufs: Vec<PooledBuf>, plan: &ReadPlan, rows: usize) -> Self {
+        let layout: Vec<(usize, usize, usize)> = plan
+            .labels
+            .iter()
+            .map(|l| {
+                let row_bytes = plan.outputs[l.output].row_bytes as usize;
+                (l.output, row_bytes, l.output_at as usize)
+            })
+            .collect();
         let dst = bufs
             .iter_mut()
             .map(|b| {
@@ -338,10 +348,11 @@ impl Assembly {
                 (s.as_mut_ptr(), s.len())
             })
             .collect();
-        let handed = vec![vec![false; rows]; bufs.len()];
+        let handed = vec![vec![false; rows]; layout.len()];
         Self {
             bufs: Mutex::new(Some(bufs)),
             dst,
+            layout,
             handed: Mutex::new(handed),
             filled: AtomicUsize::new(0),
         }
@@ -349,14 +360,17 @@ impl Assembly {
 
     /// The destination of `label`'s row `row` (within the batch), `len` bytes: handed out once.
     pub fn row(self: &Arc<Self>, label: usize, row: usize, len: usize) -> RowDest {
-        let (_, buf_len) = self.dst[label];
-        let at = row * len;
+        let (buf, row_bytes, within) = self.layout[label];
+        let (_, buf_len) = self.dst[buf];
+        let at = row * row_bytes + within;
+        // Labels stacked in one array write disjoint ranges of each row: their channels.
+        assert!(within + len <= row_bytes, "sample past its row");
         assert!(at + len <= buf_len, "batch row past its buffer");
         let first = !std::mem::replace(&mut lock(&self.handed)[label][row], true);
         assert!(first, "internal error: batch row {row} handed out twice");
         RowDest {
             batch: Arc::clone(self),
-            label,
+            buf,
             at,
             len,
         }
@@ -396,7 +410,7 @@ impl Assemblies {
         }
         // Only the planner opens assemblies, so nobody opens this one meanwhile.
         let bufs = batch_buffers(buffers, plan, j, n_rows)?;
-        let a = Arc::new(Assembly::new(bufs, plan.batch_rows(j, n_rows).len()));
+        let a = Arc::new(Assembly::new(bufs, plan, plan.batch_rows(j, n_rows).len()));
         lock(&self.open).insert(j, Arc::clone(&a));
         Ok(a)
     }
@@ -452,7 +466,8 @@ impl ChunkRows {
 /// Where one decoder writes one row: a range of a batch buffer that is this value's alone.
 pub(crate) struct RowDest {
     batch: Arc<Assembly>,
-    label: usize,
+    /// The batch array's buffer.
+    buf: usize,
     at: usize,
     len: usize,
 }
@@ -460,7 +475,7 @@ pub(crate) struct RowDest {
 impl RowDest {
     /// The row's bytes.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        let (base, _) = self.batch.dst[self.label];
+        let (base, _) = self.batch.dst[self.buf];
         // SAFETY: `Assembly::row` checked the range is inside the buffer and handed it to this
         // value alone; the buffer lives as long as `batch`, and nobody reads it before this row
         // is counted filled (`filled`, which consumes the value).

@@ -1,4 +1,5 @@
-//! What a consumer receives: a [`Batch`] of arrays by label, each `(batch, *sample_inner)`.
+//! What a consumer receives: a [`Batch`] of arrays by label, each `(batch, *sample_inner)`, or
+//! by stack, `(batch, channels, *sample_inner)`.
 
 use std::sync::Arc;
 
@@ -90,6 +91,8 @@ pub struct Batch {
     pub(crate) index: usize,
     pub(crate) labels: Arc<[String]>,
     pub(crate) offsets: Arc<[i64]>,
+    /// The arrays' names: each label's own, a stack's name in place of its labels.
+    pub(crate) names: Arc<[String]>,
     pub(crate) arrays: Vec<BatchArray>,
     pub(crate) sample_indices: Vec<u64>,
 }
@@ -117,22 +120,29 @@ impl Batch {
         self.sample_indices.is_empty()
     }
 
-    /// Labels, in declaration order.
+    /// Labels, in declaration order (stacked ones too; see [`Batch::names`]).
     pub fn labels(&self) -> &[String] {
         &self.labels
     }
 
-    /// The array of `label`.
-    pub fn array(&self, label: &str) -> Option<&BatchArray> {
-        self.labels
+    /// The arrays' names, in declaration order: a label's own array is named by the label, and
+    /// labels stacked as channels (`stack` on the builder) are one array named by the stack,
+    /// in the place of its first label.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The array named `name`: a label that is not stacked, or a stack.
+    pub fn array(&self, name: &str) -> Option<&BatchArray> {
+        self.names
             .iter()
-            .position(|l| l == label)
+            .position(|l| l == name)
             .map(|i| &self.arrays[i])
     }
 
-    /// (label, array) pairs in declaration order.
+    /// (name, array) pairs in declaration order.
     pub fn arrays(&self) -> impl Iterator<Item = (&str, &BatchArray)> {
-        self.labels.iter().map(String::as_str).zip(&self.arrays)
+        self.names.iter().map(String::as_str).zip(&self.arrays)
     }
 
     /// The anchor (reference sample index) of each row.

@@ -219,17 +219,7 @@ async fn run<S: Store>(
     let order = &shared.order;
     let labels: Arc<[String]> = plan.labels.iter().map(|l| l.label.clone()).collect();
     let offsets: Arc<[i64]> = plan.labels.iter().map(|l| l.offset).collect();
-    let inner: Vec<Vec<usize>> = plan
-        .labels
-        .iter()
-        .map(|l| {
-            plan.paths[l.path]
-                .sample_inner
-                .iter()
-                .map(|&d| d as usize)
-                .collect()
-        })
-        .collect();
+    let names: Arc<[String]> = plan.outputs.iter().map(|o| o.name.clone()).collect();
     let n_rows = order.rows.len();
     let mut held: HashMap<u32, Arc<Slot>> = HashMap::new();
     let mut next_release = 0usize;
@@ -261,11 +251,13 @@ async fn run<S: Store>(
             batch_buffers(&ctx.buffers, plan, j, n_rows)?
         };
         // The copy plan: one run per stretch of consecutive rows of one slot (sequential passes
-        // coalesce whole slots), then the copy itself, split across cores when it is large.
+        // coalesce whole slots; a stacked label's rows are apart, one run each), then the copy
+        // itself, split across cores when it is large.
         let mut slot_ids: Vec<u32> = Vec::new();
         let mut runs = Vec::new();
         for (l, info) in plan.labels.iter().enumerate() {
             let sb = info.sample_bytes as usize;
+            let contiguous = plan.outputs[info.output].row_bytes == info.sample_bytes;
             for (r, s, w, run) in row_runs(&locs[l * n..(l + 1) * n]) {
                 if s == IN_PLACE {
                     continue;
@@ -277,28 +269,41 @@ async fn run<S: Store>(
                         slot_ids.len() - 1
                     }
                 };
-                runs.push(CopyRun {
-                    label: l,
-                    dst: r * sb,
-                    slot,
-                    src: w as usize * sb,
-                    len: run * sb,
-                });
+                let (buf, dst) = plan.row_at(l, r);
+                let src = w as usize * sb;
+                if contiguous {
+                    runs.push(CopyRun {
+                        buf,
+                        dst,
+                        slot,
+                        src,
+                        len: run * sb,
+                    });
+                } else {
+                    runs.extend((0..run).map(|k| CopyRun {
+                        buf,
+                        dst: plan.row_at(l, r + k).1,
+                        slot,
+                        src: src + k * sb,
+                        len: sb,
+                    }));
+                }
             }
         }
         let slots: Vec<Arc<Slot>> = slot_ids.iter().map(|s| Arc::clone(&held[s])).collect();
         let bufs = copy_batch(ctx, shared, CopyJob::new(bufs, slots, runs)).await?;
-        let mut arrays = Vec::with_capacity(labels.len());
-        for ((l, info), buf) in plan.labels.iter().enumerate().zip(bufs) {
-            let mut shape = Vec::with_capacity(1 + inner[l].len());
-            shape.push(n);
-            shape.extend_from_slice(&inner[l]);
-            arrays.push(BatchArray {
-                shape,
-                dtype: plan.paths[info.path].sample_dtype,
+        let arrays = plan
+            .outputs
+            .iter()
+            .zip(bufs)
+            .map(|(o, buf)| BatchArray {
+                shape: std::iter::once(n)
+                    .chain(o.row_shape.iter().copied())
+                    .collect(),
+                dtype: plan.paths[plan.labels[o.labels[0]].path].sample_dtype,
                 buf,
-            });
-        }
+            })
+            .collect();
         while next_release < order.blocks.len() && order.blocks[next_release].end <= rows.end {
             for &s in &plan.releases[next_release] {
                 release(shared, s, &mut held);
@@ -310,6 +315,7 @@ async fn run<S: Store>(
             index: shared.config.start_batch as usize + j,
             labels: Arc::clone(&labels),
             offsets: Arc::clone(&offsets),
+            names: Arc::clone(&names),
             arrays,
             sample_indices: rows.clone().map(|i| order.anchor(i)).collect(),
         };

@@ -41,4 +41,4 @@ pub use planner::{
 };
 pub use stats::{BadChunk, PassStats};
 pub use transform::{ChunkTransform, ChunkTransforms, Pipeline};
-pub use variable::Variable;
+pub use variable::{StackChannel, Variable};

@@ -15,6 +15,21 @@ pub struct Variable {
     pub sample_inner: Vec<u64>,
     /// A sample's element type, likewise.
     pub sample_dtype: DType,
+    /// The channel of a stacked batch array this label is written into, instead of an array
+    /// of its own (`None`: its own array, named by the label).
+    pub stack: Option<StackChannel>,
+}
+
+/// Where a stacked label goes: channel `channel` of the `channels` of the batch array `name`,
+/// shaped `(batch, channels, *sample_inner)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackChannel {
+    /// The stacked array's name.
+    pub name: String,
+    /// This label's channel.
+    pub channel: usize,
+    /// Channels of the stacked array.
+    pub channels: usize,
 }
 
 impl Variable {
@@ -25,6 +40,7 @@ impl Variable {
             sample_inner: geom.inner_shape(),
             sample_dtype: geom.dtype,
             geom,
+            stack: None,
         }
     }
 
@@ -32,6 +48,12 @@ impl Variable {
     pub fn with_sample(mut self, inner: Vec<u64>, dtype: DType) -> Self {
         self.sample_inner = inner;
         self.sample_dtype = dtype;
+        self
+    }
+
+    /// The same view written into a channel of a stacked batch array.
+    pub fn stacked(mut self, stack: StackChannel) -> Self {
+        self.stack = Some(stack);
         self
     }
 

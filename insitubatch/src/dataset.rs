@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use insitubatch_actors::{
     ChunkTransform, ChunkTransforms, DECODE_INTO_BATCHES_ENV, EngineContext, EngineError,
     EpochOrder, IntoRows, MemoryLimit, MemoryNeed, OnBadChunk, Pass, PassConfig, Pipeline, Shard,
-    SplitManifest, Variable, count_order_rows, memory_limit, plan_order, rank_share,
+    SplitManifest, StackChannel, Variable, count_order_rows, memory_limit, plan_order, rank_share,
     split_by_chunk,
 };
 use insitubatch_pool::{
@@ -82,6 +82,91 @@ fn into_rows_from_env() -> Result<IntoRows, EngineError> {
     }
 }
 
+/// `variables` with the labels of `stacks` placed in their channels, or an error naming the
+/// stack and what is wrong with it.
+fn stacked(
+    mut variables: Vec<Variable>,
+    stacks: &[(String, Vec<String>)],
+) -> Result<Vec<Variable>, EngineError> {
+    let bad = |name: &str, why: String| EngineError::arg("stacks", name, why);
+    for (name, labels) in stacks {
+        if name.is_empty() {
+            return Err(bad(name, "a stack needs a name".into()));
+        }
+        if variables.iter().any(|v| v.label == *name)
+            || stacks.iter().filter(|(n, _)| n == name).count() > 1
+        {
+            return Err(bad(
+                name,
+                format!("`{name}` already names a label or another stack; choose another name"),
+            ));
+        }
+        if labels.is_empty() {
+            return Err(bad(name, "list at least one label to stack".into()));
+        }
+        let mut first: Option<usize> = None;
+        for (channel, label) in labels.iter().enumerate() {
+            let Some(i) = variables.iter().position(|v| v.label == *label) else {
+                let all: Vec<&str> = variables.iter().map(|v| v.label.as_str()).collect();
+                return Err(bad(
+                    name,
+                    format!("no label `{label}` to stack; the labels are {all:?}"),
+                ));
+            };
+            if let Some(other) = &variables[i].stack {
+                return Err(bad(
+                    name,
+                    format!(
+                        "label `{label}` is already in stack `{}`; a label is in one stack",
+                        other.name
+                    ),
+                ));
+            }
+            if let Some(f) = first {
+                let (a, b) = (&variables[f], &variables[i]);
+                if (&a.sample_inner, a.sample_dtype) != (&b.sample_inner, b.sample_dtype) {
+                    return Err(bad(
+                        name,
+                        format!(
+                            "channels need one sample shape and dtype: `{}` has {:?} {}, `{}` \
+                             has {:?} {} (after their chunk transforms); stack labels that \
+                             match, or make them match with transforms (`cast`, `regrid`)",
+                            a.label,
+                            a.sample_inner,
+                            a.sample_dtype.name(),
+                            b.label,
+                            b.sample_inner,
+                            b.sample_dtype.name()
+                        ),
+                    ));
+                }
+            }
+            first.get_or_insert(i);
+            variables[i] = variables[i].clone().stacked(StackChannel {
+                name: name.clone(),
+                channel,
+                channels: labels.len(),
+            });
+        }
+    }
+    Ok(variables)
+}
+
+/// What a batch holds under one name: a label's own array, or a stack of labels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchArraySpec {
+    /// The array's name in a [`Batch`](insitubatch_actors::Batch): the label or the stack.
+    pub name: String,
+    /// The labels in it, by channel (one for a label's own array).
+    pub labels: Vec<String>,
+    /// A row's shape: `(channels, *sample_inner)` for a stack, `sample_inner` otherwise.
+    pub row_shape: Vec<u64>,
+    /// Element type.
+    pub dtype: insitubatch_store::DType,
+    /// Whether it is a stack (a stack of one label has a channel axis of 1).
+    pub stacked: bool,
+}
+
 /// Builds an [`InSituDataset`]. Argument names and defaults are the spec's.
 pub struct DatasetBuilder {
     root: PathBuf,
@@ -115,6 +200,7 @@ pub struct DatasetBuilder {
     drop_last: Vec<String>,
     storage_options: Vec<(String, String)>,
     chunk_transforms: ChunkTransforms,
+    stacks: Vec<(String, Vec<String>)>,
     /// The first bad `chunk_transforms_json`, reported by `build`.
     chunk_transforms_error: Option<EngineError>,
 }
@@ -536,6 +622,23 @@ impl DatasetBuilder {
         self
     }
 
+    /// Stacks `labels` as the channels of one batch array `name`, shaped `(batch,
+    /// labels.len(), *sample_inner)`, in the order given, in place of their own arrays: the
+    /// gather writes each label's samples straight into its channel, so a model that takes
+    /// variables as channels gets them without a copy. The labels must have the same sample
+    /// shape and dtype as batches hold them (after their chunk transforms); a label may be in
+    /// one stack only, and `name` may not be another label or stack. Checked when the dataset
+    /// is built.
+    pub fn stack<L: Into<String>>(
+        mut self,
+        name: impl Into<String>,
+        labels: impl IntoIterator<Item = L>,
+    ) -> Self {
+        self.stacks
+            .push((name.into(), labels.into_iter().map(Into::into).collect()));
+        self
+    }
+
     /// Opens the store, resolves the variables and validates everything.
     pub fn build(self) -> Result<InSituDataset, EngineError> {
         self.check_knobs()?;
@@ -709,6 +812,7 @@ impl DatasetBuilder {
                 v.with_sample(inner, dtype)
             })
             .collect();
+        let variables = stacked(variables, &self.stacks)?;
         let per_executor = if store.is_remote() {
             DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR
         } else {
@@ -899,6 +1003,7 @@ impl InSituDataset {
             drop_last: Vec::new(),
             storage_options: Vec::new(),
             chunk_transforms: ChunkTransforms::default(),
+            stacks: Vec::new(),
             chunk_transforms_error: None,
         }
     }
@@ -922,6 +1027,43 @@ impl InSituDataset {
     pub fn warnings(&self) -> Vec<String> {
         self.collect_warnings();
         lock(&self.warnings).clone()
+    }
+
+    /// The arrays every batch holds, in order: each label's own, and each stack (builder
+    /// [`DatasetBuilder::stack`]) in the place of its first label.
+    pub fn batch_arrays(&self) -> Vec<BatchArraySpec> {
+        let mut out: Vec<BatchArraySpec> = Vec::new();
+        for v in &self.variables {
+            let Some(st) = &v.stack else {
+                out.push(BatchArraySpec {
+                    name: v.label.clone(),
+                    labels: vec![v.label.clone()],
+                    row_shape: v.sample_inner.clone(),
+                    dtype: v.sample_dtype,
+                    stacked: false,
+                });
+                continue;
+            };
+            if out.iter().any(|a| a.stacked && a.name == st.name) {
+                continue;
+            }
+            let mut labels = vec![String::new(); st.channels];
+            for w in &self.variables {
+                if let Some(ws) = w.stack.as_ref().filter(|ws| ws.name == st.name) {
+                    labels[ws.channel] = w.label.clone();
+                }
+            }
+            out.push(BatchArraySpec {
+                name: st.name.clone(),
+                labels,
+                row_shape: std::iter::once(st.channels as u64)
+                    .chain(v.sample_inner.iter().copied())
+                    .collect(),
+                dtype: v.sample_dtype,
+                stacked: true,
+            });
+        }
+        out
     }
 
     /// Counters of the cache directory (`None` without `cache_dir`).

@@ -16,7 +16,7 @@ pub mod synth;
 
 pub use coords::{CoordinateBounds, CoordinateRegion, coordinate_region};
 pub use dataset::{
-    DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_INFLIGHT_PER_EXECUTOR,
+    BatchArraySpec, DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_INFLIGHT_PER_EXECUTOR,
     DEFAULT_PREFETCH_DEPTH, DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR, DatasetBuilder, InSituDataset,
     MAX_INFLIGHT, geometries, geometries_with, geometry_json, memory_need_json,
 };

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use insitubatch_pool::{FileRange, PooledBuf, Slot, SlotBytes, SlotData};
 use insitubatch_runtime::{IoBuf, IoBufMut};
 
-/// One contiguous copy: `len` bytes from `slots[slot]` at `src` to label `label`'s batch buffer
-/// at `dst`.
+/// One contiguous copy: `len` bytes from `slots[slot]` at `src` to batch buffer `buf` at
+/// `dst`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CopyRun {
-    pub label: usize,
+    pub buf: usize,
     pub dst: usize,
     pub slot: usize,
     pub src: usize,
@@ -95,21 +95,21 @@ impl CopyJob {
                 (s.as_mut_ptr(), s.len())
             })
             .collect();
-        // Every run in bounds on both sides, and the runs of one label disjoint: what makes the
-        // shared writes in `copy_part` sound.
-        let mut per_label: Vec<Vec<(usize, usize)>> = vec![Vec::new(); bufs.len()];
+        // Every run in bounds on both sides, and the runs into one buffer disjoint: what makes
+        // the shared writes in `copy_part` sound.
+        let mut per_buf: Vec<Vec<(usize, usize)>> = vec![Vec::new(); bufs.len()];
         for r in &runs {
             assert!(
-                r.dst + r.len <= dst[r.label].1,
+                r.dst + r.len <= dst[r.buf].1,
                 "copy run past its batch buffer"
             );
             assert!(
                 r.src + r.len <= slots[r.slot].len(),
                 "copy run past its slot"
             );
-            per_label[r.label].push((r.dst, r.dst + r.len));
+            per_buf[r.buf].push((r.dst, r.dst + r.len));
         }
-        for ranges in &mut per_label {
+        for ranges in &mut per_buf {
             ranges.sort_unstable();
             assert!(
                 ranges.windows(2).all(|w| w[0].1 <= w[1].0),
@@ -162,7 +162,7 @@ impl CopyJob {
         // lacks the pages); memory runs are copied meanwhile.
         let mut reads = Vec::new();
         for r in &self.runs[range] {
-            let (base, _) = self.dst[r.label];
+            let (base, _) = self.dst[r.buf];
             match &*self.slots[r.slot] {
                 SlotData::File(f) => reads.push(self.read_run(f, r)),
                 SlotData::Closed(c) => {
@@ -190,7 +190,7 @@ impl CopyJob {
 
     /// Reads run `r` from a cache file into its destination range.
     async fn read_run(self: &Arc<Self>, f: &FileRange, r: &CopyRun) -> Result<(), String> {
-        let (base, _) = self.dst[r.label];
+        let (base, _) = self.dst[r.buf];
         let dst = DstRange {
             // SAFETY: in bounds, checked in `new`.
             ptr: unsafe { base.add(r.dst) },
@@ -222,9 +222,9 @@ mod tests {
     use super::*;
     use insitubatch_pool::{Admission, Budget, BufferPool, ChunkPool, SlotKey};
 
-    fn run(label: usize, dst: usize, slot: usize, src: usize, len: usize) -> CopyRun {
+    fn run(buf: usize, dst: usize, slot: usize, src: usize, len: usize) -> CopyRun {
         CopyRun {
-            label,
+            buf,
             dst,
             slot,
             src,

@@ -40,6 +40,24 @@ pub struct LabelInfo {
     pub offset: i64,
     /// Bytes per sample.
     pub sample_bytes: u64,
+    /// Index into [`ReadPlan::outputs`]: the batch array this label's rows go to.
+    pub output: usize,
+    /// Where this label's sample starts within a row of that array, in bytes (its channel
+    /// times `sample_bytes` in a stacked array, else 0).
+    pub output_at: u64,
+}
+
+/// One array of the batch: a label's own, or several labels stacked as channels.
+#[derive(Clone, Debug)]
+pub struct OutputInfo {
+    /// The array's name: the label, or the stack's name.
+    pub name: String,
+    /// The labels written into it, by channel (one for a label's own array).
+    pub labels: Vec<usize>,
+    /// Bytes of one row: every channel's sample.
+    pub row_bytes: u64,
+    /// A row's shape: `(channels, *sample_inner)` for a stack, `sample_inner` otherwise.
+    pub row_shape: Vec<usize>,
 }
 
 /// One slot the pass reads.
@@ -67,6 +85,9 @@ pub struct ReadPlan {
     pub paths: Vec<PathInfo>,
     /// Batch labels, in the order the user declared them.
     pub labels: Vec<LabelInfo>,
+    /// Batch arrays: each label's own, in declaration order, with a stack in place of its
+    /// first label.
+    pub outputs: Vec<OutputInfo>,
     /// Slots in admission order: by first block, then by first row that reads them.
     pub slots: Vec<PlanSlot>,
     /// Per path, per chunk the pass spans: index into `slots` of its first use (`u32::MAX`
@@ -144,6 +165,13 @@ impl ReadPlan {
 }
 
 impl ReadPlan {
+    /// Where label `label`'s row `row` of a batch starts: (output, byte offset in its buffer).
+    pub fn row_at(&self, label: usize, row: usize) -> (usize, usize) {
+        let l = &self.labels[label];
+        let row_bytes = self.outputs[l.output].row_bytes as usize;
+        (l.output, row * row_bytes + l.output_at as usize)
+    }
+
     /// Rows of the order that batch `j` draws (only the epoch's last batch is short).
     pub fn batch_rows(&self, j: usize, n_rows: usize) -> std::ops::Range<usize> {
         j * self.batch_size..((j + 1) * self.batch_size).min(n_rows)
@@ -225,8 +253,11 @@ pub fn read_plan(
             path: idx,
             offset: v.geom.offset,
             sample_bytes: v.sample_bytes(),
+            output: 0,
+            output_at: 0,
         });
     }
+    let outputs = outputs(variables, &mut labels);
     // The chunks each path's labels read: the anchors' span shifted by each label's offset.
     let anchor_span = (0..order.rows.len())
         .map(|i| order.anchor(i))
@@ -304,6 +335,7 @@ pub fn read_plan(
     Ok(ReadPlan {
         paths,
         labels,
+        outputs,
         slots,
         slot_of,
         block_of_row,
@@ -313,6 +345,56 @@ pub fn read_plan(
         batch_blocks,
         read_ahead_bytes,
     })
+}
+
+/// The batch arrays of `variables` (checked by the dataset: a stack's labels have one sample
+/// shape and dtype, and its channels are `0..channels`), and each label's place in them.
+fn outputs(variables: &[Variable], labels: &mut [LabelInfo]) -> Vec<OutputInfo> {
+    let mut outputs: Vec<OutputInfo> = Vec::new();
+    for (i, v) in variables.iter().enumerate() {
+        let inner = v.sample_inner.iter().map(|&d| d as usize);
+        let Some(stack) = &v.stack else {
+            labels[i].output = outputs.len();
+            outputs.push(OutputInfo {
+                name: v.label.clone(),
+                labels: vec![i],
+                row_bytes: labels[i].sample_bytes,
+                row_shape: inner.collect(),
+            });
+            continue;
+        };
+        let o = match outputs.iter().position(|o| o.name == stack.name) {
+            Some(o) => o,
+            None => {
+                outputs.push(OutputInfo {
+                    name: stack.name.clone(),
+                    labels: vec![usize::MAX; stack.channels],
+                    row_bytes: stack.channels as u64 * labels[i].sample_bytes,
+                    row_shape: std::iter::once(stack.channels).chain(inner).collect(),
+                });
+                outputs.len() - 1
+            }
+        };
+        let channel = &mut outputs[o].labels[stack.channel];
+        assert_eq!(
+            *channel,
+            usize::MAX,
+            "two labels in channel {} of stack `{}`",
+            stack.channel,
+            stack.name
+        );
+        *channel = i;
+        labels[i].output = o;
+        labels[i].output_at = stack.channel as u64 * labels[i].sample_bytes;
+    }
+    for o in &outputs {
+        assert!(
+            o.labels.iter().all(|&l| l != usize::MAX),
+            "stack `{}` has a channel without a label",
+            o.name
+        );
+    }
+    outputs
 }
 
 /// The read-ahead bound (spec: `read_ahead_bound`), in bytes. While gather waits on a batch
