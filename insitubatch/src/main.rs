@@ -213,10 +213,23 @@ struct PassArgs {
     /// Chunk transforms: a JSON list (or `@FILE`).
     #[arg(long, value_name = "JSON")]
     chunk_transforms: Option<String>,
+    /// Stack labels as the channels of one batch array, `NAME=LABEL,LABEL,...` (`x=t2m,u10`:
+    /// batches hold `x` shaped (batch, 2, *field)); repeat it for several stacks.
+    #[arg(long = "stack", value_name = "NAME=LABELS", value_parser = parse_stack)]
+    stacks: Vec<(String, Vec<String>)>,
     #[command(flatten)]
     ranks: RankArgs,
     #[command(flatten)]
     store: StoreOptions,
+}
+
+/// `NAME=LABEL,LABEL,...` (`x=t2m,u10`).
+fn parse_stack(s: &str) -> Result<(String, Vec<String>), String> {
+    let (name, labels) = split_dim(s, "NAME=LABEL,LABEL,... (x=t2m,u10)")?;
+    Ok((
+        name,
+        labels.split(',').map(|l| l.trim().to_string()).collect(),
+    ))
 }
 
 impl PassArgs {
@@ -255,6 +268,9 @@ impl PassArgs {
         }
         if let Some(t) = &self.chunk_transforms {
             b = b.chunk_transforms_json(transforms_arg(t)?);
+        }
+        for (name, labels) in &self.stacks {
+            b = b.stack(name, labels);
         }
         if let Some(dir) = &self.cache_dir {
             b = b

@@ -292,6 +292,17 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
         bench_with(&store, &manifest).args(["--variables", "t2m", "--region", "-2:2,0:8"]),
         &["--region", "--wrap"],
     );
+    // (samples, stored chunks read, bytes delivered) of a pass with `extra` arguments.
+    let stats = |extra: &[&str]| {
+        let out = run_ok(
+            bench_with(&store, &manifest)
+                .args(["--variables", "t2m,u10", "--json"])
+                .args(extra),
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let s = &v["epochs"][0]["stats"];
+        [&s["samples"], &s["tiles_read"], &s["bytes_delivered"]].map(|x| x.as_u64().unwrap())
+    };
     // The same regions in coordinate values (latitude 90, 54, 18, -18, -54, -90; longitude 0
     // to 315 by 45): rows 3..6 and columns 2..8, then every row and the columns from 270° to
     // 45° across 0°.
@@ -307,38 +318,34 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
             24,
         ),
     ] {
-        let out = run_ok(
+        let [samples, tiles_read, _] = stats(coords);
+        assert_eq!((samples, tiles_read), (24, tiles), "{coords:?}");
+    }
+    let refused: [(&[&str], &[&str]); 5] = [
+        (
+            &["--coords", "level=0:1"],
+            &["`level` is not a dimension", "latitude"],
+        ),
+        (&["--coords", "latitude=1-2"], &["--coords", "START:STOP"]),
+        (
+            &["--coords", "latitude=0:90", "--region", "0:2,0:8"],
+            &["--coords", "--region"],
+        ),
+        (&["--stack", "x=t2m,v10"], &["`stacks`", "no label `v10`"]),
+        (&["--stack", "t2m"], &["--stack", "NAME=LABEL"]),
+    ];
+    for (args, needles) in refused {
+        fails_with(
             bench_with(&store, &manifest)
-                .args(["--variables", "t2m,u10", "--json"])
-                .args(coords),
-        );
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        let s = &v["epochs"][0]["stats"];
-        assert_eq!(
-            (&s["samples"], &s["tiles_read"]),
-            (&24.into(), &tiles.into()),
-            "{coords:?}: {s}"
+                .args(["--variables", "t2m"])
+                .args(args),
+            needles,
         );
     }
-    fails_with(
-        bench_with(&store, &manifest).args(["--variables", "t2m", "--coords", "level=0:1"]),
-        &["`level` is not a dimension", "latitude"],
-    );
-    fails_with(
-        bench_with(&store, &manifest).args(["--variables", "t2m", "--coords", "latitude=1-2"]),
-        &["--coords", "START:STOP"],
-    );
-    fails_with(
-        bench_with(&store, &manifest).args([
-            "--variables",
-            "t2m",
-            "--coords",
-            "latitude=0:90",
-            "--region",
-            "0:2,0:8",
-        ]),
-        &["--coords", "--region"],
-    );
+    // Labels stacked as channels read and deliver what they do unstacked.
+    let own = stats(&[]);
+    assert_eq!(own[0], 24);
+    assert_eq!(stats(&["--stack", "x=u10,t2m"]), own);
     fails_with(
         bench_with(&store, &manifest).args(["--variables", "t2m", "--region", "3-6"]),
         &["--region", "START:STOP"],

@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 13
+#define ISB_ABI_VERSION 14
 
 /*
  DLPack version of the exported structs.
@@ -431,8 +431,11 @@ IsbStatus isb_split_by_chunk(const char *store,
  `drop_last` (default false: leave out an epoch's last batch when it would be short, so
  every batch has `batch_size` rows; a split smaller than one batch is then an error; `true`
  for every split, or (ABI 9) a list of split names such as `["train"]`),
- `storage_options` (object-store configuration by key) and `chunk_transforms` (a list of
- built-in transforms such as `{"type": "affine", "offset": -273.15, "applies": ["t2m"]}`).
+ `storage_options` (object-store configuration by key), `chunk_transforms` (a list of
+ built-in transforms such as `{"type": "affine", "offset": -273.15, "applies": ["t2m"]}`)
+ and `stacks` (ABI 14: `{"x": ["t2m", "u10"]}` stacks those labels as the channels of one
+ batch array `x`, shaped `(batch, 2, *sample_inner)`, written in place by the library; the
+ labels need one sample shape and dtype, and have no arrays of their own).
  An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 
  # Safety
@@ -555,7 +558,8 @@ IsbStatus isb_dataset_memory_json(const struct IsbDataset *ds,
 
 /*
  Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
- (label, path, offset, region, shape, dtype, sample_shape), `manifest`, `pool` (budget, resident and peak bytes,
+ (label, path, offset, region, shape, dtype, sample_shape), `arrays` (ABI 14: what each batch
+ holds, in order: name, labels, shape of a row, dtype, stacked), `manifest`, `pool` (budget, resident and peak bytes,
  evictions, hits, misses, revived), `cache` (`null` without `cache_dir`; else dir, persist,
  readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, writes_skipped, revived,
  rejected) and
@@ -675,7 +679,8 @@ IsbStatus isb_batch_sample_indices(const struct IsbBatch *b,
                                    struct IsbError **err);
 
 /*
- Number of labels (arrays) in the batch.
+ Number of arrays in the batch: each label's own, and one per stack (`stacks`) in place of
+ its labels.
 
  # Safety
  `b` is NULL or a live batch; `out` is writable; `err` is NULL or writable.
@@ -683,7 +688,8 @@ IsbStatus isb_batch_sample_indices(const struct IsbBatch *b,
 IsbStatus isb_batch_label_count(const struct IsbBatch *b, size_t *out, struct IsbError **err);
 
 /*
- Label `index` (declaration order), valid while the batch lives.
+ The name of array `index` (declaration order; a label, or a stack's name in the place of
+ its first label), valid while the batch lives.
 
  # Safety
  `b` is NULL or a live batch; `out` is writable; `err` is NULL or writable.
@@ -694,7 +700,8 @@ IsbStatus isb_batch_label(const struct IsbBatch *b,
                           struct IsbError **err);
 
 /*
- Exports the array of `label`, shaped `(batch, *sample_inner)`, C-contiguous, on the CPU, as a
+ Exports the array `label` (a label, or a stack's name), shaped `(batch, *sample_inner)`, or
+ `(batch, channels, *sample_inner)` for a stack, C-contiguous, on the CPU, as a
  DLPack 1.x tensor that aliases the batch buffer (no copy) and keeps it alive until its
  deleter is called, even after `isb_batch_free` or `isb_dataset_free`.
 

@@ -303,7 +303,8 @@ class Batch : public detail::Handle<IsbBatch, isb_batch_free> {
     return p;
   }
 
-  // The labels, in the dataset's order.
+  // The names of the batch's arrays, in the dataset's order: each label's own, and a stack's
+  // name (the config's "stacks") in the place of its labels.
   std::vector<std::string> labels() const {
     std::size_t n = 0;
     detail::check("isb_batch_label_count",
@@ -319,7 +320,8 @@ class Batch : public detail::Handle<IsbBatch, isb_batch_free> {
     return out;
   }
 
-  // The array of `label`, shaped (rows, *sample inner shape), without a copy.
+  // The array of `label`, shaped (rows, *sample inner shape), or (rows, channels, *sample inner
+  // shape) for a stack's name, without a copy.
   Tensor tensor(const std::string &label) const {
     DLManagedTensorVersioned *t = nullptr;
     detail::check("isb_batch_export",

@@ -14,7 +14,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 13;
+pub const ISB_ABI_VERSION: u32 = 14;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -28,7 +28,8 @@ pub struct IsbIter {
     /// instead of a data race.
     state: std::sync::Mutex<IterState>,
     pid: u32,
-    /// The dataset's labels as C strings, made once and shared by every batch.
+    /// The names of a batch's arrays as C strings (each label's own, a stack's in place of
+    /// its labels), made once and shared by every batch.
     labels: Arc<[CString]>,
 }
 
@@ -399,6 +400,35 @@ struct DatasetConfig {
     /// The built-in chunk transforms, as a JSON list (checked by the builder).
     #[serde(default)]
     chunk_transforms: Option<serde_json::Value>,
+    /// Labels stacked as channels: `{"name": ["label", ...], ...}` (checked by `stacks`).
+    #[serde(default)]
+    stacks: Option<serde_json::Value>,
+}
+
+/// The config's `stacks`: an object mapping each stacked array's name to its labels, by
+/// channel; anything else is refused saying what it takes.
+fn stacks(v: serde_json::Value) -> Result<Vec<(String, Vec<String>)>, insitubatch::EngineError> {
+    let bad = |v: &serde_json::Value| {
+        insitubatch::EngineError::arg(
+            "stacks",
+            v,
+            "is an object mapping each stacked array's name to a list of labels, its channels \
+             in order, such as {\"x\": [\"t2m\", \"u10\"]}",
+        )
+    };
+    let serde_json::Value::Object(map) = &v else {
+        return Err(bad(&v));
+    };
+    map.iter()
+        .map(|(name, labels)| {
+            let list = labels.as_array().ok_or_else(|| bad(&v))?;
+            let labels = list
+                .iter()
+                .map(|l| l.as_str().map(str::to_string).ok_or_else(|| bad(&v)))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((name.clone(), labels))
+        })
+        .collect()
 }
 
 /// The config's `storage_options` as key/value strings: numbers and booleans are written out
@@ -564,6 +594,11 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
     if let Some(t) = &c.chunk_transforms {
         b = b.chunk_transforms(&chunk_transforms(t, callbacks, c.persist == Some(true))?);
     }
+    if let Some(v) = c.stacks {
+        for (name, labels) in stacks(v)? {
+            b = b.stack(name, labels);
+        }
+    }
     if let Some(n) = c.executor_threads {
         if n == 0 {
             return Err(invalid(
@@ -609,8 +644,11 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// `drop_last` (default false: leave out an epoch's last batch when it would be short, so
 /// every batch has `batch_size` rows; a split smaller than one batch is then an error; `true`
 /// for every split, or (ABI 9) a list of split names such as `["train"]`),
-/// `storage_options` (object-store configuration by key) and `chunk_transforms` (a list of
-/// built-in transforms such as `{"type": "affine", "offset": -273.15, "applies": ["t2m"]}`).
+/// `storage_options` (object-store configuration by key), `chunk_transforms` (a list of
+/// built-in transforms such as `{"type": "affine", "offset": -273.15, "applies": ["t2m"]}`)
+/// and `stacks` (ABI 14: `{"x": ["t2m", "u10"]}` stacks those labels as the channels of one
+/// batch array `x`, shaped `(batch, 2, *sample_inner)`, written in place by the library; the
+/// labels need one sample shape and dtype, and have no arrays of their own).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 ///
 /// # Safety
@@ -893,7 +931,8 @@ pub unsafe extern "C" fn isb_dataset_memory_json(
 }
 
 /// Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
-/// (label, path, offset, region, shape, dtype, sample_shape), `manifest`, `pool` (budget, resident and peak bytes,
+/// (label, path, offset, region, shape, dtype, sample_shape), `arrays` (ABI 14: what each batch
+/// holds, in order: name, labels, shape of a row, dtype, stacked), `manifest`, `pool` (budget, resident and peak bytes,
 /// evictions, hits, misses, revived), `cache` (`null` without `cache_dir`; else dir, persist,
 /// readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, writes_skipped, revived,
 /// rejected) and
@@ -925,6 +964,19 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
                 g
             })
             .collect();
+        let arrays: Vec<serde_json::Value> = d
+            .batch_arrays()
+            .iter()
+            .map(|a| {
+                serde_json::json!({
+                    "name": a.name,
+                    "labels": a.labels,
+                    "shape": a.row_shape,
+                    "dtype": a.dtype.name(),
+                    "stacked": a.stacked,
+                })
+            })
+            .collect();
         let manifest: serde_json::Value =
             serde_json::from_str(&d.manifest().to_json()).unwrap_or_default();
         let v = serde_json::json!({
@@ -932,6 +984,7 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
             "batch_size": d.batch_size(),
             "io_backend": d.io_backend().to_string(),
             "variables": vars,
+            "arrays": arrays,
             "manifest": manifest,
             "pool": {
                 "budget_bytes": p.budget_bytes,
@@ -1010,9 +1063,9 @@ pub unsafe extern "C" fn isb_iter_start_at(
         let split = unsafe { arg_str(split, "split") }?;
         let pass = d.ds.iter_from(split, start_batch)?;
         let labels =
-            d.ds.variables()
+            d.ds.batch_arrays()
                 .iter()
-                .map(|v| CString::new(v.label.as_str()).unwrap_or_default())
+                .map(|a| CString::new(a.name.as_str()).unwrap_or_default())
                 .collect();
         let it = Box::new(IsbIter {
             state: std::sync::Mutex::new(IterState { pass, failed: None }),
@@ -1242,7 +1295,8 @@ pub unsafe extern "C" fn isb_batch_sample_indices(
     })
 }
 
-/// Number of labels (arrays) in the batch.
+/// Number of arrays in the batch: each label's own, and one per stack (`stacks`) in place of
+/// its labels.
 ///
 /// # Safety
 /// `b` is NULL or a live batch; `out` is writable; `err` is NULL or writable.
@@ -1264,7 +1318,8 @@ pub unsafe extern "C" fn isb_batch_label_count(
     })
 }
 
-/// Label `index` (declaration order), valid while the batch lives.
+/// The name of array `index` (declaration order; a label, or a stack's name in the place of
+/// its first label), valid while the batch lives.
 ///
 /// # Safety
 /// `b` is NULL or a live batch; `out` is writable; `err` is NULL or writable.
@@ -1293,7 +1348,8 @@ pub unsafe extern "C" fn isb_batch_label(
     })
 }
 
-/// Exports the array of `label`, shaped `(batch, *sample_inner)`, C-contiguous, on the CPU, as a
+/// Exports the array `label` (a label, or a stack's name), shaped `(batch, *sample_inner)`, or
+/// `(batch, channels, *sample_inner)` for a stack, C-contiguous, on the CPU, as a
 /// DLPack 1.x tensor that aliases the batch buffer (no copy) and keeps it alive until its
 /// deleter is called, even after `isb_batch_free` or `isb_dataset_free`.
 ///
@@ -1317,8 +1373,8 @@ pub unsafe extern "C" fn isb_batch_export(
         }
         let t = dlpack::export(&bt.batch, label).ok_or_else(|| {
             invalid(format!(
-                "no label `{label}` in this batch; it has [{}]",
-                bt.batch.labels().join(", ")
+                "no array `{label}` in this batch; it has [{}]",
+                bt.batch.names().join(", ")
             ))
         })?;
         // SAFETY: checked non-NULL.

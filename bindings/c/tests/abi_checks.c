@@ -163,6 +163,79 @@ int main(int argc, char **argv) {
           ISB_INVALID_ARGUMENT, "`level` is not a dimension");
     CHECK("coordinate region, no array", isb_coordinate_region(store, "{\"bounds\": {}}", &out, &err),
           ISB_INVALID_ARGUMENT, "array");
+    /* Labels stacked as channels (ABI 14): one array (batch, 2, *field), each channel the
+     * label's own array; a bad stack is refused naming `stacks`. */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"stacks\": [\"t2m\"]}", store);
+    CHECK("stacks not an object", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "`stacks`");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"stacks\": {\"x\": [\"t2m\", \"station\"]}}", store);
+    CHECK("stack of unequal samples", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "one sample shape");
+    {
+        IsbDataset *own = NULL, *stacked = NULL;
+        const char *vars = "\"variables\": [\"t2m\", \"u10\", \"station\"], \"batch_size\": 5";
+        snprintf(config, sizeof config, "{\"store\": \"%s\", %s}", store, vars);
+        CHECK("open unstacked", isb_dataset_open(config, &own, &err), ISB_OK, NULL);
+        snprintf(config, sizeof config, "{\"store\": \"%s\", %s, \"stacks\": {\"x\": [\"u10\", \"t2m\"]}}", store, vars);
+        CHECK("open stacked", isb_dataset_open(config, &stacked, &err), ISB_OK, NULL);
+        char *facts = NULL;
+        CHECK("stacked facts", isb_dataset_stats_json(stacked, &facts, &err), ISB_OK, NULL);
+        if (!facts || !strstr(facts, "\"arrays\":[{") || !strstr(facts, "\"name\":\"x\"") ||
+            !strstr(facts, "\"labels\":[\"u10\",\"t2m\"]") || !strstr(facts, "\"shape\":[2,9,16]") ||
+            !strstr(facts, "\"stacked\":true")) {
+            fprintf(stderr, "FAIL stacked arrays in the facts: %s\n", facts ? facts : "(null)");
+            failures++;
+        }
+        isb_string_free(facts);
+        IsbIter *io = NULL, *is = NULL;
+        IsbBatch *bo = NULL, *bs = NULL;
+        if (!own || !stacked || isb_iter_start(own, "train", &io, NULL) != ISB_OK ||
+            isb_iter_start(stacked, "train", &is, NULL) != ISB_OK || isb_iter_next(io, &bo, NULL) != ISB_OK ||
+            isb_iter_next(is, &bs, NULL) != ISB_OK) {
+            fprintf(stderr, "FAIL a batch of the stacked and unstacked datasets\n");
+            return 1;
+        }
+        size_t n_arrays = 0;
+        const char *name0 = NULL, *name1 = NULL;
+        isb_batch_label_count(bs, &n_arrays, NULL);
+        isb_batch_label(bs, 0, &name0, NULL);
+        isb_batch_label(bs, 1, &name1, NULL);
+        if (n_arrays != 2 || strcmp(name0, "x") != 0 || strcmp(name1, "station") != 0) {
+            fprintf(stderr, "FAIL stacked batch arrays: %zu, %s, %s\n", n_arrays, name0, name1);
+            failures++;
+        }
+        DLManagedTensorVersioned *x = NULL, *u = NULL, *t = NULL, *gone = NULL;
+        CHECK("a stacked label has no array", isb_batch_export(bs, "t2m", &gone, &err), ISB_INVALID_ARGUMENT, "no array `t2m`");
+        CHECK("export stack", isb_batch_export(bs, "x", &x, &err), ISB_OK, NULL);
+        CHECK("export u10", isb_batch_export(bo, "u10", &u, &err), ISB_OK, NULL);
+        CHECK("export t2m", isb_batch_export(bo, "t2m", &t, &err), ISB_OK, NULL);
+        if (x && u && t) {
+            const int64_t *sh = x->dl_tensor.shape;
+            size_t field = 9 * 16, rows = (size_t)sh[0];
+            if (x->dl_tensor.ndim != 4 || sh[1] != 2 || sh[2] != 9 || sh[3] != 16 || rows != (size_t)u->dl_tensor.shape[0]) {
+                fprintf(stderr, "FAIL stacked tensor shape\n");
+                failures++;
+            } else {
+                const float *xs = x->dl_tensor.data, *us = u->dl_tensor.data, *ts = t->dl_tensor.data;
+                for (size_t r = 0; r < rows; r++) {
+                    if (memcmp(xs + (2 * r) * field, us + r * field, field * sizeof(float)) != 0 ||
+                        memcmp(xs + (2 * r + 1) * field, ts + r * field, field * sizeof(float)) != 0) {
+                        fprintf(stderr, "FAIL stacked row %zu differs from the labels' own arrays\n", r);
+                        failures++;
+                        break;
+                    }
+                }
+            }
+        }
+        if (x) x->deleter(x);
+        if (u) u->deleter(u);
+        if (t) t->deleter(t);
+        isb_batch_free(bo);
+        isb_batch_free(bs);
+        isb_iter_free(io);
+        isb_iter_free(is);
+        isb_dataset_free(own);
+        isb_dataset_free(stacked);
+        ds = NULL;
+    }
     CHECK("split, options for a directory", isb_split_by_chunk(store, NULL, "{\"fractions\": [1.0], \"storage_options\": {\"aws_region\": \"x\"}}", &out, &err), ISB_INVALID_ARGUMENT, "aws_region");
     CHECK("bad fractions", isb_split_by_chunk(store, NULL, "{\"fractions\": [0.9, 0.3]}", &out, &err), ISB_INVALID_ARGUMENT, "fractions");
 

@@ -456,6 +456,22 @@ def split_by_chunk(
     return SplitManifest(raw)
 
 
+def _stacks(stacks) -> dict[str, list[str]]:
+    """`stacks` as the config takes it, or a TypeError saying what it takes."""
+    what = "`stacks` must map each stacked array's name to a list of labels, such as {'x': ['t2m', 'u10']}"
+    if not isinstance(stacks, Mapping):
+        raise TypeError(f"{what}, not {type(stacks).__name__}")
+    out: dict[str, list[str]] = {}
+    for name, labels in stacks.items():
+        if not isinstance(name, str) or isinstance(labels, str) or not isinstance(labels, Iterable):
+            raise TypeError(f"{what}; got {name!r}: {labels!r}")
+        labels = list(labels)
+        if not all(isinstance(l, str) for l in labels):
+            raise TypeError(f"{what}; got {name!r}: {labels!r}")
+        out[name] = labels
+    return out
+
+
 def _check_int(name: str, value, minimum: int = 1) -> int:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise TypeError(f"`{name}` must be an int, not {type(value).__name__}")
@@ -507,7 +523,9 @@ class EpochOrder(NamedTuple):
 
 
 class Batch:
-    """One batch: `arrays[label]` shaped (batch, *sample_inner), aliasing Rust memory;
+    """One batch: `arrays[label]` shaped (batch, *sample_inner), aliasing Rust memory (and
+    `arrays[name]` shaped (batch, channels, *sample_inner) for each of the dataset's `stacks`,
+    in place of its labels' arrays);
     `sample_indices`, the anchor of each row; `epoch`, the epoch it was drawn in (what a
     per-sample random augmentation keys on with the sample index, `insitubatch.augment`);
     `index`, its place in that whole epoch, also when the epoch was resumed with `from_batch`
@@ -539,7 +557,8 @@ class Batch:
         return dict(self._offsets)
 
     def stack(self, labels: Sequence[str] | None = None, axis: int = 1) -> np.ndarray:
-        """The arrays of `labels` (default: all) stacked along a new `axis` (a copy)."""
+        """The arrays of `labels` (default: all) stacked along a new `axis` (a copy; the
+        dataset's `stacks` argument has the library write channels in place instead)."""
         labels = list(self.arrays) if labels is None else list(labels)
         missing = [l for l in labels if l not in self.arrays]
         if missing:
@@ -604,7 +623,7 @@ class _Epoch:
         self._ds = ds
         self._it: ctypes.c_void_p | None = it
         self._len = n_batches
-        self._reader = _BatchReader(ds.sample_formats, ds._offsets)
+        self._reader = _BatchReader(ds.array_formats, ds._offsets)
         self._b = ctypes.c_void_p()
         self._err = ctypes.c_void_p()
         self._refs = (ctypes.byref(self._b), ctypes.byref(self._err))
@@ -790,6 +809,12 @@ class InSituDataset:
     `chunk_transforms` (built-ins from `insitubatch.transforms`, scoped with `applies`) run in
     the Rust decoder on every decoded chunk and are cached with it; `batch_transforms` (Python
     callables taking and returning a `Batch`) run on every batch, uncached.
+
+    `stacks={"x": ["t2m", "u10"]}` makes those labels the channels of one batch array `x`,
+    shaped (batch, 2, *field), in that order, written in place by the library (no copy after
+    the batch, unlike `Batch.stack`); the labels need one sample shape and dtype (after their
+    chunk transforms) and have no arrays of their own. `array_formats` says what each batch
+    array is.
     """
 
     def __init__(
@@ -823,6 +848,7 @@ class InSituDataset:
         even_train: bool = True,
         drop_last: bool | Sequence[str] = False,
         storage_options: Mapping[str, Any] | None = None,
+        stacks: Mapping[str, Sequence[str]] | None = None,
     ):
         self._handle = None
         config: dict[str, Any] = {
@@ -886,6 +912,8 @@ class InSituDataset:
         chunk_transforms, functions = _transforms._config_and_functions(chunk_transforms)
         if chunk_transforms:
             config["chunk_transforms"] = chunk_transforms
+        if stacks is not None:
+            config["stacks"] = _stacks(stacks)
         if executor_threads is not None:
             config["executor_threads"] = _check_int("executor_threads", executor_threads)
         if io_backend is not None:
@@ -946,6 +974,11 @@ class InSituDataset:
             v["label"]: (tuple(v["sample_shape"]), np.dtype(_DTYPES[v["sample_dtype"]]))
             for v in info["variables"]
         }
+        # What each batch array is: a label's own, or a stack of labels, with its row's shape.
+        self.array_formats = {
+            a["name"]: (tuple(a["shape"]), np.dtype(_DTYPES[a["dtype"]])) for a in info["arrays"]
+        }
+        self.stacks = {a["name"]: list(a["labels"]) for a in info["arrays"] if a["stacked"]}
         self.geometries = {
             v["label"]: ArrayGeometry(
                 store=str(store),

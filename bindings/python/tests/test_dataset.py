@@ -58,6 +58,52 @@ def test_every_sample_equals_zarr_python_with_windows_and_each_anchor_once(fixtu
     assert repr(ds).endswith("batch_size 5 closed>")
 
 
+def test_stacked_labels_are_channels_written_in_place_equal_to_zarr_python(fixtures):
+    store = era5(fixtures)
+    g = isb.open_geometries(store)
+    ref = {name: zarr.open_array(store / name, mode="r")[...] for name in ("t2m", "u10")}
+    geoms = {"t2m": g["t2m"], "station": g["station"], "u10": g["u10"], "next": g["t2m"].shift(1)}
+    stacks = {"x": ["u10", "t2m", "next"]}
+    with isb.InSituDataset(store, None, geoms, batch_size=5, stacks=stacks) as ds, \
+            isb.InSituDataset(store, None, geoms, batch_size=5) as own:
+        assert ds.stacks == stacks
+        assert ds.array_formats == {
+            "x": ((3, 9, 16), np.dtype("float32")),
+            "station": ((), np.dtype("float32")),
+        }
+        # Labels keep their per-sample formats and offsets.
+        assert ds.sample_formats["next"] == ((9, 16), np.dtype("float32"))
+        seen = []
+        for b, o in zip(ds.train, own.train, strict=True):
+            assert list(b.arrays) == ["x", "station"]
+            x = b.arrays["x"]
+            assert x.shape == (len(b), 3, 9, 16) and x.flags.c_contiguous
+            for c, (label, name) in enumerate((("u10", "u10"), ("t2m", "t2m"), ("next", "t2m"))):
+                for r, idx in enumerate(b.read_indices(label)):
+                    np.testing.assert_array_equal(x[r, c], ref[name][idx])
+            # The same batch the labels' own arrays give, and what Batch.stack copies together.
+            np.testing.assert_array_equal(x, o.stack(["u10", "t2m", "next"]))
+            np.testing.assert_array_equal(b.arrays["station"], o.arrays["station"])
+            seen.extend(b.sample_indices.tolist())
+        assert sorted(seen) == list(range(11))
+
+
+def test_bad_stacks_are_named(fixtures):
+    store = era5(fixtures)
+    for stacks, error, match in (
+        ({"x": ["t2m", "station"]}, isb.InvalidArgument, "one sample shape"),
+        ({"x": ["t2m", "v10"]}, isb.InvalidArgument, "no label `v10`"),
+        ({"t2m": ["u10"]}, isb.InvalidArgument, "already names a label"),
+        ({"x": ["t2m"], "y": ["t2m"]}, isb.InvalidArgument, "already in stack `x`"),
+        ({"x": []}, isb.InvalidArgument, "at least one label"),
+        ({"x": "t2m"}, TypeError, "list of labels"),
+        (["t2m", "u10"], TypeError, "must map each stacked array's name"),
+        ({"x": ["t2m", 3]}, TypeError, "list of labels"),
+    ):
+        with pytest.raises(error, match=match):
+            isb.InSituDataset(store, stacks=stacks)
+
+
 def test_a_cropped_view_is_zarr_pythons_region_and_reads_only_the_chunks_it_touches(fixtures):
     out, _ = fixtures
     store = out / "v3_inner.zarr"  # (6, 7, 9), chunks (2, 3, 4): 3 x 3 tiles per sample chunk
@@ -187,6 +233,27 @@ def test_the_coordinate_crop_example_in_the_python_docs_gives_the_region_it_prin
     scope = {"isb": isb, "store": str(path)}
     exec(code, scope)
     assert (scope["europe"].region, scope["europe"].wraps) == (((72, 221), (1340, 1621)), True)
+
+
+def test_the_channels_example_in_the_python_docs_gives_the_shapes_it_prints(tmp_path):
+    """docs/python-api.md, "Variables as channels": its example as printed, on a small ERA5-like
+    store of the three variables it names, at the grid it prints."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
+    section = text.split("## Variables as channels", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    store = tmp_path / "era5.zarr"
+    exe = Path(__file__).resolve().parents[3] / "target" / "release" / "insitubatch"
+    subprocess.run([str(exe), "make-dataset", str(store), "--samples", "40", "--sample-chunk", "4",
+                    "--variables", "t2m,u10,v10"], check=True, capture_output=True)
+    scope = {"isb": isb, "store": str(store)}
+    exec(code, scope)
+    b, x, y = scope["b"], scope["x"], scope["y"]
+    assert x.shape == (32, 4, 181, 360) and y.shape == (32, 181, 360)
+    ref = {v: zarr.open_array(store / v, mode="r") for v in ("t2m", "u10", "v10")}
+    for c, (label, var) in enumerate((("t2m_prev", "t2m"), ("t2m", "t2m"), ("u10", "u10"), ("v10", "v10"))):
+        idx = b.read_indices(label)
+        np.testing.assert_array_equal(x[:, c], ref[var].oindex[idx])
+    scope["ds"].close()
 
 
 def test_memory_need_counts_the_batches_and_pool_a_pass_holds_before_it_runs(fixtures):

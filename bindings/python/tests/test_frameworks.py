@@ -32,6 +32,19 @@ def test_torch_shares_the_data_pointer_and_trains_two_epochs(fixtures):
         assert steps == 6 and np.isfinite(loss.item())
 
 
+def test_a_stack_reaches_torch_as_one_channels_tensor_without_a_copy(fixtures):
+    torch = pytest.importorskip("torch")
+    store = fixtures[0] / "era5_v3.zarr"
+    with isb.InSituDataset(store, batch_size=4, stacks={"x": ["t2m", "u10"]}) as ds:
+        b = next(iter(ds.train))
+        t = to_torch(b)
+        assert set(t) == {"x", "station"}
+        assert t["x"].shape == (4, 2, 9, 16) and t["x"].is_contiguous()
+        assert t["x"].data_ptr() == b.arrays["x"].__array_interface__["data"][0]
+        conv = torch.nn.Conv2d(2, 1, 3, padding=1)
+        assert conv(t["x"]).shape == (4, 1, 9, 16)
+
+
 def test_as_torch_resumes_its_first_epoch_at_start_batch_then_runs_whole_ones(fixtures):
     torch = pytest.importorskip("torch")
     store = fixtures[0] / "era5_v3.zarr"
