@@ -59,14 +59,7 @@ pub fn coordinate_region(
     storage_options: &[(String, String)],
 ) -> Result<CoordinateRegion, EngineError> {
     let (store, hierarchy, runtime) = open_store(root.as_ref(), storage_options)?;
-    let arr = hierarchy.arrays.get(array).ok_or_else(|| {
-        let names: Vec<&str> = hierarchy.arrays.keys().map(String::as_str).collect();
-        EngineError::arg(
-            "array",
-            array,
-            format!("the store has no such array; it has {names:?}"),
-        )
-    })?;
+    let arr = array_in(&hierarchy, array)?;
     if sample_axis >= arr.ndim() {
         return Err(EngineError::arg(
             "sample_axis",
@@ -111,7 +104,10 @@ pub fn coordinate_region(
                 ),
             ));
         };
-        let (coord_path, coord) = coordinate_array(&hierarchy.arrays, array, &b.dim)?;
+        let (coord_path, coord) =
+            coordinate_array(&hierarchy.arrays, array, &b.dim).map_err(|why| {
+                EngineError::arg("bounds", &b.dim, format!("{why}; crop that axis by index"))
+            })?;
         let n = arr.shape()[field[slot]];
         if coord.shape() != [n] {
             return Err(EngineError::arg(
@@ -125,12 +121,17 @@ pub fn coordinate_region(
                 ),
             ));
         }
-        let values = runtime
-            .block_on({
-                let (store, coord) = (store.clone(), coord.clone());
-                move || async move { read_values(&store, &coord).await }
-            })
-            .map_err(|e| EngineError::Runtime(e.to_string()))??;
+        let bytes = read_whole(&runtime, &store, coord)?;
+        let values = numbers(coord.dtype(), &bytes).ok_or_else(|| {
+            EngineError::arg(
+                "bounds",
+                coord.path(),
+                format!(
+                    "a coordinate of {} cannot be compared with numbers",
+                    coord.dtype().name()
+                ),
+            )
+        })?;
         let tolerance = if coord.dtype() == DType::Float32 {
             f64::from(f32::EPSILON)
         } else {
@@ -144,33 +145,173 @@ pub fn coordinate_region(
     Ok(CoordinateRegion { region, wrap })
 }
 
-/// The coordinate array of dimension `dim` of `array`: the array named `dim` in the same group.
+/// The values of one dimension's coordinate array, as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoordinateValues {
+    /// The dimension.
+    pub dim: String,
+    /// The coordinate array's path.
+    pub path: String,
+    /// Element type.
+    pub dtype: DType,
+    /// One native-endian element per index along the dimension.
+    pub bytes: Vec<u8>,
+    /// The coordinate array's attributes (`units` and `calendar` say what a time is).
+    pub attributes: serde_json::Map<String, serde_json::Value>,
+}
+
+impl CoordinateValues {
+    /// The values as JSON: `{"dimension", "path", "dtype", "values", "attributes"}`, integers
+    /// exactly, floats as numbers (NaN and infinities, which JSON lacks, as null).
+    pub fn to_json(&self) -> serde_json::Value {
+        let values: Vec<serde_json::Value> = elements(self.dtype, &self.bytes)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| match e {
+                Element::Int(i) => i.into(),
+                Element::Uint(u) => u.into(),
+                Element::Float(f) => f.into(),
+            })
+            .collect();
+        serde_json::json!({
+            "dimension": self.dim,
+            "path": self.path,
+            "dtype": self.dtype.name(),
+            "values": values,
+            "attributes": self.attributes,
+        })
+    }
+}
+
+/// The coordinate values of dimension `dim` of array `array` (default: the sample axis's
+/// dimension, `time` for an ERA5-like variable) in the store at `root`: the 1-D array named by
+/// the dimension, beside `array`, read whole. With the batch's `read_indices` they give each
+/// sample's time.
+pub fn coordinate_values(
+    root: impl AsRef<Path>,
+    array: &str,
+    dim: Option<&str>,
+    sample_axis: usize,
+    storage_options: &[(String, String)],
+) -> Result<CoordinateValues, EngineError> {
+    let (store, hierarchy, runtime) = open_store(root.as_ref(), storage_options)?;
+    let arr = array_in(&hierarchy, array)?;
+    let dims = arr.dimension_names().ok_or_else(|| {
+        EngineError::arg(
+            "dimension",
+            array,
+            "the array has no dimension names (Zarr v3 `dimension_names`, or the v2 attribute \
+             `_ARRAY_DIMENSIONS`), so its axes have no coordinate arrays",
+        )
+    })?;
+    let axis = match dim {
+        Some(d) => dims.iter().position(|x| x == d).ok_or_else(|| {
+            EngineError::arg(
+                "dimension",
+                d,
+                format!("`{d}` is not a dimension of `{array}`, whose dimensions are {dims:?}"),
+            )
+        })?,
+        None if sample_axis < dims.len() => sample_axis,
+        None => {
+            return Err(EngineError::arg(
+                "sample_axis",
+                sample_axis,
+                format!("array `{array}` has {} axes", dims.len()),
+            ));
+        }
+    };
+    let dim = dims[axis].clone();
+    let (path, coord) = coordinate_array(&hierarchy.arrays, array, &dim)
+        .map_err(|why| EngineError::arg("dimension", &dim, why))?;
+    let n = arr.shape()[axis];
+    if coord.shape() != [n] || numbers(coord.dtype(), &[]).is_none() {
+        return Err(EngineError::arg(
+            "dimension",
+            &dim,
+            format!(
+                "the coordinate array `{path}` is {:?} {}, but `{array}` has {n} along `{dim}`: \
+                 a coordinate is one real number per index",
+                coord.shape(),
+                coord.dtype().name()
+            ),
+        ));
+    }
+    let bytes = read_whole(&runtime, &store, coord)?;
+    Ok(CoordinateValues {
+        dim,
+        path,
+        dtype: coord.dtype(),
+        bytes,
+        attributes: coord.attributes().clone(),
+    })
+}
+
+/// Array `array` of a store's hierarchy, or an error naming it and the arrays there are.
+fn array_in<'a>(
+    hierarchy: &'a insitubatch_store::Hierarchy,
+    array: &str,
+) -> Result<&'a ZarrArray, EngineError> {
+    hierarchy.arrays.get(array).ok_or_else(|| {
+        let names: Vec<&str> = hierarchy.arrays.keys().map(String::as_str).collect();
+        EngineError::arg(
+            "array",
+            array,
+            format!("the store has no such array; it has {names:?}"),
+        )
+    })
+}
+
+/// Every element of 1-D array `coord`, native-endian, read on `runtime`.
+fn read_whole(
+    runtime: &insitubatch_runtime::Runtime,
+    store: &insitubatch_store::AnyStore,
+    coord: &ZarrArray,
+) -> Result<Vec<u8>, EngineError> {
+    runtime
+        .block_on({
+            let (store, coord) = (store.clone(), coord.clone());
+            move || async move { read_elements(&store, &coord).await }
+        })
+        .map_err(|e| EngineError::Runtime(e.to_string()))?
+}
+
+/// Every element of 1-D array `coord`, native-endian, read chunk by chunk (the last chunk's
+/// part past the end left out).
+async fn read_elements<S: insitubatch_store::Store>(
+    store: &S,
+    coord: &ZarrArray,
+) -> Result<Vec<u8>, EngineError> {
+    let size = coord.dtype().size_bytes();
+    let total = coord.shape()[0] as usize * size;
+    let mut bytes = Vec::with_capacity(total);
+    for index in coord.chunk_indices() {
+        let chunk = coord.read_chunk(store, &index).await?;
+        let take = chunk.bytes.len().min(total - bytes.len());
+        bytes.extend_from_slice(&chunk.bytes[..take]);
+    }
+    Ok(bytes)
+}
+
+/// The coordinate array of dimension `dim` of `array`: the array named `dim` in the same group;
+/// or why there is none.
 pub(crate) fn coordinate_array<'a>(
     arrays: &'a std::collections::BTreeMap<String, ZarrArray>,
     array: &str,
     dim: &str,
-) -> Result<(String, &'a ZarrArray), EngineError> {
+) -> Result<(String, &'a ZarrArray), String> {
     let path = match array.rsplit_once('/') {
         Some((group, _)) => format!("{group}/{dim}"),
         None => dim.to_string(),
     };
     match arrays.get(&path) {
         Some(coord) if coord.ndim() == 1 => Ok((path, coord)),
-        Some(coord) => Err(EngineError::arg(
-            "bounds",
-            dim,
-            format!(
-                "`{path}` has {} axes; a coordinate array has one",
-                coord.ndim()
-            ),
+        Some(coord) => Err(format!(
+            "`{path}` has {} axes; a coordinate array has one",
+            coord.ndim()
         )),
-        None => Err(EngineError::arg(
-            "bounds",
-            dim,
-            format!(
-                "there is no coordinate array `{path}` beside `{array}` to read its values from; \
-                 crop that axis by index"
-            ),
+        None => Err(format!(
+            "there is no coordinate array `{path}` beside `{array}` to read its values from"
         )),
     }
 }
@@ -194,54 +335,63 @@ pub(crate) async fn coordinate_ends<S: insitubatch_store::Store>(
     Some((first, last))
 }
 
-/// Every element of 1-D array `coord` as f64, read chunk by chunk.
-async fn read_values<S: insitubatch_store::Store>(
-    store: &S,
-    coord: &ZarrArray,
-) -> Result<Vec<f64>, EngineError> {
-    let n = coord.shape()[0] as usize;
-    let mut values = Vec::with_capacity(n);
-    for index in coord.chunk_indices() {
-        let chunk = coord.read_chunk(store, &index).await?;
-        let elems = numbers(chunk.dtype, &chunk.bytes).ok_or_else(|| {
-            EngineError::arg(
-                "bounds",
-                coord.path(),
-                format!(
-                    "a coordinate of {} cannot be compared with numbers",
-                    chunk.dtype.name()
-                ),
-            )
-        })?;
-        values.extend(elems.into_iter().take(n - values.len()));
+/// One element of a real numeric array, kept exact.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Element {
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+}
+
+impl Element {
+    fn as_f64(self) -> f64 {
+        match self {
+            Element::Int(i) => i as f64,
+            Element::Uint(u) => u as f64,
+            Element::Float(f) => f,
+        }
     }
-    Ok(values)
+}
+
+/// Native-endian elements of a real numeric type (booleans as 0 and 1); `None` for float16
+/// and complex types.
+fn elements(dtype: DType, bytes: &[u8]) -> Option<Vec<Element>> {
+    macro_rules! each {
+        ($t:ty, $kind:ident, $wide:ty) => {
+            bytes
+                .chunks_exact(std::mem::size_of::<$t>())
+                .map(|b| {
+                    Element::$kind(<$wide>::from(<$t>::from_ne_bytes(
+                        b.try_into().expect("element width"),
+                    )))
+                })
+                .collect()
+        };
+    }
+    Some(match dtype {
+        DType::Bool | DType::Uint8 => each!(u8, Uint, u64),
+        DType::Int8 => each!(i8, Int, i64),
+        DType::Int16 => each!(i16, Int, i64),
+        DType::Int32 => each!(i32, Int, i64),
+        DType::Int64 => each!(i64, Int, i64),
+        DType::Uint16 => each!(u16, Uint, u64),
+        DType::Uint32 => each!(u32, Uint, u64),
+        DType::Uint64 => each!(u64, Uint, u64),
+        DType::Float32 => each!(f32, Float, f64),
+        DType::Float64 => each!(f64, Float, f64),
+        DType::Float16 | DType::Complex64 | DType::Complex128 => return None,
+    })
 }
 
 /// Native-endian elements of a real numeric type (booleans as 0 and 1) as f64; `None` for
 /// float16 and complex types. An int64 beyond 2^53 rounds.
 pub(crate) fn numbers(dtype: DType, bytes: &[u8]) -> Option<Vec<f64>> {
-    macro_rules! each {
-        ($t:ty) => {
-            bytes
-                .chunks_exact(std::mem::size_of::<$t>())
-                .map(|b| <$t>::from_ne_bytes(b.try_into().expect("element width")) as f64)
-                .collect()
-        };
-    }
-    Some(match dtype {
-        DType::Bool | DType::Uint8 => each!(u8),
-        DType::Int8 => each!(i8),
-        DType::Int16 => each!(i16),
-        DType::Int32 => each!(i32),
-        DType::Int64 => each!(i64),
-        DType::Uint16 => each!(u16),
-        DType::Uint32 => each!(u32),
-        DType::Uint64 => each!(u64),
-        DType::Float32 => each!(f32),
-        DType::Float64 => each!(f64),
-        DType::Float16 | DType::Complex64 | DType::Complex128 => return None,
-    })
+    Some(
+        elements(dtype, bytes)?
+            .into_iter()
+            .map(Element::as_f64)
+            .collect(),
+    )
 }
 
 /// The run of indices of `coords` inside `b` (ends included, widened by `tolerance` relative

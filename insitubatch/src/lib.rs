@@ -14,7 +14,9 @@ pub mod inspect;
 pub mod readbench;
 pub mod synth;
 
-pub use coords::{CoordinateBounds, CoordinateRegion, coordinate_region};
+pub use coords::{
+    CoordinateBounds, CoordinateRegion, CoordinateValues, coordinate_region, coordinate_values,
+};
 pub use dataset::{
     BatchArraySpec, DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_INFLIGHT_PER_EXECUTOR,
     DEFAULT_PREFETCH_DEPTH, DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR, DatasetBuilder, InSituDataset,

@@ -42,6 +42,8 @@ pub struct ZarrArray {
     chunk_shape: Vec<u64>,
     inner_chunk_shape: Option<Vec<u64>>,
     dimension_names: Option<Vec<String>>,
+    /// User attributes: v3 `attributes`, or the v2 `.zattrs` document.
+    attributes: serde_json::Map<String, Value>,
     codecs: Vec<String>,
     /// The codec chain chunks are decoded with: zarrs', with its zstd codec keeping a context
     /// per thread (`crate::zstd`).
@@ -123,6 +125,13 @@ impl ZarrArray {
         // Before any call into zarrs, which may make codec options of its own.
         let options = codec_options().map_err(|message| unsupported(label, "runtime", message))?;
         let zarr_format = meta.get("zarr_format").and_then(Value::as_u64).unwrap_or(0);
+        let attributes = match zarr_format {
+            3 => meta.get("attributes"),
+            _ => attrs,
+        }
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
         let (metadata, dimension_names, inner_chunk_shape, codecs) = match zarr_format {
             3 => {
                 if meta.get("node_type").and_then(Value::as_str) != Some("array") {
@@ -227,6 +236,7 @@ impl ZarrArray {
             chunk_shape,
             inner_chunk_shape,
             dimension_names,
+            attributes,
             codecs,
             in_place: crate::zstd::is_plain_zstd(&chain),
             chain,
@@ -289,6 +299,11 @@ impl ZarrArray {
     /// Dimension names from `dimension_names` (v3) or `_ARRAY_DIMENSIONS` (v2).
     pub fn dimension_names(&self) -> Option<&[String]> {
         self.dimension_names.as_deref()
+    }
+
+    /// User attributes (v3 `attributes`, v2 `.zattrs`): `units`, `calendar`, `long_name`...
+    pub fn attributes(&self) -> &serde_json::Map<String, Value> {
+        &self.attributes
     }
 
     /// The codec pipeline, outermost last, as names (`bytes`, `zstd(level=3)`, `sharding_indexed`...).

@@ -871,6 +871,46 @@ fn views_decoded_into_batch_rows_are_zarr_python_and_the_pool_paths_batches() {
 }
 
 #[test]
+fn coordinate_values_are_the_coordinate_arrays_elements_and_attributes() {
+    use insitubatch::coordinate_values;
+    use insitubatch::store::DType;
+    // The time coordinate is stored in chunks of 5 (the last one partial) without units.
+    for case in ["era5_v3", "era5_v2"] {
+        let f = fixture(case, "t2m");
+        let time = coordinate_values(&f.store, "t2m", None, 0, &[]).unwrap();
+        assert_eq!(
+            (time.dim.as_str(), time.dtype),
+            ("time", DType::Int64),
+            "{case}"
+        );
+        let values: Vec<i64> = time
+            .bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_ne_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(values, (0..12).map(|t| t * 6).collect::<Vec<_>>(), "{case}");
+        assert!(time.attributes.get("units").is_none());
+        let j = time.to_json();
+        assert_eq!(j["values"][11], 66, "{j}");
+        let lat = coordinate_values(&f.store, "u10", Some("latitude"), 0, &[]).unwrap();
+        assert_eq!((lat.dtype, lat.bytes.len()), (DType::Float32, 9 * 4));
+        assert_eq!(lat.to_json()["values"][0], 90.0);
+        let e = coordinate_values(&f.store, "t2m", Some("level"), 0, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`dimension`") && e.contains("`level` is not a dimension"),
+            "{e}"
+        );
+    }
+    // No dimension names: no coordinates to read.
+    let e = coordinate_values(&fixture_case("v3_zstd").store, "", None, 0, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no dimension names"), "{e}");
+}
+
+#[test]
 fn a_region_in_coordinate_values_is_the_index_region_of_the_values_in_it() {
     use insitubatch::{CoordinateBounds, CoordinateRegion, coordinate_region};
     let bounds = |dim: &str, start: f64, stop: f64, period: Option<f64>| CoordinateBounds {

@@ -394,6 +394,25 @@ IsbStatus isb_coordinate_region(const char *store,
                                 struct IsbError **err);
 
 /*
+ The values of one dimension's coordinate array (ABI 14). `params_json`: `{"array": "t2m",
+ "dimension": "time", "sample_axis": 0, "storage_options": {...}}`, `dimension` defaulting
+ to the sample axis's: the 1-D array of that name beside `array`, read whole. `*out_json`
+ gets `{"dimension", "path", "dtype", "values": [...], "attributes": {...}}`: one value per
+ index, integers exactly (NaN or an infinity of a float coordinate as null), and the
+ coordinate array's attributes, whose `units` and `calendar` say what a time value means
+ (`"hours since 1900-01-01"`). With a batch's sample indices they give each sample's time.
+ Free it with `isb_string_free`.
+
+ # Safety
+ `store` and `params_json` are NUL-terminated; `out_json` is writable; `err` is NULL or
+ writable.
+ */
+IsbStatus isb_coordinate_values(const char *store,
+                                const char *params_json,
+                                char **out_json,
+                                struct IsbError **err);
+
+/*
  Splits the sample-axis chunks of `array` (NULL: the first data variable) of `store` by
  `params_json` — `{"fractions": [0.8, 0.1, 0.1], "seed": 0, "contiguous": true,
  "sample_range": [start, stop], "sample_axis": 0, "storage_options": {...}}` (the options

@@ -208,6 +208,16 @@ inline std::string coordinate_region_json(const std::string &store,
   });
 }
 
+// The values of one dimension's coordinate array as JSON (isb_coordinate_values): `params_json`
+// such as {"array": "t2m"} (the sample axis's, usually time) or {"array": "t2m", "dimension":
+// "latitude"}; gives {"dimension", "path", "dtype", "values", "attributes"}.
+inline std::string coordinate_values_json(const std::string &store,
+                                          const std::string &params_json) {
+  return detail::string_result("isb_coordinate_values", [&](char **out, IsbError **err) {
+    return isb_coordinate_values(store.c_str(), params_json.c_str(), out, err);
+  });
+}
+
 // A split manifest as JSON (isb_split_by_chunk): `params_json` such as
 // {"fractions": [0.8, 0.1, 0.1], "seed": 0}; `array` empty for the first data variable.
 inline std::string split_by_chunk(const std::string &store, const std::string &params_json,

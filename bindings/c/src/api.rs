@@ -89,6 +89,30 @@ fn out_string(out_json: *mut *mut c_char, s: String) -> Result<IsbStatus, IsbErr
     Ok(IsbStatus::IsbOk)
 }
 
+/// The body of an entry point that takes a store and its parameters as JSON (`what` names them
+/// in errors) and answers with a JSON string in `*out_json`.
+///
+/// # Safety
+/// `store` and `params_json` are NULL or NUL-terminated; `out_json` is NULL or writable; `err`
+/// is NULL or writable.
+unsafe fn store_query<P: serde::de::DeserializeOwned>(
+    store: *const c_char,
+    params_json: *const c_char,
+    what: &str,
+    out_json: *mut *mut c_char,
+    err: *mut *mut IsbError,
+    answer: impl FnOnce(&str, P) -> Result<String, IsbError>,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let store = unsafe { arg_str(store, "store") }?;
+        // SAFETY: forwarded contract.
+        let params = unsafe { arg_str(params_json, "params_json") }?;
+        let p: P = parse_json(params, what)?;
+        out_string(out_json, answer(store, p)?)
+    })
+}
+
 fn same_process(pid: u32) -> Result<(), IsbError> {
     let me = std::process::id();
     if me != pid {
@@ -196,16 +220,22 @@ pub unsafe extern "C" fn isb_open_geometries_with(
     out_json: *mut *mut c_char,
     err: *mut *mut IsbError,
 ) -> IsbStatus {
-    boundary(err, || {
-        // SAFETY: forwarded contract.
-        let store = unsafe { arg_str(store, "store") }?;
-        // SAFETY: forwarded contract.
-        let params = unsafe { arg_str(params_json, "params_json") }?;
-        let p: GeometryParams = parse_json(params, "geometry parameters")?;
+    let answer = |store: &str, p: GeometryParams| {
         let options = storage_options(p.storage_options)?;
         let geoms = insitubatch::geometries_with(store, None, p.sample_axis, &options)?;
-        out_string(out_json, geometries_json(geoms))
-    })
+        Ok(geometries_json(geoms))
+    };
+    // SAFETY: forwarded contract.
+    unsafe {
+        store_query(
+            store,
+            params_json,
+            "geometry parameters",
+            out_json,
+            err,
+            answer,
+        )
+    }
 }
 
 #[derive(Deserialize)]
@@ -241,12 +271,7 @@ pub unsafe extern "C" fn isb_coordinate_region(
     out_json: *mut *mut c_char,
     err: *mut *mut IsbError,
 ) -> IsbStatus {
-    boundary(err, || {
-        // SAFETY: forwarded contract.
-        let store = unsafe { arg_str(store, "store") }?;
-        // SAFETY: forwarded contract.
-        let params = unsafe { arg_str(params_json, "params_json") }?;
-        let p: CoordinateParams = parse_json(params, "coordinate region parameters")?;
+    let answer = |store: &str, p: CoordinateParams| {
         if let Some(dim) = p.periodic.keys().find(|d| !p.bounds.contains_key(*d)) {
             return Err(invalid(format!(
                 "coordinate region parameters: `periodic` names `{dim}`, which `bounds` does not \
@@ -265,11 +290,53 @@ pub unsafe extern "C" fn isb_coordinate_region(
             .collect();
         let options = storage_options(p.storage_options)?;
         let r = insitubatch::coordinate_region(store, &p.array, p.sample_axis, &bounds, &options)?;
-        out_string(
-            out_json,
-            serde_json::json!({"region": r.region, "wrap": r.wrap}).to_string(),
-        )
-    })
+        Ok(serde_json::json!({"region": r.region, "wrap": r.wrap}).to_string())
+    };
+    let what = "coordinate region parameters";
+    // SAFETY: forwarded contract.
+    unsafe { store_query(store, params_json, what, out_json, err, answer) }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CoordinateValuesParams {
+    array: String,
+    #[serde(default)]
+    dimension: Option<String>,
+    #[serde(default)]
+    sample_axis: usize,
+    #[serde(default)]
+    storage_options: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The values of one dimension's coordinate array (ABI 14). `params_json`: `{"array": "t2m",
+/// "dimension": "time", "sample_axis": 0, "storage_options": {...}}`, `dimension` defaulting
+/// to the sample axis's: the 1-D array of that name beside `array`, read whole. `*out_json`
+/// gets `{"dimension", "path", "dtype", "values": [...], "attributes": {...}}`: one value per
+/// index, integers exactly (NaN or an infinity of a float coordinate as null), and the
+/// coordinate array's attributes, whose `units` and `calendar` say what a time value means
+/// (`"hours since 1900-01-01"`). With a batch's sample indices they give each sample's time.
+/// Free it with `isb_string_free`.
+///
+/// # Safety
+/// `store` and `params_json` are NUL-terminated; `out_json` is writable; `err` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_coordinate_values(
+    store: *const c_char,
+    params_json: *const c_char,
+    out_json: *mut *mut c_char,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    let answer = |store: &str, p: CoordinateValuesParams| {
+        let options = storage_options(p.storage_options)?;
+        let dim = p.dimension.as_deref();
+        let v = insitubatch::coordinate_values(store, &p.array, dim, p.sample_axis, &options)?;
+        Ok(v.to_json().to_string())
+    };
+    let what = "coordinate values parameters";
+    // SAFETY: forwarded contract.
+    unsafe { store_query(store, params_json, what, out_json, err, answer) }
 }
 
 #[derive(Deserialize)]

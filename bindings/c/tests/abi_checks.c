@@ -161,6 +161,21 @@ int main(int argc, char **argv) {
     CHECK("coordinate region, not a dimension",
           isb_coordinate_region(store, "{\"array\": \"t2m\", \"bounds\": {\"level\": [0, 9]}}", &out, &err),
           ISB_INVALID_ARGUMENT, "`level` is not a dimension");
+    /* Coordinate values (ABI 14): the sample axis's time, read across its partial last chunk. */
+    CHECK("coordinate values", isb_coordinate_values(store, "{\"array\": \"t2m\"}", &out, &err), ISB_OK, NULL);
+    if (!out || !strstr(out, "\"values\":[0,6,12,18,24,30,36,42,48,54,60,66]") ||
+        !strstr(out, "\"dimension\":\"time\"") || !strstr(out, "\"dtype\":\"int64\"")) {
+        fprintf(stderr, "FAIL coordinate values: %s\n", out ? out : "(null)");
+        failures++;
+    }
+    isb_string_free(out);
+    out = NULL;
+    CHECK("coordinate values, not a dimension",
+          isb_coordinate_values(store, "{\"array\": \"t2m\", \"dimension\": \"level\"}", &out, &err),
+          ISB_INVALID_ARGUMENT, "`level` is not a dimension");
+    CHECK("coordinate values, unknown parameter",
+          isb_coordinate_values(store, "{\"array\": \"t2m\", \"dim\": \"time\"}", &out, &err),
+          ISB_INVALID_ARGUMENT, "dim");
     CHECK("coordinate region, no array", isb_coordinate_region(store, "{\"bounds\": {}}", &out, &err),
           ISB_INVALID_ARGUMENT, "array");
     /* Labels stacked as channels (ABI 14): one array (batch, 2, *field), each channel the

@@ -107,6 +107,9 @@ int main(int argc, char **argv) {
         store, R"({"array": "t2m", "bounds": {"latitude": [67.5, 0]}})");
     EXPECT(region == R"({"region":[[1,5],[0,16]],"wrap":false})", "coordinate region: %s",
            region.c_str());
+    const std::string times = isb::coordinate_values_json(store, R"({"array": "t2m"})");
+    EXPECT(contains(times, R"("values":[0,6,12,18,24,30,36,42,48,54,60,66])"),
+           "coordinate values: %s", times.c_str());
     isb::Error e = error_of([&] { isb::split_by_chunk(store, R"({"fractions": [1]})", "nope"); });
     EXPECT(e.call() == "isb_split_by_chunk" && e.status() == ISB_INVALID_ARGUMENT &&
                contains(e.what(), "nope"),

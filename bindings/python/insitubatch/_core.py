@@ -341,6 +341,102 @@ def coordinate_region(
     return tuple((int(lo), int(hi)) for lo, hi in raw["region"]), bool(raw["wrap"])
 
 
+# CF time units (`"hours since 1900-01-01"`) and the numpy unit of each.
+_CF_UNITS = {
+    "days": "D", "day": "D", "d": "D",
+    "hours": "h", "hour": "h", "hr": "h", "h": "h",
+    "minutes": "m", "minute": "m", "min": "m",
+    "seconds": "s", "second": "s", "sec": "s", "s": "s",
+    "milliseconds": "ms", "millisecond": "ms", "ms": "ms",
+    "microseconds": "us", "microsecond": "us", "us": "us",
+    "nanoseconds": "ns", "nanosecond": "ns", "ns": "ns",
+}
+# Calendars that are numpy's proleptic Gregorian for every date a dataset holds after 1582.
+_CF_GREGORIAN = {"standard", "gregorian", "proleptic_gregorian"}
+
+
+def _cf_times(values: np.ndarray, attributes: Mapping[str, Any], path: str) -> np.ndarray | None:
+    """`values` as datetime64 when `attributes` give CF time units ("<unit> since <date>") in a
+    Gregorian calendar; None when they give no time units; `Unsupported` for time units numpy
+    cannot decode exactly (another calendar, a date it cannot read)."""
+    units = attributes.get("units")
+    if not isinstance(units, str) or " since " not in units:
+        return None
+    unit, since = (part.strip() for part in units.split(" since ", 1))
+    calendar = str(attributes.get("calendar", "standard")).lower()
+    step = _CF_UNITS.get(unit.lower())
+    if step is None or calendar not in _CF_GREGORIAN:
+        raise errors.Unsupported(
+            f"coordinate {path!r} has units {units!r} and calendar {calendar!r}, which are not "
+            "a time in numpy's Gregorian calendar: pass decode_times=False for the stored numbers"
+        )
+    text = since.replace("T", " ").strip()
+    for suffix in ("UTC", "Z", "+00:00", "+0000", "+00"):
+        if text.endswith(suffix):
+            text = text[: -len(suffix)].strip()
+    date, _, clock = text.partition(" ")
+    try:
+        origin = np.datetime64(f"{date}T{clock}" if clock else date)
+    except ValueError:
+        raise errors.Unsupported(
+            f"coordinate {path!r}: cannot read the reference date of units {units!r} (a time "
+            "zone other than UTC?): pass decode_times=False for the stored numbers"
+        ) from None
+    if values.dtype.kind in "iu":
+        return origin + values.astype(np.int64).astype(f"timedelta64[{step}]")
+    # Fractional steps: to the nanosecond (NaN becomes NaT).
+    per_step = float(np.ones(1, dtype=f"timedelta64[{step}]").astype("timedelta64[ns]").astype(np.int64)[0])
+    nanos = np.round(values.astype(np.float64) * per_step)
+    out = origin.astype("datetime64[ns]") + np.where(np.isnan(nanos), 0, nanos).astype("timedelta64[ns]")
+    out[np.isnan(nanos)] = np.datetime64("NaT")
+    return out
+
+
+def coordinate_values(
+    store,
+    array: str,
+    dimension: str | None = None,
+    *,
+    sample_axis: int = 0,
+    decode_times: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
+) -> np.ndarray:
+    """The values of `array`'s coordinate along `dimension` (default: the sample axis's
+    dimension, `time` for an ERA5-like variable): the 1-D array of that name beside `array`, one
+    value per index, so `coordinate_values(store, "t2m")[batch.read_indices("x")]` is each
+    row's time. With `decode_times` (default), a coordinate whose `units` are CF time units
+    (`"hours since 1900-01-01"`) in a Gregorian calendar comes back as numpy datetime64, as
+    xarray decodes it; other units or calendars raise `Unsupported`, and `decode_times=False`
+    gives the stored numbers. Raises `InvalidArgument` naming the dimension when the array has
+    no dimension names, no such dimension, or no coordinate array for it."""
+    if not isinstance(array, str):
+        raise TypeError(f"array must be a str, not {type(array).__name__}")
+    if dimension is not None and not isinstance(dimension, str):
+        raise TypeError(f"dimension must be a str or None, not {type(dimension).__name__}")
+    if not isinstance(decode_times, bool):
+        raise TypeError(f"decode_times must be a bool, not {type(decode_times).__name__}")
+    params: dict[str, Any] = {"array": array, "sample_axis": _check_int("sample_axis", sample_axis, 0)}
+    if dimension is not None:
+        params["dimension"] = dimension
+    if storage_options is not None:
+        params["storage_options"] = _storage_options(storage_options)
+    out = _call_interruptible(
+        lib.isb_coordinate_values, _path(store), json.dumps(params).encode(),
+        free=lib.isb_string_free,
+    )
+    raw = json.loads(_take_string(out))
+    dtype = np.dtype(_DTYPES[raw["dtype"]])
+    if dtype.kind == "f":
+        values = np.array([np.nan if v is None else v for v in raw["values"]], dtype=dtype)
+    else:
+        values = np.array(raw["values"], dtype=dtype)
+    if decode_times:
+        times = _cf_times(values, raw["attributes"], raw["path"])
+        if times is not None:
+            return times
+    return values
+
+
 def open_geometries(
     store,
     variables: Sequence[str] | None = None,
@@ -909,6 +1005,7 @@ class InSituDataset:
             storage_options = carried[0] if carried else None
         if storage_options is not None:
             config["storage_options"] = _storage_options(storage_options)
+        self._storage_options = storage_options
         chunk_transforms, functions = _transforms._config_and_functions(chunk_transforms)
         if chunk_transforms:
             config["chunk_transforms"] = chunk_transforms
@@ -1043,6 +1140,17 @@ class InSituDataset:
 
     def _dataset_stats(self) -> dict:
         return _json_call(lib.isb_dataset_stats_json, self._live())
+
+    def coordinates(self, label: str, dimension: str | None = None, *,
+                    decode_times: bool = True) -> np.ndarray:
+        """The coordinate values of label `label`'s array along `dimension` (default: the
+        sample axis, so `ds.coordinates("x")[batch.read_indices("x")]` is each row's time), as
+        `coordinate_values` reads them: datetime64 for CF times unless `decode_times=False`."""
+        if label not in self.geometries:
+            raise KeyError(f"no label {label!r}; the dataset has {list(self.geometries)}")
+        g = self.geometries[label]
+        return coordinate_values(g.store, g.path, dimension, sample_axis=g.sample_axis,
+                                 decode_times=decode_times, storage_options=self._storage_options)
 
     def memory_need(self, split: str = "train") -> dict:
         """The memory an iteration over `split` would hold at its peak, counted from its plan

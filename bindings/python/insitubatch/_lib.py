@@ -97,6 +97,7 @@ def _load() -> ctypes.CDLL:
         "isb_open_geometries": (U32, [S, U32, OUT_STR, ERR]),
         "isb_open_geometries_with": (U32, [S, S, OUT_STR, ERR]),
         "isb_coordinate_region": (U32, [S, S, OUT_STR, ERR]),
+        "isb_coordinate_values": (U32, [S, S, OUT_STR, ERR]),
         "isb_split_by_chunk": (U32, [S, S, S, OUT_STR, ERR]),
         "isb_dataset_open": (U32, [S, ctypes.POINTER(P), ERR]),
         "isb_dataset_open_with_transforms": (

@@ -1026,3 +1026,93 @@ def test_one_sample_chunks_decoded_into_batch_rows_equal_the_pool_path(fixtures,
     monkeypatch.setenv("INSITUBATCH_DECODE_INTO_BATCHES", "sometimes")
     with pytest.raises(isb.InvalidArgument, match="INSITUBATCH_DECODE_INTO_BATCHES.*auto, always or never"):
         isb.InSituDataset(store, None, {"r": g["raw"]})
+
+
+def test_coordinate_values_give_each_rows_time_and_decode_cf_times(fixtures, tmp_path):
+    out, _ = fixtures
+    for name in ("era5_v3.zarr", "era5_v2.zarr"):  # consolidated v3, listed v2
+        store = out / name
+        want_time = zarr.open_array(store / "time", mode="r")[...]
+        got = isb.coordinate_values(store, "t2m")  # the sample axis: time, in chunks of 5
+        assert got.dtype == np.int64 and np.array_equal(got, want_time), name
+        lat = isb.coordinate_values(store, "u10", "latitude")
+        assert lat.dtype == np.float32
+        np.testing.assert_array_equal(lat, zarr.open_array(store / "latitude", mode="r")[...])
+        g = isb.open_geometries(store)
+        with isb.InSituDataset(store, None, {"x": g["t2m"], "y": g["t2m"].shift(2)},
+                               batch_size=4) as ds:
+            times = ds.coordinates("y")
+            b = next(iter(ds.train))
+            assert np.array_equal(times[b.read_indices("y")], want_time[b.sample_indices + 2])
+            with pytest.raises(KeyError, match="no label 'z'"):
+                ds.coordinates("z")
+        with pytest.raises(isb.InvalidArgument, match="`level` is not a dimension"):
+            isb.coordinate_values(store, "t2m", "level")
+    with pytest.raises(isb.InvalidArgument, match="no dimension names"):
+        isb.coordinate_values(out / "v3_zstd.zarr", "")
+
+    # CF time units, as xarray writes them, decoded as xarray decodes them.
+    path = tmp_path / "cf.zarr"
+    root = zarr.open_group(path, mode="w", zarr_format=3)
+    n = 7
+    cases = {
+        "h": ("int64", {"units": "hours since 1979-01-01 00:00:00", "calendar": "proleptic_gregorian"},
+              np.arange(n) * 6,
+              np.datetime64("1979-01-01T00") + np.arange(n) * np.timedelta64(6, "h")),
+        "d": ("float64", {"units": "days since 2000-01-01T00:00:00Z"},
+              np.array([0, 0.25, 1.5, np.nan, 366, 1e-6, -1]),
+              np.array(["2000-01-01T00:00", "2000-01-01T06:00", "2000-01-02T12:00", "NaT",
+                        "2001-01-01T00:00", "2000-01-01T00:00:00.086400", "1999-12-31T00:00"],
+                       dtype="datetime64[ns]")),
+        "s": ("int32", {"units": "seconds since 1970-01-01", "calendar": "standard"},
+              np.arange(n) * 3600,
+              np.datetime64("1970-01-01T00:00:00") + np.arange(n) * np.timedelta64(1, "h")),
+    }
+    for name, (dtype, attrs, stored, _) in cases.items():
+        c = root.create_array(f"t{name}", shape=(n,), chunks=(3,), dtype=dtype, dimension_names=[f"t{name}"])
+        c[...] = stored
+        c.attrs.update(attrs)
+        root.create_array(f"v{name}", shape=(n, 2), chunks=(2, 2), dtype="float32",
+                          dimension_names=[f"t{name}", "x"])[...] = 0
+    for name, (_, _, stored, want) in cases.items():
+        got = isb.coordinate_values(path, f"v{name}")
+        assert got.dtype.kind == "M", name
+        np.testing.assert_array_equal(got.astype("datetime64[ns]"), want.astype("datetime64[ns]"))
+        raw = isb.coordinate_values(path, f"v{name}", decode_times=False)
+        np.testing.assert_array_equal(raw, stored)
+    xr = pytest.importorskip("xarray")
+    decoded = xr.open_zarr(path, consolidated=False)
+    for name, _ in cases.items():
+        np.testing.assert_array_equal(isb.coordinate_values(path, f"v{name}").astype("datetime64[ns]"),
+                                      decoded[f"t{name}"].values.astype("datetime64[ns]"))
+    # A calendar numpy does not have is refused, saying how to get the numbers.
+    c = root.create_array("tn", shape=(n,), chunks=(n,), dtype="int64", dimension_names=["tn"])
+    c[...] = np.arange(n)
+    c.attrs.update({"units": "days since 2000-01-01", "calendar": "noleap"})
+    root.create_array("vn", shape=(n,), chunks=(n,), dtype="float32", dimension_names=["tn"])[...] = 0
+    with pytest.raises(isb.Unsupported, match="decode_times=False"):
+        isb.coordinate_values(path, "vn")
+    np.testing.assert_array_equal(isb.coordinate_values(path, "vn", decode_times=False), np.arange(n))
+
+
+def test_the_time_example_in_the_python_docs_gives_each_rows_hour(tmp_path):
+    """docs/python-api.md, "Each sample's time": its example as printed, over a store whose
+    time coordinate is in CF hours, against numpy's own arithmetic."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
+    section = text.split("## Each sample's time", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    path = tmp_path / "hourly.zarr"
+    root = zarr.open_group(path, mode="w", zarr_format=3)
+    t = root.create_array("time", shape=(30,), chunks=(7,), dtype="int64", dimension_names=["time"])
+    t[...] = np.arange(30) * 3  # every 3 hours from 2020-02-28 22:00, across a leap day
+    t.attrs.update({"units": "hours since 2020-02-28 22:00:00", "calendar": "standard"})
+    root.create_array("t2m", shape=(30, 2, 3), chunks=(4, 2, 3), dtype="float32",
+                      dimension_names=["time", "lat", "lon"])[...] = 0
+    g = isb.open_geometries(path)
+    with isb.InSituDataset(path, None, {"x": g["t2m"], "y": g["t2m"].shift(2)}, batch_size=8) as ds:
+        scope = {"ds": ds}
+        exec(code, scope)  # the loop runs to the last batch, which it leaves in scope
+        b = scope["b"]
+        want = np.datetime64("2020-02-28T22") + (b.sample_indices + 2) * np.timedelta64(3, "h")
+        np.testing.assert_array_equal(scope["valid"], want)
+        np.testing.assert_array_equal(scope["hour"], (22 + (b.sample_indices + 2) * 3) % 24)
