@@ -93,23 +93,27 @@ fn check_manifest(case: &Case, m: &SplitManifest, reference: &ArrayCase) {
 /// Checks a batch's shape per label and every row against the array at its read index.
 fn check_batch(case: &Case, batch: &Batch) {
     assert!(!batch.is_empty() && batch.len() <= case.batch_size);
-    for v in &case.views {
+    for (i, v) in case.views.iter().enumerate() {
         let a = &case.arrays[v.array];
-        let got = batch.array(&v.label).unwrap();
-        let mut shape = vec![batch.len()];
-        shape.extend(
-            (0..a.shape.len())
-                .filter(|x| *x != case.axis)
-                .map(|x| a.shape[x] as usize),
-        );
-        assert_eq!(got.shape(), &shape[..], "label {}", v.label);
-        let sample_bytes = got.bytes().len() / batch.len();
+        let got = case.view_rows(batch, i);
+        let inner: Vec<usize> = (0..a.shape.len())
+            .filter(|x| *x != case.axis)
+            .map(|x| a.shape[x] as usize)
+            .collect();
+        if let Some(own) = batch.array(&v.label) {
+            let mut shape = vec![batch.len()];
+            shape.extend(&inner);
+            assert_eq!(own.shape(), &shape[..], "label {}", v.label);
+        } else {
+            assert_eq!(batch.array("s").unwrap().shape()[2..], inner[..], "stack");
+        }
+        let sample_bytes = got.len() / batch.len();
         let reads = batch.read_indices(&v.label).unwrap();
         for (row, (anchor, read)) in batch.sample_indices().iter().zip(&reads).enumerate() {
             assert_eq!(*read as i64, *anchor as i64 + v.offset, "read index");
             let want_row = a.sample(case.axis, *read);
             assert!(
-                got.bytes()[row * sample_bytes..(row + 1) * sample_bytes] == want_row[..],
+                got[row * sample_bytes..(row + 1) * sample_bytes] == want_row[..],
                 "label {} ({}) anchor {anchor}: row differs from the array at {read}",
                 v.label,
                 a.name
@@ -307,6 +311,7 @@ struct Coverage {
     passes: u64,
     empty_splits: u64,
     windows: u64,
+    stacks: u64,
     manifests: u64,
     sample_ranges: u64,
     unwritten_chunks: u64,
@@ -334,6 +339,7 @@ struct Coverage {
 fn run_case(n: u64, cov: &mut Coverage) {
     let mut case = Case::draw(n);
     cov.windows += case.views.iter().any(|v| v.offset != 0) as u64;
+    cov.stacks += case.stack.as_ref().is_some_and(|s| s.len() > 1) as u64;
     cov.sample_ranges += case
         .split
         .as_ref()
@@ -670,10 +676,7 @@ fn rows_equal_pool(case: &Case, root: &Path, m: &SplitManifest, cov: &mut Covera
             .by_ref()
             .map(|b| {
                 let b = b.unwrap();
-                let arrays = case
-                    .views
-                    .iter()
-                    .map(|v| b.array(&v.label).unwrap().bytes().to_vec());
+                let arrays = (0..case.views.len()).map(|v| case.view_rows(&b, v));
                 (b.sample_indices().to_vec(), arrays.collect())
             })
             .collect();
@@ -945,6 +948,7 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("passes", c.passes / 20),
             ("empty splits", c.empty_splits),
             ("windows", c.windows),
+            ("stacks of two labels or more", c.stacks),
             ("manifests", c.manifests),
             ("sample ranges", c.sample_ranges),
             ("unwritten chunks", c.unwritten_chunks),

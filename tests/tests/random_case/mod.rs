@@ -37,7 +37,7 @@ impl Rng {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dt {
     U16,
     U32,
@@ -411,6 +411,8 @@ pub struct Case {
     pub fast_first_batch: bool,
     /// Slots spilled into an ephemeral cache directory (when not `persist`).
     pub spill: bool,
+    /// Views (by index, in channel order) stacked as the channels of one batch array `s`.
+    pub stack: Option<Vec<usize>>,
 }
 
 impl Case {
@@ -528,9 +530,64 @@ impl Case {
             },
             // After `into_rows`, for the same reason.
             fast_first_batch: r.chance(0.5),
-            // Last, for the same reason.
+            // After `into_rows`, for the same reason.
             spill: r.chance(0.25),
+            stack: None,
         }
+        .with_stack(&mut r)
+    }
+
+    /// The case with, a third of the time, some views of one sample shape and type (drawn
+    /// last, so the cases drawn before stacks were added are unchanged) stacked in a random
+    /// channel order.
+    fn with_stack(mut self, r: &mut Rng) -> Case {
+        if !r.chance(0.35) {
+            return self;
+        }
+        let kind = |v: &View| {
+            let a = &self.arrays[v.array];
+            let inner: Vec<u64> = (0..a.shape.len())
+                .filter(|&x| x != self.axis)
+                .map(|x| a.shape[x])
+                .collect();
+            (inner, a.dt)
+        };
+        let first = r.range(0, self.views.len() as u64 - 1) as usize;
+        let mut alike: Vec<usize> = (0..self.views.len())
+            .filter(|&i| kind(&self.views[i]) == kind(&self.views[first]))
+            .collect();
+        for i in (1..alike.len()).rev() {
+            alike.swap(i, r.range(0, i as u64) as usize);
+        }
+        alike.truncate(r.range(1, alike.len() as u64) as usize);
+        self.stack = Some(alike);
+        self
+    }
+
+    /// View `v`'s rows in `batch`, one sample after another: its own array's bytes, or its
+    /// channel of the stack (whose shape is checked).
+    pub fn view_rows(&self, batch: &insitubatch::Batch, v: usize) -> Vec<u8> {
+        let own = batch.array(&self.views[v].label);
+        let Some(stack) = &self.stack else {
+            return own.unwrap().bytes().to_vec();
+        };
+        let Some(channel) = stack.iter().position(|&s| s == v) else {
+            return own.unwrap().bytes().to_vec();
+        };
+        assert!(
+            own.is_none(),
+            "stacked label {} has its own array",
+            self.views[v].label
+        );
+        let s = batch.array("s").unwrap();
+        let c = stack.len();
+        assert_eq!(s.shape()[..2], [batch.len(), c], "stack shape");
+        let row = s.bytes().len() / batch.len();
+        let sb = row / c;
+        (0..batch.len())
+            .flat_map(|r| &s.bytes()[r * row + channel * sb..r * row + (channel + 1) * sb])
+            .copied()
+            .collect()
     }
 
     pub fn builder(&self, root: &Path) -> insitubatch::DatasetBuilder {
@@ -546,6 +603,9 @@ impl Case {
             .fast_first_batch(self.fast_first_batch);
         for v in &self.views {
             b = b.window(v.label.clone(), self.arrays[v.array].name.clone(), v.offset);
+        }
+        if let Some(stack) = &self.stack {
+            b = b.stack("s", stack.iter().map(|&v| self.views[v].label.clone()));
         }
         match self.budget {
             CaseBudget::Auto => {}
