@@ -247,6 +247,107 @@ pub fn coordinate_values(
     })
 }
 
+/// A coordinate value in CF time units (`units` such as `"hours since 1900-01-01 00:00:00"`)
+/// as an ISO 8601 date and time (`1979-01-01T06:00`, seconds shown when there are any), for
+/// the Gregorian calendars (`standard`, `gregorian`, `proleptic_gregorian`, or none given);
+/// `None` for other units or calendars, a reference date it cannot read, or a value that is
+/// not finite. What `insitubatch inspect` shows a time axis in.
+pub fn cf_time(value: f64, units: &str, calendar: Option<&str>) -> Option<String> {
+    let calendar = calendar.unwrap_or("standard").to_ascii_lowercase();
+    if !matches!(
+        calendar.as_str(),
+        "standard" | "gregorian" | "proleptic_gregorian"
+    ) || !value.is_finite()
+    {
+        return None;
+    }
+    let (unit, since) = units.split_once(" since ")?;
+    let step = match unit.trim().to_ascii_lowercase().as_str() {
+        "days" | "day" | "d" => 86_400.0,
+        "hours" | "hour" | "hr" | "h" => 3_600.0,
+        "minutes" | "minute" | "min" => 60.0,
+        "seconds" | "second" | "sec" | "s" => 1.0,
+        "milliseconds" | "millisecond" | "ms" => 1e-3,
+        "microseconds" | "microsecond" | "us" => 1e-6,
+        _ => return None,
+    };
+    let origin = reference_seconds(since.trim())?;
+    let t = origin + (value * step).round() as i64;
+    let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    let (hh, mm, ss) = (secs / 3600, secs / 60 % 60, secs % 60);
+    Some(if ss == 0 {
+        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}")
+    } else {
+        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}")
+    })
+}
+
+/// Seconds from 1970-01-01T00:00 to a CF reference date (`1900-01-01`, `1900-01-01 00:00:00.0`,
+/// `2000-01-01T00:00:00Z`; UTC only).
+fn reference_seconds(text: &str) -> Option<i64> {
+    let text = text
+        .trim_end_matches("UTC")
+        .trim_end_matches('Z')
+        .trim_end_matches("+00:00")
+        .trim();
+    let (date, clock) = match text.split_once(['T', ' ']) {
+        Some((d, c)) => (d, c.trim()),
+        None => (text, ""),
+    };
+    let mut ymd = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, d) = (
+        ymd.next()??,
+        ymd.next().flatten().unwrap_or(1),
+        ymd.next().flatten().unwrap_or(1),
+    );
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    let mut hms = clock
+        .split(':')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<f64>().ok());
+    let (h, mi, sec) = (
+        hms.next().map_or(Some(0.0), |v| v)?,
+        hms.next().map_or(Some(0.0), |v| v)?,
+        hms.next().map_or(Some(0.0), |v| v)?,
+    );
+    Some(days_from_civil(y, m, d) * 86_400 + (h * 3600.0 + mi * 60.0 + sec).round() as i64)
+}
+
+/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar (eras of 400 years of
+/// 146,097 days, each year counted from March so that the leap day ends it).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let month_from_march = (m + 9) % 12;
+    let day_of_year = (153 * month_from_march + 2) / 5 + d - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+/// The date `days` after 1970-01-01 in the proleptic Gregorian calendar (the inverse of
+/// [`days_from_civil`]).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z - era * 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let d = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let m = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let y = year_of_era + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
 /// Array `array` of a store's hierarchy, or an error naming it and the arrays there are.
 fn array_in<'a>(
     hierarchy: &'a insitubatch_store::Hierarchy,
@@ -481,6 +582,55 @@ fn index_range(
     }
     let end = first + count;
     Ok(((first as i64, end as i64), end > n))
+}
+
+#[cfg(test)]
+mod cf_tests {
+    use super::*;
+
+    #[test]
+    fn cf_times_are_gregorian_dates_and_other_calendars_are_none() {
+        let h = "hours since 1900-01-01 00:00:00.0";
+        assert_eq!(cf_time(0.0, h, None).unwrap(), "1900-01-01T00:00");
+        // ERA5's hours since 1900: 1979-01-01 is 692,496 hours on; 2000-02-29 a leap day.
+        assert_eq!(
+            cf_time(692_496.0, h, Some("gregorian")).unwrap(),
+            "1979-01-01T00:00"
+        );
+        assert_eq!(
+            cf_time(876_582.0, h, Some("proleptic_gregorian")).unwrap(),
+            "2000-01-01T06:00"
+        );
+        let d = "days since 2000-01-01T00:00:00Z";
+        assert_eq!(cf_time(59.0, d, None).unwrap(), "2000-02-29T00:00");
+        assert_eq!(cf_time(-0.5, d, None).unwrap(), "1999-12-31T12:00");
+        assert_eq!(
+            cf_time(1.0 / 86_400.0, d, None).unwrap(),
+            "2000-01-01T00:00:01"
+        );
+        assert_eq!(
+            cf_time(
+                1_700_000_000.0,
+                "seconds since 1970-01-01",
+                Some("standard")
+            )
+            .unwrap(),
+            "2023-11-14T22:13:20"
+        );
+        assert_eq!(
+            cf_time(1.0, "days since 1600-03-01", None).unwrap(),
+            "1600-03-02T00:00"
+        );
+        assert_eq!(cf_time(1.0, "days since 2000-01-01", Some("noleap")), None);
+        assert_eq!(cf_time(1.0, "metres", None), None);
+        assert_eq!(cf_time(1.0, "fortnights since 2000-01-01", None), None);
+        assert_eq!(cf_time(f64::NAN, d, None), None);
+        // Every day of 800 years round-trips through the date.
+        for days in -146_097..146_097 {
+            let (y, m, dd) = civil_from_days(days);
+            assert_eq!(days_from_civil(y, m, dd), days);
+        }
+    }
 }
 
 #[cfg(test)]

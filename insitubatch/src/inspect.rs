@@ -57,6 +57,9 @@ pub struct DimensionReport {
     /// The first and last values of the 1-D coordinate array of that name beside the
     /// variable (null when there is none).
     pub coordinate: Option<(f64, f64)>,
+    /// The same two values as dates and times (`1979-01-01T00:00`), when the coordinate's
+    /// `units` are CF time units in a Gregorian calendar (null otherwise).
+    pub times: Option<(String, String)>,
 }
 
 /// Whole report.
@@ -166,7 +169,7 @@ pub fn inspect(
                     let coord = crate::coords::coordinate_array(&hierarchy.arrays, name, dim)
                         .ok()
                         .filter(|(_, c)| c.shape() == [length]);
-                    let coordinate = coord.and_then(|(path, coord)| {
+                    let coordinate = coord.clone().and_then(|(path, coord)| {
                         *ends.entry(path).or_insert_with(|| {
                             let (st, coord) = (store.clone(), coord.clone());
                             handle
@@ -177,10 +180,17 @@ pub fn inspect(
                                 .flatten()
                         })
                     });
+                    let times = coord.zip(coordinate).and_then(|((_, c), (first, last))| {
+                        let attr = |k: &str| c.attributes().get(k).and_then(|v| v.as_str());
+                        let units = attr("units")?;
+                        let time = |v| crate::coords::cf_time(v, units, attr("calendar"));
+                        Some((time(first)?, time(last)?))
+                    });
                     DimensionReport {
                         name: dim.clone(),
                         length,
                         coordinate,
+                        times,
                     }
                 })
                 .collect()
@@ -253,11 +263,14 @@ impl InspectReport {
             if let Some(dims) = &v.dimensions {
                 let shown: Vec<String> = dims
                     .iter()
-                    .map(|d| match d.coordinate {
-                        Some((first, last)) => {
+                    .map(|d| match (&d.times, d.coordinate) {
+                        (Some((first, last)), _) => {
                             format!("{} {} ({first} .. {last})", d.name, d.length)
                         }
-                        None => format!("{} {}", d.name, d.length),
+                        (None, Some((first, last))) => {
+                            format!("{} {} ({first} .. {last})", d.name, d.length)
+                        }
+                        (None, None) => format!("{} {}", d.name, d.length),
                     })
                     .collect();
                 s += &format!("  dimensions: {}\n", shown.join(", "));

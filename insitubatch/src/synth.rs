@@ -195,6 +195,8 @@ fn compressor_v2(codec: Codec) -> Value {
     }
 }
 
+/// A variable's metadata. Its fill value is NaN, as ERA5's: no field takes it, and readers that
+/// treat the fill value as missing (xarray) leave every stored value alone.
 fn array_meta(
     spec: &SynthSpec,
     shape: &[u64],
@@ -209,7 +211,7 @@ fn array_meta(
             _ => "<f4",
         };
         return json!({"zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": dt,
-            "compressor": compressor_v2(spec.codec), "fill_value": 0, "order": "C", "filters": null,
+            "compressor": compressor_v2(spec.codec), "fill_value": "NaN", "order": "C", "filters": null,
             "dimension_separator": "."});
     }
     let mut codecs = vec![json!({"name": "bytes", "configuration": {"endian": "little"}})];
@@ -217,7 +219,7 @@ fn array_meta(
     json!({"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": dtype,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": 0, "codecs": codecs, "dimension_names": dims, "attributes": {}})
+        "fill_value": "NaN", "codecs": codecs, "dimension_names": dims, "attributes": {}})
 }
 
 fn sharded_meta(spec: &SynthSpec, shape: &[u64], shard: &[u64], inner: &[u64]) -> Value {
@@ -226,7 +228,7 @@ fn sharded_meta(spec: &SynthSpec, shape: &[u64], shard: &[u64], inner: &[u64]) -
     json!({"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": "float32",
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": shard}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": 0,
+        "fill_value": "NaN",
         "codecs": [{"name": "sharding_indexed", "configuration": {
             "chunk_shape": inner, "codecs": inner_codecs,
             "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
@@ -311,12 +313,28 @@ pub fn make_dataset(
     } else {
         write_json(&dir.join(".zgroup"), &json!({"zarr_format": 2}))?;
     }
-    let coord = |name: &str, len: u64, values: CoordValues| -> Result<(), SynthError> {
+    // Each coordinate with its CF attributes, as ERA5 stores them: time in hours since a
+    // reference date, which readers decode to dates (`inspect`, `coordinate_values`).
+    let coord = |name: &str,
+                 len: u64,
+                 values: CoordValues,
+                 attrs: serde_json::Value|
+     -> Result<(), SynthError> {
         let dtype = match values {
             CoordValues::I64(_) => "int64",
             CoordValues::F32(_) => "float32",
         };
-        let meta = array_meta(spec, &[len], &[len], &[name], dtype);
+        let mut meta = array_meta(spec, &[len], &[len], &[name], dtype);
+        // No fill value a coordinate takes: readers such as xarray treat values equal to it as
+        // missing (time 0 would become NaT).
+        meta["fill_value"] = match (spec.zarr_format, &values) {
+            (2, _) => Value::Null,
+            (_, CoordValues::I64(_)) => json!(i64::MIN),
+            (_, CoordValues::F32(_)) => json!("NaN"),
+        };
+        if spec.zarr_format == 3 {
+            meta["attributes"] = attrs.clone();
+        }
         let md: ArrayMetadata = serde_json::from_value(meta).map_err(|e| werr(e.to_string()))?;
         let a = Array::new_with_metadata(Arc::clone(&store), &format!("/{name}"), md)
             .map_err(|e| werr(e.to_string()))?;
@@ -327,10 +345,9 @@ pub fn make_dataset(
         }
         .map_err(|e| werr(e.to_string()))?;
         if spec.zarr_format == 2 {
-            write_json(
-                &dir.join(name).join(".zattrs"),
-                &json!({"_ARRAY_DIMENSIONS": [name]}),
-            )?;
+            let mut zattrs = attrs;
+            zattrs["_ARRAY_DIMENSIONS"] = json!([name]);
+            write_json(&dir.join(name).join(".zattrs"), &zattrs)?;
         }
         Ok(())
     };
@@ -338,6 +355,8 @@ pub fn make_dataset(
         "time",
         spec.samples,
         CoordValues::I64((0..spec.samples as i64).map(|t| t * 6).collect()),
+        json!({"units": "hours since 1979-01-01 00:00:00", "calendar": "proleptic_gregorian",
+               "standard_name": "time"}),
     )?;
     coord(
         "latitude",
@@ -347,11 +366,13 @@ pub fn make_dataset(
                 .map(|i| 90.0 - 180.0 * i as f32 / (nlat.max(2) - 1) as f32)
                 .collect(),
         ),
+        json!({"units": "degrees_north", "standard_name": "latitude"}),
     )?;
     coord(
         "longitude",
         nlon,
         CoordValues::F32((0..nlon).map(|j| 360.0 * j as f32 / nlon as f32).collect()),
+        json!({"units": "degrees_east", "standard_name": "longitude"}),
     )?;
 
     let shape = [spec.samples, nlat, nlon];

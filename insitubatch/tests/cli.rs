@@ -123,20 +123,23 @@ fn make_dataset_then_inspect_json() {
     assert_eq!(vars[0]["stored_chunks"], 6);
     assert_eq!(vars[0]["stored_chunks_present"], 6);
     assert_eq!(vars[0]["regime"], "moderate");
-    // Each axis by name, with its coordinate's first and last values (times 6 h apart,
-    // latitudes falling from 90, longitudes from 0 by 45): what --coords takes.
+    // Each axis by name, with its coordinate's first and last values (times 6 h apart in CF
+    // hours since 1979, shown as dates; latitudes falling from 90, longitudes from 0 by 45):
+    // what --coords takes.
     assert_eq!(
         vars[0]["dimensions"],
         serde_json::json!([
-            {"name": "time", "length": 10, "coordinate": [0.0, 54.0]},
-            {"name": "latitude", "length": 6, "coordinate": [90.0, -90.0]},
-            {"name": "longitude", "length": 8, "coordinate": [0.0, 315.0]},
+            {"name": "time", "length": 10, "coordinate": [0.0, 54.0],
+             "times": ["1979-01-01T00:00", "1979-01-03T06:00"]},
+            {"name": "latitude", "length": 6, "coordinate": [90.0, -90.0], "times": null},
+            {"name": "longitude", "length": 8, "coordinate": [0.0, 315.0], "times": null},
         ])
     );
     let text = run_ok(cli().arg("inspect").arg(&store));
     assert!(
         text.contains(
-            "dimensions: time 10 (0 .. 54), latitude 6 (90 .. -90), longitude 8 (0 .. 315)"
+            "dimensions: time 10 (1979-01-01T00:00 .. 1979-01-03T06:00), latitude 6 (90 .. -90), \
+             longitude 8 (0 .. 315)"
         ),
         "{text}"
     );

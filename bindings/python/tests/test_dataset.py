@@ -1093,6 +1093,18 @@ def test_coordinate_values_give_each_rows_time_and_decode_cf_times(fixtures, tmp
     with pytest.raises(isb.Unsupported, match="decode_times=False"):
         isb.coordinate_values(path, "vn")
     np.testing.assert_array_equal(isb.coordinate_values(path, "vn", decode_times=False), np.arange(n))
+    # `insitubatch make-dataset` writes ERA5's CF attributes: 6-hourly times from 1979 (v3
+    # and v2), which xarray decodes to the same dates.
+    exe = Path(__file__).resolve().parents[3] / "target" / "release" / "insitubatch"
+    for fmt in ("3", "2"):
+        synth = tmp_path / f"synth_v{fmt}.zarr"
+        subprocess.run([str(exe), "make-dataset", str(synth), "--samples", "9", "--grid", "3x4",
+                        "--format", fmt], check=True, capture_output=True)
+        got = isb.coordinate_values(synth, "t2m")
+        want = np.datetime64("1979-01-01T00") + np.arange(9) * np.timedelta64(6, "h")
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got.astype("datetime64[ns]"),
+                                      xr.open_zarr(synth).time.values.astype("datetime64[ns]"))
 
 
 def test_the_time_example_in_the_python_docs_gives_each_rows_hour(tmp_path):
