@@ -12,6 +12,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import threading
 import numbers
 import warnings
@@ -355,6 +356,37 @@ _CF_UNITS = {
 _CF_GREGORIAN = {"standard", "gregorian", "proleptic_gregorian"}
 
 
+_CF_DATE = re.compile(
+    r"(-?\d+)-(\d{1,2})(?:-(\d{1,2}))?"            # year-month[-day], digits not padded
+    r"(?:[ T]+(\d{1,2}):(\d{1,2})(?::(\d{1,2}(?:\.\d*)?))?)?"  # [hour:minute[:second]]
+    r"\s*(?:Z|UTC|[+-]00:?00)?"                     # UTC only
+)
+
+
+def _cf_reference(since: str) -> np.datetime64 | None:
+    """The reference date of CF time units (`1900-01-01 00:00:00.0`, `1850-1-1`,
+    `2000-01-01T00:00:00Z`) as datetime64, or None when it is not one (another time zone)."""
+    m = _CF_DATE.fullmatch(since.strip())
+    if m is None:
+        return None
+    year, month, day, hour, minute, second = m.groups()
+    try:
+        # Seconds (or microseconds for a fractional second) reach any year a dataset holds;
+        # nanoseconds would end in 2262.
+        date = np.datetime64(f"{int(year):04d}-{int(month):02d}-{int(day or 1):02d}", "s")
+    except ValueError:
+        return None
+    seconds = int(hour or 0) * 3600 + int(minute or 0) * 60 + float(second or 0)
+    if seconds == int(seconds):
+        return date + np.timedelta64(int(seconds), "s")
+    return date + np.timedelta64(round(seconds * 1e6), "us")
+
+
+def _ticks(step: str, fine: str) -> int:
+    """How many `fine` units (numpy's: "ns", "us", "s") one `step` holds."""
+    return int(np.ones(1, dtype=f"timedelta64[{step}]").astype(f"timedelta64[{fine}]").astype(np.int64)[0])
+
+
 def _cf_times(values: np.ndarray, attributes: Mapping[str, Any], path: str) -> np.ndarray | None:
     """`values` as datetime64 when `attributes` give CF time units ("<unit> since <date>") in a
     Gregorian calendar; None when they give no time units; `Unsupported` for time units numpy
@@ -370,25 +402,25 @@ def _cf_times(values: np.ndarray, attributes: Mapping[str, Any], path: str) -> n
             f"coordinate {path!r} has units {units!r} and calendar {calendar!r}, which are not "
             "a time in numpy's Gregorian calendar: pass decode_times=False for the stored numbers"
         )
-    text = since.replace("T", " ").strip()
-    for suffix in ("UTC", "Z", "+00:00", "+0000", "+00"):
-        if text.endswith(suffix):
-            text = text[: -len(suffix)].strip()
-    date, _, clock = text.partition(" ")
-    try:
-        origin = np.datetime64(f"{date}T{clock}" if clock else date)
-    except ValueError:
+    origin = _cf_reference(since)
+    if origin is None:
         raise errors.Unsupported(
             f"coordinate {path!r}: cannot read the reference date of units {units!r} (a time "
             "zone other than UTC?): pass decode_times=False for the stored numbers"
-        ) from None
+        )
     if values.dtype.kind in "iu":
         return origin + values.astype(np.int64).astype(f"timedelta64[{step}]")
-    # Fractional steps: to the nanosecond (NaN becomes NaT).
-    per_step = float(np.ones(1, dtype=f"timedelta64[{step}]").astype("timedelta64[ns]").astype(np.int64)[0])
-    nanos = np.round(values.astype(np.float64) * per_step)
-    out = origin.astype("datetime64[ns]") + np.where(np.isnan(nanos), 0, nanos).astype("timedelta64[ns]")
-    out[np.isnan(nanos)] = np.datetime64("NaT")
+    # Fractional steps: to the nanosecond where that reaches (1678 to 2262, as xarray), else to
+    # the microsecond (NaN becomes NaT).
+    floats = values.astype(np.float64)
+    missing = ~np.isfinite(floats)
+    seconds_per_step = _ticks(step, "us") / 1e6
+    epoch_seconds = origin.astype("datetime64[s]").astype(np.int64) + floats[~missing] * seconds_per_step
+    fine = "ns" if np.all(np.abs(epoch_seconds) < 9.2e9) else "us"
+    per_step = _ticks(step, fine)
+    ticks = np.round(np.where(missing, 0, floats) * per_step)
+    out = origin.astype(f"datetime64[{fine}]") + ticks.astype(f"timedelta64[{fine}]")
+    out[missing] = np.datetime64("NaT")
     return out
 
 
@@ -406,7 +438,8 @@ def coordinate_values(
     value per index, so `coordinate_values(store, "t2m")[batch.read_indices("x")]` is each
     row's time. With `decode_times` (default), a coordinate whose `units` are CF time units
     (`"hours since 1900-01-01"`) in a Gregorian calendar comes back as numpy datetime64, as
-    xarray decodes it; other units or calendars raise `Unsupported`, and `decode_times=False`
+    xarray decodes it (integers exactly, to the second or to their unit when finer; fractional
+    steps to the nanosecond between 1678 and 2262, as xarray, else to the microsecond); other units or calendars raise `Unsupported`, and `decode_times=False`
     gives the stored numbers. Raises `InvalidArgument` naming the dimension when the array has
     no dimension names, no such dimension, or no coordinate array for it."""
     if not isinstance(array, str):

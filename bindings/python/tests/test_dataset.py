@@ -1085,6 +1085,22 @@ def test_coordinate_values_give_each_rows_time_and_decode_cf_times(fixtures, tmp
     for name, _ in cases.items():
         np.testing.assert_array_equal(isb.coordinate_values(path, f"v{name}").astype("datetime64[ns]"),
                                       decoded[f"t{name}"].values.astype("datetime64[ns]"))
+    # A reference date beyond nanoseconds' reach (year 1): integers exactly, fractions to the
+    # microsecond.
+    for name, dtype, stored in (("y1i", "int64", [0, 365, 738_000]),
+                                ("y1f", "float64", [0.5, 738_000.25, np.nan])):
+        c = root.create_array(name, shape=(3,), chunks=(3,), dtype=dtype, dimension_names=[name])
+        c[...] = stored
+        c.attrs.update({"units": "days since 0001-01-01 00:00:00"})
+        root.create_array(f"v{name}", shape=(3,), chunks=(3,), dtype="float32",
+                          dimension_names=[name])[...] = 0
+    np.testing.assert_array_equal(
+        isb.coordinate_values(path, "vy1i"),
+        np.datetime64("0001-01-01") + np.array([0, 365, 738_000]).astype("timedelta64[D]"))
+    far = isb.coordinate_values(path, "vy1f")
+    assert far.dtype == np.dtype("datetime64[us]")
+    np.testing.assert_array_equal(far, np.array(["0001-01-01T12:00", "2021-07-30T06:00", "NaT"],
+                                                dtype="datetime64[us]"))
     # A calendar numpy does not have is refused, saying how to get the numbers.
     c = root.create_array("tn", shape=(n,), chunks=(n,), dtype="int64", dimension_names=["tn"])
     c[...] = np.arange(n)
@@ -1128,3 +1144,42 @@ def test_the_time_example_in_the_python_docs_gives_each_rows_hour(tmp_path):
         want = np.datetime64("2020-02-28T22") + (b.sample_indices + 2) * np.timedelta64(3, "h")
         np.testing.assert_array_equal(scope["valid"], want)
         np.testing.assert_array_equal(scope["hour"], (22 + (b.sample_indices + 2) * 3) % 24)
+
+
+def test_cf_times_decode_as_xarray_decodes_them_over_random_units_and_dates(tmp_path):
+    """Random CF time coordinates (every unit, reference dates written padded or not, with or
+    without a clock, `T` or a space, `Z`; integer and fractional values, negative ones too)
+    against xarray's own decode."""
+    xr = pytest.importorskip("xarray")
+    rng = np.random.default_rng(7)
+    units = ["days", "hours", "minutes", "seconds", "milliseconds", "microseconds"]
+    per_day = {"days": 1, "hours": 24, "minutes": 1440, "seconds": 86400,
+               "milliseconds": 86_400_000, "microseconds": 86_400_000_000}
+    path = tmp_path / "random_cf.zarr"
+    root = zarr.open_group(path, mode="w", zarr_format=3)
+    cases = []
+    for k in range(40):
+        unit = units[rng.integers(len(units))]
+        y, mo, d = int(rng.integers(1800, 2100)), int(rng.integers(1, 13)), int(rng.integers(1, 29))
+        date = f"{y}-{mo}-{d}" if rng.random() < 0.3 else f"{y:04d}-{mo:02d}-{d:02d}"
+        if rng.random() < 0.6:
+            sep = "T" if rng.random() < 0.5 else " "
+            date += f"{sep}{rng.integers(0, 24):02d}:{rng.integers(0, 60):02d}:{rng.integers(0, 60):02d}"
+            date += "Z" if rng.random() < 0.3 else ""
+        span = int(per_day[unit] * 365 * 50)  # up to fifty years either way
+        if rng.random() < 0.5:
+            dtype, stored = "int64", rng.integers(-span, span, 6)
+        else:  # quarter steps: exact in binary, so no rounding to compare
+            dtype, stored = "float64", rng.integers(-span, span, 6) / 4
+        c = root.create_array(f"t{k}", shape=(6,), chunks=(4,), dtype=dtype, dimension_names=[f"t{k}"])
+        c[...] = stored
+        c.attrs.update({"units": f"{unit} since {date}", "calendar": "standard"})
+        root.create_array(f"v{k}", shape=(6,), chunks=(6,), dtype="float32",
+                          dimension_names=[f"t{k}"])[...] = 0
+        cases.append(f"{unit} since {date} ({dtype})")
+    decoded = xr.open_zarr(path, consolidated=False)
+    for k, what in enumerate(cases):
+        got = isb.coordinate_values(path, f"v{k}")
+        want = decoded[f"t{k}"].values
+        np.testing.assert_array_equal(got.astype("datetime64[ns]"), want.astype("datetime64[ns]"),
+                                      err_msg=what)
