@@ -12,6 +12,27 @@ use crate::store::Store;
 /// How deep nested groups are searched when there is no consolidated metadata.
 const MAX_GROUP_DEPTH: usize = 8;
 
+/// Metadata documents fetched at once while listing a group without consolidated metadata: on
+/// an object store each is a request of tens of milliseconds, so a group of many arrays opened
+/// one document at a time took as many round trips.
+const METADATA_IN_FLIGHT: usize = 16;
+
+/// The documents at `keys`, fetched `METADATA_IN_FLIGHT` at a time, in order.
+async fn get_all_json<S: Store>(
+    store: &S,
+    keys: &[String],
+) -> Result<Vec<Option<Value>>, StoreError> {
+    let mut out = Vec::with_capacity(keys.len());
+    for batch in keys.chunks(METADATA_IN_FLIGHT) {
+        let fetched =
+            futures_util::future::join_all(batch.iter().map(|k| get_json(store, k))).await;
+        for doc in fetched {
+            out.push(doc?);
+        }
+    }
+    Ok(out)
+}
+
 /// Every array under a store root, keyed by path (`"t2m"`, `"sub/u10"`; `""` when the root is
 /// itself an array).
 #[derive(Clone, Debug)]
@@ -170,18 +191,22 @@ async fn list_v3<S: Store>(
     depth: usize,
     arrays: &mut BTreeMap<String, ZarrArray>,
 ) -> Result<(), StoreError> {
-    for name in store.list_dir(prefix).await? {
-        let path = join(prefix, &name);
-        let key = join(&path, "zarr.json");
-        let Some(meta) = get_json(store, &key).await? else {
+    let paths: Vec<String> = store
+        .list_dir(prefix)
+        .await?
+        .iter()
+        .map(|name| join(prefix, name))
+        .collect();
+    let keys: Vec<String> = paths.iter().map(|p| join(p, "zarr.json")).collect();
+    let metas = get_all_json(store, &keys).await?;
+    for ((path, key), meta) in paths.into_iter().zip(&keys).zip(metas) {
+        let Some(meta) = meta else {
             continue;
         };
         match meta.get("node_type").and_then(Value::as_str) {
             Some("array") => {
-                arrays.insert(
-                    path.clone(),
-                    ZarrArray::from_metadata(&path, &meta, None, store.locate(&key))?,
-                );
+                let array = ZarrArray::from_metadata(&path, &meta, None, store.locate(key))?;
+                arrays.insert(path, array);
             }
             Some("group") if depth < MAX_GROUP_DEPTH => {
                 Box::pin(list_v3(store, &path, depth + 1, arrays)).await?
@@ -198,18 +223,26 @@ async fn list_v2<S: Store>(
     depth: usize,
     arrays: &mut BTreeMap<String, ZarrArray>,
 ) -> Result<(), StoreError> {
-    for name in store.list_dir(prefix).await? {
-        if name.starts_with('.') {
-            continue;
-        }
-        let path = join(prefix, &name);
-        let key = join(&path, ".zarray");
-        if let Some(meta) = get_json(store, &key).await? {
-            let attrs = get_json(store, &join(&path, ".zattrs")).await?;
-            arrays.insert(
-                path.clone(),
-                ZarrArray::from_metadata(&path, &meta, attrs.as_ref(), store.locate(&key))?,
-            );
+    let paths: Vec<String> = store
+        .list_dir(prefix)
+        .await?
+        .iter()
+        .filter(|name| !name.starts_with('.'))
+        .map(|name| join(prefix, name))
+        .collect();
+    // Each entry's `.zarray` and `.zattrs` together (a group's `.zgroup` only when it is not
+    // an array).
+    let keys: Vec<String> = paths
+        .iter()
+        .flat_map(|p| [join(p, ".zarray"), join(p, ".zattrs")])
+        .collect();
+    let docs = get_all_json(store, &keys).await?;
+    for (i, path) in paths.into_iter().enumerate() {
+        let key = &keys[2 * i];
+        if let Some(meta) = &docs[2 * i] {
+            let attrs = docs[2 * i + 1].as_ref();
+            let array = ZarrArray::from_metadata(&path, meta, attrs, store.locate(key))?;
+            arrays.insert(path, array);
         } else if depth < MAX_GROUP_DEPTH
             && get_json(store, &join(&path, ".zgroup")).await?.is_some()
         {

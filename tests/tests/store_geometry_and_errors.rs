@@ -2,6 +2,7 @@
 //! layer must answer with a clear error naming the thing.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use insitubatch_runtime::{Runtime, RuntimeBuilder};
 use insitubatch_store::{Hierarchy, LocalStore, StoreError, open_geometries, open_hierarchy};
@@ -240,4 +241,113 @@ fn chunk_error(rt: &Runtime, dir: &Path, index: [u64; 3]) -> StoreError {
         h.arrays[""].read_chunk(&store, &index).await.unwrap_err()
     })
     .unwrap()
+}
+
+/// A local store that counts the reads in flight at once: each read yields to the executor
+/// before it starts, so reads issued together overlap.
+struct Counting {
+    inner: LocalStore,
+    now: AtomicUsize,
+    peak: AtomicUsize,
+    reads: AtomicUsize,
+}
+
+impl insitubatch_store::Store for Counting {
+    fn locate(&self, key: &str) -> std::path::PathBuf {
+        self.inner.locate(key)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        insitubatch_runtime::yield_now().await;
+        let got = self.inner.get(key).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        got
+    }
+
+    async fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        self.inner.exists(key).await
+    }
+
+    async fn list_dir(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        self.inner.list_dir(prefix).await
+    }
+
+    fn size_of(&self, key: &str) -> Option<u64> {
+        self.inner.size_of(key)
+    }
+}
+
+#[test]
+fn a_group_without_consolidated_metadata_reads_its_arrays_metadata_together() {
+    // 40 arrays in each format, listed (no consolidated metadata): their metadata documents
+    // are read 16 at a time, not one after another, and every array is found.
+    let tmp = tempfile::tempdir().unwrap();
+    for (fmt, per_array) in [(3, 1), (2, 2)] {
+        let root = tmp.path().join(format!("many_v{fmt}.zarr"));
+        std::fs::create_dir_all(&root).unwrap();
+        if fmt == 3 {
+            std::fs::write(
+                root.join("zarr.json"),
+                r#"{"zarr_format": 3, "node_type": "group"}"#,
+            )
+            .unwrap();
+        } else {
+            std::fs::write(root.join(".zgroup"), r#"{"zarr_format": 2}"#).unwrap();
+        }
+        for k in 0..40 {
+            let dir = root.join(format!("a{k:02}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            if fmt == 3 {
+                let meta = serde_json::json!({"zarr_format": 3, "node_type": "array",
+                    "shape": [4, 2], "data_type": "float32",
+                    "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2, 2]}},
+                    "chunk_key_encoding": {"name": "default"}, "fill_value": 0,
+                    "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+                    "attributes": {"k": k}});
+                std::fs::write(dir.join("zarr.json"), meta.to_string()).unwrap();
+            } else {
+                let meta = serde_json::json!({"zarr_format": 2, "shape": [4, 2], "chunks": [2, 2],
+                    "dtype": "<f4", "compressor": null, "fill_value": 0, "order": "C",
+                    "filters": null});
+                std::fs::write(dir.join(".zarray"), meta.to_string()).unwrap();
+                std::fs::write(dir.join(".zattrs"), format!(r#"{{"k": {k}}}"#)).unwrap();
+            }
+        }
+        let (peak, reads, found) = rt()
+            .block_on(move || async move {
+                let store = Counting {
+                    inner: LocalStore::new(&root).unwrap(),
+                    now: 0.into(),
+                    peak: 0.into(),
+                    reads: 0.into(),
+                };
+                let h = open_hierarchy(&store).await.unwrap();
+                assert_eq!(h.discovery, "listing");
+                let attrs: Vec<_> = h
+                    .arrays
+                    .values()
+                    .map(|a| a.attributes()["k"].clone())
+                    .collect();
+                assert_eq!(
+                    attrs,
+                    (0..40).map(serde_json::Value::from).collect::<Vec<_>>()
+                );
+                (
+                    store.peak.into_inner(),
+                    store.reads.into_inner(),
+                    h.arrays.len(),
+                )
+            })
+            .unwrap();
+        assert_eq!(found, 40, "v{fmt}");
+        assert_eq!(peak, 16, "v{fmt}: reads in flight at once");
+        // The root's documents, then each array's (v2: `.zarray` and `.zattrs`).
+        assert!(
+            reads >= 40 * per_array && reads <= 40 * per_array + 4,
+            "v{fmt}: {reads} reads"
+        );
+    }
 }
