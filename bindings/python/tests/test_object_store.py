@@ -103,6 +103,13 @@ def test_a_store_in_s3_reads_as_zarr_python_and_the_local_copy(fixtures, s3, sto
     europe = dict(latitude=(67.5, 0), longitude=(-25, 45), periodic={"longitude": 360})
     local_g = isb.open_geometries(out / store)["t2m"]
     assert g.crop_coords(**europe).region == local_g.crop_coords(**europe).region == ((1, 5), (15, 19))
+    # Each sample's time, read from the bucket by the dataset with its options.
+    with isb.InSituDataset(f"s3://data/{store}", storage_options=s3) as remote:
+        np.testing.assert_array_equal(remote.coordinates("t2m"),
+                                      zarr.open_array(out / store / "time", mode="r")[...])
+    np.testing.assert_array_equal(
+        isb.coordinate_values(f"s3://data/{store}", "u10", "latitude", storage_options=s3),
+        isb.coordinate_values(out / store, "u10", "latitude"))
 
 
 def test_a_sharded_root_array_in_s3_reads_as_zarr_python(fixtures, s3):
