@@ -629,6 +629,46 @@ impl DatasetBuilder {
     /// shape and dtype as batches hold them (after their chunk transforms); a label may be in
     /// one stack only, and `name` may not be another label or stack. Checked when the dataset
     /// is built.
+    ///
+    /// ```
+    /// use insitubatch::synth::{SynthSpec, field_value, make_dataset};
+    /// use insitubatch::{InSituDataset, coordinate_values};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("isb-stack-doc-{}", std::process::id()));
+    /// # let store = dir.join("era5.zarr");
+    /// # make_dataset(&store, &SynthSpec { samples: 24, grid: (9, 16), sample_chunk: 4,
+    /// #     ..Default::default() }, true, &|_, _| {})?;
+    /// // The field at t - 6 h and at t, and the wind at t, as the three channels of `x`.
+    /// let ds = InSituDataset::builder(&store)
+    ///     .window("t2m_prev", "t2m", -1)
+    ///     .variable("t2m", "t2m")
+    ///     .variable("u10", "u10")
+    ///     .window("target", "t2m", 1)
+    ///     .stack("x", ["t2m_prev", "t2m", "u10"])
+    ///     .batch_size(8)
+    ///     .build()?;
+    /// // The sample axis's coordinate: each sample's time, in hours since 1979-01-01.
+    /// let hours = coordinate_values(&store, "t2m", None, 0, &[])?;
+    /// for batch in ds.train()? {
+    ///     let batch = batch?;
+    ///     assert_eq!(batch.names(), ["x", "target"]);
+    ///     let x = batch.array("x").unwrap();
+    ///     assert_eq!(x.shape(), [batch.len(), 3, 9, 16]);
+    ///     // Channel 1 of the first row is t2m at that row's sample, as stored.
+    ///     let s = batch.sample_indices()[0];
+    ///     let t2m: Vec<f32> = (0..9)
+    ///         .flat_map(|i| (0..16).map(move |j| field_value(0, s, i, j, (9, 16))))
+    ///         .collect();
+    ///     let values: &[f32] = x.values().unwrap();
+    ///     assert_eq!(values[9 * 16..2 * 9 * 16], t2m[..]);
+    ///     // The first target is valid 6 h after its row's sample.
+    ///     let t = batch.read_indices("target").unwrap()[0] as usize;
+    ///     let valid_at = i64::from_ne_bytes(hours.bytes[8 * t..8 * t + 8].try_into()?);
+    ///     assert_eq!(valid_at, 6 * s as i64 + 6);
+    /// }
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
     pub fn stack<L: Into<String>>(
         mut self,
         name: impl Into<String>,
