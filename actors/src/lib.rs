@@ -36,8 +36,8 @@ pub use pass::{
     count_order_rows, plan_order, rank_share,
 };
 pub use planner::{
-    EpochOrder, MemoryLimit, MemoryNeed, MemorySource, ReadPlan, Shard, SplitManifest, epoch_order,
-    memory_limit, read_plan, shuffle_quality, split_by_chunk,
+    EpochOrder, MemoryLimit, MemoryNeed, MemorySource, ReadPlan, Shard, SplitManifest,
+    batch_outputs, epoch_order, memory_limit, read_plan, shuffle_quality, split_by_chunk,
 };
 pub use stats::{BadChunk, PassStats};
 pub use transform::{ChunkTransform, ChunkTransforms, Pipeline};

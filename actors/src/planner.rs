@@ -62,7 +62,8 @@ use insitubatch_store::Store;
 
 pub use order::{EpochOrder, OrderSpec, Row, Shard, count_rows, epoch_order, shuffle_quality};
 pub use read_plan::{
-    LabelInfo, OutputInfo, PathInfo, PlanSlot, ReadPlan, read_ahead_bound, read_plan, row_runs,
+    LabelInfo, OutputInfo, PathInfo, PlanSlot, ReadPlan, batch_outputs, read_ahead_bound,
+    read_plan, row_runs,
 };
 pub use split::{MANIFEST_FORMAT, SPLIT_NAMES, SplitManifest, split_by_chunk};
 

@@ -1072,38 +1072,20 @@ impl InSituDataset {
     /// The arrays every batch holds, in order: each label's own, and each stack (builder
     /// [`DatasetBuilder::stack`]) in the place of its first label.
     pub fn batch_arrays(&self) -> Vec<BatchArraySpec> {
-        let mut out: Vec<BatchArraySpec> = Vec::new();
-        for v in &self.variables {
-            let Some(st) = &v.stack else {
-                out.push(BatchArraySpec {
-                    name: v.label.clone(),
-                    labels: vec![v.label.clone()],
-                    row_shape: v.sample_inner.clone(),
-                    dtype: v.sample_dtype,
-                    stacked: false,
-                });
-                continue;
-            };
-            if out.iter().any(|a| a.stacked && a.name == st.name) {
-                continue;
-            }
-            let mut labels = vec![String::new(); st.channels];
-            for w in &self.variables {
-                if let Some(ws) = w.stack.as_ref().filter(|ws| ws.name == st.name) {
-                    labels[ws.channel] = w.label.clone();
+        let vars = &self.variables;
+        insitubatch_actors::batch_outputs(vars)
+            .into_iter()
+            .map(|o| {
+                let first = &vars[o.labels[0]];
+                BatchArraySpec {
+                    labels: o.labels.iter().map(|&l| vars[l].label.clone()).collect(),
+                    row_shape: o.row_shape.iter().map(|&d| d as u64).collect(),
+                    dtype: first.sample_dtype,
+                    stacked: first.stack.is_some(),
+                    name: o.name,
                 }
-            }
-            out.push(BatchArraySpec {
-                name: st.name.clone(),
-                labels,
-                row_shape: std::iter::once(st.channels as u64)
-                    .chain(v.sample_inner.iter().copied())
-                    .collect(),
-                dtype: v.sample_dtype,
-                stacked: true,
-            });
-        }
-        out
+            })
+            .collect()
     }
 
     /// Counters of the cache directory (`None` without `cache_dir`).

@@ -257,7 +257,14 @@ pub fn read_plan(
             output_at: 0,
         });
     }
-    let outputs = outputs(variables, &mut labels);
+    let outputs = batch_outputs(variables);
+    // Each label's place: its array, and its channel's offset in a row.
+    for (o, out) in outputs.iter().enumerate() {
+        for (channel, &l) in out.labels.iter().enumerate() {
+            labels[l].output = o;
+            labels[l].output_at = channel as u64 * labels[l].sample_bytes;
+        }
+    }
     // The chunks each path's labels read: the anchors' span shifted by each label's offset.
     let anchor_span = (0..order.rows.len())
         .map(|i| order.anchor(i))
@@ -347,18 +354,18 @@ pub fn read_plan(
     })
 }
 
-/// The batch arrays of `variables` (checked by the dataset: a stack's labels have one sample
-/// shape and dtype, and its channels are `0..channels`), and each label's place in them.
-fn outputs(variables: &[Variable], labels: &mut [LabelInfo]) -> Vec<OutputInfo> {
+/// The batch arrays of `variables`, in order: each label's own, and a stack (checked by the
+/// dataset: its labels have one sample shape and dtype, and its channels are `0..channels`) in
+/// the place of its first label.
+pub fn batch_outputs(variables: &[Variable]) -> Vec<OutputInfo> {
     let mut outputs: Vec<OutputInfo> = Vec::new();
     for (i, v) in variables.iter().enumerate() {
         let inner = v.sample_inner.iter().map(|&d| d as usize);
         let Some(stack) = &v.stack else {
-            labels[i].output = outputs.len();
             outputs.push(OutputInfo {
                 name: v.label.clone(),
                 labels: vec![i],
-                row_bytes: labels[i].sample_bytes,
+                row_bytes: v.sample_bytes(),
                 row_shape: inner.collect(),
             });
             continue;
@@ -369,7 +376,7 @@ fn outputs(variables: &[Variable], labels: &mut [LabelInfo]) -> Vec<OutputInfo> 
                 outputs.push(OutputInfo {
                     name: stack.name.clone(),
                     labels: vec![usize::MAX; stack.channels],
-                    row_bytes: stack.channels as u64 * labels[i].sample_bytes,
+                    row_bytes: stack.channels as u64 * v.sample_bytes(),
                     row_shape: std::iter::once(stack.channels).chain(inner).collect(),
                 });
                 outputs.len() - 1
@@ -384,8 +391,6 @@ fn outputs(variables: &[Variable], labels: &mut [LabelInfo]) -> Vec<OutputInfo> 
             stack.name
         );
         *channel = i;
-        labels[i].output = o;
-        labels[i].output_at = stack.channel as u64 * labels[i].sample_bytes;
     }
     for o in &outputs {
         assert!(
