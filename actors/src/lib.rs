@@ -36,8 +36,9 @@ pub use pass::{
     count_order_rows, plan_order, rank_share,
 };
 pub use planner::{
-    EpochOrder, MemoryLimit, MemoryNeed, MemorySource, ReadPlan, Shard, SplitManifest,
+    EpochOrder, MemoryLimit, MemoryNeed, MemorySource, ReadPlan, Shard, Snap, SplitManifest,
     batch_outputs, epoch_order, memory_limit, read_plan, shuffle_quality, split_by_chunk,
+    split_by_ranges,
 };
 pub use stats::{BadChunk, PassStats};
 pub use transform::{ChunkTransform, ChunkTransforms, Pipeline};

@@ -65,7 +65,9 @@ pub use read_plan::{
     LabelInfo, OutputInfo, PathInfo, PlanSlot, ReadPlan, batch_outputs, read_ahead_bound,
     read_plan, row_runs,
 };
-pub use split::{MANIFEST_FORMAT, SPLIT_NAMES, SplitManifest, split_by_chunk};
+pub use split::{
+    MANIFEST_FORMAT, SPLIT_NAMES, Snap, SplitManifest, split_by_chunk, split_by_ranges,
+};
 
 use crate::assembly::ChunkRows;
 use crate::error::EngineError;

@@ -253,12 +253,30 @@ pub fn coordinate_values(
 /// `None` for other units or calendars, a reference date it cannot read, or a value that is
 /// not finite. What `insitubatch inspect` shows a time axis in.
 pub fn cf_time(value: f64, units: &str, calendar: Option<&str>) -> Option<String> {
+    if !value.is_finite() {
+        return None;
+    }
+    let (step, origin) = cf_units(units, calendar)?;
+    let t = origin + (value * step).round() as i64;
+    let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    let (hh, mm, ss) = (secs / 3600, secs / 60 % 60, secs % 60);
+    Some(if ss == 0 {
+        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}")
+    } else {
+        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}")
+    })
+}
+
+/// CF time `units` (`"hours since 1900-01-01"`) in a Gregorian `calendar` (`standard`,
+/// `gregorian`, `proleptic_gregorian`, or none given) as (seconds per unit, seconds from
+/// 1970-01-01T00:00 to the reference date); `None` for anything else.
+fn cf_units(units: &str, calendar: Option<&str>) -> Option<(f64, i64)> {
     let calendar = calendar.unwrap_or("standard").to_ascii_lowercase();
     if !matches!(
         calendar.as_str(),
         "standard" | "gregorian" | "proleptic_gregorian"
-    ) || !value.is_finite()
-    {
+    ) {
         return None;
     }
     let (unit, since) = units.split_once(" since ")?;
@@ -271,16 +289,96 @@ pub fn cf_time(value: f64, units: &str, calendar: Option<&str>) -> Option<String
         "microseconds" | "microsecond" | "us" => 1e-6,
         _ => return None,
     };
-    let origin = reference_seconds(since.trim())?;
-    let t = origin + (value * step).round() as i64;
-    let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
-    let (y, m, d) = civil_from_days(days);
-    let (hh, mm, ss) = (secs / 3600, secs / 60 % 60, secs % 60);
-    Some(if ss == 0 {
-        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}")
-    } else {
-        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}")
-    })
+    Some((step, reference_seconds(since.trim())?))
+}
+
+/// The first index of time coordinate `coord` at or after `date` (`2016-01-01`,
+/// `2016-01-01T06:00`, `2016-01-01 06:00:00`; UTC, to the second), or its length when every
+/// time is earlier: where a half-open range of dates starts or stops, as numpy's
+/// `searchsorted(times, date)`. The coordinate must be in CF time units of a Gregorian
+/// calendar and rise strictly.
+pub fn time_index(coord: &CoordinateValues, date: &str) -> Result<u64, EngineError> {
+    let attr = |k: &str| coord.attributes.get(k).and_then(|v| v.as_str());
+    let what = format!("the time coordinate `{}`", coord.path);
+    let (step, origin) = attr("units")
+        .and_then(|u| cf_units(u, attr("calendar")))
+        .ok_or_else(|| {
+            EngineError::arg(
+                "ranges",
+                date,
+                format!(
+                    "{what} has units {:?} and calendar {:?}; a date needs CF time units (\"hours \
+                     since 1979-01-01\") in a Gregorian calendar: give sample indices instead",
+                    attr("units").unwrap_or("(none)"),
+                    attr("calendar").unwrap_or("(none)")
+                ),
+            )
+        })?;
+    let target = reference_seconds(date.trim()).ok_or_else(|| {
+        EngineError::arg(
+            "ranges",
+            date,
+            "not a date: write it as 2016-01-01, 2016-01-01T06:00 or 2016-01-01 06:00:00",
+        )
+    })?;
+    // Microseconds from the reference date, so that 1/24 of a day is an hour exactly.
+    let micros = |seconds: f64| (seconds * 1e6).round() as i64;
+    let values = numbers(coord.dtype, &coord.bytes).unwrap_or_default();
+    let times: Vec<i64> = values.iter().map(|v| micros(v * step)).collect();
+    if values.iter().any(|v| !v.is_finite()) || times.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(EngineError::arg(
+            "ranges",
+            date,
+            format!("{what} does not rise strictly, so a date is not a place along it"),
+        ));
+    }
+    let at = micros((target - origin) as f64);
+    Ok(times.partition_point(|t| *t < at) as u64)
+}
+
+/// One end of a split's range of samples: a sample index, or a date on the time coordinate of
+/// the array (the first sample at or after it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SampleBound {
+    /// A sample index along the sample axis.
+    Index(u64),
+    /// A date such as `2016-01-01` or `2016-01-01T06:00` (UTC, to the second).
+    Time(String),
+}
+
+/// `ranges` (a split's name and the two ends of its half-open range) as ranges of sample
+/// indices of `geom`, what [`crate::split_by_ranges`] takes. Dates are looked up on the time
+/// coordinate of `geom`'s sample axis ([`time_index`]), read once and only if a date is given.
+pub fn sample_ranges(
+    root: impl AsRef<Path>,
+    geom: &ArrayGeometry,
+    ranges: &[(String, SampleBound, SampleBound)],
+    storage_options: &[(String, String)],
+) -> Result<Vec<(String, std::ops::Range<u64>)>, EngineError> {
+    let mut coord: Option<CoordinateValues> = None;
+    let mut index = |b: &SampleBound| -> Result<u64, EngineError> {
+        match b {
+            SampleBound::Index(i) => Ok(*i),
+            SampleBound::Time(date) => {
+                let c = match &mut coord {
+                    Some(c) => c,
+                    none => none.insert(coordinate_values(
+                        root.as_ref(),
+                        &geom.path,
+                        None,
+                        geom.sample_axis,
+                        storage_options,
+                    )?),
+                };
+                time_index(c, date)
+            }
+        }
+    };
+    let mut out = Vec::with_capacity(ranges.len());
+    for (name, a, b) in ranges {
+        out.push((name.clone(), index(a)?..index(b)?));
+    }
+    Ok(out)
 }
 
 /// Seconds from 1970-01-01T00:00 to a CF reference date (`1900-01-01`, `1900-01-01 00:00:00.0`,
@@ -630,6 +728,71 @@ mod cf_tests {
             let (y, m, dd) = civil_from_days(days);
             assert_eq!(days_from_civil(y, m, dd), days);
         }
+    }
+
+    fn time_coord(values: &[f64], units: &str, calendar: Option<&str>) -> CoordinateValues {
+        let mut attributes = serde_json::Map::new();
+        attributes.insert("units".into(), units.into());
+        if let Some(c) = calendar {
+            attributes.insert("calendar".into(), c.into());
+        }
+        CoordinateValues {
+            dim: "time".into(),
+            path: "time".into(),
+            dtype: DType::Float64,
+            bytes: values.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+            attributes,
+        }
+    }
+
+    #[test]
+    fn a_date_is_the_first_index_at_or_after_it() {
+        // Hourly, as fractions of a day (1/24 is not exact in binary).
+        let hourly: Vec<f64> = (0..96).map(|h| f64::from(h) / 24.0).collect();
+        let c = time_coord(
+            &hourly,
+            "days since 2015-12-30",
+            Some("proleptic_gregorian"),
+        );
+        assert_eq!(time_index(&c, "2015-12-30").unwrap(), 0);
+        assert_eq!(time_index(&c, "2015-12-31").unwrap(), 24);
+        assert_eq!(time_index(&c, "2016-01-01T06:00").unwrap(), 54);
+        assert_eq!(time_index(&c, "2016-01-01 06:00:01").unwrap(), 55);
+        assert_eq!(time_index(&c, "2016-01-01T05:59:59").unwrap(), 54);
+        assert_eq!(time_index(&c, "1900-01-01").unwrap(), 0);
+        assert_eq!(
+            time_index(&c, "2016-01-03").unwrap(),
+            96,
+            "after the last time: the end"
+        );
+        // Six-hourly in hours since 1900, integers as ERA5 stores them.
+        let era5: Vec<f64> = (0..8).map(|i| 692_496.0 + 6.0 * f64::from(i)).collect();
+        let c = time_coord(&era5, "hours since 1900-01-01 00:00:00.0", None);
+        assert_eq!(time_index(&c, "1979-01-02").unwrap(), 4);
+        assert_eq!(time_index(&c, "1979-01-01T13:00").unwrap(), 3);
+        let refused = |c: &CoordinateValues, date: &str, says: &str| {
+            let e = time_index(c, date).unwrap_err().to_string();
+            assert!(e.contains("`ranges`") && e.contains(says), "{e}");
+        };
+        refused(&c, "1979-13-01", "not a date");
+        refused(&c, "sometime", "not a date");
+        refused(
+            &time_coord(&era5, "hours since 1900-01-01", Some("noleap")),
+            "1979-01-02",
+            "noleap",
+        );
+        refused(
+            &time_coord(&era5, "metres", None),
+            "1979-01-02",
+            "give sample indices",
+        );
+        let mut falling = era5.clone();
+        falling.reverse();
+        refused(
+            &time_coord(&falling, "hours since 1900-01-01", None),
+            "1979-01-02",
+            "rise",
+        );
     }
 }
 

@@ -15,7 +15,8 @@ pub mod readbench;
 pub mod synth;
 
 pub use coords::{
-    CoordinateBounds, CoordinateRegion, CoordinateValues, coordinate_region, coordinate_values,
+    CoordinateBounds, CoordinateRegion, CoordinateValues, SampleBound, coordinate_region,
+    coordinate_values, sample_ranges, time_index,
 };
 pub use dataset::{
     BatchArraySpec, DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_INFLIGHT_PER_EXECUTOR,
@@ -26,8 +27,8 @@ pub use insitubatch_actors as actors;
 pub use insitubatch_actors::transform;
 pub use insitubatch_actors::{
     BadChunk, Batch, BatchArray, ChunkTransform, EngineError, EpochOrder, IntoRows, MemoryLimit,
-    MemoryNeed, MemorySource, OnBadChunk, Pass, PassStats, SplitManifest, TimedOut, Variable,
-    memory_limit, shuffle_quality, split_by_chunk,
+    MemoryNeed, MemorySource, OnBadChunk, Pass, PassStats, Snap, SplitManifest, TimedOut, Variable,
+    memory_limit, shuffle_quality, split_by_chunk, split_by_ranges,
 };
 pub use insitubatch_pool as pool;
 pub use insitubatch_pool::PoolStats;

@@ -20,7 +20,10 @@ use insitubatch::inspect::{human_bytes, inspect};
 use insitubatch::readbench::bench_read;
 use insitubatch::runtime::{Runtime, RuntimeBuilder};
 use insitubatch::synth::{Codec, SynthSpec, make_dataset};
-use insitubatch::{DatasetBuilder, EngineError, InSituDataset, SplitManifest, split_by_chunk};
+use insitubatch::{
+    DatasetBuilder, EngineError, InSituDataset, SampleBound, Snap, SplitManifest, split_by_chunk,
+    split_by_ranges,
+};
 
 #[derive(Parser)]
 #[command(
@@ -339,6 +342,17 @@ enum Command {
         /// Restrict to the chunks overlapping START:STOP (sample indices, half open).
         #[arg(long, value_parser = parse_range)]
         sample_range: Option<(u64, u64)>,
+        /// Give each split its own range instead of fractions: NAME=START..STOP (half open),
+        /// comma-separated, NAME train, val or test. A bound is a sample index, or a date
+        /// (anything with a `-`: 2016-01-01, 2016-01-01T06:00) looked up on the array's time
+        /// coordinate: train=1979-01-01..2016-01-01,val=2016-01-01..2017-01-01.
+        #[arg(long, value_delimiter = ',', value_parser = parse_split_range,
+              conflicts_with_all = ["fractions", "shuffled", "sample_range"])]
+        ranges: Vec<(String, SampleBound, SampleBound)>,
+        /// With --ranges, a bound inside a chunk: exact (an error), inward (the chunk stays out
+        /// of the split) or outward (the chunk joins it).
+        #[arg(long, default_value = "exact", value_parser = parse_snap, requires = "ranges")]
+        snap: Snap,
         /// Output file.
         #[arg(short, long)]
         output: PathBuf,
@@ -657,6 +671,33 @@ fn parse_range(s: &str) -> Result<(u64, u64), String> {
     let (a, b) = parse_signed_range(s)?;
     let p = |v: i64| u64::try_from(v).map_err(|_| format!("`{v}` in `{s}` is negative"));
     Ok((p(a)?, p(b)?))
+}
+
+/// `NAME=START..STOP` (or `NAME=START:STOP` with indices): one split's range for `split --ranges`.
+fn parse_split_range(s: &str) -> Result<(String, SampleBound, SampleBound), String> {
+    let form = "NAME=START..STOP, such as train=0..8760 or val=2016-01-01..2017-01-01";
+    let (name, range) = s
+        .split_once('=')
+        .ok_or_else(|| format!("`{s}` is not of the form {form}"))?;
+    let (a, b) = range
+        .split_once("..")
+        .or_else(|| range.split_once(':').filter(|(_, b)| !b.contains(':')))
+        .ok_or_else(|| format!("`{s}` is not of the form {form}"))?;
+    let bound = |v: &str| {
+        let v = v.trim();
+        if v.contains('-') {
+            Ok(SampleBound::Time(v.to_string()))
+        } else {
+            v.parse::<u64>().map(SampleBound::Index).map_err(|_| {
+                format!("`{v}` in `{s}` is neither a sample index nor a date (2016-01-01)")
+            })
+        }
+    };
+    Ok((name.trim().to_string(), bound(a)?, bound(b)?))
+}
+
+fn parse_snap(s: &str) -> Result<Snap, String> {
+    Snap::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_signed_range(s: &str) -> Result<(i64, i64), String> {
@@ -1029,6 +1070,8 @@ fn run(cli: Cli) -> CliResult {
             seed,
             shuffled,
             sample_range,
+            ranges,
+            snap,
             output,
             store,
         } => {
@@ -1040,12 +1083,31 @@ fn run(cli: Cli) -> CliResult {
             }
             let ds = b.build()?;
             let geom = &ds.variables()[0].geom;
-            let m = split_by_chunk(geom, &fractions, seed, !shuffled, sample_range)?;
+            let m = if ranges.is_empty() {
+                split_by_chunk(geom, &fractions, seed, !shuffled, sample_range)?
+            } else {
+                let options = &store.storage_options;
+                let ranges = insitubatch::sample_ranges(&path, geom, &ranges, options)?;
+                let ranges: Vec<(&str, std::ops::Range<u64>)> = ranges
+                    .iter()
+                    .map(|(n, r)| (n.as_str(), r.clone()))
+                    .collect();
+                split_by_ranges(geom, &ranges, snap)?
+            };
             m.save(&output)?;
+            let spc = m.samples_per_chunk();
             let counts: Vec<String> = m
                 .splits
                 .iter()
-                .map(|(k, v)| format!("{k} {} chunks", v.len()))
+                .map(|(k, v)| match (v.first(), v.last(), m.ranges.is_empty()) {
+                    (Some(a), Some(b), false) => format!(
+                        "{k} {} chunks (samples {}..{})",
+                        v.len(),
+                        a * spc,
+                        ((b + 1) * spc).min(m.n_samples())
+                    ),
+                    _ => format!("{k} {} chunks", v.len()),
+                })
                 .collect();
             println!(
                 "wrote {} for `{}` ({} samples, {} per chunk): {}",

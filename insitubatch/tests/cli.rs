@@ -371,6 +371,63 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
 }
 
 #[test]
+fn split_by_ranges_of_dates_or_indices_takes_whole_chunks() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 40 six-hourly samples from 1979-01-01 (make-dataset's time), 4 per chunk: a day each.
+    let (store, manifest, _) = store_and_split(tmp.path(), &[]);
+    let split = |ranges: &str, extra: &[&str]| {
+        let mut c = cli();
+        c.arg("split")
+            .arg(&store)
+            .args(["--ranges", ranges])
+            .args(extra)
+            .arg("-o")
+            .arg(&manifest);
+        c
+    };
+    let chunks = |name: &str| {
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+        m["splits"][name].clone()
+    };
+    let out = run_ok(&mut split(
+        "train=1979-01-01..1979-01-08,val=1979-01-08..1979-01-09T00:00,test=32..40",
+        &[],
+    ));
+    assert!(out.contains("val 1 chunks (samples 28..32)"), "{out}");
+    assert_eq!(chunks("train"), serde_json::json!([0, 1, 2, 3, 4, 5, 6]));
+    assert_eq!(chunks("val"), serde_json::json!([7]));
+    assert_eq!(chunks("test"), serde_json::json!([8, 9]));
+    // The manifest drives a pass: val yields its day's four samples.
+    let out = run_ok(bench_with(&store, &manifest).args(["--split", "val", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["epochs"][0]["stats"]["samples"], 4);
+    // Noon of 1979-01-08 is sample 30, inside chunk 7.
+    let noon = "train=1979-01-01..1979-01-08T12:00";
+    fails_with(
+        &mut split(noon, &[]),
+        &[
+            "`ranges`",
+            "sample 30 falls inside chunk 7 (samples 28..32)",
+        ],
+    );
+    run_ok(&mut split(noon, &["--snap", "inward"]));
+    assert_eq!(chunks("train"), serde_json::json!([0, 1, 2, 3, 4, 5, 6]));
+    run_ok(&mut split(noon, &["--snap", "outward"]));
+    assert_eq!(chunks("train"), serde_json::json!([0, 1, 2, 3, 4, 5, 6, 7]));
+    fails_with(&mut split("train=0..8,val=4..12", &[]), &["overlap"]);
+    fails_with(
+        &mut split("holdout=0..8", &[]),
+        &["holdout", "train, val or test"],
+    );
+    fails_with(&mut split("train=0", &[]), &["NAME=START..STOP"]);
+    fails_with(
+        &mut split("train=0..8", &["--fractions", "1"]),
+        &["--fractions"],
+    );
+}
+
+#[test]
 fn order_prints_the_epoch_the_library_plans_and_each_epoch_its_own() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, manifest, _) = store_and_split(tmp.path(), &[]);

@@ -222,6 +222,70 @@ fn splits_cover_every_sample_once_contiguous_or_not() {
     assert_eq!(m.splits["train"], vec![1]);
 }
 
+#[test]
+fn splits_by_ranges_yield_each_sample_of_their_whole_chunks_once() {
+    use insitubatch::{Snap, split_by_ranges};
+    // 61 samples in chunks of 1 (raw) and 30 (mask): the manifest's grid is raw's, and the
+    // mask's chunks are read under it.
+    let f = fixture("paired", "raw");
+    let probe = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .build()
+        .unwrap();
+    let geom = &probe.variables()[0].geom;
+    let ranges = [("train", 0..40), ("val", 45..52), ("test", 52..61)];
+    let m = split_by_ranges(geom, &ranges, Snap::Exact).unwrap();
+    let ds = InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .manifest(m)
+        .batch_size(4)
+        .build()
+        .unwrap();
+    for (split, r) in ranges {
+        let mut got = check_epoch(&ds, split, &[("r", &f, 0)]);
+        got.sort_unstable();
+        assert_eq!(got, r.collect::<Vec<_>>(), "{split}");
+    }
+    // `all` runs over the gap between train and val.
+    let mut all = check_epoch(&ds, "all", &[("r", &f, 0)]);
+    all.sort_unstable();
+    assert_eq!(all, (0..61).collect::<Vec<_>>());
+    // On a grid of 4 samples per chunk (era5's t2m, 12 samples), inward leaves the cut chunks
+    // out and outward takes them in.
+    let g = fixture("era5_v3", "t2m");
+    let probe = InSituDataset::builder(&g.store)
+        .variable("t", "t2m")
+        .build()
+        .unwrap();
+    let geom = &probe.variables()[0].geom;
+    let ranges = [("train", 0..6), ("test", 8..12)];
+    let inward = split_by_ranges(geom, &ranges, Snap::Inward).unwrap();
+    assert_eq!(inward.splits["train"], vec![0]);
+    assert_eq!(inward.splits["test"], vec![2]);
+    let outward = split_by_ranges(geom, &ranges, Snap::Outward).unwrap();
+    assert_eq!(outward.splits["train"], vec![0, 1]);
+    assert_eq!(outward.splits["test"], vec![2]);
+    let ds = InSituDataset::builder(&g.store)
+        .variable("t", "t2m")
+        .manifest(outward)
+        .build()
+        .unwrap();
+    let mut train = check_epoch(&ds, "train", &[("t", &g, 0)]);
+    train.sort_unstable();
+    assert_eq!(train, (0..8).collect::<Vec<_>>());
+    let e = split_by_ranges(geom, &ranges, Snap::Exact)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("sample 6 falls inside chunk 1 (samples 4..8)"),
+        "{e}"
+    );
+    let e = split_by_ranges(geom, &[("train", 0..6), ("test", 7..12)], Snap::Outward)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("would both take chunk 1"), "{e}");
+}
+
 fn order_of(threads: usize, io: IoBackendChoice, epoch: u64) -> Vec<u64> {
     let f = fixture("paired", "raw");
     let ds = InSituDataset::builder(&f.store)

@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 14
+#define ISB_ABI_VERSION 15
 
 /*
  DLPack version of the exported structs.
@@ -417,6 +417,11 @@ IsbStatus isb_coordinate_values(const char *store,
  `params_json` — `{"fractions": [0.8, 0.1, 0.1], "seed": 0, "contiguous": true,
  "sample_range": [start, stop], "sample_axis": 0, "storage_options": {...}}` (the options
  for an object-store URL, ABI 4) — and returns the manifest JSON.
+
+ Instead of `fractions` (ABI 15), `"ranges": {"train": [0, 8760], "val": ["2016-01-01",
+ "2017-01-01"]}` gives each split a half-open range whose ends are sample indices or dates
+ on the array's time coordinate, and `"snap"` (`"exact"`, the default, `"inward"` or
+ `"outward"`) says what a bound inside a chunk does (`split_by_ranges`).
 
  # Safety
  `store` and `params_json` are NUL-terminated; `array` is NULL or NUL-terminated; `out_json`

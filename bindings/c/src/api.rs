@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use insitubatch::transform::ChunkTransforms;
 use insitubatch::{
-    Batch, InSituDataset, IoBackendChoice, OnBadChunk, Pass, SplitManifest, split_by_chunk,
+    Batch, InSituDataset, IoBackendChoice, OnBadChunk, Pass, SampleBound, Snap, SplitManifest,
+    split_by_chunk, split_by_ranges,
 };
 use serde::Deserialize;
 
@@ -14,7 +15,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 14;
+pub const ISB_ABI_VERSION: u32 = 15;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -342,7 +343,13 @@ pub unsafe extern "C" fn isb_coordinate_values(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SplitParams {
-    fractions: Vec<f64>,
+    #[serde(default)]
+    fractions: Option<Vec<f64>>,
+    /// ABI 15: each split's range, `{"train": [0, 8760], "val": ["2016-01-01", "2017-01-01"]}`.
+    #[serde(default)]
+    ranges: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    snap: Option<String>,
     #[serde(default)]
     seed: u64,
     #[serde(default = "yes")]
@@ -363,6 +370,11 @@ fn yes() -> bool {
 /// `params_json` — `{"fractions": [0.8, 0.1, 0.1], "seed": 0, "contiguous": true,
 /// "sample_range": [start, stop], "sample_axis": 0, "storage_options": {...}}` (the options
 /// for an object-store URL, ABI 4) — and returns the manifest JSON.
+///
+/// Instead of `fractions` (ABI 15), `"ranges": {"train": [0, 8760], "val": ["2016-01-01",
+/// "2017-01-01"]}` gives each split a half-open range whose ends are sample indices or dates
+/// on the array's time coordinate, and `"snap"` (`"exact"`, the default, `"inward"` or
+/// `"outward"`) says what a bound inside a chunk does (`split_by_ranges`).
 ///
 /// # Safety
 /// `store` and `params_json` are NUL-terminated; `array` is NULL or NUL-terminated; `out_json`
@@ -393,9 +405,60 @@ pub unsafe extern "C" fn isb_split_by_chunk(
             .values()
             .next()
             .ok_or_else(|| invalid("the store has no data variables"))?;
-        let m = split_by_chunk(geom, &p.fractions, p.seed, p.contiguous, p.sample_range)?;
+        let m = match (p.fractions, p.ranges) {
+            (Some(fractions), None) if p.snap.is_none() => {
+                split_by_chunk(geom, &fractions, p.seed, p.contiguous, p.sample_range)?
+            }
+            (None, Some(ranges)) if p.sample_range.is_none() && p.seed == 0 && p.contiguous => {
+                let snap = Snap::parse(p.snap.as_deref().unwrap_or("exact"))?;
+                let ranges = split_ranges(ranges)?;
+                let ranges = insitubatch::sample_ranges(store, geom, &ranges, &options)?;
+                let ranges: Vec<(&str, std::ops::Range<u64>)> = ranges
+                    .iter()
+                    .map(|(n, r)| (n.as_str(), r.clone()))
+                    .collect();
+                split_by_ranges(geom, &ranges, snap)?
+            }
+            (None, None) => {
+                return Err(invalid(
+                    "give `fractions` (of the chunks) or `ranges` (each split's samples)",
+                ));
+            }
+            (Some(_), None) => return Err(invalid("`snap` goes with `ranges`, not `fractions`")),
+            _ => {
+                return Err(invalid(
+                    "`ranges` replaces `fractions`, `seed`, `contiguous` and `sample_range`; \
+                     give one way of splitting",
+                ));
+            }
+        };
         out_string(out_json, m.to_json())
     })
+}
+
+/// The split parameters' `ranges`: each split's two ends, sample indices or dates.
+fn split_ranges(
+    ranges: serde_json::Map<String, serde_json::Value>,
+) -> Result<Vec<(String, SampleBound, SampleBound)>, insitubatch::EngineError> {
+    let bound = |v: &serde_json::Value| match v {
+        serde_json::Value::String(t) => Some(SampleBound::Time(t.clone())),
+        v => v.as_u64().map(SampleBound::Index),
+    };
+    ranges
+        .into_iter()
+        .map(|(name, v)| {
+            let ends = v.as_array().filter(|a| a.len() == 2);
+            match ends.and_then(|a| Some((bound(&a[0])?, bound(&a[1])?))) {
+                Some((a, b)) => Ok((name, a, b)),
+                None => Err(insitubatch::EngineError::arg(
+                    "ranges",
+                    format!("{name}: {v}"),
+                    "each split's range is [start, stop], each end a sample index (an integer \
+                     >= 0) or a date (\"2016-01-01\")",
+                )),
+            }
+        })
+        .collect()
 }
 
 #[derive(Deserialize)]

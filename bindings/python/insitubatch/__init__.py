@@ -25,6 +25,7 @@ from ._core import (
     open_geometries,
     shuffle_quality,
     split_by_chunk,
+    split_by_ranges,
 )
 from ._lib import ABI_VERSION
 from .transforms import applies
@@ -76,5 +77,6 @@ __all__ = [
     "open_geometries",
     "shuffle_quality",
     "split_by_chunk",
+    "split_by_ranges",
 ]
 __version__ = "0.1.0"

@@ -525,6 +525,12 @@ class SplitManifest:
     def array(self) -> str:
         return self.data["array"]
 
+    @property
+    def ranges(self) -> dict[str, tuple[int, int]]:
+        """The sample range each split was drawn from, for a manifest made by `split_by_ranges`
+        (dates resolved to sample indices); empty for one made from fractions."""
+        return {k: (int(a), int(b)) for k, (a, b) in self.data.get("ranges", {}).items()}
+
     def to_json(self) -> str:
         return json.dumps(self.data, indent=2)
 
@@ -583,6 +589,72 @@ def split_by_chunk(
         json.dumps(params).encode(),
     )
     return SplitManifest(raw)
+
+
+def split_by_ranges(geom: ArrayGeometry, ranges: Mapping, snap: str = "exact") -> SplitManifest:
+    """Gives each split the whole chunks of `geom`'s sample axis in its half-open range:
+    `ranges` maps `train`, `val`, `test` (any of them) to `(start, stop)`, each end a sample
+    index or a date on the array's time coordinate (`"2016-01-01"`, `"2016-01-01T06:00"`, a
+    `numpy.datetime64`, a `datetime.datetime` or `datetime.date`, UTC, to the second), which
+    stands for the first sample at or after it. `snap` says what a bound inside a chunk does:
+    `"exact"` raises (naming the chunk boundaries around it), `"inward"` leaves that chunk out
+    of the split, `"outward"` takes it in (and raises if two splits would share it)."""
+    if not isinstance(geom, ArrayGeometry):
+        raise TypeError(f"split_by_ranges: geom must be an ArrayGeometry, not {type(geom).__name__}")
+    if not isinstance(ranges, Mapping):
+        raise TypeError(
+            "`ranges` must map split names to (start, stop), such as "
+            f"{{'train': (0, 8760)}}, not {type(ranges).__name__}"
+        )
+    if snap not in ("exact", "inward", "outward"):
+        raise errors.InvalidArgument(
+            f"invalid argument `snap` = {snap!r}: use 'exact', 'inward' or 'outward'"
+        )
+    given: dict[str, list] = {}
+    for name, bounds in ranges.items():
+        if not isinstance(name, str):
+            raise TypeError(f"`ranges` keys are split names (str), not {type(name).__name__}")
+        try:
+            start, stop = bounds
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"`ranges[{name!r}]` must be (start, stop), not {bounds!r}"
+            ) from None
+        given[name] = [_range_bound(name, start), _range_bound(name, stop)]
+    params: dict[str, Any] = {"ranges": given, "snap": snap, "sample_axis": geom.sample_axis}
+    if geom.storage_options:
+        params["storage_options"] = _storage_options(geom.storage_options)
+    raw = _json_call(
+        lib.isb_split_by_chunk,
+        _path(geom.store),
+        geom.path.encode(),
+        json.dumps(params).encode(),
+    )
+    return SplitManifest(raw)
+
+
+def _range_bound(name: str, value) -> int | str:
+    """One end of a split's range as the library takes it: a sample index, or a date as text."""
+    import datetime
+
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return _check_int(f"ranges[{name!r}]", value, minimum=0)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (np.datetime64, datetime.date)):
+        t = np.datetime64(value)
+        if np.isnat(t):
+            raise errors.InvalidArgument(f"invalid argument `ranges[{name!r}]`: NaT is not a date")
+        seconds = t.astype("datetime64[s]")
+        if seconds != t:
+            raise errors.InvalidArgument(
+                f"invalid argument `ranges[{name!r}]` = {t}: dates are taken to the second"
+            )
+        return str(seconds)
+    raise TypeError(
+        f"`ranges[{name!r}]` ends are sample indices (int) or dates (str, numpy.datetime64, "
+        f"datetime), not {type(value).__name__}"
+    )
 
 
 def _stacks(stacks) -> dict[str, list[str]]:
