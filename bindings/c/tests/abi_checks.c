@@ -253,6 +253,33 @@ int main(int argc, char **argv) {
     }
     CHECK("split, options for a directory", isb_split_by_chunk(store, NULL, "{\"fractions\": [1.0], \"storage_options\": {\"aws_region\": \"x\"}}", &out, &err), ISB_INVALID_ARGUMENT, "aws_region");
     CHECK("bad fractions", isb_split_by_chunk(store, NULL, "{\"fractions\": [0.9, 0.3]}", &out, &err), ISB_INVALID_ARGUMENT, "fractions");
+    /* Splits by ranges (ABI 15): t2m's 12 samples in chunks of 4; train 0..8 and test 8..12. */
+    char *ranged = NULL;
+    CHECK("split by ranges", isb_split_by_chunk(store, "t2m", "{\"ranges\": {\"train\": [0, 8], \"test\": [8, 12]}}", &ranged, &err), ISB_OK, NULL);
+    if (ranged) {
+        IsbDataset *by_range = NULL;
+        uint64_t n[2] = {0, 0};
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"manifest\": %s}", store, ranged);
+        CHECK("open over ranges", isb_dataset_open(config, &by_range, &err), ISB_OK, NULL);
+        CHECK("ranged train length", isb_dataset_split_len(by_range, "train", &n[0], NULL, &err), ISB_OK, NULL);
+        CHECK("ranged test length", isb_dataset_split_len(by_range, "test", &n[1], NULL, &err), ISB_OK, NULL);
+        if (n[0] != 8 || n[1] != 4) {
+            fprintf(stderr, "FAIL ranged lengths: train %llu, test %llu (want 8, 4)\n", (unsigned long long)n[0], (unsigned long long)n[1]);
+            failures++;
+        }
+        CHECK("a split given no range", isb_dataset_split_len(by_range, "val", &n[0], NULL, &err), ISB_INVALID_ARGUMENT, "give `val` a range");
+        isb_dataset_free(by_range);
+        isb_string_free(ranged);
+    }
+    CHECK("a bound inside a chunk", isb_split_by_chunk(store, "t2m", "{\"ranges\": {\"train\": [0, 6]}}", &out, &err), ISB_INVALID_ARGUMENT, "sample 6 falls inside chunk 1 (samples 4..8)");
+    CHECK("snap inward", isb_split_by_chunk(store, "t2m", "{\"ranges\": {\"train\": [0, 6]}, \"snap\": \"inward\"}", &out, &err), ISB_OK, NULL);
+    isb_string_free(out);
+    out = NULL;
+    CHECK("bad snap", isb_split_by_chunk(store, "t2m", "{\"ranges\": {\"train\": [0, 8]}, \"snap\": \"sideways\"}", &out, &err), ISB_INVALID_ARGUMENT, "`snap`");
+    CHECK("a date on a time without units", isb_split_by_chunk(store, "t2m", "{\"ranges\": {\"train\": [\"1979-01-01\", 8]}}", &out, &err), ISB_INVALID_ARGUMENT, "give sample indices");
+    CHECK("a negative bound", isb_split_by_chunk(store, "t2m", "{\"ranges\": {\"train\": [0, -4]}}", &out, &err), ISB_INVALID_ARGUMENT, "[start, stop]");
+    CHECK("ranges and fractions", isb_split_by_chunk(store, "t2m", "{\"fractions\": [1.0], \"ranges\": {\"train\": [0, 8]}}", &out, &err), ISB_INVALID_ARGUMENT, "`ranges` replaces `fractions`");
+    CHECK("neither", isb_split_by_chunk(store, "t2m", "{\"seed\": 1}", &out, &err), ISB_INVALID_ARGUMENT, "give `fractions`");
 
     IsbError *err = NULL;
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"batch_size\": 5}", store);
