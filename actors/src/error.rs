@@ -126,12 +126,20 @@ impl EngineError {
     /// `split` yields nothing: each of its `dropped` anchors reads off the array through a
     /// window.
     pub fn every_anchor_dropped(split: &str, dropped: u64) -> Self {
-        Self::EmptySplit {
-            split: split.to_string(),
-            why: format!(
+        let why = if dropped == 0 {
+            // Its chunks have samples, so none of them is on the stride.
+            "none of its samples is on the sample_stride and sample_phase asked for; use a \
+             shorter stride, another phase or a longer split"
+                .to_string()
+        } else {
+            format!(
                 "every one of its {dropped} anchors reads off the array through a window offset; \
                  use smaller shifts or a longer split"
-            ),
+            )
+        };
+        Self::EmptySplit {
+            split: split.to_string(),
+            why,
         }
     }
 

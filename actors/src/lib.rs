@@ -37,7 +37,7 @@ pub use pass::{
 };
 pub use planner::{
     EpochOrder, MemoryLimit, MemoryNeed, MemorySource, ReadPlan, Shard, Snap, SplitManifest,
-    batch_outputs, epoch_order, memory_limit, read_plan, shuffle_quality, split_by_chunk,
+    Stride, batch_outputs, epoch_order, memory_limit, read_plan, shuffle_quality, split_by_chunk,
     split_by_ranges,
 };
 pub use stats::{BadChunk, PassStats};

@@ -27,7 +27,7 @@ use crate::batch::Batch;
 use crate::error::EngineError;
 use crate::planner::{
     EpochOrder, MemoryNeed, OrderSpec, PlanSlot, ReadPlan, RunningPass, RunningPasses, Shard,
-    epoch_order, read_ahead_bound, read_plan,
+    Stride, epoch_order, read_ahead_bound, read_plan,
 };
 use crate::stats::{BadChunk, Counters, PassStats};
 use crate::tile::TileLayout;
@@ -161,6 +161,8 @@ pub struct PassConfig {
     pub start_batch: u64,
     /// When chunks are decoded straight into batch rows.
     pub decode_into_batches: IntoRows,
+    /// The samples drawn ([`Stride::ALL`]: every one).
+    pub stride: Stride,
     /// Test hook: the decoder panics on this tile ordinal (`None` in real use).
     #[doc(hidden)]
     pub panic_on_tile: Option<u64>,
@@ -175,7 +177,10 @@ impl PassConfig {
         if !(self.fast_first_batch && self.shuffle) {
             return self.block_chunks;
         }
-        let one_batch = (self.batch_size as u64).div_ceil(samples_per_chunk.max(1));
+        // A chunk yields a row per sample on the stride: at least one (chunks with none are
+        // left out of the order), `samples_per_chunk / every` of them when the stride is finer.
+        let rows_per_chunk = (samples_per_chunk / self.stride.every).max(1);
+        let one_batch = (self.batch_size as u64).div_ceil(rows_per_chunk);
         usize::try_from(one_batch)
             .unwrap_or(usize::MAX)
             .clamp(1, self.block_chunks)
@@ -339,6 +344,7 @@ pub fn plan_order(
         samples_per_chunk,
         n_samples,
         offsets: &offsets,
+        stride: config.stride,
         seed: config.seed,
         epoch: config.epoch,
         shuffle: config.shuffle,
@@ -355,9 +361,10 @@ pub fn count_order_rows(
     samples_per_chunk: u64,
     n_samples: u64,
     variables: &[Variable],
+    stride: Stride,
 ) -> (u64, u64) {
     let offsets: Vec<i64> = variables.iter().map(|v| v.geom.offset).collect();
-    crate::planner::count_rows(chunks, samples_per_chunk, n_samples, &offsets)
+    crate::planner::count_rows(chunks, samples_per_chunk, n_samples, &offsets, stride)
 }
 
 /// This rank's chunks of `split` and the valid rows of the rank with the fewest (see
@@ -368,9 +375,10 @@ pub fn rank_share(
     samples_per_chunk: u64,
     n_samples: u64,
     variables: &[Variable],
+    stride: Stride,
 ) -> (Vec<u64>, u64) {
     let offsets: Vec<i64> = variables.iter().map(|v| v.geom.offset).collect();
-    shard.share(split, samples_per_chunk, n_samples, &offsets)
+    shard.share(split, samples_per_chunk, n_samples, &offsets, stride)
 }
 
 /// True when `array`'s stored chunks are decoded in parts for a view of geometry `geom`: a

@@ -60,7 +60,9 @@ use insitubatch_pool::{Admission, PoolError, SlotKey};
 use insitubatch_runtime::{ActorSender, JoinHandle};
 use insitubatch_store::Store;
 
-pub use order::{EpochOrder, OrderSpec, Row, Shard, count_rows, epoch_order, shuffle_quality};
+pub use order::{
+    EpochOrder, OrderSpec, Row, Shard, Stride, count_rows, epoch_order, shuffle_quality,
+};
 pub use read_plan::{
     LabelInfo, OutputInfo, PathInfo, PlanSlot, ReadPlan, batch_outputs, read_ahead_bound,
     read_plan, row_runs,

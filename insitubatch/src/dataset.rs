@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use insitubatch_actors::{
     ChunkTransform, ChunkTransforms, DECODE_INTO_BATCHES_ENV, EngineContext, EngineError,
     EpochOrder, IntoRows, MemoryLimit, MemoryNeed, OnBadChunk, Pass, PassConfig, Pipeline, Shard,
-    SplitManifest, StackChannel, Variable, count_order_rows, memory_limit, plan_order, rank_share,
-    split_by_chunk,
+    SplitManifest, StackChannel, Stride, Variable, count_order_rows, memory_limit, plan_order,
+    rank_share, split_by_chunk,
 };
 use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
@@ -176,6 +176,8 @@ pub struct DatasetBuilder {
     batch_size: usize,
     block_chunks: usize,
     fast_first_batch: bool,
+    /// (every, phase) as given; checked by `build`.
+    sample_stride: (u64, u64),
     max_inflight: Option<usize>,
     prefetch_depth: usize,
     seed: u64,
@@ -297,6 +299,17 @@ impl DatasetBuilder {
     /// Sequential passes are unchanged.
     pub fn fast_first_batch(mut self, yes: bool) -> Self {
         self.fast_first_batch = yes;
+        self
+    }
+
+    /// Draw every `every`-th sample along the sample axis, starting at sample `phase` (default
+    /// `(1, 0)`: every sample): 6-hourly samples from hourly data, or only 00 and 12 UTC
+    /// (`(12, 0)` when sample 0 is at 00 UTC). It applies to every split, windows included
+    /// (a `shift(h)` label reads `h` samples after each drawn one). Chunks are still read and
+    /// decoded whole, once; a chunk with no sample on the stride is not read. `every` must be
+    /// at least 1 and `phase` below it.
+    pub fn sample_stride(mut self, every: u64, phase: u64) -> Self {
+        self.sample_stride = (every, phase);
         self
     }
 
@@ -682,6 +695,7 @@ impl DatasetBuilder {
     /// Opens the store, resolves the variables and validates everything.
     pub fn build(self) -> Result<InSituDataset, EngineError> {
         self.check_knobs()?;
+        let stride = Stride::new(self.sample_stride.0, self.sample_stride.1)?;
         let decode_into_batches = match self.decode_into_batches {
             Some(mode) => mode,
             None => into_rows_from_env()?,
@@ -901,6 +915,7 @@ impl DatasetBuilder {
             batch_size: self.batch_size,
             block_chunks: self.block_chunks,
             fast_first_batch: self.fast_first_batch,
+            stride,
             prefetch_depth: self.prefetch_depth,
             seed: self.seed,
             shuffle: self.shuffle,
@@ -985,6 +1000,7 @@ pub struct InSituDataset {
     batch_size: usize,
     block_chunks: usize,
     fast_first_batch: bool,
+    stride: Stride,
     prefetch_depth: usize,
     seed: u64,
     shuffle: bool,
@@ -1021,6 +1037,7 @@ impl InSituDataset {
             batch_size: DEFAULT_BATCH_SIZE,
             block_chunks: DEFAULT_BLOCK_CHUNKS,
             fast_first_batch: false,
+            sample_stride: (1, 0),
             max_inflight: None,
             prefetch_depth: DEFAULT_PREFETCH_DEPTH,
             seed: 0,
@@ -1155,6 +1172,11 @@ impl InSituDataset {
         self.batch_size
     }
 
+    /// The samples drawn along the sample axis ([`DatasetBuilder::sample_stride`]).
+    pub fn sample_stride(&self) -> Stride {
+        self.stride
+    }
+
     /// Sets the epoch the next iteration draws (the order is keyed on (seed, epoch) only).
     pub fn set_epoch(&self, epoch: u64) {
         self.epoch.store(epoch, Ordering::SeqCst);
@@ -1204,6 +1226,7 @@ impl InSituDataset {
             self.manifest.samples_per_chunk(),
             self.manifest.n_samples(),
             &self.variables,
+            self.stride,
         );
         let rows = config.row_limit.map_or(rows, |limit| rows.min(limit));
         let bs = self.batch_size as u64;
@@ -1248,6 +1271,7 @@ impl InSituDataset {
             self.manifest.samples_per_chunk(),
             self.manifest.n_samples(),
             &self.variables,
+            self.stride,
         );
         if even == 0 {
             // Refused on every rank alike, so that no rank waits for one that stopped.
@@ -1279,6 +1303,7 @@ impl InSituDataset {
             row_limit,
             start_batch: 0,
             decode_into_batches: self.decode_into_batches,
+            stride: self.stride,
             panic_on_tile: self.panic_on_tile,
         }
     }
@@ -1314,6 +1339,7 @@ impl InSituDataset {
             self.manifest.samples_per_chunk(),
             self.manifest.n_samples(),
             &self.variables,
+            self.stride,
         );
         if rows == 0 {
             return Err(EngineError::every_anchor_dropped(split, dropped));

@@ -179,6 +179,12 @@ struct PassArgs {
     /// in the epoch's first batches.
     #[arg(long)]
     fast_first_batch: bool,
+    /// Draw every N-th sample along the sample axis (6 from hourly data: 6-hourly samples).
+    #[arg(long, default_value_t = 1)]
+    sample_stride: u64,
+    /// The first sample drawn with --sample-stride (below it).
+    #[arg(long, default_value_t = 0)]
+    sample_phase: u64,
     /// Stored-chunk reads in flight (default: 4 per executor thread).
     #[arg(long)]
     max_inflight: Option<usize>,
@@ -243,6 +249,7 @@ impl PassArgs {
             .batch_size(self.batch_size)
             .block_chunks(self.block_chunks)
             .fast_first_batch(self.fast_first_batch)
+            .sample_stride(self.sample_stride, self.sample_phase)
             .prefetch_depth(self.prefetch_depth)
             .seed(self.seed)
             .shuffle(!self.no_shuffle)

@@ -428,6 +428,30 @@ fn split_by_ranges_of_dates_or_indices_takes_whole_chunks() {
 }
 
 #[test]
+fn a_sample_stride_orders_and_benches_every_kth_sample() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, manifest, _) = store_and_split(tmp.path(), &[]);
+    // The train split's 24 samples, every 4th from 1: 1, 5, ..., 21.
+    let stride = ["--sample-stride", "4", "--sample-phase", "1"];
+    let v = planned("order", &store, &manifest, &stride);
+    let mut samples: Vec<u64> = v["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    samples.sort_unstable();
+    assert_eq!(samples, (1..24).step_by(4).collect::<Vec<u64>>());
+    let out = run_ok(bench_with(&store, &manifest).args(stride).arg("--json"));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["epochs"][0]["stats"]["samples"], 6);
+    fails_with(
+        bench_with(&store, &manifest).args(["--sample-stride", "4", "--sample-phase", "4"]),
+        &["`sample_phase`", "below sample_stride (4)"],
+    );
+}
+
+#[test]
 fn order_prints_the_epoch_the_library_plans_and_each_epoch_its_own() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, manifest, _) = store_and_split(tmp.path(), &[]);

@@ -286,6 +286,82 @@ fn splits_by_ranges_yield_each_sample_of_their_whole_chunks_once() {
     assert!(e.contains("would both take chunk 1"), "{e}");
 }
 
+#[test]
+fn a_sample_stride_draws_every_kth_sample_and_reads_no_chunk_without_one() {
+    // raw: 61 samples in chunks of 1; mask: chunks of 30, read under raw's grid; y reads 3
+    // samples after each drawn one.
+    let raw = fixture("paired", "raw");
+    let mask = fixture("paired", "mask");
+    let ds = InSituDataset::builder(&raw.store)
+        .variable("r", "raw")
+        .window("y", "raw", 3)
+        .variable("m", "mask")
+        .sample_stride(6, 4)
+        .batch_size(4)
+        .build()
+        .unwrap();
+    // 4, 10, ..., 52 (58 would read y = 61, off the array).
+    let want: Vec<u64> = (4..58).step_by(6).collect();
+    assert_eq!(ds.split_samples("train").unwrap(), want.len() as u64);
+    for epoch in 0..2 {
+        ds.set_epoch(epoch);
+        let refs = [("r", &raw, 0), ("y", &raw, 0), ("m", &mask, 0)];
+        let got = check_epoch(&ds, "train", &refs);
+        assert_eq!(sorted(got), want, "epoch {epoch}");
+    }
+    let all = check_epoch(&ds, "all", &[("r", &raw, 0), ("m", &mask, 0)]);
+    assert_eq!(all, want, "a sequential pass keeps sample order");
+    ds.clear_cache();
+    let mut pass = ds.train().unwrap();
+    for b in pass.by_ref() {
+        b.unwrap();
+    }
+    let s = pass.stats();
+    // raw's chunks of the drawn samples and of y's (each 3 later), mask's two chunks: the
+    // other 41 chunks of raw are not read.
+    assert_eq!(s.tiles_read, 9 + 9 + 2, "{s:?}");
+    assert_eq!(
+        s.dropped_anchors, 1,
+        "58 is on the stride and y would read off the array"
+    );
+    // Refusals by name, and a split that has no sample on the stride.
+    let bad = |every, phase| {
+        InSituDataset::builder(&raw.store)
+            .variable("r", "raw")
+            .sample_stride(every, phase)
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(bad(0, 0).contains("`sample_stride`"), "{}", bad(0, 0));
+    assert!(bad(4, 4).contains("`sample_phase`"), "{}", bad(4, 4));
+    let probe = InSituDataset::builder(&mask.store)
+        .variable("m", "mask")
+        .build()
+        .unwrap();
+    let one = insitubatch::split_by_ranges(
+        &probe.variables()[0].geom,
+        &[("val", 0..30)],
+        insitubatch::Snap::Exact,
+    )
+    .unwrap();
+    let sparse = InSituDataset::builder(&mask.store)
+        .variable("m", "mask")
+        .manifest(one)
+        .sample_stride(40, 35)
+        .build()
+        .unwrap();
+    let e = sparse.split_samples("val").unwrap_err().to_string();
+    assert!(e.contains("sample_stride"), "{e}");
+    assert!(
+        sparse
+            .iter("val")
+            .unwrap_err()
+            .to_string()
+            .contains("sample_stride")
+    );
+}
+
 fn order_of(threads: usize, io: IoBackendChoice, epoch: u64) -> Vec<u64> {
     let f = fixture("paired", "raw");
     let ds = InSituDataset::builder(&f.store)

@@ -32,11 +32,14 @@ use random_case::{ArrayCase, Case, CaseBudget, Codec, Rng, for_each_index};
 const CASES: u64 = 200;
 
 /// The anchors a split of `chunks` on the reference grid must emit: every sample of those
-/// chunks inside the array whose every view reads inside it too.
+/// chunks on the stride, inside the array, whose every view reads inside it too.
 fn expected_anchors(case: &Case, reference_chunk: u64, chunks: &[u64]) -> Vec<u64> {
     let mut out = Vec::new();
     for c in chunks {
         for a in c * reference_chunk..((c + 1) * reference_chunk).min(case.n_samples) {
+            if !case.on_stride(a) {
+                continue;
+            }
             let inside = case.views.iter().all(|v| {
                 let s = a as i64 + v.offset;
                 s >= 0 && (s as u64) < case.n_samples
@@ -186,7 +189,10 @@ fn check_pass(
     }
     // With `fast_first_batch` a shuffled train pass starts with a block of the chunks of one
     // batch (when no window dropped a whole block's anchors, which leaves that block out).
-    let one_batch = (case.batch_size as u64).div_ceil(spc) as usize;
+    // (A chunk's rows: its samples on the stride, at least one since chunks with none are left
+    // out.)
+    let rows_per_chunk = (spc / case.stride.0).max(1);
+    let one_batch = (case.batch_size as u64).div_ceil(rows_per_chunk) as usize;
     if case.fast_first_batch
         && split == "train"
         && case.shuffle
@@ -334,11 +340,13 @@ struct Coverage {
     ranked: u64,
     into_rows: u64,
     ramped: u64,
+    strided: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
     let mut case = Case::draw(n);
     cov.windows += case.views.iter().any(|v| v.offset != 0) as u64;
+    cov.strided += (case.stride.0 > 1) as u64;
     cov.stacks += case.stack.as_ref().is_some_and(|s| s.len() > 1) as u64;
     cov.sample_ranges += case
         .split
@@ -971,6 +979,7 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("data-parallel ranks", c.ranked),
             ("passes with chunks decoded into batch rows", c.into_rows),
             ("blocks ramped up from one batch", c.ramped),
+            ("a sample stride", c.strided),
         ] {
             assert!(count >= 10, "only {count} cases with {what}: {cov:?}");
         }

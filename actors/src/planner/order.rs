@@ -77,6 +77,64 @@ impl EpochOrder {
     }
 }
 
+/// Which samples of the reference grid are drawn: every `every`-th from `phase` (hourly data
+/// with `every` 6 gives 00, 06, 12 and 18 UTC when sample 0 is at 00 UTC). [`Stride::ALL`]
+/// draws every sample. A chunk is still read and decoded whole, once; only its samples on the
+/// stride become rows, and a chunk with none is not read at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stride {
+    /// Draw every `every`-th sample (at least 1).
+    pub every: u64,
+    /// Starting at this sample (below `every`).
+    pub phase: u64,
+}
+
+impl Stride {
+    /// Every sample.
+    pub const ALL: Stride = Stride { every: 1, phase: 0 };
+
+    /// `every` and `phase` as given, or an error naming the one that cannot work.
+    pub fn new(every: u64, phase: u64) -> Result<Self, EngineError> {
+        if every == 0 {
+            return Err(EngineError::arg(
+                "sample_stride",
+                every,
+                "must be at least 1 (1 draws every sample)",
+            ));
+        }
+        if phase >= every {
+            return Err(EngineError::arg(
+                "sample_phase",
+                phase,
+                format!("must be below sample_stride ({every}): the first sample drawn"),
+            ));
+        }
+        Ok(Self { every, phase })
+    }
+
+    /// True when sample `a` is on the stride.
+    pub fn takes(&self, a: u64) -> bool {
+        a % self.every == self.phase
+    }
+
+    /// How many samples of `range` are on the stride.
+    pub fn count(&self, range: Range<u64>) -> u64 {
+        // The first sample at or after range.start on the stride.
+        let first = if range.start <= self.phase {
+            self.phase
+        } else {
+            let past = range.start - self.phase;
+            self.phase
+                .saturating_add(past.div_ceil(self.every).saturating_mul(self.every))
+        };
+        if first >= range.end {
+            0
+        } else {
+            (range.end - 1 - first) / self.every + 1
+        }
+    }
+}
+
 /// Inputs of [`epoch_order`].
 #[derive(Clone, Debug)]
 pub struct OrderSpec<'a> {
@@ -89,6 +147,8 @@ pub struct OrderSpec<'a> {
     /// Window offsets of the variables; an anchor is valid when `anchor + offset` is inside
     /// the array for every one.
     pub offsets: &'a [i64],
+    /// The samples drawn; chunks with none on it are left out of the order.
+    pub stride: Stride,
     /// Seed.
     pub seed: u64,
     /// Epoch.
@@ -130,21 +190,37 @@ pub fn count_rows(
     samples_per_chunk: u64,
     n_samples: u64,
     offsets: &[i64],
+    stride: Stride,
 ) -> (u64, u64) {
     let valid = valid_anchors(n_samples, offsets);
     chunks.iter().fold((0, 0), |(rows, dropped), &c| {
-        let (kept, lost) = chunk_rows(c, samples_per_chunk, n_samples, &valid);
+        let (kept, lost) = chunk_rows(c, samples_per_chunk, n_samples, &valid, stride);
         (rows + kept, dropped + lost)
     })
 }
 
-/// The anchors of chunk `c` inside `valid`, and those outside it (the short final chunk counts
-/// only its real length).
-fn chunk_rows(c: u64, samples_per_chunk: u64, n_samples: u64, valid: &Range<u64>) -> (u64, u64) {
+/// The samples of chunk `c` (only its real length, for the short final chunk).
+fn chunk_samples(c: u64, samples_per_chunk: u64, n_samples: u64) -> Range<u64> {
     let start = c.saturating_mul(samples_per_chunk).min(n_samples);
-    let end = start.saturating_add(samples_per_chunk).min(n_samples);
-    let kept = end.min(valid.end).saturating_sub(start.max(valid.start));
-    (kept, end - start - kept)
+    start..start.saturating_add(samples_per_chunk).min(n_samples)
+}
+
+/// The anchors of chunk `c` on the stride inside `valid`, and those on the stride outside it.
+fn chunk_rows(
+    c: u64,
+    samples_per_chunk: u64,
+    n_samples: u64,
+    valid: &Range<u64>,
+    stride: Stride,
+) -> (u64, u64) {
+    let all = chunk_samples(c, samples_per_chunk, n_samples);
+    let inside = all.start.max(valid.start)..all.end.min(valid.end);
+    let kept = if inside.is_empty() {
+        0
+    } else {
+        stride.count(inside)
+    };
+    (kept, stride.count(all) - kept)
 }
 
 /// One rank's share of a split when several processes train together (data-parallel ranks):
@@ -163,12 +239,18 @@ pub struct Shard {
 }
 
 /// A split's valid rows per chunk, as prefix sums (`prefix[i]`: the rows of its first `i` chunks).
-fn row_prefix(split: &[u64], samples_per_chunk: u64, n_samples: u64, offsets: &[i64]) -> Vec<u64> {
+fn row_prefix(
+    split: &[u64],
+    samples_per_chunk: u64,
+    n_samples: u64,
+    offsets: &[i64],
+    stride: Stride,
+) -> Vec<u64> {
     let valid = valid_anchors(n_samples, offsets);
     let mut prefix = Vec::with_capacity(split.len() + 1);
     prefix.push(0);
     for &c in split {
-        let rows = chunk_rows(c, samples_per_chunk, n_samples, &valid).0;
+        let rows = chunk_rows(c, samples_per_chunk, n_samples, &valid, stride).0;
         prefix.push(prefix.last().copied().unwrap_or(0) + rows);
     }
     prefix
@@ -215,8 +297,9 @@ impl Shard {
         samples_per_chunk: u64,
         n_samples: u64,
         offsets: &[i64],
+        stride: Stride,
     ) -> (Vec<u64>, u64) {
-        let prefix = row_prefix(split, samples_per_chunk, n_samples, offsets);
+        let prefix = row_prefix(split, samples_per_chunk, n_samples, offsets, stride);
         let bounds = self.bounds(&prefix);
         let even = bounds
             .windows(2)
@@ -241,6 +324,10 @@ pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
     let spc = spec.samples_per_chunk;
     let valid = valid_anchors(spec.n_samples, spec.offsets);
     let mut chunks = spec.chunks.to_vec();
+    if spec.stride != Stride::ALL {
+        // A chunk with no sample on the stride yields nothing: it takes no place in a block.
+        chunks.retain(|&c| spec.stride.count(chunk_samples(c, spc, spec.n_samples)) > 0);
+    }
     let mut rng = Rng::keyed(&[spec.seed, spec.epoch, ORDER_STREAM]);
     if spec.shuffle {
         rng.shuffle(&mut chunks);
@@ -264,6 +351,9 @@ pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
                 let a = c * spc + w;
                 if a >= spec.n_samples {
                     break; // the short final chunk: only its real length
+                }
+                if !spec.stride.takes(a) {
+                    continue;
                 }
                 if valid.contains(&a) {
                     rows.push(Row {
@@ -352,6 +442,7 @@ mod tests {
             samples_per_chunk: 4,
             n_samples: 38,
             offsets,
+            stride: Stride::ALL,
             seed: 5,
             epoch: 0,
             shuffle,
@@ -381,6 +472,36 @@ mod tests {
         assert_eq!(seq.blocks.len(), 4);
     }
 
+    /// Every sample, and strides with and without a phase, longer and shorter than a chunk.
+    fn strides() -> impl Iterator<Item = Stride> {
+        [(1, 0), (2, 0), (2, 1), (3, 2), (5, 1)]
+            .into_iter()
+            .map(|(every, phase)| Stride::new(every, phase).unwrap())
+    }
+
+    #[test]
+    fn a_stride_counts_the_samples_of_a_range_on_it() {
+        for stride in strides() {
+            for start in 0..12u64 {
+                for end in start..14 {
+                    let want = (start..end).filter(|a| stride.takes(*a)).count() as u64;
+                    assert_eq!(stride.count(start..end), want, "{stride:?} {start}..{end}");
+                }
+            }
+        }
+        assert!(
+            Stride::new(0, 0)
+                .unwrap_err()
+                .to_string()
+                .contains("`sample_stride`")
+        );
+        let e = Stride::new(6, 6).unwrap_err().to_string();
+        assert!(
+            e.contains("`sample_phase`") && e.contains("below sample_stride (6)"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn counting_rows_agrees_with_building_the_order() {
         let offset_sets: [&[i64]; 7] = [&[], &[0], &[0, 5, -2], &[3], &[-4, -1], &[0, 40], &[-40]];
@@ -391,12 +512,16 @@ mod tests {
                 let all: Vec<u64> = (0..grid).collect();
                 let odd: Vec<u64> = (0..grid).filter(|c| c % 2 == 1).collect();
                 for chunks in [all, odd, vec![grid - 1]] {
-                    for offsets in offset_sets {
+                    for (offsets, stride) in offset_sets
+                        .iter()
+                        .flat_map(|o| strides().map(move |s| (*o, s)))
+                    {
                         let s = OrderSpec {
                             chunks: &chunks,
                             samples_per_chunk: spc,
                             n_samples: n,
                             offsets,
+                            stride,
                             seed: 1,
                             epoch: 2,
                             shuffle: true,
@@ -405,11 +530,42 @@ mod tests {
                             row_limit: None,
                         };
                         let o = epoch_order(&s).unwrap();
-                        assert_eq!(
-                            count_rows(&chunks, spc, n, offsets),
-                            (o.rows.len() as u64, o.dropped_anchors),
-                            "n {n}, spc {spc}, chunks {chunks:?}, offsets {offsets:?}"
+                        let case = format!(
+                            "n {n}, spc {spc}, chunks {chunks:?}, offsets {offsets:?}, {stride:?}"
                         );
+                        assert_eq!(
+                            count_rows(&chunks, spc, n, offsets, stride),
+                            (o.rows.len() as u64, o.dropped_anchors),
+                            "{case}"
+                        );
+                        // Every anchor on the stride that no window drops, once; the dropped
+                        // ones are those on the stride the windows drop.
+                        let valid = valid_anchors(n, offsets);
+                        let on_stride: Vec<u64> = chunks
+                            .iter()
+                            .flat_map(|&c| chunk_samples(c, spc, n))
+                            .filter(|a| a % stride.every == stride.phase)
+                            .collect();
+                        let mut got = o.anchors();
+                        got.sort_unstable();
+                        let want: Vec<u64> = on_stride
+                            .iter()
+                            .copied()
+                            .filter(|a| valid.contains(a))
+                            .collect();
+                        assert_eq!(got, want, "{case}");
+                        assert_eq!(
+                            o.dropped_anchors,
+                            (on_stride.len() - want.len()) as u64,
+                            "{case}"
+                        );
+                        // Chunks with no sample on the stride take no place in a block: the
+                        // blocks of two chunks are at most those of the others.
+                        let on = chunks
+                            .iter()
+                            .filter(|&&c| stride.count(chunk_samples(c, spc, n)) > 0)
+                            .count();
+                        assert!(o.blocks.len() <= on.div_ceil(2), "{case}: {:?}", o.blocks);
                     }
                 }
             }
@@ -422,12 +578,15 @@ mod tests {
         for n in 1..=13u64 {
             for spc in 1..=4u64 {
                 let all: Vec<u64> = (0..n.div_ceil(spc)).collect();
-                let per_chunk = |offsets: &[i64], c: u64| count_rows(&[c], spc, n, offsets).0;
+                let per_chunk =
+                    |offsets: &[i64], c: u64| count_rows(&[c], spc, n, offsets, Stride::ALL).0;
                 for world_size in 1..=all.len().min(4) {
                     for offsets in offset_sets {
-                        let whole = count_rows(&all, spc, n, offsets).0;
+                        let whole = count_rows(&all, spc, n, offsets, Stride::ALL).0;
                         let shares: Vec<(Vec<u64>, u64)> = (0..world_size)
-                            .map(|rank| Shard { rank, world_size }.share(&all, spc, n, offsets))
+                            .map(|rank| {
+                                Shard { rank, world_size }.share(&all, spc, n, offsets, Stride::ALL)
+                            })
                             .collect();
                         let even = shares[0].1;
                         let case = format!("n {n}, spc {spc}, {world_size} ranks, {offsets:?}");
@@ -441,7 +600,7 @@ mod tests {
                         // Near-equal rows when every chunk has some: within a chunk of the mean.
                         let rows: Vec<u64> = shares
                             .iter()
-                            .map(|s| count_rows(&s.0, spc, n, offsets).0)
+                            .map(|s| count_rows(&s.0, spc, n, offsets, Stride::ALL).0)
                             .collect();
                         assert_eq!(even, *rows.iter().min().unwrap(), "{case}");
                         let biggest = all.iter().map(|&c| per_chunk(offsets, c)).max().unwrap();
@@ -460,6 +619,7 @@ mod tests {
                                 samples_per_chunk: spc,
                                 n_samples: n,
                                 offsets,
+                                stride: Stride::ALL,
                                 seed: 3,
                                 epoch: 1,
                                 shuffle: true,
@@ -493,12 +653,27 @@ mod tests {
             rank,
             world_size: 2,
         };
-        assert_eq!(s(0).share(&split, 4, 48, &[0]), (vec![3, 4], 8));
-        assert_eq!(s(1).share(&split, 4, 48, &[0]), (vec![9, 10, 11], 8));
-        assert_eq!(Shard::WHOLE.share(&split, 4, 48, &[0]).0, split);
+        assert_eq!(
+            s(0).share(&split, 4, 48, &[0], Stride::ALL),
+            (vec![3, 4], 8)
+        );
+        assert_eq!(
+            s(1).share(&split, 4, 48, &[0], Stride::ALL),
+            (vec![9, 10, 11], 8)
+        );
+        assert_eq!(
+            Shard::WHOLE.share(&split, 4, 48, &[0], Stride::ALL).0,
+            split
+        );
         // A short final chunk (30, 30 and 1 rows): 30 and 31 rows, not 60 and 1.
-        assert_eq!(s(0).share(&[0, 1, 2], 30, 61, &[0]), (vec![0], 30));
-        assert_eq!(s(1).share(&[0, 1, 2], 30, 61, &[0]), (vec![1, 2], 30));
+        assert_eq!(
+            s(0).share(&[0, 1, 2], 30, 61, &[0], Stride::ALL),
+            (vec![0], 30)
+        );
+        assert_eq!(
+            s(1).share(&[0, 1, 2], 30, 61, &[0], Stride::ALL),
+            (vec![1, 2], 30)
+        );
     }
 
     #[test]
@@ -536,6 +711,7 @@ mod tests {
             samples_per_chunk: 4,
             n_samples: 160,
             offsets: &[0],
+            stride: Stride::ALL,
             seed: 9,
             epoch: 1,
             shuffle: true,
@@ -572,6 +748,7 @@ mod tests {
             samples_per_chunk: 8,
             n_samples: 4096,
             offsets: &[0],
+            stride: Stride::ALL,
             seed: 0,
             epoch: 0,
             shuffle: true,

@@ -441,7 +441,7 @@ pub fn read_ahead_bound(slots: &[PlanSlot], batch_blocks: &[(u32, u32)], n_block
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::planner::order::{OrderSpec, epoch_order};
+    use crate::planner::order::{OrderSpec, Stride, epoch_order};
     use insitubatch_store::DType;
 
     fn geom(path: &str, n: u64, spc: u64) -> ArrayGeometry {
@@ -491,6 +491,7 @@ mod tests {
                 samples_per_chunk: 2,
                 n_samples: 60,
                 offsets: &[0, 3],
+                stride: Stride::ALL,
                 seed: 1,
                 epoch: 2,
                 shuffle: true,
@@ -539,6 +540,7 @@ mod tests {
                 samples_per_chunk: 4,
                 n_samples: 1024 + 240,
                 offsets: leads,
+                stride: Stride::ALL,
                 seed: 0,
                 epoch: 0,
                 shuffle: true,

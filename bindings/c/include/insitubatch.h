@@ -443,7 +443,10 @@ IsbStatus isb_split_by_chunk(const char *store,
  (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
  `fast_first_batch` (ABI 10, default false: each shuffled epoch's blocks ramp up from the
  chunks of one batch, doubling up to `block_chunks`, so the first batch waits for those
- alone; its first batches mix fewer chunks), `max_inflight`, `prefetch_depth`, `seed`,
+ alone; its first batches mix fewer chunks), `sample_stride` and `sample_phase` (ABI 15,
+ default 1 and 0: draw every `sample_stride`-th sample from `sample_phase`, in every split;
+ chunks are still read whole, and one with no sample on the stride is not read),
+ `max_inflight`, `prefetch_depth`, `seed`,
  `shuffle`, `cache_budget_bytes`,
  `memory_limit_bytes` (the memory the library may hold in the process when an iteration of
  this dataset starts; default all the process may use), `on_bad_chunk` (`"raise"` or

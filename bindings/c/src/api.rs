@@ -504,6 +504,9 @@ struct DatasetConfig {
     batch_size: Option<usize>,
     block_chunks: Option<usize>,
     fast_first_batch: Option<bool>,
+    /// ABI 15: every `sample_stride`-th sample from `sample_phase`.
+    sample_stride: Option<u64>,
+    sample_phase: Option<u64>,
     max_inflight: Option<usize>,
     prefetch_depth: Option<usize>,
     seed: Option<u64>,
@@ -661,6 +664,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
     if let Some(yes) = c.fast_first_batch {
         b = b.fast_first_batch(yes);
     }
+    if c.sample_stride.is_some() || c.sample_phase.is_some() {
+        b = b.sample_stride(c.sample_stride.unwrap_or(1), c.sample_phase.unwrap_or(0));
+    }
     if let Some(n) = c.max_inflight {
         b = b.max_inflight(n);
     }
@@ -762,7 +768,10 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
 /// `fast_first_batch` (ABI 10, default false: each shuffled epoch's blocks ramp up from the
 /// chunks of one batch, doubling up to `block_chunks`, so the first batch waits for those
-/// alone; its first batches mix fewer chunks), `max_inflight`, `prefetch_depth`, `seed`,
+/// alone; its first batches mix fewer chunks), `sample_stride` and `sample_phase` (ABI 15,
+/// default 1 and 0: draw every `sample_stride`-th sample from `sample_phase`, in every split;
+/// chunks are still read whole, and one with no sample on the stride is not read),
+/// `max_inflight`, `prefetch_depth`, `seed`,
 /// `shuffle`, `cache_budget_bytes`,
 /// `memory_limit_bytes` (the memory the library may hold in the process when an iteration of
 /// this dataset starts; default all the process may use), `on_bad_chunk` (`"raise"` or
@@ -1112,6 +1121,8 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
         let v = serde_json::json!({
             "epoch": d.epoch(),
             "batch_size": d.batch_size(),
+            "sample_stride": d.sample_stride().every,
+            "sample_phase": d.sample_stride().phase,
             "io_backend": d.io_backend().to_string(),
             "variables": vars,
             "arrays": arrays,

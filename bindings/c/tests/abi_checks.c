@@ -253,6 +253,24 @@ int main(int argc, char **argv) {
     }
     CHECK("split, options for a directory", isb_split_by_chunk(store, NULL, "{\"fractions\": [1.0], \"storage_options\": {\"aws_region\": \"x\"}}", &out, &err), ISB_INVALID_ARGUMENT, "aws_region");
     CHECK("bad fractions", isb_split_by_chunk(store, NULL, "{\"fractions\": [0.9, 0.3]}", &out, &err), ISB_INVALID_ARGUMENT, "fractions");
+    /* A sample stride (ABI 15): t2m's 12 samples, every 5th from 1 (1, 6, 11). */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"sample_stride\": 5, \"sample_phase\": 5}", store);
+    CHECK("a phase not below the stride", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "`sample_phase`");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"sample_stride\": 5, \"sample_phase\": 1}", store);
+    {
+        IsbDataset *strided = NULL;
+        uint64_t n = 0;
+        char *facts = NULL;
+        CHECK("open with a stride", isb_dataset_open(config, &strided, &err), ISB_OK, NULL);
+        CHECK("strided length", isb_dataset_split_len(strided, "train", &n, NULL, &err), ISB_OK, NULL);
+        CHECK("strided facts", isb_dataset_stats_json(strided, &facts, &err), ISB_OK, NULL);
+        if (n != 3 || !facts || !strstr(facts, "\"sample_stride\":5") || !strstr(facts, "\"sample_phase\":1")) {
+            fprintf(stderr, "FAIL strided: %llu samples (want 3), facts %s\n", (unsigned long long)n, facts ? facts : "(null)");
+            failures++;
+        }
+        isb_string_free(facts);
+        isb_dataset_free(strided);
+    }
     /* Splits by ranges (ABI 15): t2m's 12 samples in chunks of 4; train 0..8 and test 8..12. */
     char *ranged = NULL;
     CHECK("split by ranges", isb_split_by_chunk(store, "t2m", "{\"ranges\": {\"train\": [0, 8], \"test\": [8, 12]}}", &ranged, &err), ISB_OK, NULL);

@@ -1007,6 +1007,12 @@ class InSituDataset:
     the first batch waits for those chunks instead of a whole block; the epoch's first batches
     then mix fewer chunks. Sequential views are unchanged.
 
+    `sample_stride=k` draws every k-th sample along the sample axis from `sample_phase` (below
+    k), in every split: 6-hourly samples from hourly data with `sample_stride=6`, or 00 and 12
+    UTC with `sample_stride=12` when the array's first sample is at 00 UTC. A window (`shift(h)`)
+    reads `h` samples after each drawn one. Chunks are still read and decoded whole, once; a
+    chunk with no sample on the stride is not read.
+
     `chunk_transforms` (built-ins from `insitubatch.transforms`, scoped with `applies`) run in
     the Rust decoder on every decoded chunk and are cached with it; `batch_transforms` (Python
     callables taking and returning a `Batch`) run on every batch, uncached.
@@ -1027,6 +1033,8 @@ class InSituDataset:
         batch_size: int = 32,
         block_chunks: int = 16,
         fast_first_batch: bool = False,
+        sample_stride: int = 1,
+        sample_phase: int = 0,
         max_inflight: int | None = None,
         seed: int = 0,
         shuffle: bool = True,
@@ -1061,6 +1069,8 @@ class InSituDataset:
             "sample_axis": _check_int("sample_axis", sample_axis, minimum=0),
             "rank": _check_int("rank", rank, minimum=0),
             "world_size": _check_int("world_size", world_size),
+            "sample_stride": _check_int("sample_stride", sample_stride),
+            "sample_phase": _check_int("sample_phase", sample_phase, minimum=0),
         }
         for name, flag in (
             ("shuffle", shuffle),
@@ -1167,6 +1177,7 @@ class InSituDataset:
             )
         self.batch_size = batch_size
         self.rank, self.world_size = rank, world_size
+        self.sample_stride, self.sample_phase = sample_stride, sample_phase
         self._last_stats: dict = {}
         info = self._dataset_stats()
         self._offsets = {v["label"]: v["offset"] for v in info["variables"]}
@@ -1205,9 +1216,11 @@ class InSituDataset:
         state = " closed" if self._handle is None else ""
         world_size = getattr(self, "world_size", 1)
         ranks = f" rank {self.rank} of {world_size}" if world_size > 1 else ""
+        stride = getattr(self, "sample_stride", 1)
+        strided = f" every {stride}th sample from {self.sample_phase}" if stride > 1 else ""
         return (
             f"<insitubatch.InSituDataset {store!r} variables {list(geoms)} "
-            f"batch_size {getattr(self, 'batch_size', '?')}{ranks}{state}>"
+            f"batch_size {getattr(self, 'batch_size', '?')}{strided}{ranks}{state}>"
         )
 
     def _emit_warnings(self, info: dict) -> None:

@@ -1,5 +1,6 @@
-"""Splits by ranges of samples or dates: whole chunks as `snap` says, dates found where xarray's
-decode of the time coordinate puts them, and a dataset over such a manifest."""
+"""Which samples a dataset draws: splits by ranges of samples or dates (whole chunks as `snap`
+says, dates found where xarray's decode of the time coordinate puts them, a dataset over such a
+manifest), and a sample stride (every k-th sample, from a phase)."""
 
 import datetime
 
@@ -169,3 +170,45 @@ def test_the_period_example_in_the_python_docs_splits_by_year(tmp_path):
         got = np.sort(np.concatenate([b.sample_indices for b in getattr(ds, split)]))
         np.testing.assert_array_equal(got, np.flatnonzero((years >= lo) & (years <= hi)))
     ds.close()
+
+
+def test_a_sample_stride_draws_the_hours_asked_for_in_every_split(tmp_path):
+    """Two days of hourly samples in daily chunks: a stride of 12 from phase 0 draws 00 and 12
+    UTC, from phase 6 draws 06 and 18 UTC, in a date-split's every split, windows reading the
+    hours after them; values as zarr-python reads them."""
+    path = tmp_path / "hourly.zarr"
+    root = zarr.open_group(path, mode="w", zarr_format=3)
+    t = root.create_array("time", shape=(48,), chunks=(48,), dtype="int64", dimension_names=["time"])
+    t[...] = np.arange(48)
+    t.attrs.update({"units": "hours since 2020-01-01", "calendar": "standard"})
+    a = root.create_array("t2m", shape=(48, 2, 3), chunks=(24, 2, 3), dtype="float32",
+                          dimension_names=["time", "lat", "lon"])
+    a[...] = np.arange(48 * 6, dtype="float32").reshape(48, 2, 3)
+    ref = a[...]
+    g = isb.open_geometries(path)["t2m"]
+    m = isb.split_by_ranges(g, {"train": ("2020-01-01", "2020-01-02"),
+                                "val": ("2020-01-02", "2020-01-03")})
+    for phase, hours in ((0, {0, 12}), (6, {6, 18})):
+        with isb.InSituDataset(path, m, {"x": g, "y": g.shift(3)}, batch_size=3,
+                               sample_stride=12, sample_phase=phase) as ds:
+            times = ds.coordinates("x")
+            for split, day in (("train", 1), ("val", 2)):
+                view = getattr(ds, split)
+                assert len(view) == 1 and view.n_samples == 2, split
+                drawn = []
+                for b in view:
+                    np.testing.assert_array_equal(b.arrays["x"], ref[b.sample_indices])
+                    np.testing.assert_array_equal(b.arrays["y"], ref[b.sample_indices + 3])
+                    drawn += list(b.sample_indices)
+                when = times[sorted(drawn)]
+                assert {int(h) for h in when.astype("datetime64[h]").astype(int) % 24} == hours
+                assert set(when.astype("datetime64[D]")) == {np.datetime64(f"2020-01-0{day}")}
+            assert np.array_equal(np.sort(ds.order("val").sample_indices),
+                                  np.array([24 + phase, 36 + phase]))
+            assert "every 12th sample" in repr(ds)
+    with pytest.raises(isb.InvalidArgument, match="`sample_phase`"):
+        isb.InSituDataset(path, sample_stride=12, sample_phase=12)
+    with pytest.raises(isb.InvalidArgument, match="`sample_stride`"):
+        isb.InSituDataset(path, sample_stride=0)
+    with pytest.raises(TypeError, match="`sample_stride` must be an int"):
+        isb.InSituDataset(path, sample_stride=2.0)

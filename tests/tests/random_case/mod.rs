@@ -413,6 +413,8 @@ pub struct Case {
     pub spill: bool,
     /// Views (by index, in channel order) stacked as the channels of one batch array `s`.
     pub stack: Option<Vec<usize>>,
+    /// Every `.0`-th sample from `.1` (`(1, 0)`: every sample).
+    pub stride: (u64, u64),
 }
 
 impl Case {
@@ -533,8 +535,25 @@ impl Case {
             // After `into_rows`, for the same reason.
             spill: r.chance(0.25),
             stack: None,
+            stride: (1, 0),
         }
         .with_stack(&mut r)
+        .with_stride(&mut r)
+    }
+
+    /// The case with, a quarter of the time, a sample stride of 2 to 5 at a random phase
+    /// (drawn after the stack, so the cases drawn before strides were added are unchanged).
+    fn with_stride(mut self, r: &mut Rng) -> Case {
+        if r.chance(0.25) {
+            let every = r.range(2, 5);
+            self.stride = (every, r.range(0, every - 1));
+        }
+        self
+    }
+
+    /// True when anchor `a` is on the case's stride.
+    pub fn on_stride(&self, a: u64) -> bool {
+        a % self.stride.0 == self.stride.1
     }
 
     /// The case with, a third of the time, some views of one sample shape and type (drawn
@@ -600,7 +619,8 @@ impl Case {
             .shuffle(self.shuffle)
             .seed(self.seed)
             .decode_into_batches(self.into_rows)
-            .fast_first_batch(self.fast_first_batch);
+            .fast_first_batch(self.fast_first_batch)
+            .sample_stride(self.stride.0, self.stride.1);
         for v in &self.views {
             b = b.window(v.label.clone(), self.arrays[v.array].name.clone(), v.offset);
         }
