@@ -12,6 +12,7 @@ mod dataset;
 pub mod enginebench;
 pub mod inspect;
 pub mod readbench;
+mod statistics;
 pub mod synth;
 
 pub use coords::{
@@ -39,3 +40,4 @@ pub use insitubatch_store::{
     AnyStore, ArrayGeometry, DType, LocalStore, RemoteStore, StoreError, open_geometries,
     open_hierarchy,
 };
+pub use statistics::{Statistics, StatisticsAccumulator};

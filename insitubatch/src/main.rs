@@ -398,6 +398,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Mean, standard deviation, min and max of each batch array over one epoch of a split (the
+    /// training split by default), per index along an inner axis with --axis: the statistics
+    /// a `standardize` chunk transform takes, fitted where no evaluation data leaks in.
+    Stats {
+        #[command(flatten)]
+        pass: PassArgs,
+        /// One entry per index along this inner axis (0: the first after the sample axis, the
+        /// level of a (time, level, lat, lon) array); default one over whole samples.
+        #[arg(long)]
+        axis: Option<usize>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// The order an epoch of a split draws, planned without reading a chunk: its samples in the
     /// order the batches emit them, block by block. The same arguments give the same order on
     /// any machine, thread count and IO backend (a log of what a run saw, or a check of it).
@@ -701,6 +715,31 @@ fn parse_split_range(s: &str) -> Result<(String, SampleBound, SampleBound), Stri
         }
     };
     Ok((name.trim().to_string(), bound(a)?, bound(b)?))
+}
+
+/// `stats` as a table: a line per array, or per index along the axis.
+fn render_statistics(
+    split: &str,
+    stats: &std::collections::BTreeMap<String, insitubatch::Statistics>,
+) -> String {
+    use std::fmt::Write;
+    let mut out = format!("split {split}\n");
+    let _ = writeln!(
+        out,
+        "{:<16} {:>6} {:>12} {:>5} {:>14} {:>14} {:>14} {:>14}",
+        "array", "index", "count", "NaN", "mean", "std", "min", "max"
+    );
+    for (name, s) in stats {
+        for i in 0..s.count.len() {
+            let index = s.axis.map_or("all".to_string(), |_| i.to_string());
+            let _ = writeln!(
+                out,
+                "{name:<16} {index:>6} {:>12} {:>5} {:>14.6} {:>14.6} {:>14.6} {:>14.6}",
+                s.count[i], s.nan_count[i], s.mean[i], s.std[i], s.min[i], s.max[i]
+            );
+        }
+    }
+    out
 }
 
 fn parse_snap(s: &str) -> Result<Snap, String> {
@@ -1231,6 +1270,20 @@ fn run(cli: Cli) -> CliResult {
                     |e| e.into(),
                 ))
             }
+        }
+        Command::Stats { pass, axis, json } => {
+            let ds = pass.dataset(pass.budget()?)?;
+            let stats = ds.statistics(&pass.split, axis)?;
+            if json {
+                let v: serde_json::Map<String, serde_json::Value> = stats
+                    .iter()
+                    .map(|(name, s)| (name.clone(), s.to_json()))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", render_statistics(&pass.split, &stats));
+            }
+            Ok(())
         }
         Command::Order { pass, epoch, json } => {
             let ds = pass.dataset(None)?;

@@ -452,6 +452,63 @@ fn a_sample_stride_orders_and_benches_every_kth_sample() {
 }
 
 #[test]
+fn stats_prints_each_arrays_statistics_over_the_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, manifest, _) = store_and_split(tmp.path(), &[]);
+    let stats = |extra: &[&str]| -> serde_json::Value {
+        let out = run_ok(
+            cli()
+                .arg("stats")
+                .arg(&store)
+                .arg("--manifest")
+                .arg(&manifest)
+                .arg("--json")
+                .args(extra),
+        );
+        serde_json::from_str(&out).unwrap()
+    };
+    // The train split's 24 samples of 6 x 8 (val: 8 samples, 8 values per latitude each).
+    let whole = stats(&[]);
+    for name in ["t2m", "u10"] {
+        assert_eq!(
+            whole[name]["count"],
+            serde_json::json!([24 * 48]),
+            "{whole}"
+        );
+        let (mean, std) = (
+            whole[name]["mean"][0].as_f64().unwrap(),
+            whole[name]["std"][0].as_f64().unwrap(),
+        );
+        let (lo, hi) = (
+            whole[name]["min"][0].as_f64().unwrap(),
+            whole[name]["max"][0].as_f64().unwrap(),
+        );
+        assert!(lo < mean && mean < hi && std > 0.0, "{whole}");
+    }
+    let per_lat = stats(&["--axis", "0", "--split", "val"]);
+    assert_eq!(
+        per_lat["t2m"]["count"],
+        serde_json::json!(vec![8 * 8; 6]),
+        "{per_lat}"
+    );
+    let table = run_ok(
+        cli()
+            .arg("stats")
+            .arg(&store)
+            .arg("--manifest")
+            .arg(&manifest),
+    );
+    assert!(
+        table.contains("split train") && table.contains("t2m"),
+        "{table}"
+    );
+    fails_with(
+        cli().arg("stats").arg(&store).args(["--axis", "2"]),
+        &["`axis`", "2 axes"],
+    );
+}
+
+#[test]
 fn order_prints_the_epoch_the_library_plans_and_each_epoch_its_own() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, manifest, _) = store_and_split(tmp.path(), &[]);

@@ -152,6 +152,11 @@ typedef struct IsbError IsbError;
 typedef struct IsbIter IsbIter;
 
 /*
+ Statistics of a dataset's batch arrays, accumulated batch by batch (ABI 15). Any thread.
+ */
+typedef struct IsbStatistics IsbStatistics;
+
+/*
  One chunk as a callback sees it: the input or the output to fill.
  */
 typedef struct IsbChunk {
@@ -582,6 +587,57 @@ IsbStatus isb_dataset_memory_json(const struct IsbDataset *ds,
                                   const char *split,
                                   char **out_json,
                                   struct IsbError **err);
+
+/*
+ A statistics accumulator for the batch arrays of `ds` (each label's, each stack's), per
+ `params_json` — `{"axis": k}`: one entry per index along inner axis `k` of the rows (0 the
+ first after the sample axis: per level, or a stack's channels), or `{}` (or `"axis": null`)
+ for one entry over whole samples. Feed it batches with `isb_statistics_add` and read it
+ with `isb_statistics_json`; free it with `isb_statistics_free`. A complex array, or an axis
+ the rows lack, is `ISB_INVALID_ARGUMENT` (ABI 15).
+
+ # Safety
+ `ds` is NULL or a live dataset; `params_json` is NUL-terminated; `out` is writable; `err`
+ is NULL or writable.
+ */
+IsbStatus isb_statistics_new(const struct IsbDataset *ds,
+                             const char *params_json,
+                             struct IsbStatistics **out,
+                             struct IsbError **err);
+
+/*
+ Adds every row of batch `b` to `stats` (ABI 15). A batch of another dataset, whose arrays
+ differ, is `ISB_INVALID_ARGUMENT` naming the array, and adds nothing.
+
+ # Safety
+ `stats` is NULL or a live accumulator; `b` is NULL or a live batch; `err` is NULL or
+ writable.
+ */
+IsbStatus isb_statistics_add(const struct IsbStatistics *stats,
+                             const struct IsbBatch *b,
+                             struct IsbError **err);
+
+/*
+ The statistics so far as JSON, an object by batch array name, each `{"axis", "count",
+ "nan_count", "mean", "std", "min", "max"}`: lists of one value per index along the axis
+ (one value without an axis); `std` is the population standard deviation (numpy's
+ `ddof=0`); NaN values are left out and counted in `nan_count`; an index without values has
+ null mean, std, min and max (ABI 15). Free `*out_json` with `isb_string_free`.
+
+ # Safety
+ `stats` is NULL or a live accumulator; `out_json` is writable; `err` is NULL or writable.
+ */
+IsbStatus isb_statistics_json(const struct IsbStatistics *stats,
+                              char **out_json,
+                              struct IsbError **err);
+
+/*
+ Frees a statistics accumulator. NULL is accepted (ABI 15).
+
+ # Safety
+ `stats` is NULL or an accumulator from `isb_statistics_new` not freed before.
+ */
+void isb_statistics_free(struct IsbStatistics *stats);
 
 /*
  Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`

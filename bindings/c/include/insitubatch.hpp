@@ -599,6 +599,27 @@ class Dataset : public detail::Handle<IsbDataset, isb_dataset_free> {
     });
   }
 
+  // Count, NaN count, mean, standard deviation, min and max of each batch array over one
+  // epoch of `split`, as JSON (isb_statistics_new/add/json): `params_json` {"axis": k} gives
+  // one entry per index along inner axis k of the rows, "{}" one over whole samples.
+  std::string statistics_json(const std::string &split = "train",
+                              const std::string &params_json = "{}") const {
+    IsbStatistics *raw = nullptr;
+    detail::check("isb_statistics_new", [&](IsbError **err) {
+      return isb_statistics_new(h_, params_json.c_str(), &raw, err);
+    });
+    const detail::Handle<IsbStatistics, isb_statistics_free> stats(raw);
+    Iter epoch = iter(split);
+    while (std::optional<Batch> b = epoch.next()) {
+      detail::check("isb_statistics_add", [&](IsbError **err) {
+        return isb_statistics_add(stats.get(), b->get(), err);
+      });
+    }
+    return detail::string_result("isb_statistics_json", [&](char **out, IsbError **err) {
+      return isb_statistics_json(stats.get(), out, err);
+    });
+  }
+
   // Dataset facts and pool counters as JSON.
   std::string stats_json() const {
     return detail::string_result("isb_dataset_stats_json", [&](char **out, IsbError **err) {

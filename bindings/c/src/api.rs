@@ -6,7 +6,7 @@ use std::sync::Arc;
 use insitubatch::transform::ChunkTransforms;
 use insitubatch::{
     Batch, InSituDataset, IoBackendChoice, OnBadChunk, Pass, SampleBound, Snap, SplitManifest,
-    split_by_chunk, split_by_ranges,
+    StatisticsAccumulator, split_by_chunk, split_by_ranges,
 };
 use serde::Deserialize;
 
@@ -1067,6 +1067,123 @@ pub unsafe extern "C" fn isb_dataset_memory_json(
         let need = d.ds.memory_need(split)?;
         out_string(out_json, insitubatch::memory_need_json(&need).to_string())
     })
+}
+
+/// Statistics of a dataset's batch arrays, accumulated batch by batch (ABI 15). Any thread.
+pub struct IsbStatistics {
+    acc: std::sync::Mutex<StatisticsAccumulator>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatisticsParams {
+    #[serde(default)]
+    axis: Option<usize>,
+}
+
+/// A statistics accumulator for the batch arrays of `ds` (each label's, each stack's), per
+/// `params_json` — `{"axis": k}`: one entry per index along inner axis `k` of the rows (0 the
+/// first after the sample axis: per level, or a stack's channels), or `{}` (or `"axis": null`)
+/// for one entry over whole samples. Feed it batches with `isb_statistics_add` and read it
+/// with `isb_statistics_json`; free it with `isb_statistics_free`. A complex array, or an axis
+/// the rows lack, is `ISB_INVALID_ARGUMENT` (ABI 15).
+///
+/// # Safety
+/// `ds` is NULL or a live dataset; `params_json` is NUL-terminated; `out` is writable; `err`
+/// is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_statistics_new(
+    ds: *const IsbDataset,
+    params_json: *const c_char,
+    out: *mut *mut IsbStatistics,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let d = unsafe { dataset(ds) }?;
+        // SAFETY: forwarded contract.
+        let params = unsafe { arg_str(params_json, "params_json") }?;
+        let p: StatisticsParams = parse_json(params, "statistics parameters")?;
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        let acc = StatisticsAccumulator::new(&d.ds, p.axis)?;
+        let handle = Box::new(IsbStatistics {
+            acc: std::sync::Mutex::new(acc),
+        });
+        // SAFETY: checked non-NULL.
+        unsafe { *out = Box::into_raw(handle) };
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// The statistics accumulator of `s`, locked.
+///
+/// # Safety
+/// `s` is NULL or a live accumulator.
+unsafe fn statistics<'a>(
+    s: *const IsbStatistics,
+) -> Result<std::sync::MutexGuard<'a, StatisticsAccumulator>, IsbError> {
+    // SAFETY: per the contract.
+    let s = unsafe { s.as_ref() }.ok_or_else(|| null("stats"))?;
+    // A panic while adding leaves the moments as they were before that batch's arrays.
+    Ok(s.acc
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()))
+}
+
+/// Adds every row of batch `b` to `stats` (ABI 15). A batch of another dataset, whose arrays
+/// differ, is `ISB_INVALID_ARGUMENT` naming the array, and adds nothing.
+///
+/// # Safety
+/// `stats` is NULL or a live accumulator; `b` is NULL or a live batch; `err` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_statistics_add(
+    stats: *const IsbStatistics,
+    b: *const IsbBatch,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let batch = &unsafe { batch(b) }?.batch;
+        // SAFETY: forwarded contract.
+        unsafe { statistics(stats) }?.add(batch)?;
+        Ok(IsbStatus::IsbOk)
+    })
+}
+
+/// The statistics so far as JSON, an object by batch array name, each `{"axis", "count",
+/// "nan_count", "mean", "std", "min", "max"}`: lists of one value per index along the axis
+/// (one value without an axis); `std` is the population standard deviation (numpy's
+/// `ddof=0`); NaN values are left out and counted in `nan_count`; an index without values has
+/// null mean, std, min and max (ABI 15). Free `*out_json` with `isb_string_free`.
+///
+/// # Safety
+/// `stats` is NULL or a live accumulator; `out_json` is writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_statistics_json(
+    stats: *const IsbStatistics,
+    out_json: *mut *mut c_char,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let json = unsafe { statistics(stats) }?.to_json().to_string();
+        out_string(out_json, json)
+    })
+}
+
+/// Frees a statistics accumulator. NULL is accepted (ABI 15).
+///
+/// # Safety
+/// `stats` is NULL or an accumulator from `isb_statistics_new` not freed before.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_statistics_free(stats: *mut IsbStatistics) {
+    if !stats.is_null() {
+        // SAFETY: per the contract, it came from Box::into_raw.
+        let _ = std::panic::catch_unwind(|| drop(unsafe { Box::from_raw(stats) }));
+    }
 }
 
 /// Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`

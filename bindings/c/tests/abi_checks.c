@@ -243,6 +243,26 @@ int main(int argc, char **argv) {
         if (x) x->deleter(x);
         if (u) u->deleter(u);
         if (t) t->deleter(t);
+        /* Statistics (ABI 15): per channel of the stack; a batch of another dataset is refused. */
+        IsbStatistics *st = NULL;
+        CHECK("statistics past the axes", isb_statistics_new(stacked, "{\"axis\": 3}", &st, &err), ISB_INVALID_ARGUMENT, "`axis`");
+        CHECK("statistics per channel", isb_statistics_new(stacked, "{\"axis\": 0}", &st, &err), ISB_OK, NULL);
+        CHECK("a batch of another dataset", isb_statistics_add(st, bo, &err), ISB_INVALID_ARGUMENT, "`batch`");
+        CHECK("add a stacked batch", isb_statistics_add(st, bs, &err), ISB_OK, NULL);
+        CHECK("NULL stats", isb_statistics_add(NULL, bs, &err), ISB_NULL_POINTER, "stats");
+        char *sj = NULL;
+        CHECK("statistics JSON", isb_statistics_json(st, &sj, &err), ISB_OK, NULL);
+        size_t rows_added = 0;
+        isb_batch_len(bs, &rows_added, NULL);
+        char want_count[64];
+        snprintf(want_count, sizeof want_count, "\"count\":[%zu,%zu]", rows_added * 9 * 16, rows_added * 9 * 16);
+        if (!sj || !strstr(sj, "\"x\":{\"axis\":0") || !strstr(sj, want_count)) {
+            fprintf(stderr, "FAIL statistics JSON (want %s): %s\n", want_count, sj ? sj : "(null)");
+            failures++;
+        }
+        isb_string_free(sj);
+        isb_statistics_free(st);
+        isb_statistics_free(NULL);
         isb_batch_free(bo);
         isb_batch_free(bs);
         isb_iter_free(io);

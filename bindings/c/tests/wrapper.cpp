@@ -224,6 +224,17 @@ int main(int argc, char **argv) {
       EXPECT(contains(memory, "\"total_bytes\""), "memory: %s", memory.c_str());
       const std::string stats = ds.stats_json();
       EXPECT(contains(stats, "\"batch_size\""), "stats: %s", stats.c_str());
+      // t2m's 12 samples of 9 x 16; per latitude, 12 x 16 values each (a dataset of its own:
+      // this one's iterations above still hold its pool).
+      const isb::Dataset fresh = isb::Dataset::open(t2m_config(store));
+      const std::string whole = fresh.statistics_json("all");
+      EXPECT(contains(whole, R"("t2m":{"axis":null,"count":[1728])"), "statistics: %s", whole.c_str());
+      const std::string per_lat = fresh.statistics_json("all", R"({"axis": 0})");
+      EXPECT(contains(per_lat, R"("count":[192,192,192,192,192,192,192,192,192])"),
+             "statistics per latitude: %s", per_lat.c_str());
+      e = error_of([&] { fresh.statistics_json("all", R"({"axis": 2})"); });
+      EXPECT(e.call() == "isb_statistics_new" && e.status() == ISB_INVALID_ARGUMENT,
+             "statistics past the axes: %s", e.what());
 
       isb::Dataset moved = isb::Dataset::open(t2m_config(store));
       isb::Dataset taken = std::move(moved);

@@ -20,6 +20,7 @@ from ._core import (
     EpochOrder,
     InSituDataset,
     SplitManifest,
+    Statistics,
     coordinate_region,
     coordinate_values,
     open_geometries,
@@ -78,5 +79,6 @@ __all__ = [
     "shuffle_quality",
     "split_by_chunk",
     "split_by_ranges",
+    "Statistics",
 ]
 __version__ = "0.1.0"

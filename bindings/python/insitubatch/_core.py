@@ -591,6 +591,51 @@ def split_by_chunk(
     return SplitManifest(raw)
 
 
+class Statistics(NamedTuple):
+    """What `InSituDataset.statistics` gives for one batch array: with an `axis`, numpy arrays
+    with one value per index along it; without, scalars. `std` is the population standard
+    deviation (numpy's `ddof=0`); NaN values are left out and counted in `nan_count`, and an
+    index with no other value has NaN statistics."""
+
+    axis: int | None
+    count: Any
+    nan_count: Any
+    mean: Any
+    std: Any
+    min: Any
+    max: Any
+
+    @classmethod
+    def _from_json(cls, v: dict) -> "Statistics":
+        def floats(xs):
+            out = np.array([np.nan if x is None else x for x in xs], dtype=np.float64)
+            return out if v["axis"] is not None else float(out[0])
+
+        def ints(xs):
+            out = np.array(xs, dtype=np.int64)
+            return out if v["axis"] is not None else int(out[0])
+
+        return cls(v["axis"], ints(v["count"]), ints(v["nan_count"]), floats(v["mean"]),
+                   floats(v["std"]), floats(v["min"]), floats(v["max"]))
+
+    def standardize(self, paths: Sequence[str] | None = None):
+        """A `transforms.Standardize` with these statistics (per index along the same axis),
+        restricted to the arrays at `paths` when given (`applies`). An index whose spread is
+        zero or unknown cannot be standardized, and raises `InvalidArgument`."""
+        std = np.atleast_1d(self.std)
+        if not np.all(np.isfinite(std) & (std > 0)):
+            raise errors.InvalidArgument(
+                f"invalid argument `std` = {self.std}: standardizing needs a positive, finite "
+                "spread at every index (a constant or empty index has none)"
+            )
+        if self.axis is None:
+            t = _transforms.Standardize(float(self.mean), float(self.std))
+        else:
+            t = _transforms.Standardize([float(x) for x in self.mean], [float(x) for x in std],
+                                        axis=self.axis)
+        return t if paths is None else _transforms.applies(list(paths), t)
+
+
 def split_by_ranges(geom: ArrayGeometry, ranges: Mapping, snap: str = "exact") -> SplitManifest:
     """Gives each split the whole chunks of `geom`'s sample axis in its half-open range:
     `ranges` maps `train`, `val`, `test` (any of them) to `(start, stop)`, each end a sample
@@ -820,8 +865,12 @@ class _Epoch:
     """One epoch's iterator. Breaking out of the loop (or dropping it) stops the epoch and frees
     what it held; after an error, `next` raises `Cancelled` naming the first error."""
 
-    def __init__(self, ds: "InSituDataset", it: ctypes.c_void_p, n_batches: int):
+    def __init__(self, ds: "InSituDataset", it: ctypes.c_void_p, n_batches: int,
+                 on_handle: Callable[[ctypes.c_void_p], None] | None = None):
         self._ds = ds
+        # Given, each batch goes to it as a handle (then freed) instead of becoming a `Batch`:
+        # `next` returns None. For the library's own reductions (`InSituDataset.statistics`).
+        self._on_handle = on_handle
         self._it: ctypes.c_void_p | None = it
         self._len = n_batches
         self._reader = _BatchReader(ds.array_formats, ds._offsets)
@@ -897,6 +946,12 @@ class _Epoch:
                 raise StopIteration
         handle = ctypes.c_void_p(self._b.value)
         self._b.value = None
+        if self._on_handle is not None:
+            try:
+                self._on_handle(handle)
+            finally:
+                lib.isb_batch_free(handle)
+            return None  # type: ignore[return-value]
         batch = self._reader.read(handle)
         for t in self._ds._transforms:
             batch = t(batch)
@@ -1320,7 +1375,33 @@ class InSituDataset:
         )
         return samples.value, batches.value
 
-    def _iterate(self, split: str, start_batch: int = 0) -> "_Epoch":
+    def statistics(self, split: str = "train", axis: int | None = None) -> dict[str, "Statistics"]:
+        """The statistics of every batch array (each label's, each stack's) over one epoch of
+        `split` as this dataset yields it, accumulated in the library in float64: a
+        `Statistics` per array name, per index along inner axis `axis` (0 the first after the
+        sample axis: per level, or a stack's channels) or over whole samples (`axis=None`,
+        scalars). The values are those the library delivers, after chunk transforms (fit a
+        `Standardize` on a dataset without it) and before batch transforms. It runs an epoch
+        like iterating does (Ctrl-C stops it)."""
+        params = {} if axis is None else {"axis": _check_int("axis", axis, minimum=0)}
+        acc = ctypes.c_void_p()
+        err = ctypes.c_void_p()
+        _check(lib.isb_statistics_new(self._live(), json.dumps(params).encode(),
+                                      ctypes.byref(acc), ctypes.byref(err)), err)
+        try:
+
+            def add(handle: ctypes.c_void_p) -> None:
+                _check(lib.isb_statistics_add(acc, handle, ctypes.byref(err)), err)
+
+            for _ in self._iterate(split, on_handle=add):
+                pass
+            raw = _json_call(lib.isb_statistics_json, acc)
+        finally:
+            lib.isb_statistics_free(acc)
+        return {name: Statistics._from_json(v) for name, v in raw.items()}
+
+    def _iterate(self, split: str, start_batch: int = 0,
+                 on_handle: Callable[[ctypes.c_void_p], None] | None = None) -> "_Epoch":
         if not isinstance(split, str):
             raise TypeError("split must be a str")
         it = ctypes.c_void_p()
@@ -1330,7 +1411,7 @@ class InSituDataset:
             lib.isb_iter_start_at(self._live(), split.encode(), start_batch, ctypes.byref(it), ctypes.byref(err)),
             err,
         )
-        return _Epoch(self, it, n_batches - start_batch)
+        return _Epoch(self, it, n_batches - start_batch, on_handle)
 
     # reports ---------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -136,6 +136,10 @@ def _load() -> ctypes.CDLL:
         "isb_batch_export": (U32, [P, S, ctypes.POINTER(ctypes.c_void_p), ERR]),
         "isb_dlpack_delete": (None, [P]),
         "isb_batch_free": (None, [P]),
+        "isb_statistics_new": (U32, [P, S, ctypes.POINTER(P), ERR]),
+        "isb_statistics_add": (U32, [P, P, ERR]),
+        "isb_statistics_json": (U32, [P, OUT_STR, ERR]),
+        "isb_statistics_free": (None, [P]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)

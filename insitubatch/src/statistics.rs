@@ -1,0 +1,475 @@
+//! Statistics of a split's samples (count, mean, standard deviation, min, max), for fitting a
+//! `Standardize` transform on the training split at the loader's speed: one pass over the
+//! split's batches, each value accumulated in `f64`.
+//!
+//! Each run of values (a sample's field, or its part at one index of the axis) is reduced in
+//! one pass as sums of differences from its first value, and runs are merged with Chan et
+//! al.'s pairwise update, so a field whose mean is large against its spread (temperatures in
+//! kelvin) keeps its variance. NaN values are left out and counted.
+
+use std::collections::BTreeMap;
+
+use insitubatch_actors::{Batch, BatchArray, EngineError};
+use insitubatch_store::DType;
+
+use crate::InSituDataset;
+
+/// The statistics of one batch array over a split: one entry per index along `axis` (an inner
+/// axis of the samples, 0 the first after the sample axis), or a single entry for the whole
+/// sample when `axis` is `None`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Statistics {
+    /// The inner axis the entries run along, or `None` for one entry over whole samples.
+    pub axis: Option<usize>,
+    /// Values that are not NaN.
+    pub count: Vec<u64>,
+    /// NaN values (left out of the rest).
+    pub nan_count: Vec<u64>,
+    /// Mean of the values (NaN where there are none).
+    pub mean: Vec<f64>,
+    /// Population standard deviation (divided by the count, as numpy's default `ddof=0`).
+    pub std: Vec<f64>,
+    /// Least value (NaN where there are none).
+    pub min: Vec<f64>,
+    /// Greatest value (NaN where there are none).
+    pub max: Vec<f64>,
+}
+
+impl Statistics {
+    /// As JSON: `{"axis", "count", "nan_count", "mean", "std", "min", "max"}`, lists of one
+    /// value per index (NaN, which JSON lacks, as null).
+    pub fn to_json(&self) -> serde_json::Value {
+        let floats = |v: &[f64]| -> Vec<serde_json::Value> {
+            v.iter()
+                .map(|x| {
+                    serde_json::Number::from_f64(*x).map_or(serde_json::Value::Null, Into::into)
+                })
+                .collect()
+        };
+        serde_json::json!({
+            "axis": self.axis,
+            "count": self.count,
+            "nan_count": self.nan_count,
+            "mean": floats(&self.mean),
+            "std": floats(&self.std),
+            "min": floats(&self.min),
+            "max": floats(&self.max),
+        })
+    }
+}
+
+/// Running moments of one index.
+#[derive(Clone, Copy, Debug)]
+struct Moments {
+    n: u64,
+    nan: u64,
+    mean: f64,
+    m2: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Moments {
+    const EMPTY: Moments = Moments {
+        n: 0,
+        nan: 0,
+        mean: 0.0,
+        m2: 0.0,
+        min: f64::INFINITY,
+        max: f64::NEG_INFINITY,
+    };
+
+    /// Chan et al.'s pairwise merge.
+    fn merge(&mut self, o: &Moments) {
+        self.nan += o.nan;
+        if o.n == 0 {
+            return;
+        }
+        if self.n == 0 {
+            *self = Moments {
+                nan: self.nan,
+                ..*o
+            };
+            return;
+        }
+        let n = self.n + o.n;
+        let delta = o.mean - self.mean;
+        self.mean += delta * o.n as f64 / n as f64;
+        self.m2 += o.m2 + delta * delta * (self.n as f64 * o.n as f64 / n as f64);
+        self.n = n;
+        self.min = self.min.min(o.min);
+        self.max = self.max.max(o.max);
+    }
+}
+
+/// Independent partial sums per pass: they break the chain of dependent additions, so the
+/// compiler keeps several in flight (and in vector registers).
+const LANES: usize = 8;
+
+/// The moments of `run`'s values (NaN left out and counted) in one pass, as sums of their
+/// differences from a shift `c`, the run's first value that is not NaN: with `c` inside the
+/// run's range, the sum of squares does not dwarf the variance the way it would from zero (a
+/// field in kelvin has values near 280 and a spread of a few), so subtracting the squared
+/// mean loses no digits that matter. `f` reads one element as `f64`.
+fn moments<T: Copy>(run: &[T], f: impl Fn(T) -> f64 + Copy) -> Moments {
+    let Some(c) = run.iter().map(|&x| f(x)).find(|v| !v.is_nan()) else {
+        return Moments {
+            nan: run.len() as u64,
+            ..Moments::EMPTY
+        };
+    };
+    let (mut n, mut s1, mut s2) = ([0u64; LANES], [0.0f64; LANES], [0.0f64; LANES]);
+    let (mut min, mut max) = ([f64::INFINITY; LANES], [f64::NEG_INFINITY; LANES]);
+    // A NaN adds nothing, counts nothing, and compares false (written as selects, these
+    // compile to the processor's min and max instructions).
+    let mut take = |l: usize, v: f64| {
+        let ok = !v.is_nan();
+        let d = if ok { v - c } else { 0.0 };
+        n[l] += u64::from(ok);
+        s1[l] += d;
+        s2[l] += d * d;
+        min[l] = if v < min[l] { v } else { min[l] };
+        max[l] = if v > max[l] { v } else { max[l] };
+    };
+    let lanes = run.chunks_exact(LANES);
+    let rest = lanes.remainder();
+    for (i, chunk) in lanes.enumerate() {
+        prefetch(
+            run.as_ptr()
+                .cast::<u8>()
+                .wrapping_add((i * LANES) * std::mem::size_of::<T>() + PREFETCH_AHEAD),
+        );
+        for (l, &x) in chunk.iter().enumerate() {
+            take(l, f(x));
+        }
+    }
+    for &x in rest {
+        take(0, f(x));
+    }
+    let n: u64 = n.iter().sum();
+    let (s1, s2): (f64, f64) = (s1.iter().sum(), s2.iter().sum());
+    let mean_shift = s1 / n as f64;
+    Moments {
+        n,
+        nan: run.len() as u64 - n,
+        mean: c + mean_shift,
+        // The squared deviations from the mean: s2 - n * shift², never below zero.
+        m2: (s2 - s1 * mean_shift).max(0.0),
+        min: min.iter().copied().fold(f64::INFINITY, f64::min),
+        max: max.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    }
+}
+
+/// How far ahead of the values being read [`moments`] asks for memory. A batch was written by
+/// the gather on another core moments before, and the hardware prefetcher alone did not keep
+/// up here: asking 4 KB ahead doubled the rate on the family's 181 x 360 fields
+/// (`bench/statistics.py`).
+const PREFETCH_AHEAD: usize = 4096;
+
+/// Asks for the cache line at `p` to be loaded (a hint: any address is allowed, none faults).
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint that never faults, whatever the address; SSE is part of
+    // the x86_64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// An IEEE 754 half-precision value.
+fn f16_to_f64(h: u16) -> f64 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exp = i32::from((h >> 10) & 0x1f);
+    let frac = f64::from(h & 0x3ff);
+    sign * match exp {
+        0 => frac * 2f64.powi(-24),
+        31 if frac == 0.0 => f64::INFINITY,
+        31 => f64::NAN,
+        e => (1.0 + frac / 1024.0) * 2f64.powi(e - 15),
+    }
+}
+
+/// The accumulator of one batch array: running moments per index along the axis.
+pub(crate) struct Accumulator {
+    dtype: DType,
+    /// Elements before the axis, along it, and after it, in one sample.
+    outer: usize,
+    len: usize,
+    inner: usize,
+    moments: Vec<Moments>,
+}
+
+impl Accumulator {
+    /// For the batch array `name` of rows shaped `row` (a sample, or a stack's channels and
+    /// sample), per index along inner axis `axis`.
+    pub(crate) fn new(
+        name: &str,
+        dtype: DType,
+        row: &[usize],
+        axis: Option<usize>,
+    ) -> Result<Self, EngineError> {
+        if matches!(dtype, DType::Complex64 | DType::Complex128) {
+            return Err(EngineError::arg(
+                "statistics",
+                name,
+                format!(
+                    "`{name}` is {}: a mean and a spread need real numbers",
+                    dtype.name()
+                ),
+            ));
+        }
+        let (outer, len, inner) = match axis {
+            None => (1, 1, row.iter().product()),
+            Some(k) if k < row.len() => (
+                row[..k].iter().product(),
+                row[k],
+                row[k + 1..].iter().product(),
+            ),
+            Some(k) => {
+                return Err(EngineError::arg(
+                    "axis",
+                    k,
+                    format!(
+                        "`{name}`'s rows have {} axes ({row:?}); axis 0 is the first after the \
+                         sample axis",
+                        row.len()
+                    ),
+                ));
+            }
+        };
+        Ok(Self {
+            dtype,
+            outer,
+            len,
+            inner,
+            moments: vec![Moments::EMPTY; len],
+        })
+    }
+
+    /// Adds every row of `array`.
+    pub(crate) fn add(&mut self, array: &BatchArray) {
+        macro_rules! typed {
+            ($t:ty) => {
+                self.add_values(array.values::<$t>().expect("the array's own dtype"), |x| {
+                    x as f64
+                })
+            };
+        }
+        match self.dtype {
+            DType::Float32 => typed!(f32),
+            DType::Float64 => typed!(f64),
+            DType::Int8 => typed!(i8),
+            DType::Int16 => typed!(i16),
+            DType::Int32 => typed!(i32),
+            DType::Int64 => typed!(i64),
+            DType::Uint8 => typed!(u8),
+            DType::Uint16 => typed!(u16),
+            DType::Uint32 => typed!(u32),
+            DType::Uint64 => typed!(u64),
+            DType::Bool => self.add_values(array.bytes(), f64::from),
+            DType::Float16 => {
+                let halves: Vec<u16> = array
+                    .bytes()
+                    .chunks_exact(2)
+                    .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+                    .collect();
+                self.add_values(&halves, f16_to_f64);
+            }
+            DType::Complex64 | DType::Complex128 => unreachable!("refused by `new`"),
+        }
+    }
+
+    fn add_values<T: Copy>(&mut self, values: &[T], f: impl Fn(T) -> f64 + Copy) {
+        // Run by run, in memory order: both passes over a run find it in the cache (a whole
+        // sample of a 181 x 360 float32 field is 260 KB), and the runs' moments are merged.
+        let row = self.outer * self.len * self.inner;
+        let rows = values.len() / row.max(1);
+        for r in 0..rows {
+            for o in 0..self.outer {
+                for (j, m) in self.moments.iter_mut().enumerate() {
+                    let at = ((r * self.outer + o) * self.len + j) * self.inner;
+                    m.merge(&moments(&values[at..at + self.inner], f));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn finish(&self, axis: Option<usize>) -> Statistics {
+        let m = &self.moments;
+        let or_nan = |n: u64, v: f64| if n == 0 { f64::NAN } else { v };
+        Statistics {
+            axis,
+            count: m.iter().map(|m| m.n).collect(),
+            nan_count: m.iter().map(|m| m.nan).collect(),
+            mean: m.iter().map(|m| or_nan(m.n, m.mean)).collect(),
+            std: m
+                .iter()
+                .map(|m| or_nan(m.n, (m.m2 / m.n.max(1) as f64).sqrt()))
+                .collect(),
+            min: m.iter().map(|m| or_nan(m.n, m.min)).collect(),
+            max: m.iter().map(|m| or_nan(m.n, m.max)).collect(),
+        }
+    }
+}
+
+/// Statistics accumulated batch by batch, for a loop that iterates the batches itself (the
+/// C API and Python feed it each batch they receive); [`InSituDataset::statistics`] runs an
+/// epoch through one.
+pub struct StatisticsAccumulator {
+    /// Each array's axis and moments.
+    arrays: BTreeMap<String, (Option<usize>, Accumulator)>,
+}
+
+impl StatisticsAccumulator {
+    /// For the batch arrays of `ds` (each label's, each stack's), per index along inner axis
+    /// `axis` (0 is the first after the sample axis: per level, or a stack's channels), or over
+    /// whole samples with `None`. An array whose rows lack the axis (a scalar series beside
+    /// fields) is taken over whole samples, and its statistics say `axis` none; an axis no
+    /// array has, and complex arrays, are errors.
+    pub fn new(ds: &InSituDataset, axis: Option<usize>) -> Result<Self, EngineError> {
+        let specs = ds.batch_arrays();
+        let rows: Vec<Vec<usize>> = specs
+            .iter()
+            .map(|s| s.row_shape.iter().map(|&d| d as usize).collect())
+            .collect();
+        let deepest = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let mut arrays = BTreeMap::new();
+        for (spec, row) in specs.iter().zip(&rows) {
+            // Past every array's axes the first one's error says what the rows are.
+            let own = axis.filter(|&k| k < row.len() || k >= deepest);
+            let a = Accumulator::new(&spec.name, spec.dtype, row, own)?;
+            arrays.insert(spec.name.clone(), (own, a));
+        }
+        Ok(Self { arrays })
+    }
+
+    /// Adds every row of `batch` (a batch of the dataset this was made for: an array of another
+    /// shape or type is an error naming it, and nothing is added).
+    pub fn add(&mut self, batch: &Batch) -> Result<(), EngineError> {
+        for (name, array) in batch.arrays() {
+            let foreign = |what: String| {
+                EngineError::arg(
+                    "batch",
+                    name,
+                    format!("{what}: add batches of the dataset the statistics were made for"),
+                )
+            };
+            let (_, a) = self
+                .arrays
+                .get(name)
+                .ok_or_else(|| foreign("the dataset's batches hold no such array".into()))?;
+            let row = a.outer * a.len * a.inner;
+            if array.dtype() != a.dtype || array.shape()[1..].iter().product::<usize>() != row {
+                return Err(foreign(format!(
+                    "`{name}` is {} {:?} here, not rows of {row} {} elements",
+                    array.dtype().name(),
+                    array.shape(),
+                    a.dtype.name()
+                )));
+            }
+        }
+        for (name, array) in batch.arrays() {
+            if let Some((_, a)) = self.arrays.get_mut(name) {
+                a.add(array);
+            }
+        }
+        Ok(())
+    }
+
+    /// The statistics so far, by batch array name.
+    pub fn finish(&self) -> BTreeMap<String, Statistics> {
+        self.arrays
+            .iter()
+            .map(|(name, (axis, a))| (name.clone(), a.finish(*axis)))
+            .collect()
+    }
+
+    /// [`StatisticsAccumulator::finish`] as JSON, an object by array name.
+    pub fn to_json(&self) -> serde_json::Value {
+        self.finish()
+            .into_iter()
+            .map(|(name, s)| (name, s.to_json()))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+}
+
+impl InSituDataset {
+    /// The statistics of every batch array (each label's, each stack's) over one epoch of
+    /// `split` as this dataset yields it (its stride, ranks and `drop_last` included): per
+    /// index along inner axis `axis` (0 is the first axis after the sample axis: per level, or
+    /// per channel of a stack), or over whole samples with `None`. The values are those the
+    /// batches hold, after chunk transforms: fit a `Standardize` on a dataset without it.
+    pub fn statistics(
+        &self,
+        split: &str,
+        axis: Option<usize>,
+    ) -> Result<BTreeMap<String, Statistics>, EngineError> {
+        let mut acc = StatisticsAccumulator::new(self, axis)?;
+        for batch in self.iter(split)? {
+            acc.add(&batch?)?;
+        }
+        Ok(acc.finish())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_moments_are_those_of_all_the_values() {
+        // Temperatures in kelvin: a large mean against a small spread.
+        let values: Vec<f64> = (0..1000)
+            .map(|i| 280.0 + ((i * 37) % 101) as f64 * 0.01)
+            .collect();
+        let whole = moments(&values, |v| v);
+        let mut merged = Moments::EMPTY;
+        for part in values.chunks(7) {
+            merged.merge(&moments(part, |v| v));
+        }
+        let n = values.len() as f64;
+        let mean = values.iter().sum::<f64>() / n;
+        let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+        for m in [whole, merged] {
+            assert_eq!(m.n, 1000);
+            assert!((m.mean - mean).abs() < 1e-9, "{m:?}");
+            assert!((m.m2 / n - var).abs() < 1e-9 * var, "{m:?} {var}");
+        }
+        // A mean a hundred million times the spread: the shift keeps the variance.
+        let far: Vec<f64> = (0..1000)
+            .map(|i| 1e6 + ((i * 37) % 101) as f64 * 1e-4)
+            .collect();
+        let mean = far.iter().sum::<f64>() / 1000.0;
+        let var = far.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 1000.0;
+        let mut merged = Moments::EMPTY;
+        for part in far.chunks(13) {
+            merged.merge(&moments(part, |v| v));
+        }
+        assert!(
+            (merged.m2 / 1000.0 - var).abs() < 1e-6 * var,
+            "{merged:?} {var}"
+        );
+        let with_nan = moments(&[1.0, f64::NAN, 3.0], |v| v);
+        assert_eq!((with_nan.n, with_nan.nan, with_nan.mean), (2, 1, 2.0));
+        assert_eq!((with_nan.min, with_nan.max), (1.0, 3.0));
+    }
+
+    #[test]
+    fn half_precision_values_convert_exactly() {
+        for (bits, want) in [
+            (0x3c00u16, 1.0),
+            (0xc000, -2.0),
+            (0x7bff, 65504.0),
+            (0x0001, 2f64.powi(-24)),
+            (0x3555, 0.333_251_953_125),
+        ] {
+            assert_eq!(f16_to_f64(bits), want, "{bits:#x}");
+        }
+        assert!(f16_to_f64(0x7e00).is_nan());
+        assert_eq!(f16_to_f64(0xfc00), f64::NEG_INFINITY);
+    }
+}
