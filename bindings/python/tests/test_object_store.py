@@ -206,6 +206,20 @@ def test_geometries_splits_and_the_cli_take_storage_options(fixtures, s3, tmp_pa
                     np.testing.assert_array_equal(b.arrays[label][r], ref[idx])
             seen += len(b)
         assert seen == ds.train.n_samples > 0
+    # Splits by ranges reopen the store with the geometry's options; a date reads the time
+    # coordinate from the bucket (these fixtures' has no units, which the refusal says).
+    by_range = isb.split_by_ranges(geoms["t2m"], {"train": (0, 8), "test": (8, 12)})
+    assert by_range.splits == {"train": [0, 1], "test": [2]}
+    with pytest.raises(isb.InvalidArgument, match="give sample indices"):
+        isb.split_by_ranges(geoms["t2m"], {"train": ("1979-01-01", 8)})
+    # Statistics of the bucket's train split are the local copy's.
+    with isb.InSituDataset(url, by_range, storage_options=s3) as remote, \
+            isb.InSituDataset(out / "era5_v3.zarr", by_range) as local:
+        got, want = remote.statistics("train", axis=0), local.statistics("train", axis=0)
+        assert got.keys() == want.keys() == {"t2m", "u10", "station"}
+        for name in got:
+            for field in ("count", "nan_count", "mean", "std", "min", "max"):
+                np.testing.assert_array_equal(getattr(got[name], field), getattr(want[name], field))
     with pytest.raises(isb.InvalidArgument, match="aws_"):
         isb.open_geometries(out / "era5_v3.zarr", storage_options=s3)
 
