@@ -161,6 +161,24 @@ pub struct CoordinateValues {
 }
 
 impl CoordinateValues {
+    /// The values as `f64` (`None` for a type that is not a real number).
+    pub fn as_f64(&self) -> Option<Vec<f64>> {
+        numbers(self.dtype, &self.bytes)
+    }
+
+    /// Value `i` as a date and time when the coordinate is a CF time axis of a Gregorian
+    /// calendar ([`cf_time`]), else `None`.
+    pub fn time_at(&self, i: usize) -> Option<String> {
+        let attr = |k: &str| self.attributes.get(k).and_then(|v| v.as_str());
+        let size = self.dtype.size_bytes();
+        let one = self.bytes.get(i * size..(i + 1) * size)?;
+        cf_time(
+            *numbers(self.dtype, one)?.first()?,
+            attr("units")?,
+            attr("calendar"),
+        )
+    }
+
     /// The values as JSON: `{"dimension", "path", "dtype", "values", "attributes"}`, integers
     /// exactly, floats as numbers (NaN and infinities, which JSON lacks, as null).
     pub fn to_json(&self) -> serde_json::Value {

@@ -1142,26 +1142,38 @@ fn run(cli: Cli) -> CliResult {
             };
             m.save(&output)?;
             let spc = m.samples_per_chunk();
-            let counts: Vec<String> = m
-                .splits
+            // A contiguous split's samples, and their first and last times when the sample
+            // axis has a CF time coordinate.
+            let options = &store.storage_options;
+            let times =
+                insitubatch::coordinate_values(&path, &m.array, None, m.sample_axis, options).ok();
+            let when = |a: u64, b: u64| -> String {
+                let at = |i: u64| times.as_ref().and_then(|t| t.time_at(i as usize));
+                match (at(a), at(b)) {
+                    (Some(a), Some(b)) => format!(", {a} .. {b}"),
+                    _ => String::new(),
+                }
+            };
+            let in_order = insitubatch::actors::planner::SPLIT_NAMES
                 .iter()
-                .map(|(k, v)| match (v.first(), v.last(), m.ranges.is_empty()) {
-                    (Some(a), Some(b), false) => format!(
-                        "{k} {} chunks (samples {}..{})",
-                        v.len(),
-                        a * spc,
-                        ((b + 1) * spc).min(m.n_samples())
-                    ),
+                .filter_map(|k| Some((k, m.splits.get(*k)?)));
+            let counts: Vec<String> = in_order
+                .map(|(k, v)| match (v.first(), v.last()) {
+                    (Some(&a), Some(&b)) if b - a + 1 == v.len() as u64 => {
+                        let (lo, hi) = (a * spc, ((b + 1) * spc).min(m.n_samples()));
+                        let span = when(lo, hi - 1);
+                        format!("{k} {} chunks (samples {lo}..{hi}{span})", v.len())
+                    }
                     _ => format!("{k} {} chunks", v.len()),
                 })
                 .collect();
             println!(
-                "wrote {} for `{}` ({} samples, {} per chunk): {}",
+                "wrote {} for `{}` ({} samples, {} per chunk):\n  {}",
                 output.display(),
                 m.array,
                 m.n_samples(),
                 m.samples_per_chunk(),
-                counts.join(", ")
+                counts.join("\n  ")
             );
             Ok(())
         }

@@ -394,7 +394,10 @@ fn split_by_ranges_of_dates_or_indices_takes_whole_chunks() {
         "train=1979-01-01..1979-01-08,val=1979-01-08..1979-01-09T00:00,test=32..40",
         &[],
     ));
-    assert!(out.contains("val 1 chunks (samples 28..32)"), "{out}");
+    assert!(
+        out.contains("val 1 chunks (samples 28..32, 1979-01-08T00:00 .. 1979-01-08T18:00)"),
+        "{out}"
+    );
     assert_eq!(chunks("train"), serde_json::json!([0, 1, 2, 3, 4, 5, 6]));
     assert_eq!(chunks("val"), serde_json::json!([7]));
     assert_eq!(chunks("test"), serde_json::json!([8, 9]));
