@@ -27,6 +27,7 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -135,15 +136,42 @@ VARIANTS = {
 }
 
 
+def synthetic_layout(store):
+    """The `insitubatch_synthetic.layout` a store's group attributes record (what version of
+    `make-dataset` wrote it), or None for a store without one."""
+    for doc in (store / "zarr.json", store / ".zattrs"):
+        if doc.exists():
+            attrs = json.loads(doc.read_text())
+            attrs = attrs.get("attributes", {}) if doc.name == "zarr.json" else attrs
+            return attrs.get("insitubatch_synthetic", {}).get("layout")
+    return None
+
+
+_CURRENT_LAYOUT = []
+
+
+def current_layout():
+    """The layout this build of `make-dataset` writes, from a one-sample store made once per run."""
+    if not _CURRENT_LAYOUT:
+        with tempfile.TemporaryDirectory() as tmp:
+            probe = Path(tmp) / "probe.zarr"
+            subprocess.run([BIN, "make-dataset", probe, "--samples", "1", "--grid", "1x1"],
+                           check=True, capture_output=True)
+            _CURRENT_LAYOUT.append(synthetic_layout(probe))
+    return _CURRENT_LAYOUT[0]
+
+
 def make_store(directory, spc, samples, grid, variant=None):
+    """The store of this shape in `directory`, made by `make-dataset` unless one made by this
+    version is already there (a store an older version made is made again: its values or
+    attributes may differ)."""
     extra = []
     tag = ""
     if variant:
         spc, extra = VARIANTS[variant]
         tag = f"_{variant}"
     store = Path(directory) / f"era5_spc{spc}_{samples}_{grid}{tag}.zarr"
-    marker = ".zgroup" if "--format" in extra else "zarr.json"
-    if not (store / marker).exists():
+    if synthetic_layout(store) != current_layout() or current_layout() is None:
         subprocess.run([BIN, "make-dataset", store, "--samples", str(samples), "--grid", grid,
                         "--sample-chunk", str(spc), "--force", *extra], check=True, capture_output=True)
     for f in store.rglob("*"):  # warm the page cache

@@ -94,3 +94,24 @@ def test_every_engine_runs_once_and_reports(tmp_path):
     # The ramped blocks run as their own engine, over the same samples.
     fast = next(r for r in rows if r["engine"] == "insitubatch (Rust API, fast_first_batch)")
     assert [e["samples"] for e in fast["epochs"]] == [e["samples"] for e in rust["epochs"]]
+
+
+def test_a_store_an_older_make_dataset_wrote_is_made_again(tmp_path, monkeypatch):
+    """`make_store` keeps a store this build's `make-dataset` wrote and rebuilds one whose
+    recorded layout is another (or missing): results are never measured on stale data."""
+    monkeypatch.syspath_prepend(str(HERE))
+    import run
+
+    store = run.make_store(tmp_path, 2, 8, "3x4")
+    layout = run.synthetic_layout(store)
+    assert layout is not None and layout == run.current_layout()
+    doc = store / "zarr.json"
+    stamp = doc.stat().st_mtime_ns
+    assert run.make_store(tmp_path, 2, 8, "3x4") == store and doc.stat().st_mtime_ns == stamp
+    meta = json.loads(doc.read_text())
+    meta["attributes"]["insitubatch_synthetic"]["layout"] = layout - 1
+    doc.write_text(json.dumps(meta))
+    run.make_store(tmp_path, 2, 8, "3x4")
+    assert run.synthetic_layout(store) == layout
+    v2 = run.make_store(tmp_path, 8, 8, "3x4", variant="v2-blosc")
+    assert run.synthetic_layout(v2) == layout and (v2 / ".zattrs").exists()

@@ -308,10 +308,11 @@ pub fn make_dataset(
     if spec.zarr_format == 3 {
         write_json(
             &dir.join("zarr.json"),
-            &json!({"zarr_format": 3, "node_type": "group", "attributes": {}}),
+            &json!({"zarr_format": 3, "node_type": "group", "attributes": group_attributes()}),
         )?;
     } else {
         write_json(&dir.join(".zgroup"), &json!({"zarr_format": 2}))?;
+        write_json(&dir.join(".zattrs"), &group_attributes())?;
     }
     // Each coordinate with its CF attributes, as ERA5 stores them: time in hours since a
     // reference date, which readers decode to dates (`inspect`, `coordinate_values`).
@@ -468,6 +469,17 @@ pub fn make_dataset(
     consolidate(dir, spec.zarr_format, &names)
 }
 
+/// The version of what `make-dataset` writes: raised whenever a store made by this version
+/// would differ from one made by the last (values, attributes, fill values), so that tools
+/// keeping stores between runs (`make bench-harness`) can tell a stale one and rebuild it.
+/// 2: ERA5's CF attributes and fill values no value takes (thirtieth session).
+pub const SYNTH_LAYOUT: u64 = 2;
+
+/// The group's attributes: `{"insitubatch_synthetic": {"layout": SYNTH_LAYOUT}}`.
+fn group_attributes() -> Value {
+    json!({"insitubatch_synthetic": {"layout": SYNTH_LAYOUT}})
+}
+
 /// Writes consolidated metadata for the arrays `names` of the group at `dir`, as zarr-python's
 /// `consolidate_metadata` does (v3: inline in the group's `zarr.json`; v2: `.zmetadata`), so
 /// that the store opens without listing: an object store lists slowly, and a plain HTTP server
@@ -491,12 +503,13 @@ fn consolidate(dir: &Path, zarr_format: u8, names: &[String]) -> Result<(), Synt
         let group = json!({
             "zarr_format": 3,
             "node_type": "group",
-            "attributes": {},
+            "attributes": group_attributes(),
             "consolidated_metadata": {"kind": "inline", "must_understand": false, "metadata": entries},
         });
         write_json(&dir.join("zarr.json"), &group)
     } else {
         entries.insert(".zgroup".into(), json!({"zarr_format": 2}));
+        entries.insert(".zattrs".into(), group_attributes());
         for name in names {
             for file in [".zarray", ".zattrs"] {
                 entries.insert(format!("{name}/{file}"), read(&dir.join(name).join(file))?);
