@@ -16,7 +16,7 @@ mod statistics;
 pub mod synth;
 
 pub use coords::{
-    CoordinateBounds, CoordinateRegion, CoordinateValues, SampleBound, coordinate_region,
+    CoordinateBounds, CoordinateRegion, CoordinateValues, SampleBound, cf_time, coordinate_region,
     coordinate_values, sample_ranges, time_index,
 };
 pub use dataset::{

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use insitubatch_actors::transform::{Standardize, Values};
 use insitubatch_actors::{Batch, BatchArray, EngineError};
 use insitubatch_store::DType;
 
@@ -36,6 +37,29 @@ pub struct Statistics {
 }
 
 impl Statistics {
+    /// The `Standardize` chunk transform these statistics describe (one mean and spread, or one
+    /// per index along the same axis): `(x - mean) / std`. An error where a spread is zero or
+    /// not finite (a constant field, an index without values), which nothing can standardize.
+    pub fn standardize(&self) -> Result<Standardize, EngineError> {
+        if let Some(bad) = self.std.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+            return Err(EngineError::arg(
+                "std",
+                bad,
+                "standardizing needs a positive, finite spread at every index (a constant or \
+                 empty index has none)",
+            ));
+        }
+        let values = |v: &[f64]| match self.axis {
+            None => Values::One(v[0]),
+            Some(_) => Values::PerIndex(v.to_vec()),
+        };
+        Ok(Standardize {
+            mean: values(&self.mean),
+            std: values(&self.std),
+            axis: self.axis,
+        })
+    }
+
     /// As JSON: `{"axis", "count", "nan_count", "mean", "std", "min", "max"}`, lists of one
     /// value per index (NaN, which JSON lacks, as null).
     pub fn to_json(&self) -> serde_json::Value {
@@ -403,6 +427,48 @@ impl InSituDataset {
     /// index along inner axis `axis` (0 is the first axis after the sample axis: per level, or
     /// per channel of a stack), or over whole samples with `None`. The values are those the
     /// batches hold, after chunk transforms: fit a `Standardize` on a dataset without it.
+    ///
+    /// ```
+    /// use insitubatch::synth::{SynthSpec, make_dataset};
+    /// use insitubatch::{InSituDataset, Snap, sample_ranges, split_by_ranges, SampleBound};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("isb-stats-doc-{}", std::process::id()));
+    /// # let store = dir.join("era5.zarr");
+    /// # make_dataset(&store, &SynthSpec { samples: 40, grid: (9, 16), sample_chunk: 4,
+    /// #     ..Default::default() }, true, &|_, _| {})?;
+    /// // Six-hourly fields from 1979-01-01: train on the first week, validate on the next day.
+    /// let probe = InSituDataset::builder(&store).variable("t2m", "t2m").build()?;
+    /// let geom = &probe.variables()[0].geom;
+    /// let date = |d: &str| SampleBound::Time(d.to_string());
+    /// let periods = [
+    ///     ("train".to_string(), date("1979-01-01"), date("1979-01-08")),
+    ///     ("val".to_string(), date("1979-01-08"), date("1979-01-09")),
+    /// ];
+    /// let ranges = sample_ranges(&store, geom, &periods, &[])?;
+    /// assert_eq!(ranges[0].1, 0..28);
+    /// let ranges: Vec<(&str, std::ops::Range<u64>)> =
+    ///     ranges.iter().map(|(n, r)| (n.as_str(), r.clone())).collect();
+    /// let manifest = split_by_ranges(geom, &ranges, Snap::Exact)?;
+    ///
+    /// // Per-latitude statistics of the training week, then a dataset standardized by them.
+    /// let raw = InSituDataset::builder(&store)
+    ///     .variable("t2m", "t2m")
+    ///     .manifest(manifest.clone())
+    ///     .build()?;
+    /// let fitted = raw.statistics("train", Some(0))?;
+    /// assert_eq!(fitted["t2m"].count, vec![28 * 16; 9]);
+    /// let ds = InSituDataset::builder(&store)
+    ///     .variable("t2m", "t2m")
+    ///     .manifest(manifest)
+    ///     .chunk_transform_for(["t2m"], fitted["t2m"].standardize()?)
+    ///     .build()?;
+    /// let after = &ds.statistics("train", Some(0))?["t2m"];
+    /// assert!(after.mean.iter().all(|m| m.abs() < 1e-5));
+    /// assert!(after.std.iter().all(|s| (s - 1.0).abs() < 1e-5));
+    /// # drop((raw, probe, ds));
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
     pub fn statistics(
         &self,
         split: &str,
