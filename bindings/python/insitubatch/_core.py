@@ -618,6 +618,28 @@ class Statistics(NamedTuple):
         return cls(v["axis"], ints(v["count"]), ints(v["nan_count"]), floats(v["mean"]),
                    floats(v["std"]), floats(v["min"]), floats(v["max"]))
 
+    def to_json(self) -> str:
+        """The statistics as JSON text, as the library writes them (lists of one value per
+        index, NaN as null): to keep beside a model the normalisation it was trained with."""
+
+        def listed(v, cast):
+            return [None if cast is float and np.isnan(x) else cast(x) for x in np.atleast_1d(v)]
+
+        return json.dumps({
+            "axis": self.axis,
+            "count": listed(self.count, int), "nan_count": listed(self.nan_count, int),
+            "mean": listed(self.mean, float), "std": listed(self.std, float),
+            "min": listed(self.min, float), "max": listed(self.max, float),
+        })
+
+    @classmethod
+    def from_json(cls, text: str) -> "Statistics":
+        """Statistics from `to_json` text (or one array's entry of the library's JSON)."""
+        try:
+            return cls._from_json(json.loads(text))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise errors.InvalidArgument(f"not statistics JSON: {e}") from None
+
     def standardize(self, paths: Sequence[str] | None = None):
         """A `transforms.Standardize` with these statistics (per index along the same axis),
         restricted to the arrays at `paths` when given (`applies`). An index whose spread is

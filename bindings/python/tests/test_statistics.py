@@ -50,6 +50,13 @@ def test_a_standardize_fitted_on_train_standardizes_it(fixtures):
         after = ds.statistics("train", axis=0)["t2m"]
     np.testing.assert_allclose(after.mean, 0.0, atol=1e-5)
     np.testing.assert_allclose(after.std, 1.0, rtol=1e-5)
+    # Kept beside a model as JSON, read back the same.
+    back = isb.Statistics.from_json(fitted.to_json())
+    assert back.axis == 0
+    for field in ("count", "nan_count", "mean", "std", "min", "max"):
+        np.testing.assert_array_equal(getattr(back, field), getattr(fitted, field))
+    with pytest.raises(isb.InvalidArgument, match="not statistics JSON"):
+        isb.Statistics.from_json('{"axis": 0}')
     flat = isb.Statistics(None, 4, 0, 1.0, 0.0, 1.0, 1.0)
     with pytest.raises(isb.InvalidArgument, match="positive, finite"):
         flat.standardize()
