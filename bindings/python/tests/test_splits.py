@@ -212,3 +212,55 @@ def test_a_sample_stride_draws_the_hours_asked_for_in_every_split(tmp_path):
         isb.InSituDataset(path, sample_stride=0)
     with pytest.raises(TypeError, match="`sample_stride` must be an int"):
         isb.InSituDataset(path, sample_stride=2.0)
+
+
+def test_the_end_to_end_example_in_the_python_docs_trains_on_its_years(tmp_path):
+    """docs/python-api.md, "A forecast model's data, end to end", run as printed over three
+    years of 6-hourly synthetic fields (1979 to 1981), with 1980 as its training period and
+    1981 as its validation year: every batch's inputs are the standardized fields at t - 6 h
+    and t and the wind at t, its target the field at t + 6 h, all from the right years."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    text = (root / "docs" / "python-api.md").read_text()
+    section = text.split("## A forecast model's data, end to end", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    store = tmp_path / "era5.zarr"
+    samples = (365 + 366 + 365) * 4
+    subprocess.run([str(root / "target" / "release" / "insitubatch"), "make-dataset", str(store),
+                    "--samples", str(samples), "--grid", "3x4", "--sample-chunk", "4"],
+                   check=True, capture_output=True)
+    code = (code.replace("/data/era5.zarr", str(store)).replace("1979-01-01", "1980-01-01")
+            .replace("2016-01-01", "1981-01-01").replace("2017-01-01", "1982-01-01"))
+    seen: dict = {"train": [], "val": []}
+    code = code.replace("        ...                                                       # a training step",
+                        "        seen['train'].append((b, inputs, target))")
+    code = code.replace("        ...                                                       # validation, in time order",
+                        "        seen['val'].append(b)")
+    scope = {"seen": seen}
+    exec(code, scope)
+    ds, stats = scope["ds"], scope["stats"]
+    t2m = zarr.open_array(store / "t2m", mode="r")[...].astype(np.float64)
+    u10 = zarr.open_array(store / "u10", mode="r")[...].astype(np.float64)
+    train = np.arange(365 * 4, 731 * 4)                 # 1980, a leap year
+    np.testing.assert_allclose(stats["t2m"].mean, t2m[train].mean(), rtol=1e-12)
+    mean_t, std_t = stats["t2m"].mean, stats["t2m"].std
+    mean_u, std_u = stats["u10"].mean, stats["u10"].std
+    drawn = []
+    for b, inputs, target in seen["train"][-4:]:
+        rows = b.sample_indices
+        drawn += list(rows)
+        assert inputs.shape == (len(b), 3, 3, 4) and target.shape == (len(b), 3, 4)
+        np.testing.assert_allclose(inputs[:, 0], (t2m[rows - 1] - mean_t) / std_t, atol=1e-5)
+        np.testing.assert_allclose(inputs[:, 1], (t2m[rows] - mean_t) / std_t, atol=1e-5)
+        np.testing.assert_allclose(inputs[:, 2], (u10[rows] - mean_u) / std_u, atol=1e-5)
+        np.testing.assert_allclose(target, (t2m[rows + 1] - mean_t) / std_t, atol=1e-5)
+    last_epoch = [b for b, _, _ in seen["train"][len(seen["train"]) // 2:]]
+    got = np.sort(np.concatenate([b.sample_indices for b in last_epoch]))
+    np.testing.assert_array_equal(got, train)
+    val = np.concatenate([b.sample_indices for b in seen["val"][len(seen["val"]) // 2:]])
+    # 1981 in time order, but its last sample, whose t + 6 h is past the array.
+    np.testing.assert_array_equal(val, np.arange(731 * 4, 1096 * 4 - 1))
+    ds.close()
