@@ -86,14 +86,7 @@ pub fn split_by_chunk(
             format!("they sum to {total}, over 1; they are fractions of the chunks"),
         ));
     }
-    let n = geom.n_samples();
-    if n == 0 {
-        return Err(EngineError::NoSamples {
-            array: geom.label().to_string(),
-            shape: geom.shape.clone(),
-            axis: geom.sample_axis,
-        });
-    }
+    let n = samples_of(geom)?;
     let (start, stop) = sample_range.unwrap_or((0, n));
     if start >= stop || stop > n {
         return Err(EngineError::arg(
@@ -152,6 +145,18 @@ pub fn split_by_chunk(
     })
 }
 
+/// The length of `geom`'s sample axis, or an error when it has no samples to split.
+fn samples_of(geom: &ArrayGeometry) -> Result<u64, EngineError> {
+    match geom.n_samples() {
+        0 => Err(EngineError::NoSamples {
+            array: geom.label().to_string(),
+            shape: geom.shape.clone(),
+            axis: geom.sample_axis,
+        }),
+        n => Ok(n),
+    }
+}
+
 /// How [`split_by_ranges`] treats a range boundary that falls inside a stored chunk. A split
 /// holds whole chunks, so such a chunk either joins the split or stays out of it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -208,14 +213,7 @@ pub fn split_by_ranges(
     ranges: &[(&str, std::ops::Range<u64>)],
     snap: Snap,
 ) -> Result<SplitManifest, EngineError> {
-    let n = geom.n_samples();
-    if n == 0 {
-        return Err(EngineError::NoSamples {
-            array: geom.label().to_string(),
-            shape: geom.shape.clone(),
-            axis: geom.sample_axis,
-        });
-    }
+    let n = samples_of(geom)?;
     let shown = |r: &std::ops::Range<u64>| format!("{}..{}", r.start, r.end);
     if ranges.is_empty() {
         return Err(EngineError::arg(

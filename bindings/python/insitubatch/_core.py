@@ -580,6 +580,12 @@ def split_by_chunk(
     if sample_range is not None:
         start, stop = sample_range
         params["sample_range"] = [_check_int("sample_range", start, 0), _check_int("sample_range", stop, 0)]
+    return _split(geom, params)
+
+
+def _split(geom: ArrayGeometry, params: dict) -> SplitManifest:
+    """`isb_split_by_chunk` over `geom`'s array with `params`, reopening its store with the
+    options it carries."""
     if geom.storage_options:
         params["storage_options"] = _storage_options(geom.storage_options)
     raw = _json_call(
@@ -689,15 +695,7 @@ def split_by_ranges(geom: ArrayGeometry, ranges: Mapping, snap: str = "exact") -
             ) from None
         given[name] = [_range_bound(name, start), _range_bound(name, stop)]
     params: dict[str, Any] = {"ranges": given, "snap": snap, "sample_axis": geom.sample_axis}
-    if geom.storage_options:
-        params["storage_options"] = _storage_options(geom.storage_options)
-    raw = _json_call(
-        lib.isb_split_by_chunk,
-        _path(geom.store),
-        geom.path.encode(),
-        json.dumps(params).encode(),
-    )
-    return SplitManifest(raw)
+    return _split(geom, params)
 
 
 def _range_bound(name: str, value) -> int | str:
