@@ -169,6 +169,16 @@ fn a_stacks_channels_have_its_labels_statistics_and_nan_is_counted_apart() {
     let mut want = reference(&values(&t2m), &t2m.shape, &rest, None);
     want.nan_count = vec![4 * 9 * 16];
     assert_close(got, &want, "with a NaN chunk");
+    // Per longitude (runs of one value, summed per index over each batch) and per latitude
+    // (runs of 16), NaN counted apart the same way.
+    let mut holes = values(&t2m);
+    holes[4 * 144..8 * 144].fill(f64::NAN);
+    let all: Vec<u64> = (0..12).collect();
+    for axis in [Some(1), Some(0)] {
+        let got = &ds.statistics("all", axis).unwrap()["t2m"];
+        let want = reference(&holes, &t2m.shape, &all, axis);
+        assert_close(got, &want, &format!("NaN chunk, axis {axis:?}"));
+    }
 }
 
 #[test]
