@@ -103,6 +103,27 @@ impl Moments {
         max: f64::NEG_INFINITY,
     };
 
+    /// The moments of `n` values (and `nan` NaN) from their sums of differences from a shift
+    /// `c`: `s1` of the differences, `s2` of their squares.
+    fn from_shifted(c: f64, n: u64, nan: u64, s1: f64, s2: f64, min: f64, max: f64) -> Moments {
+        if n == 0 {
+            return Moments {
+                nan,
+                ..Moments::EMPTY
+            };
+        }
+        let mean_shift = s1 / n as f64;
+        Moments {
+            n,
+            nan,
+            mean: c + mean_shift,
+            // The squared deviations from the mean: s2 - n * shift², never below zero.
+            m2: (s2 - s1 * mean_shift).max(0.0),
+            min,
+            max,
+        }
+    }
+
     /// Chan et al.'s pairwise merge.
     fn merge(&mut self, o: &Moments) {
         self.nan += o.nan;
@@ -171,17 +192,15 @@ fn moments<T: Copy>(run: &[T], f: impl Fn(T) -> f64 + Copy) -> Moments {
         take(0, f(x));
     }
     let n: u64 = n.iter().sum();
-    let (s1, s2): (f64, f64) = (s1.iter().sum(), s2.iter().sum());
-    let mean_shift = s1 / n as f64;
-    Moments {
+    Moments::from_shifted(
+        c,
         n,
-        nan: run.len() as u64 - n,
-        mean: c + mean_shift,
-        // The squared deviations from the mean: s2 - n * shift², never below zero.
-        m2: (s2 - s1 * mean_shift).max(0.0),
-        min: min.iter().copied().fold(f64::INFINITY, f64::min),
-        max: max.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-    }
+        run.len() as u64 - n,
+        s1.iter().sum(),
+        s2.iter().sum(),
+        min.iter().copied().fold(f64::INFINITY, f64::min),
+        max.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    )
 }
 
 /// Runs shorter than this many values are summed per index over a whole batch
@@ -222,6 +241,8 @@ fn f16_to_f64(h: u16) -> f64 {
 
 /// The accumulator of one batch array: running moments per index along the axis.
 pub(crate) struct Accumulator {
+    /// The inner axis the indices run along (`None`: one index, whole samples).
+    axis: Option<usize>,
     dtype: DType,
     /// Elements before the axis, along it, and after it, in one sample.
     outer: usize,
@@ -269,6 +290,7 @@ impl Accumulator {
             }
         };
         Ok(Self {
+            axis,
             dtype,
             outer,
             len,
@@ -356,49 +378,39 @@ impl Accumulator {
                 break;
             }
         }
-        let mut acc = vec![Moments::EMPTY; len]; // n, nan; mean as the sum, m2 as the squares
+        // Per index: values, NaN, sums of the differences from its shift and of their
+        // squares, least and greatest.
+        let mut acc = vec![(0u64, 0u64, 0.0f64, 0.0f64, f64::INFINITY, f64::NEG_INFINITY); len];
         for run in 0..runs {
             let block = &values[run * len * inner..(run + 1) * len * inner];
             for (j, part) in block.chunks_exact(inner).enumerate() {
-                let (a, c) = (&mut acc[j], shift[j]);
+                let ((n, nan, s1, s2, min, max), c) = (&mut acc[j], shift[j]);
                 for &x in part {
                     let v = f(x);
                     if v.is_nan() {
-                        a.nan += 1;
+                        *nan += 1;
                     } else {
                         let d = v - c;
-                        a.n += 1;
-                        a.mean += d;
-                        a.m2 += d * d;
-                        a.min = if v < a.min { v } else { a.min };
-                        a.max = if v > a.max { v } else { a.max };
+                        *n += 1;
+                        *s1 += d;
+                        *s2 += d * d;
+                        *min = if v < *min { v } else { *min };
+                        *max = if v > *max { v } else { *max };
                     }
                 }
             }
         }
-        for ((m, a), c) in self.moments.iter_mut().zip(&acc).zip(&shift) {
-            let batch = if a.n == 0 {
-                Moments {
-                    nan: a.nan,
-                    ..Moments::EMPTY
-                }
-            } else {
-                let mean_shift = a.mean / a.n as f64;
-                Moments {
-                    mean: c + mean_shift,
-                    m2: (a.m2 - a.mean * mean_shift).max(0.0),
-                    ..*a
-                }
-            };
-            m.merge(&batch);
+        for ((m, &(n, nan, s1, s2, min, max)), &c) in self.moments.iter_mut().zip(&acc).zip(&shift)
+        {
+            m.merge(&Moments::from_shifted(c, n, nan, s1, s2, min, max));
         }
     }
 
-    pub(crate) fn finish(&self, axis: Option<usize>) -> Statistics {
+    pub(crate) fn finish(&self) -> Statistics {
         let m = &self.moments;
         let or_nan = |n: u64, v: f64| if n == 0 { f64::NAN } else { v };
         Statistics {
-            axis,
+            axis: self.axis,
             count: m.iter().map(|m| m.n).collect(),
             nan_count: m.iter().map(|m| m.nan).collect(),
             mean: m.iter().map(|m| or_nan(m.n, m.mean)).collect(),
@@ -416,8 +428,8 @@ impl Accumulator {
 /// C API and Python feed it each batch they receive); [`InSituDataset::statistics`] runs an
 /// epoch through one.
 pub struct StatisticsAccumulator {
-    /// Each array's axis and moments.
-    arrays: BTreeMap<String, (Option<usize>, Accumulator)>,
+    /// Each array's moments.
+    arrays: BTreeMap<String, Accumulator>,
 }
 
 impl StatisticsAccumulator {
@@ -438,7 +450,7 @@ impl StatisticsAccumulator {
             // Past every array's axes the first one's error says what the rows are.
             let own = axis.filter(|&k| k < row.len() || k >= deepest);
             let a = Accumulator::new(&spec.name, spec.dtype, row, own)?;
-            arrays.insert(spec.name.clone(), (own, a));
+            arrays.insert(spec.name.clone(), a);
         }
         Ok(Self { arrays })
     }
@@ -454,7 +466,7 @@ impl StatisticsAccumulator {
                     format!("{what}: add batches of the dataset the statistics were made for"),
                 )
             };
-            let (_, a) = self
+            let a = self
                 .arrays
                 .get(name)
                 .ok_or_else(|| foreign("the dataset's batches hold no such array".into()))?;
@@ -469,7 +481,7 @@ impl StatisticsAccumulator {
             }
         }
         for (name, array) in batch.arrays() {
-            if let Some((_, a)) = self.arrays.get_mut(name) {
+            if let Some(a) = self.arrays.get_mut(name) {
                 a.add(array);
             }
         }
@@ -480,7 +492,7 @@ impl StatisticsAccumulator {
     pub fn finish(&self) -> BTreeMap<String, Statistics> {
         self.arrays
             .iter()
-            .map(|(name, (axis, a))| (name.clone(), a.finish(*axis)))
+            .map(|(name, a)| (name.clone(), a.finish()))
             .collect()
     }
 

@@ -127,21 +127,12 @@ pub fn split_by_chunk(
         splits.insert(name.to_string(), part);
         lo = hi;
     }
-    let chunk_start = first * spc;
-    let chunk_stop = ((last + 1) * spc).min(n);
+    let sample_range = [first * spc, ((last + 1) * spc).min(n)];
     Ok(SplitManifest {
-        format: MANIFEST_FORMAT,
-        array: geom.path.clone(),
-        shape: geom.shape.clone(),
-        chunks: geom.chunks.clone(),
-        sample_axis: geom.sample_axis,
-        sample_range: [chunk_start, chunk_stop],
         seed,
         contiguous,
         fractions: fractions.to_vec(),
-        ranges: BTreeMap::new(),
-        snap: None,
-        splits,
+        ..SplitManifest::of(geom, sample_range, splits)
     })
 }
 
@@ -325,25 +316,39 @@ pub fn split_by_ranges(
     let lo = taken.iter().map(|t| t.0).min().expect("at least one range");
     let hi = taken.iter().map(|t| t.1).max().expect("at least one range");
     Ok(SplitManifest {
-        format: MANIFEST_FORMAT,
-        array: geom.path.clone(),
-        shape: geom.shape.clone(),
-        chunks: geom.chunks.clone(),
-        sample_axis: geom.sample_axis,
-        sample_range: [lo * spc, (hi * spc).min(n)],
-        seed: 0,
-        contiguous: true,
-        fractions: Vec::new(),
         ranges: ranges
             .iter()
             .map(|(name, r)| (name.to_string(), [r.start, r.end]))
             .collect(),
         snap: Some(snap),
-        splits,
+        ..SplitManifest::of(geom, [lo * spc, (hi * spc).min(n)], splits)
     })
 }
 
 impl SplitManifest {
+    /// `splits` of `geom`'s chunks drawn from `sample_range`, as one contiguous run each; the
+    /// fields saying how they were drawn (fractions, seed, ranges) are the caller's to set.
+    fn of(
+        geom: &ArrayGeometry,
+        sample_range: [u64; 2],
+        splits: BTreeMap<String, Vec<u64>>,
+    ) -> Self {
+        Self {
+            format: MANIFEST_FORMAT,
+            array: geom.path.clone(),
+            shape: geom.shape.clone(),
+            chunks: geom.chunks.clone(),
+            sample_axis: geom.sample_axis,
+            sample_range,
+            seed: 0,
+            contiguous: true,
+            fractions: Vec::new(),
+            ranges: BTreeMap::new(),
+            snap: None,
+            splits,
+        }
+    }
+
     /// Samples per chunk along the sample axis of the reference array.
     pub fn samples_per_chunk(&self) -> u64 {
         self.chunks[self.sample_axis]
