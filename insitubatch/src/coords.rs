@@ -58,7 +58,7 @@ pub fn coordinate_region(
     bounds: &[CoordinateBounds],
     storage_options: &[(String, String)],
 ) -> Result<CoordinateRegion, EngineError> {
-    let (store, hierarchy, runtime) = open_store(root.as_ref(), storage_options)?;
+    let (store, hierarchy, runtime) = open_store(root.as_ref(), storage_options, &[])?;
     let arr = array_in(&hierarchy, array)?;
     if sample_axis >= arr.ndim() {
         return Err(EngineError::arg(
@@ -212,7 +212,7 @@ pub fn coordinate_values(
     sample_axis: usize,
     storage_options: &[(String, String)],
 ) -> Result<CoordinateValues, EngineError> {
-    let (store, hierarchy, runtime) = open_store(root.as_ref(), storage_options)?;
+    let (store, hierarchy, runtime) = open_store(root.as_ref(), storage_options, &[])?;
     let arr = array_in(&hierarchy, array)?;
     let dims = arr.dimension_names().ok_or_else(|| {
         EngineError::arg(
@@ -482,7 +482,7 @@ fn array_in<'a>(
 /// Every element of 1-D array `coord`, native-endian, read on `runtime`.
 fn read_whole(
     runtime: &insitubatch_runtime::Runtime,
-    store: &insitubatch_store::AnyStore,
+    store: &insitubatch_store::MountedStore,
     coord: &ZarrArray,
 ) -> Result<Vec<u8>, EngineError> {
     runtime

@@ -18,7 +18,9 @@ use insitubatch_runtime::sync::Semaphore;
 use insitubatch_runtime::{
     IoBackend, IoBackendChoice, MAX_EXECUTOR_THREADS, Runtime, RuntimeBuilder,
 };
-use insitubatch_store::{AnyStore, ArrayGeometry, Hierarchy, open_geometries, open_hierarchy};
+use insitubatch_store::{
+    AnyStore, ArrayGeometry, Hierarchy, MountedStore, open_geometries, open_mounted_hierarchy,
+};
 
 /// Default rows per batch.
 pub const DEFAULT_BATCH_SIZE: usize = 32;
@@ -201,6 +203,7 @@ pub struct DatasetBuilder {
     /// The splits whose epochs leave out a short last batch.
     drop_last: Vec<String>,
     storage_options: Vec<(String, String)>,
+    mounts: Vec<Mount>,
     chunk_transforms: ChunkTransforms,
     stacks: Vec<(String, Vec<String>)>,
     /// The first bad `chunk_transforms_json`, reported by `build`.
@@ -597,6 +600,32 @@ impl DatasetBuilder {
         self
     }
 
+    /// Mounts the store at `location` (a directory or a URL, as for the dataset's root) as the
+    /// group `name` of the dataset's store: its array `tp` is then the array `"{name}/tp"`
+    /// (`.variable("y", "targets/tp")`), read from that store. For variables that live in two
+    /// stores on the same sample axis (inputs from one archive, targets from another); their
+    /// lengths along it must be equal, as for any two variables. A name the root store already
+    /// uses is refused when the dataset is built.
+    pub fn mount(self, name: impl Into<String>, location: impl AsRef<Path>) -> Self {
+        self.mount_with(name, location, &[])
+    }
+
+    /// [`mount`](Self::mount) with object-store options for that store alone (the root's
+    /// [`storage_option`](Self::storage_option)s are not applied to it).
+    pub fn mount_with(
+        mut self,
+        name: impl Into<String>,
+        location: impl AsRef<Path>,
+        storage_options: &[(String, String)],
+    ) -> Self {
+        self.mounts.push(Mount {
+            name: name.into(),
+            location: location.as_ref().to_path_buf(),
+            storage_options: storage_options.to_vec(),
+        });
+        self
+    }
+
     /// Appends a chunk transform for every array: it runs on each decoded chunk before the pool
     /// holds it, so it is paid once per chunk and cached with it (see
     /// [`insitubatch_actors::transform`]). Transforms run in the order they were added.
@@ -701,7 +730,7 @@ impl DatasetBuilder {
             None => into_rows_from_env()?,
         };
         crate::allocator::fit_to_address_space();
-        let store = AnyStore::open(&self.root, &self.storage_options)?;
+        let store = open_mounted(&self.root, &self.storage_options, &self.mounts)?;
         let mut rb = RuntimeBuilder::new().io_backend(self.io_backend);
         if let Some(n) = self.executor_threads {
             rb = rb.executor_threads(n);
@@ -908,6 +937,7 @@ impl DatasetBuilder {
         let ds = InSituDataset {
             root: self.root,
             storage_options: self.storage_options,
+            mounts: self.mounts,
             runtime: Arc::new(runtime),
             ctx,
             variables,
@@ -993,8 +1023,9 @@ fn cache_arrays(variables: &[Variable], transforms: &HashMap<String, Pipeline>) 
 pub struct InSituDataset {
     root: PathBuf,
     storage_options: Vec<(String, String)>,
+    mounts: Vec<Mount>,
     runtime: Arc<Runtime>,
-    ctx: Arc<EngineContext<AnyStore>>,
+    ctx: Arc<EngineContext<MountedStore>>,
     variables: Vec<Variable>,
     manifest: SplitManifest,
     batch_size: usize,
@@ -1059,6 +1090,7 @@ impl InSituDataset {
             even_train: true,
             drop_last: Vec::new(),
             storage_options: Vec::new(),
+            mounts: Vec::new(),
             chunk_transforms: ChunkTransforms::default(),
             stacks: Vec::new(),
             chunk_transforms_error: None,
@@ -1123,6 +1155,18 @@ impl InSituDataset {
     /// The object-store options it was opened with.
     pub fn storage_options(&self) -> &[(String, String)] {
         &self.storage_options
+    }
+
+    /// The mounts as given to the builder (for tools that open the stores again).
+    pub(crate) fn mount_specs(&self) -> &[Mount] {
+        &self.mounts
+    }
+
+    /// The stores mounted in the dataset's store: (name, location), in the order mounted.
+    pub fn mounts(&self) -> impl Iterator<Item = (&str, &Path)> {
+        self.mounts
+            .iter()
+            .map(|m| (m.name.as_str(), m.location.as_path()))
     }
 
     /// Decoded bytes of every slot `split` reads at the current epoch: a `cache_budget_bytes`
@@ -1418,23 +1462,47 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Reads the store's metadata through `runtime`.
-fn load_hierarchy(runtime: &Runtime, store: &AnyStore) -> Result<Hierarchy, EngineError> {
+/// A store mounted as a group of the dataset's store ([`DatasetBuilder::mount`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Mount {
+    name: String,
+    location: PathBuf,
+    storage_options: Vec<(String, String)>,
+}
+
+/// The store at `root` with `mounts` mounted in it (nothing is read yet).
+fn open_mounted(
+    root: &Path,
+    storage_options: &[(String, String)],
+    mounts: &[Mount],
+) -> Result<MountedStore, EngineError> {
+    let mut store = MountedStore::new(AnyStore::open(root, storage_options)?);
+    for m in mounts {
+        // A store that does not open says so naming its own path or URL.
+        let opened = AnyStore::open(&m.location, &m.storage_options)?;
+        store.mount(&m.name, opened, &m.location.display().to_string())?;
+    }
+    Ok(store)
+}
+
+/// Reads the metadata of the store and of the stores mounted in it through `runtime`.
+fn load_hierarchy(runtime: &Runtime, store: &MountedStore) -> Result<Hierarchy, EngineError> {
     let store = store.clone();
     runtime
-        .block_on(move || async move { open_hierarchy(&store).await })
+        .block_on(move || async move { open_mounted_hierarchy(&store).await })
         .map_err(|e| EngineError::Runtime(e.to_string()))?
         .map_err(EngineError::from)
 }
 
-/// The store at `root`, its metadata, and a one-thread runtime to read it with (for tools that
-/// read outside a dataset: `geometries`, the benchmark's ceilings).
+/// The store at `root` (with `mounts`), its metadata, and a one-thread runtime to read it with
+/// (for tools that read outside a dataset: `geometries`, coordinates, the benchmark's ceilings).
 pub(crate) fn open_store(
     root: &Path,
     storage_options: &[(String, String)],
-) -> Result<(AnyStore, Hierarchy, Runtime), EngineError> {
+    mounts: &[Mount],
+) -> Result<(MountedStore, Hierarchy, Runtime), EngineError> {
     crate::allocator::fit_to_address_space();
-    let store = AnyStore::open(root, storage_options)?;
+    let store = open_mounted(root, storage_options, mounts)?;
     let runtime = RuntimeBuilder::new()
         .executor_threads(1)
         .build()
@@ -1461,7 +1529,7 @@ pub fn geometries_with(
     sample_axis: usize,
     storage_options: &[(String, String)],
 ) -> Result<std::collections::BTreeMap<String, ArrayGeometry>, EngineError> {
-    let (_, hierarchy, _) = open_store(root.as_ref(), storage_options)?;
+    let (_, hierarchy, _) = open_store(root.as_ref(), storage_options, &[])?;
     Ok(open_geometries(&hierarchy, variables, sample_axis)?)
 }
 

@@ -126,7 +126,8 @@ pub fn gather_ceiling(
     ds.set_epoch(epoch);
     let order = ds.order(split)?;
     let plan = read_plan(&order, ds.variables(), ds.batch_size(), false)?;
-    let (store, h, rt) = crate::dataset::open_store(ds.root(), ds.storage_options())?;
+    let (store, h, rt) =
+        crate::dataset::open_store(ds.root(), ds.storage_options(), ds.mount_specs())?;
     // Decode every slot the plan reads (untimed).
     let mut slots: Vec<Vec<u8>> = Vec::with_capacity(plan.slots.len());
     for s in &plan.slots {
@@ -235,6 +236,14 @@ pub fn compare_with_ceilings(
     let repeat = repeat.max(1);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let ds = make(None)?;
+    if let Some((name, _)) = ds.mounts().next() {
+        return Err(EngineError::arg(
+            "mounts",
+            name,
+            "the decode ceiling reads the dataset's own store alone; measure the ceilings on a \
+             dataset without mounts",
+        ));
+    }
     let spc = ds.variables()[0].geom.samples_per_chunk();
     run_epoch(&ds, split, 0, &|_, _| {})?; // warm-up: process, allocator, page cache
     // Interleave the baseline and the engine so drift on a shared machine hits both alike.

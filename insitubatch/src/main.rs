@@ -68,6 +68,10 @@ struct WarmArgs {
     /// readers will pass (the cache fingerprint must match theirs).
     #[arg(long, value_name = "JSON")]
     chunk_transforms: Option<String>,
+    /// Mount another store as a group of this one, `NAME=STORE` (`targets=/data/targets.zarr`:
+    /// its array `tp` is the variable `targets/tp`); repeat it for several.
+    #[arg(long = "mount", value_name = "NAME=STORE", value_parser = key_value)]
+    mounts: Vec<(String, String)>,
     #[command(flatten)]
     store: StoreOptions,
     // One rank's share of the split (each rank needs a cache directory of its own), all of
@@ -226,6 +230,10 @@ struct PassArgs {
     /// batches hold `x` shaped (batch, 2, *field)); repeat it for several stacks.
     #[arg(long = "stack", value_name = "NAME=LABELS", value_parser = parse_stack)]
     stacks: Vec<(String, Vec<String>)>,
+    /// Mount another store as a group of this one, `NAME=STORE` (`targets=/data/targets.zarr`:
+    /// its array `tp` is the variable `targets/tp`); repeat it for several.
+    #[arg(long = "mount", value_name = "NAME=STORE", value_parser = key_value)]
+    mounts: Vec<(String, String)>,
     #[command(flatten)]
     ranks: RankArgs,
     #[command(flatten)]
@@ -256,6 +264,9 @@ impl PassArgs {
             .drop_last(self.drop_last)
             .shard(self.ranks.rank, self.ranks.world_size)
             .storage_options(&self.store.storage_options);
+        for (name, store) in &self.mounts {
+            b = b.mount(name, store);
+        }
         if let Some(n) = self.max_inflight {
             b = b.max_inflight(n);
         }
@@ -789,6 +800,7 @@ fn warm(args: &WarmArgs) -> CliResult {
         region,
         reset_stale_cache,
         chunk_transforms,
+        mounts,
         store,
         ranks,
     } = args;
@@ -801,6 +813,9 @@ fn warm(args: &WarmArgs) -> CliResult {
         .persist(true)
         .reset_stale_cache(*reset_stale_cache)
         .storage_options(&store.storage_options);
+    for (name, location) in mounts {
+        b = b.mount(name, location);
+    }
     if let Some(t) = chunk_transforms {
         b = b.chunk_transforms_json(transforms_arg(t)?);
     }
@@ -1190,7 +1205,10 @@ fn run(cli: Cli) -> CliResult {
             if ceilings {
                 let make = |b: Option<u64>| {
                     pass.dataset(b)
-                        .map_err(|e| EngineError::Runtime(e.to_string()))
+                        .map_err(|e| match e.downcast::<EngineError>() {
+                            Ok(e) => *e,
+                            Err(e) => EngineError::Runtime(e.to_string()),
+                        })
                 };
                 let r = compare_with_ceilings(split, repeat, &make)?;
                 if json {

@@ -97,6 +97,16 @@ pub enum StoreError {
         /// What is wrong and what to do.
         message: String,
     },
+    /// A store that cannot be mounted as a group of the dataset's store.
+    #[error("cannot mount {location} as `{name}`: {message}")]
+    BadMount {
+        /// The mount's name (the group its arrays appear under).
+        name: String,
+        /// The mounted store's location.
+        location: String,
+        /// What is wrong and what to do.
+        message: String,
+    },
     /// An object-store request that failed after the client's bounded retries.
     #[error("reading {url}: {message}{hint}")]
     Remote {

@@ -74,15 +74,23 @@ fn join(prefix: &str, name: &str) -> String {
 
 /// Opens the hierarchy at the store root.
 pub async fn open_hierarchy<S: Store>(store: &S) -> Result<Hierarchy, StoreError> {
-    let root = store.locate("");
+    open_hierarchy_at(store, "").await
+}
+
+/// Opens the hierarchy of the group (or array) at `base` in `store` (`""`: the root). Every
+/// array's path starts with `base`, so its chunk keys are keys of `store` (how a mounted
+/// store's arrays read through the store it is mounted in).
+pub async fn open_hierarchy_at<S: Store>(store: &S, base: &str) -> Result<Hierarchy, StoreError> {
+    let root = store.locate(base);
+    let key = |name: &str| join(base, name);
     let mut arrays = BTreeMap::new();
 
-    if let Some(meta) = get_json(store, "zarr.json").await? {
+    if let Some(meta) = get_json(store, &key("zarr.json")).await? {
         match meta.get("node_type").and_then(Value::as_str) {
             Some("array") => {
                 arrays.insert(
-                    String::new(),
-                    ZarrArray::from_metadata("", &meta, None, store.locate("zarr.json"))?,
+                    base.to_string(),
+                    ZarrArray::from_metadata(base, &meta, None, store.locate(&key("zarr.json")))?,
                 );
                 return Ok(Hierarchy {
                     root,
@@ -100,13 +108,14 @@ pub async fn open_hierarchy<S: Store>(store: &S) -> Result<Hierarchy, StoreError
                 {
                     for (path, node) in cons {
                         if node.get("node_type").and_then(Value::as_str) == Some("array") {
+                            let path = key(path);
                             let a = ZarrArray::from_metadata(
-                                path,
+                                &path,
                                 node,
                                 None,
-                                store.locate("zarr.json"),
+                                store.locate(&key("zarr.json")),
                             )?;
-                            arrays.insert(path.clone(), a);
+                            arrays.insert(path, a);
                         }
                     }
                     return Ok(Hierarchy {
@@ -116,7 +125,7 @@ pub async fn open_hierarchy<S: Store>(store: &S) -> Result<Hierarchy, StoreError
                         discovery: "consolidated",
                     });
                 }
-                list_v3(store, "", 0, &mut arrays).await?;
+                list_v3(store, base, 0, &mut arrays).await?;
                 return Ok(Hierarchy {
                     root,
                     is_group: true,
@@ -126,30 +135,32 @@ pub async fn open_hierarchy<S: Store>(store: &S) -> Result<Hierarchy, StoreError
             }
             _ => {
                 return Err(StoreError::BadMetadata {
-                    path: store.locate("zarr.json"),
+                    path: store.locate(&key("zarr.json")),
                     message: "node_type must be \"group\" or \"array\"".into(),
                 });
             }
         }
     }
 
-    if let Some(cons) = get_json(store, ".zmetadata").await? {
+    if let Some(cons) = get_json(store, &key(".zmetadata")).await? {
         let entries = cons
             .get("metadata")
             .and_then(Value::as_object)
             .ok_or_else(|| StoreError::BadMetadata {
-                path: store.locate(".zmetadata"),
+                path: store.locate(&key(".zmetadata")),
                 message: "no \"metadata\" object".into(),
             })?;
-        for (key, meta) in entries {
-            if let Some(path) = key.strip_suffix(".zarray") {
+        for (entry, meta) in entries {
+            if let Some(path) = entry.strip_suffix(".zarray") {
                 let path = path.trim_end_matches('/');
                 let attrs = entries.get(&join(path, ".zattrs"));
-                let a = ZarrArray::from_metadata(path, meta, attrs, store.locate(".zmetadata"))?;
-                arrays.insert(path.to_string(), a);
+                let path = key(path).trim_end_matches('/').to_string();
+                let a =
+                    ZarrArray::from_metadata(&path, meta, attrs, store.locate(&key(".zmetadata")))?;
+                arrays.insert(path, a);
             }
         }
-        let is_group = !arrays.contains_key("");
+        let is_group = !arrays.contains_key(base);
         return Ok(Hierarchy {
             root,
             is_group,
@@ -158,8 +169,8 @@ pub async fn open_hierarchy<S: Store>(store: &S) -> Result<Hierarchy, StoreError
         });
     }
 
-    if get_json(store, ".zgroup").await?.is_some() {
-        list_v2(store, "", 0, &mut arrays).await?;
+    if get_json(store, &key(".zgroup")).await?.is_some() {
+        list_v2(store, base, 0, &mut arrays).await?;
         return Ok(Hierarchy {
             root,
             is_group: true,
@@ -168,11 +179,11 @@ pub async fn open_hierarchy<S: Store>(store: &S) -> Result<Hierarchy, StoreError
         });
     }
 
-    if let Some(meta) = get_json(store, ".zarray").await? {
-        let attrs = get_json(store, ".zattrs").await?;
+    if let Some(meta) = get_json(store, &key(".zarray")).await? {
+        let attrs = get_json(store, &key(".zattrs")).await?;
         arrays.insert(
-            String::new(),
-            ZarrArray::from_metadata("", &meta, attrs.as_ref(), store.locate(".zarray"))?,
+            base.to_string(),
+            ZarrArray::from_metadata(base, &meta, attrs.as_ref(), store.locate(&key(".zarray")))?,
         );
         return Ok(Hierarchy {
             root,

@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 15
+#define ISB_ABI_VERSION 16
 
 /*
  DLPack version of the exported structs.
@@ -467,7 +467,11 @@ IsbStatus isb_split_by_chunk(const char *store,
  built-in transforms such as `{"type": "affine", "offset": -273.15, "applies": ["t2m"]}`)
  and `stacks` (ABI 14: `{"x": ["t2m", "u10"]}` stacks those labels as the channels of one
  batch array `x`, shaped `(batch, 2, *sample_inner)`, written in place by the library; the
- labels need one sample shape and dtype, and have no arrays of their own).
+ labels need one sample shape and dtype, and have no arrays of their own), and `mounts`
+ (ABI 16: `{"targets": "/data/targets.zarr"}` mounts that store as the group `targets`, so
+ its array `tp` is the variable path `"targets/tp"`; a value may also be `{"store":
+ location, "storage_options": {...}}`, the options that store's alone; for variables from
+ two stores on one sample axis, whose lengths along it must be equal).
  An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 
  # Safety

@@ -15,7 +15,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 15;
+pub const ISB_ABI_VERSION: u32 = 16;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -536,6 +536,62 @@ struct DatasetConfig {
     /// Labels stacked as channels: `{"name": ["label", ...], ...}` (checked by `stacks`).
     #[serde(default)]
     stacks: Option<serde_json::Value>,
+    /// ABI 16: stores mounted as groups, `{"targets": "path"}` (checked by `mounts`).
+    #[serde(default)]
+    mounts: Option<serde_json::Value>,
+}
+
+/// One store of the config's `mounts`: its location and its own object-store options.
+struct MountConfig {
+    name: String,
+    store: String,
+    storage_options: Vec<(String, String)>,
+}
+
+/// The config's `mounts`: an object mapping each mount's name to its store's location, or to
+/// `{"store": location, "storage_options": {...}}`; anything else is refused saying what it
+/// takes.
+fn mounts(v: serde_json::Value) -> Result<Vec<MountConfig>, insitubatch::EngineError> {
+    let bad = |v: &serde_json::Value| {
+        insitubatch::EngineError::arg(
+            "mounts",
+            v,
+            "is an object mapping each mount's name to a store location (a path or URL), or to \
+             {\"store\": location, \"storage_options\": {...}}, such as {\"targets\": \
+             \"/data/targets.zarr\"}",
+        )
+    };
+    let serde_json::Value::Object(map) = &v else {
+        return Err(bad(&v));
+    };
+    map.iter()
+        .map(|(name, entry)| {
+            let (store, options) = match entry {
+                serde_json::Value::String(s) => (s.clone(), serde_json::Map::new()),
+                serde_json::Value::Object(o) => {
+                    if o.keys().any(|k| k != "store" && k != "storage_options") {
+                        return Err(bad(entry));
+                    }
+                    let store = o
+                        .get("store")
+                        .and_then(|s| s.as_str())
+                        .ok_or_else(|| bad(entry))?;
+                    let options = match o.get("storage_options") {
+                        None => serde_json::Map::new(),
+                        Some(serde_json::Value::Object(m)) => m.clone(),
+                        Some(_) => return Err(bad(entry)),
+                    };
+                    (store.to_string(), options)
+                }
+                _ => return Err(bad(entry)),
+            };
+            Ok(MountConfig {
+                name: name.clone(),
+                store,
+                storage_options: storage_options(options)?,
+            })
+        })
+        .collect()
 }
 
 /// The config's `stacks`: an object mapping each stacked array's name to its labels, by
@@ -735,6 +791,11 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
             b = b.stack(name, labels);
         }
     }
+    if let Some(v) = c.mounts {
+        for m in mounts(v)? {
+            b = b.mount_with(m.name, m.store, &m.storage_options);
+        }
+    }
     if let Some(n) = c.executor_threads {
         if n == 0 {
             return Err(invalid(
@@ -787,7 +848,11 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// built-in transforms such as `{"type": "affine", "offset": -273.15, "applies": ["t2m"]}`)
 /// and `stacks` (ABI 14: `{"x": ["t2m", "u10"]}` stacks those labels as the channels of one
 /// batch array `x`, shaped `(batch, 2, *sample_inner)`, written in place by the library; the
-/// labels need one sample shape and dtype, and have no arrays of their own).
+/// labels need one sample shape and dtype, and have no arrays of their own), and `mounts`
+/// (ABI 16: `{"targets": "/data/targets.zarr"}` mounts that store as the group `targets`, so
+/// its array `tp` is the variable path `"targets/tp"`; a value may also be `{"store":
+/// location, "storage_options": {...}}`, the options that store's alone; for variables from
+/// two stores on one sample axis, whose lengths along it must be equal).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 ///
 /// # Safety

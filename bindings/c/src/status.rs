@@ -87,6 +87,7 @@ pub(crate) fn status_of(e: &EngineError) -> IsbStatus {
             StoreError::Unsupported { .. } => IsbStatus::IsbUnsupported,
             StoreError::Io { .. } | StoreError::Remote { .. } => IsbStatus::IsbIo,
             StoreError::BadUrl { .. }
+            | StoreError::BadMount { .. }
             | StoreError::SampleAxis { .. }
             | StoreError::Region { .. }
             | StoreError::UnknownVariable { .. }

@@ -738,6 +738,32 @@ def _stacks(stacks) -> dict[str, list[str]]:
     return out
 
 
+def _mounts(mounts) -> dict[str, tuple[str, dict[str, Any] | None]]:
+    """`mounts` as (location, storage options) by name, or a TypeError saying what it takes."""
+    what = ("`mounts` must map each mount's name to a store (a path or URL), or to (store, "
+            "storage_options), such as {'targets': '/data/targets.zarr'}")
+    if not isinstance(mounts, Mapping):
+        raise TypeError(f"{what}, not {type(mounts).__name__}")
+    out: dict[str, tuple[str, dict[str, Any] | None]] = {}
+    for name, value in mounts.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{what}; got the name {name!r}")
+        location, options = value if isinstance(value, tuple) and len(value) == 2 else (value, None)
+        if not isinstance(location, (str, bytes, os.PathLike)):
+            raise TypeError(f"{what}; got {name!r}: {value!r}")
+        out[name] = (_store_str(location), None if options is None else _storage_options(options))
+    return out
+
+
+def _same_store(a: str, b: str) -> bool:
+    """Whether two store locations name one store: URLs compared as text (a trailing `/` aside),
+    local paths after resolving links and `..`."""
+    a, b = (x.removeprefix("file://") for x in (a, b))
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def _check_int(name: str, value, minimum: int = 1) -> int:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise TypeError(f"`{name}` must be an int, not {type(value).__name__}")
@@ -1097,6 +1123,13 @@ class InSituDataset:
     the batch, unlike `Batch.stack`); the labels need one sample shape and dtype (after their
     chunk transforms) and have no arrays of their own. `array_formats` says what each batch
     array is.
+
+    `mounts={"targets": "/data/targets.zarr"}` reads variables from a second store on the same
+    sample axis: its array `tp` is the path `"targets/tp"` of this dataset, and a geometry
+    opened on that store (`open_geometries("/data/targets.zarr")["tp"]`) may be given as it is.
+    A value may be `(store, storage_options)`, that store's own object-store options. A
+    geometry from a store that is neither `store` nor a mount is refused (its path would name
+    an array of `store`).
     """
 
     def __init__(
@@ -1133,6 +1166,7 @@ class InSituDataset:
         drop_last: bool | Sequence[str] = False,
         storage_options: Mapping[str, Any] | None = None,
         stacks: Mapping[str, Sequence[str]] | None = None,
+        mounts: Mapping[str, Any] | None = None,
     ):
         self._handle = None
         config: dict[str, Any] = {
@@ -1191,7 +1225,8 @@ class InSituDataset:
         if storage_options is None and geometries is not None:
             # Geometries from open_geometries(url, storage_options=...) carry their options.
             carried = [g.storage_options for g in geometries.values()
-                       if isinstance(g, ArrayGeometry) and g.storage_options]
+                       if isinstance(g, ArrayGeometry) and g.storage_options
+                       and _same_store(g.store, config["store"])]
             storage_options = carried[0] if carried else None
         if storage_options is not None:
             config["storage_options"] = _storage_options(storage_options)
@@ -1201,6 +1236,12 @@ class InSituDataset:
             config["chunk_transforms"] = chunk_transforms
         if stacks is not None:
             config["stacks"] = _stacks(stacks)
+        self._mounts = _mounts(mounts) if mounts is not None else {}
+        if self._mounts:
+            config["mounts"] = {
+                name: loc if opts is None else {"store": loc, "storage_options": opts}
+                for name, (loc, opts) in self._mounts.items()
+            }
         if executor_threads is not None:
             config["executor_threads"] = _check_int("executor_threads", executor_threads)
         if io_backend is not None:
@@ -1228,7 +1269,8 @@ class InSituDataset:
                     )
                 if g.sample_axis != sample_axis:
                     config["sample_axis"] = g.sample_axis
-                view = {"label": str(label), "path": g.path, "offset": g.offset}
+                view = {"label": str(label), "path": self._path_of(label, g, config["store"]),
+                        "offset": g.offset}
                 if g.region is not None:
                     view["region"] = [list(r) for r in g.region]
                     view["wrap"] = g.wraps
@@ -1250,6 +1292,7 @@ class InSituDataset:
             self._handle = _call_interruptible(
                 lib.isb_dataset_open, json.dumps(config).encode(), free=lib.isb_dataset_free
             )
+        self.store = config["store"]
         self.batch_size = batch_size
         self.rank, self.world_size = rank, world_size
         self.sample_stride, self.sample_phase = sample_stride, sample_phase
@@ -1267,34 +1310,56 @@ class InSituDataset:
             a["name"]: (tuple(a["shape"]), np.dtype(_DTYPES[a["dtype"]])) for a in info["arrays"]
         }
         self.stacks = {a["name"]: list(a["labels"]) for a in info["arrays"] if a["stacked"]}
-        self.geometries = {
-            v["label"]: ArrayGeometry(
-                store=str(store),
-                path=v["path"],
+        self.geometries = {}
+        for v in info["variables"]:
+            # A mounted array's geometry names its own store, as open_geometries on it would.
+            where, path, options = str(store), v["path"], self._storage_options
+            name, _, rest = path.partition("/")
+            if name in self._mounts:
+                (where, options), path = self._mounts[name], rest
+            self.geometries[v["label"]] = ArrayGeometry(
+                store=where,
+                path=path,
                 shape=tuple(v["shape"]),
                 chunks=tuple(v["chunks"]),
                 dtype=v["dtype"],
                 sample_axis=v["sample_axis"],
                 offset=v["offset"],
+                storage_options=options,
                 region=None if v.get("region") is None else tuple(tuple(r) for r in v["region"]),
             )
-            for v in info["variables"]
-        }
         self.manifest = SplitManifest(info["manifest"])
         self._warned = 0
         self._emit_warnings(info)
 
+    def _path_of(self, label, g: ArrayGeometry, store: str) -> str:
+        """The path geometry `g` has in this dataset: its own in `store`, or under the name of
+        the mount it was opened on. A geometry of another store is refused: its path would
+        read an array of `store`, or none."""
+        if _same_store(g.store, store):
+            return g.path
+        for name, (location, _) in self._mounts.items():
+            if _same_store(g.store, location):
+                return f"{name}/{g.path}" if g.path else name
+        raise errors.InvalidArgument(
+            f"geometries[{label!r}] is array {g.path!r} of {g.store}, which is neither the "
+            f"dataset's store {store} nor mounted in it; take the geometry from "
+            f"open_geometries({store!r}), or mount its store: mounts={{'name': {g.store!r}}}"
+        )
+
     def __repr__(self) -> str:
         # Also reached for a dataset whose __init__ raised part-way (in a traceback's locals).
         geoms = getattr(self, "geometries", {})
-        store = next(iter(geoms.values())).store if geoms else "?"
+        store = getattr(self, "store", "?")
+        mounts = getattr(self, "_mounts", {})
+        mounted = f" mounts {({n: loc for n, (loc, _) in mounts.items()})}" if mounts else ""
         state = " closed" if self._handle is None else ""
         world_size = getattr(self, "world_size", 1)
         ranks = f" rank {self.rank} of {world_size}" if world_size > 1 else ""
         stride = getattr(self, "sample_stride", 1)
         strided = f" every {stride}th sample from {self.sample_phase}" if stride > 1 else ""
         return (
-            f"<insitubatch.InSituDataset {store!r} variables {list(geoms)} "
+            f"<insitubatch.InSituDataset {store!r}{mounted} variables {list(geoms)} "
             f"batch_size {getattr(self, 'batch_size', '?')}{strided}{ranks}{state}>"
         )
 
@@ -1343,7 +1408,7 @@ class InSituDataset:
             raise KeyError(f"no label {label!r}; the dataset has {list(self.geometries)}")
         g = self.geometries[label]
         return coordinate_values(g.store, g.path, dimension, sample_axis=g.sample_axis,
-                                 decode_times=decode_times, storage_options=self._storage_options)
+                                 decode_times=decode_times, storage_options=g.storage_options)
 
     def memory_need(self, split: str = "train") -> dict:
         """The memory an iteration over `split` would hold at its peak, counted from its plan

@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 15
+ABI_VERSION = 16
 _LIB_NAME = "libinsitubatch.so"
 
 
