@@ -455,6 +455,41 @@ fn a_sample_stride_orders_and_benches_every_kth_sample() {
 }
 
 #[test]
+fn bench_reads_variables_of_a_mounted_store_and_refuses_a_name_the_store_uses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, manifest, _) = store_and_split(tmp.path(), &[]);
+    let other = tmp.path().join("other.zarr");
+    run_ok(
+        cli()
+            .args(["make-dataset", "--samples", "40", "--grid", "6x8"])
+            .args(["--sample-chunk", "8", "--format", "2"])
+            .arg(&other),
+    );
+    let mount = format!("more={}", other.display());
+    let out = run_ok(bench_with(&store, &manifest).args([
+        "--mount",
+        &mount,
+        "--variables",
+        "t2m,more/u10",
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let stats = &v["epochs"][0]["stats"];
+    // The train split's 24 samples: 6 chunks of t2m (4 samples each) and 3 of the mounted
+    // u10 (8 each), each read once.
+    assert_eq!(stats["samples"], 24, "{stats}");
+    assert_eq!(stats["tiles_read"], 9, "{stats}");
+    fails_with(
+        bench_with(&store, &manifest).args(["--mount", &format!("t2m={}", other.display())]),
+        &["cannot mount", "as `t2m`", "already has an array `t2m`"],
+    );
+    fails_with(
+        bench_with(&store, &manifest).args(["--mount", "more"]),
+        &["NAME=STORE", "is not KEY=VALUE"],
+    );
+}
+
+#[test]
 fn stats_prints_each_arrays_statistics_over_the_split() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, manifest, _) = store_and_split(tmp.path(), &[]);

@@ -178,6 +178,44 @@ int main(int argc, char **argv) {
           ISB_INVALID_ARGUMENT, "dim");
     CHECK("coordinate region, no array", isb_coordinate_region(store, "{\"bounds\": {}}", &out, &err),
           ISB_INVALID_ARGUMENT, "array");
+    /* Stores mounted as groups (ABI 16): the store mounted in itself as `again` reads
+     * `again/t2m` from the same bytes as `t2m`; a bad mount is refused naming it. */
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"mounts\": [\"%s\"]}", store, store);
+    CHECK("mounts not an object", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "`mounts`");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"mounts\": {\"again\": {\"path\": \"%s\"}}}", store, store);
+    CHECK("mount entry without store", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "`mounts`");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"mounts\": {\"t2m\": \"%s\"}}", store, store);
+    CHECK("mount hiding an array", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "already has an array `t2m`");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"mounts\": {\"x\": \"/no/such/mount.zarr\"}}", store);
+    CHECK("missing mount", isb_dataset_open(config, &ds, &err), ISB_NOT_FOUND, "/no/such/mount.zarr");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"mounts\": {\"x\": {\"store\": \"%s\", \"storage_options\": {\"aws_region\": \"eu\"}}}}", store, store);
+    CHECK("storage options for a local mount", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "aws_region");
+    {
+        IsbDataset *mounted = NULL;
+        snprintf(config, sizeof config,
+                 "{\"store\": \"%s\", \"mounts\": {\"again\": {\"store\": \"%s\"}}, \"batch_size\": 4, "
+                 "\"variables\": [\"t2m\", {\"label\": \"t\", \"path\": \"again/t2m\"}]}",
+                 store, store);
+        CHECK("open mounted", isb_dataset_open(config, &mounted, &err), ISB_OK, NULL);
+        IsbIter *it_m = NULL;
+        IsbBatch *bm = NULL;
+        DLManagedTensorVersioned *own = NULL, *via = NULL;
+        if (!mounted || isb_iter_start(mounted, "all", &it_m, NULL) != ISB_OK || isb_iter_next(it_m, &bm, NULL) != ISB_OK ||
+            isb_batch_export(bm, "t2m", &own, NULL) != ISB_OK || isb_batch_export(bm, "t", &via, NULL) != ISB_OK) {
+            fprintf(stderr, "FAIL a batch of a dataset with a mount\n");
+            return 1;
+        }
+        size_t bytes = 4 * 9 * 16 * sizeof(float);
+        if (own->dl_tensor.shape[0] != 4 || memcmp(own->dl_tensor.data, via->dl_tensor.data, bytes) != 0) {
+            fprintf(stderr, "FAIL a mounted array's rows differ from the same array's own\n");
+            failures++;
+        }
+        own->deleter(own);
+        via->deleter(via);
+        isb_batch_free(bm);
+        isb_iter_free(it_m);
+        isb_dataset_free(mounted);
+    }
     /* Labels stacked as channels (ABI 14): one array (batch, 2, *field), each channel the
      * label's own array; a bad stack is refused naming `stacks`. */
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"stacks\": [\"t2m\"]}", store);
