@@ -848,7 +848,21 @@ impl DatasetBuilder {
             }
         }
         let manifest = match self.manifest {
-            Some(m) => {
+            Some(mut m) => {
+                // A manifest made from a geometry opened on a mounted store names the array by
+                // its path in that store: it is the mounted array when no array of the root
+                // has that path and one mount has (validated against it as any manifest is).
+                if !variables.iter().any(|v| v.geom.path == m.array) {
+                    let mounted: Vec<String> = self
+                        .mounts
+                        .iter()
+                        .map(|mount| format!("{}/{}", mount.name, m.array))
+                        .filter(|p| variables.iter().any(|v| &v.geom.path == p))
+                        .collect();
+                    if let [path] = &mounted[..] {
+                        m.array = path.clone();
+                    }
+                }
                 let reference = variables.iter().find(|v| v.geom.path == m.array);
                 match reference {
                     Some(v) => m.validate(&v.geom)?,

@@ -182,9 +182,11 @@ fn a_cache_directory_revives_the_chunks_of_a_mounted_store() {
 /// The message of a build that must fail with an invalid argument.
 fn refused(b: insitubatch::DatasetBuilder) -> String {
     match b.build() {
-        Err(e @ EngineError::Store(_)) | Err(e @ EngineError::UnequalSampleAxis { .. }) => {
-            e.to_string()
-        }
+        Err(
+            e @ (EngineError::Store(_)
+            | EngineError::UnequalSampleAxis { .. }
+            | EngineError::ManifestMismatch { .. }),
+        ) => e.to_string(),
         Err(e) => panic!("another error: {e:?}"),
         Ok(_) => panic!("built"),
     }
@@ -244,4 +246,35 @@ fn mounts_that_would_hide_an_array_or_name_nothing_are_refused() {
         e.contains("`t`") && e.contains("`r`") && e.contains("61"),
         "{e}"
     );
+}
+
+#[test]
+fn a_manifest_made_on_the_mounted_store_splits_its_array_in_the_dataset() {
+    // Split by the mounted store's own `u10` (chunks of 4 samples, 3 chunks): the dataset
+    // reads that array as `v2/u10` and takes the manifest as made for it.
+    let t2m = fixture("era5_v3", "t2m");
+    let u10 = fixture("era5_v2", "u10");
+    let geoms = insitubatch::geometries(&u10.store, Some(&["u10".to_string()]), 0).unwrap();
+    let manifest =
+        insitubatch::split_by_chunk(&geoms["u10"], &[2.0 / 3.0, 1.0 / 3.0], 0, true, None).unwrap();
+    let b = || {
+        InSituDataset::builder(&t2m.store)
+            .mount("v2", &u10.store)
+            .variable("u", "v2/u10")
+            .variable("t", "t2m")
+            .manifest(manifest.clone())
+            .batch_size(3)
+    };
+    let ds = b().build().unwrap();
+    assert_eq!(ds.manifest().array, "v2/u10");
+    let refs = [("u", &u10, 0), ("t", &t2m, 0)];
+    assert_eq!(sorted(check_epoch(&ds, "train", &refs)), all_samples(8));
+    assert_eq!(
+        sorted(check_epoch(&ds, "val", &refs)),
+        (8..12).collect::<Vec<_>>()
+    );
+
+    // Two mounts that both have a `u10`: which one the manifest was made on is not known.
+    let e = refused(b().mount("again", &u10.store).variable("u2", "again/u10"));
+    assert!(e.contains("made for array `u10`"), "{e}");
 }

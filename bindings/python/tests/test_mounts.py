@@ -3,6 +3,9 @@ same time axis, checked against zarr-python's reads of each store; geometries op
 mounted store translated, geometries of any other store refused (their path would read an
 array of the dataset's own store)."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import zarr
@@ -15,19 +18,23 @@ N = 30
 
 @pytest.fixture()
 def two_stores(tmp_path):
+    return write_stores(tmp_path, N)
+
+
+def write_stores(tmp_path, n):
     """inputs.zarr (v3, listed): t2m and a `tp` of its own; targets.zarr (v2, consolidated): tp
-    with a CF time coordinate and another chunking."""
+    with a CF time coordinate and another chunking; both `n` samples long."""
     rng = np.random.default_rng(5)
-    t2m = rng.normal(size=(N, 4, 6)).astype("f4")
-    own_tp = rng.normal(size=(N, 4, 6)).astype("f4")
-    tp = rng.normal(size=(N, 4, 6)).astype("f4")
+    t2m = rng.normal(size=(n, 4, 6)).astype("f4")
+    own_tp = rng.normal(size=(n, 4, 6)).astype("f4")
+    tp = rng.normal(size=(n, 4, 6)).astype("f4")
     inputs = zarr.open_group(tmp_path / "inputs.zarr", mode="w")
     inputs.create_array("t2m", data=t2m, chunks=(4, 4, 6), dimension_names=("time", "y", "x"))
     inputs.create_array("tp", data=own_tp, chunks=(4, 4, 6), dimension_names=("time", "y", "x"))
     targets = zarr.open_group(tmp_path / "targets.zarr", mode="w", zarr_format=2)
     a = targets.create_array("tp", data=tp, chunks=(7, 4, 6))
     a.attrs["_ARRAY_DIMENSIONS"] = ["time", "y", "x"]
-    time = targets.create_array("time", data=np.arange(N, dtype="i8") * 6)
+    time = targets.create_array("time", data=np.arange(n, dtype="i8") * 6)
     time.attrs.update({"_ARRAY_DIMENSIONS": ["time"], "units": "hours since 2000-01-01"})
     zarr.consolidate_metadata(tmp_path / "targets.zarr")
     return tmp_path / "inputs.zarr", tmp_path / "targets.zarr", t2m, own_tp, tp
@@ -65,6 +72,14 @@ def test_a_mounted_stores_variables_equal_zarr_python(two_stores):
     hours = (ds.coordinates("y") - np.datetime64("2000-01-01")) / np.timedelta64(1, "h")
     np.testing.assert_array_equal(hours, np.arange(N) * 6)
     assert "mounts {'targets':" in repr(ds)
+
+    # A split made on the mounted store's `tp` is the dataset's `targets/tp`'s.
+    by_y = isb.split_by_chunk(y, (0.5, 0.5), seed=1)
+    ds = isb.InSituDataset(inputs, by_y, {"x": x, "y": y}, mounts={"targets": targets},
+                           batch_size=4)
+    assert ds.manifest.array == "targets/tp"
+    train = sorted(check(ds, "train", {"x": t2m, "y": tp}))
+    assert train == [i for c in by_y.splits["train"] for i in range(7 * c, min(7 * c + 7, N))]
 
 
 def test_mounted_paths_name_the_arrays_without_geometries(two_stores):
@@ -105,3 +120,27 @@ def test_bad_mounts_are_refused_naming_them(two_stores, tmp_path):
     short.create_array("tp", data=np.zeros((N - 1, 4, 6), "f4"), chunks=(4, 4, 6))
     with pytest.raises(errors.InvalidArgument, match=f"{N - 1}"):
         isb.InSituDataset(inputs, mounts={"s": tmp_path / "short.zarr"})
+
+
+def test_the_two_stores_example_in_the_python_docs_reads_what_it_says(tmp_path):
+    """docs/python-api.md, "Inputs and targets from two stores": its example as printed, with
+    the two stores it names written by zarr-python (200 samples, so that every split holds
+    anchors whose target six samples on is in the array)."""
+    n = 200
+    inputs, targets, t2m, _, tp = write_stores(tmp_path, n)
+    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
+    section = text.split("## Inputs and targets from two stores", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    code = code.replace("/data/era5.zarr", str(inputs)).replace("/data/precip.zarr", str(targets))
+    scope = {"isb": isb}
+    exec(code, scope)
+    ds = scope["ds"]
+    rows = 0
+    for split in ("train", "val", "test"):
+        for batch in getattr(ds, split):
+            t = batch.sample_indices
+            np.testing.assert_array_equal(batch.arrays["x"], t2m[t])
+            np.testing.assert_array_equal(batch.arrays["y"], tp[t + 6])
+            rows += len(batch)
+    assert rows == n - 6
+    ds.close()
