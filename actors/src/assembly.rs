@@ -114,7 +114,10 @@ impl DirectRows {
             .iter()
             .zip(&labels_of)
             .map(|(p, &labels)| {
-                labels == 1 && transforms.get(&*p.path).is_none_or(Pipeline::is_empty)
+                // A static field's one slot is every row's.
+                labels == 1
+                    && !p.geom.static_field
+                    && transforms.get(&*p.path).is_none_or(Pipeline::is_empty)
             })
             .collect();
         // A one-sample chunk that is its row byte for byte is decoded straight into it; any

@@ -330,6 +330,16 @@ impl std::fmt::Debug for Pass {
     }
 }
 
+/// The window offsets an anchor must keep inside the sample axis: every variable's but a
+/// static field's, which every anchor reads whole.
+fn window_offsets(variables: &[Variable]) -> Vec<i64> {
+    variables
+        .iter()
+        .filter(|v| !v.geom.static_field)
+        .map(|v| v.geom.offset)
+        .collect()
+}
+
 /// The order a pass would draw, without running it (for tests, `shuffle_quality` and tools).
 pub fn plan_order(
     chunks: &[u64],
@@ -338,7 +348,7 @@ pub fn plan_order(
     variables: &[Variable],
     config: &PassConfig,
 ) -> Result<EpochOrder, EngineError> {
-    let offsets: Vec<i64> = variables.iter().map(|v| v.geom.offset).collect();
+    let offsets = window_offsets(variables);
     epoch_order(&OrderSpec {
         chunks,
         samples_per_chunk,
@@ -363,7 +373,7 @@ pub fn count_order_rows(
     variables: &[Variable],
     stride: Stride,
 ) -> (u64, u64) {
-    let offsets: Vec<i64> = variables.iter().map(|v| v.geom.offset).collect();
+    let offsets = window_offsets(variables);
     crate::planner::count_rows(chunks, samples_per_chunk, n_samples, &offsets, stride)
 }
 
@@ -377,7 +387,7 @@ pub fn rank_share(
     variables: &[Variable],
     stride: Stride,
 ) -> (Vec<u64>, u64) {
-    let offsets: Vec<i64> = variables.iter().map(|v| v.geom.offset).collect();
+    let offsets = window_offsets(variables);
     shard.share(split, samples_per_chunk, n_samples, &offsets, stride)
 }
 

@@ -268,12 +268,18 @@ async fn drive<S: Store>(
                 }
                 return Ok(());
             }
-            let index = layout.chunk_index(ps.chunk, t);
+            let index = path.geom.array_index(layout.chunk_index(ps.chunk, t));
             // A cropped view of a sharded array reads and decodes only the inner chunks its
             // region touches in this tile; anything else is a whole stored chunk.
             let part = decodes_in_parts(array, &path.geom)
                 .then(|| layout.tile_parts(t))
-                .flatten();
+                .flatten()
+                .map(|boxes| {
+                    boxes
+                        .into_iter()
+                        .map(|b| path.geom.array_index(b))
+                        .collect()
+                });
             // Each tile delivers into the slot, or copies its box of each sample into the rows.
             let dest = match &dest {
                 Dest::Slot(slot) => Dest::Slot(Arc::clone(slot)),

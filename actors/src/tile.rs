@@ -463,6 +463,7 @@ mod tests {
                 sample_axis,
                 offset: 0,
                 region: None,
+                static_field: false,
             };
             let layout = TileLayout::new(&g);
             let spc = g.chunks[sample_axis];
@@ -552,6 +553,7 @@ mod tests {
                 sample_axis,
                 offset: 0,
                 region: None,
+                static_field: false,
             };
             let axes: Vec<usize> = whole.field_axes().collect();
             let regions: Vec<Vec<(u64, u64)>> = vec![
@@ -629,6 +631,7 @@ mod tests {
                 sample_axis: 0,
                 offset: 0,
                 region: None,
+                static_field: false,
             };
             let g = whole.crop_wrapping(&region).unwrap();
             let extent: Vec<u64> = region.iter().map(|(lo, hi)| (hi - lo) as u64).collect();
@@ -678,6 +681,7 @@ mod tests {
             sample_axis: 0,
             offset: 0,
             region: None,
+            static_field: false,
         };
         assert_eq!(g.crop(&[(0, 4), (0, 6)]).unwrap().region, None);
         assert!(TileLayout::new(&g.crop(&[(0, 4), (0, 6)]).unwrap()).can_adopt());

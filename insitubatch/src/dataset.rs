@@ -19,7 +19,8 @@ use insitubatch_runtime::{
     IoBackend, IoBackendChoice, MAX_EXECUTOR_THREADS, Runtime, RuntimeBuilder,
 };
 use insitubatch_store::{
-    AnyStore, ArrayGeometry, Hierarchy, MountedStore, open_geometries, open_mounted_hierarchy,
+    AnyStore, ArrayGeometry, Hierarchy, MountedStore, StoreError, open_geometries,
+    open_mounted_hierarchy,
 };
 
 /// Default rows per batch.
@@ -57,6 +58,8 @@ enum VarSpec {
         path: String,
         offset: i64,
         region: Option<Crop>,
+        /// A static field ([`DatasetBuilder::static_variable`]).
+        static_field: bool,
     },
     Geometry {
         label: String,
@@ -252,12 +255,47 @@ impl DatasetBuilder {
         self.view(label.into(), path.into(), offset, Some(region))
     }
 
+    /// Adds the static field `label`: array `path` whole (orography, a land-sea mask, a
+    /// climatology), the same in every row of every batch. It has no sample axis: it is read
+    /// and decoded once per pass (kept by the pool like any chunk, revived from a cache
+    /// directory), its chunk transforms run on it, and it may be a channel of a stack beside
+    /// sampled variables of its shape. Its rows' read indices are their anchors.
+    pub fn static_variable(self, label: impl Into<String>, path: impl Into<String>) -> Self {
+        self.static_view(label.into(), path.into(), None)
+    }
+
+    /// [`DatasetBuilder::static_variable`] of a region of the array, as
+    /// [`DatasetBuilder::cropped_window_wrapping`] takes it (one range per axis of the array):
+    /// the region the dataset's sampled variables are cropped to, so that it can stack with
+    /// them.
+    pub fn cropped_static(
+        self,
+        label: impl Into<String>,
+        path: impl Into<String>,
+        region: &[(i64, i64)],
+    ) -> Self {
+        let region = Crop::Wrapping(region.to_vec());
+        self.static_view(label.into(), path.into(), Some(region))
+    }
+
+    fn static_view(mut self, label: String, path: String, region: Option<Crop>) -> Self {
+        self.variables.push(VarSpec::Path {
+            label,
+            path,
+            offset: 0,
+            region,
+            static_field: true,
+        });
+        self
+    }
+
     fn view(mut self, label: String, path: String, offset: i64, region: Option<Crop>) -> Self {
         self.variables.push(VarSpec::Path {
             label,
             path,
             offset,
             region,
+            static_field: false,
         });
         self
     }
@@ -753,12 +791,16 @@ impl DatasetBuilder {
                     path,
                     offset,
                     region,
+                    static_field,
                 } => {
-                    let mut g =
+                    let mut g = if *static_field {
+                        static_geometry(&hierarchy, path)?
+                    } else {
                         open_geometries(&hierarchy, Some(std::slice::from_ref(path)), axis)?
                             .remove(path)
                             .expect("open_geometries returns what it was asked for")
-                            .shift(*offset);
+                            .shift(*offset)
+                    };
                     match region {
                         Some(Crop::Plain(r)) => g = g.crop(r)?,
                         Some(Crop::Wrapping(r)) => g = g.crop_wrapping(r)?,
@@ -767,13 +809,17 @@ impl DatasetBuilder {
                     variables.push(Variable::new(label.clone(), g));
                 }
                 VarSpec::Geometry { label, geom } => {
-                    let g = open_geometries(
-                        &hierarchy,
-                        Some(std::slice::from_ref(&geom.path)),
-                        geom.sample_axis,
-                    )?
-                    .remove(&geom.path)
-                    .expect("open_geometries returns what it was asked for");
+                    let g = if geom.static_field {
+                        static_geometry(&hierarchy, &geom.path)?
+                    } else {
+                        open_geometries(
+                            &hierarchy,
+                            Some(std::slice::from_ref(&geom.path)),
+                            geom.sample_axis,
+                        )?
+                        .remove(&geom.path)
+                        .expect("open_geometries returns what it was asked for")
+                    };
                     if g.shape != geom.shape || g.chunks != geom.chunks || g.dtype != geom.dtype {
                         return Err(EngineError::arg(
                             "variables",
@@ -814,6 +860,20 @@ impl DatasetBuilder {
                     "labels must be unique; give each view its own label",
                 ));
             }
+            if let Some(w) = variables[..i]
+                .iter()
+                .find(|w| w.geom.path == v.geom.path && w.geom.static_field != v.geom.static_field)
+            {
+                return Err(EngineError::arg(
+                    "variables",
+                    format!("{} and {}", w.label, v.label),
+                    format!(
+                        "both read array `{}`, one as a static field and one sampled along its \
+                         sample axis; an array is one or the other in a dataset",
+                        v.geom.path
+                    ),
+                ));
+            }
             let other_region = variables[..i]
                 .iter()
                 .find(|w| w.geom.path == v.geom.path && w.geom.region != v.geom.region);
@@ -836,8 +896,21 @@ impl DatasetBuilder {
                 ));
             }
         }
-        let first = &variables[0];
-        for v in &variables[1..] {
+        // Static fields have no sample axis: the sampled variables set its length.
+        let sampled: Vec<&Variable> = variables.iter().filter(|v| !v.geom.static_field).collect();
+        let Some(&first) = sampled.first() else {
+            return Err(EngineError::arg(
+                "variables",
+                variables
+                    .iter()
+                    .map(|v| v.label.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                "every variable is a static field; a dataset needs one sampled along its sample \
+                 axis, which sets the samples its batches draw",
+            ));
+        };
+        for v in &sampled[1..] {
             if v.geom.n_samples() != first.geom.n_samples() {
                 return Err(EngineError::UnequalSampleAxis {
                     a: first.label.clone(),
@@ -863,7 +936,7 @@ impl DatasetBuilder {
                         m.array = path.clone();
                     }
                 }
-                let reference = variables.iter().find(|v| v.geom.path == m.array);
+                let reference = sampled.iter().find(|v| v.geom.path == m.array);
                 match reference {
                     Some(v) => m.validate(&v.geom)?,
                     None => {
@@ -1476,6 +1549,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The geometry of array `path` as a static field, or an error naming it and listing the
+/// arrays there are.
+fn static_geometry(hierarchy: &Hierarchy, path: &str) -> Result<ArrayGeometry, EngineError> {
+    let array = hierarchy.arrays.get(path).ok_or_else(|| {
+        EngineError::from(StoreError::UnknownVariable {
+            name: path.to_string(),
+            group: hierarchy.root.clone(),
+            available: hierarchy
+                .arrays
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    })?;
+    Ok(ArrayGeometry::new_static(array))
+}
+
 /// A store mounted as a group of the dataset's store ([`DatasetBuilder::mount`]).
 #[derive(Clone, Debug)]
 pub(crate) struct Mount {
@@ -1551,6 +1642,22 @@ pub fn geometries_with(
 /// `region` (`null` for the whole field), `n_samples`, `samples_per_chunk`, `inner_shape`
 /// (what the C ABI and the Python shim show).
 pub fn geometry_json(g: &ArrayGeometry) -> serde_json::Value {
+    if g.static_field {
+        // The array's own axes: the sample axis in front of them is the geometry's alone.
+        return serde_json::json!({
+            "region": g.region,
+            "path": g.path,
+            "shape": g.shape[1..],
+            "chunks": g.chunks[1..],
+            "dtype": g.dtype.name(),
+            "static": true,
+            "sample_axis": null,
+            "offset": 0,
+            "n_samples": null,
+            "samples_per_chunk": null,
+            "inner_shape": g.inner_shape(),
+        });
+    }
     serde_json::json!({
         "region": g.region,
         "path": g.path,

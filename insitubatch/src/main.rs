@@ -230,6 +230,10 @@ struct PassArgs {
     /// batches hold `x` shaped (batch, 2, *field)); repeat it for several stacks.
     #[arg(long = "stack", value_name = "NAME=LABELS", value_parser = parse_stack)]
     stacks: Vec<(String, Vec<String>)>,
+    /// A static field, `LABEL=ARRAY` (`orog=orography`): the array whole in every row, beside
+    /// the sampled variables (it may be a label of a --stack); repeat it for several.
+    #[arg(long = "static", value_name = "LABEL=ARRAY", value_parser = key_value)]
+    statics: Vec<(String, String)>,
     /// Mount another store as a group of this one, `NAME=STORE` (`targets=/data/targets.zarr`:
     /// its array `tp` is the variable `targets/tp`); repeat it for several.
     #[arg(long = "mount", value_name = "NAME=STORE", value_parser = key_value)]
@@ -267,6 +271,11 @@ impl PassArgs {
         for (name, store) in &self.mounts {
             b = b.mount(name, store);
         }
+        if !self.statics.is_empty() && self.variables.is_none() {
+            return Err(
+                "--static needs --variables: the sampled variables beside the static fields".into(),
+            );
+        }
         if let Some(n) = self.max_inflight {
             b = b.max_inflight(n);
         }
@@ -277,6 +286,18 @@ impl PassArgs {
         };
         for v in self.variables.iter().flatten() {
             b = self.region.view(b, &at, v)?;
+        }
+        if !self.statics.is_empty()
+            && (self.region.region.is_some() || self.region.coords.is_some())
+        {
+            return Err(
+                "--static reads whole arrays; with --region or --coords, crop static \
+                        fields through the library (cropped_static)"
+                    .into(),
+            );
+        }
+        for (label, path) in &self.statics {
+            b = b.static_variable(label, path);
         }
         if let Some(m) = &self.manifest {
             b = b.manifest(SplitManifest::load(m)?);

@@ -490,6 +490,34 @@ fn bench_reads_variables_of_a_mounted_store_and_refuses_a_name_the_store_uses() 
 }
 
 #[test]
+fn bench_reads_a_static_field_once_a_pass_beside_the_sampled_variables() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, manifest, _) = store_and_split(tmp.path(), &[]);
+    // u10 read whole as a static field: its 10 chunks of 4 samples once, as one slot, beside
+    // the train split's 6 chunks of t2m.
+    let out = run_ok(bench_with(&store, &manifest).args([
+        "--variables",
+        "t2m",
+        "--static",
+        "s=u10",
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let stats = &v["epochs"][0]["stats"];
+    assert_eq!(stats["samples"], 24, "{stats}");
+    assert_eq!(stats["tiles_read"], 6 + 10, "{stats}");
+    assert_eq!(stats["cache_misses"], 6 + 1, "{stats}");
+    fails_with(
+        bench_with(&store, &manifest).args(["--static", "s=u10"]),
+        &["--static needs --variables"],
+    );
+    fails_with(
+        bench_with(&store, &manifest).args(["--variables", "t2m", "--static", "s=t2m"]),
+        &["one as a static field"],
+    );
+}
+
+#[test]
 fn stats_prints_each_arrays_statistics_over_the_split() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, manifest, _) = store_and_split(tmp.path(), &[]);

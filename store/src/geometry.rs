@@ -33,6 +33,10 @@ pub struct ArrayGeometry {
     /// [`ArrayGeometry::crop`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<Vec<(u64, u64)>>,
+    /// A static field ([`ArrayGeometry::new_static`]): the whole array is one sample, on a
+    /// sample axis of length 1 put in front of its physical axes, and every anchor reads it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub static_field: bool,
 }
 
 impl ArrayGeometry {
@@ -53,7 +57,40 @@ impl ArrayGeometry {
             sample_axis,
             offset: 0,
             region: None,
+            static_field: false,
         })
+    }
+
+    /// A static field: `array` whole (orography, a land-sea mask), the same in every row of a
+    /// batch whatever the anchor. Its geometry puts a sample axis of length 1 in front of the
+    /// array's axes (so one stored-chunk slot holds the whole field); [`array_index`] maps a
+    /// chunk index of the geometry back to the array's.
+    ///
+    /// [`array_index`]: ArrayGeometry::array_index
+    pub fn new_static(array: &ZarrArray) -> Self {
+        Self {
+            path: array.path().to_string(),
+            shape: std::iter::once(1)
+                .chain(array.shape().iter().copied())
+                .collect(),
+            chunks: std::iter::once(1)
+                .chain(array.chunk_shape().iter().copied())
+                .collect(),
+            dtype: array.dtype(),
+            sample_axis: 0,
+            offset: 0,
+            region: None,
+            static_field: true,
+        }
+    }
+
+    /// What this geometry gives per axis (a chunk index, a box's ranges), per axis of the
+    /// array: the same, but for a static field, whose leading sample axis is not the array's.
+    pub fn array_index<T>(&self, mut index: Vec<T>) -> Vec<T> {
+        if self.static_field {
+            index.remove(0);
+        }
+        index
     }
 
     /// How messages name this array (`/` for the store's root array).

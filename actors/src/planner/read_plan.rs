@@ -29,6 +29,18 @@ pub struct PathInfo {
     pub tiles: u64,
 }
 
+impl PathInfo {
+    /// The sample of this array that anchor `anchor` reads through a label of window offset
+    /// `offset` (none below 0): the one sample of a static field, whatever the anchor.
+    pub fn sample_of(&self, anchor: u64, offset: i64) -> u64 {
+        if self.geom.static_field {
+            0
+        } else {
+            (anchor as i128 + offset as i128).max(0) as u64
+        }
+    }
+}
+
 /// One label of the batch.
 #[derive(Clone, Debug)]
 pub struct LabelInfo {
@@ -148,7 +160,7 @@ impl ReadPlan {
     pub fn locate(&self, label: usize, anchor: u64, block: u32) -> (u32, u64) {
         let l = &self.labels[label];
         let p = &self.paths[l.path];
-        let sample = (anchor as i128 + l.offset as i128) as u64;
+        let sample = p.sample_of(anchor, l.offset);
         let chunk = sample / p.samples_per_chunk;
         let mut slot = self.slot_of[l.path].get(chunk);
         // Uses are in block order; each covers a run of blocks.
@@ -274,8 +286,8 @@ pub fn read_plan(
     let mut spans: Vec<Option<(u64, u64)>> = vec![None; paths.len()];
     for l in &labels {
         let Some((lo, hi)) = anchor_span else { break };
-        let spc = paths[l.path].samples_per_chunk;
-        let chunk = |a: u64| ((a as i128 + l.offset as i128).max(0) as u64) / spc;
+        let p = &paths[l.path];
+        let chunk = |a: u64| p.sample_of(a, l.offset) / p.samples_per_chunk;
         let (lo, hi) = (chunk(lo), chunk(hi));
         let span = &mut spans[l.path];
         *span = Some(span.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
@@ -291,9 +303,9 @@ pub fn read_plan(
             let anchor = order.anchor(i);
             for l in &labels {
                 let p = &paths[l.path];
-                let sample = anchor as i128 + l.offset as i128;
-                debug_assert!(sample >= 0 && (sample as u64) < p.geom.n_samples());
-                let chunk = sample as u64 / p.samples_per_chunk;
+                let sample = p.sample_of(anchor, l.offset);
+                debug_assert!(sample < p.geom.n_samples());
+                let chunk = sample / p.samples_per_chunk;
                 let b = b as u32;
                 let cur = latest[l.path].get(chunk);
                 let extend = cur != u32::MAX
@@ -453,6 +465,7 @@ mod tests {
             sample_axis: 0,
             offset: 0,
             region: None,
+            static_field: false,
         }
     }
 

@@ -512,6 +512,7 @@ mod tests {
             sample_axis: 0,
             offset: 0,
             region: None,
+            static_field: false,
         }
     }
 

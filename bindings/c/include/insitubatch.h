@@ -443,7 +443,10 @@ IsbStatus isb_split_by_chunk(const char *store,
  `{"label", "path", "offset", "region", "wrap"}` views, `region` optional (ABI 8): `[[start,
  end], ...]`, one half-open range per field axis in physical order, so that only the stored
  chunks it touches are read; `wrap` (ABI 9, default false) lets a range run across the end of
- a periodic axis, as `start < 0` or `end` past the axis length; default every data
+ a periodic axis, as `start < 0` or `end` past the axis length; `"static": true` (ABI 16)
+ makes the view a static field, the array whole (or its region, one range per axis of the
+ array) in every row, read once a pass, for orography or a land-sea mask beside sampled
+ variables (no offset; a dataset needs one sampled variable); default every data
  variable), `sample_axis`, `manifest`
  (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
  `fast_first_batch` (ABI 10, default false: each shuffled epoch's blocks ramp up from the

@@ -474,6 +474,9 @@ enum VarConfig {
         region: Option<Vec<(i64, i64)>>,
         #[serde(default)]
         wrap: bool,
+        /// ABI 16: a static field (the array whole in every row).
+        #[serde(default, rename = "static")]
+        is_static: bool,
     },
 }
 
@@ -485,7 +488,8 @@ fn var_config(v: serde_json::Value) -> Result<VarConfig, insitubatch::EngineErro
             v,
             "each entry is an array path (a string) or an object {\"label\": ..., \"path\": ..., \
              \"offset\": <integer>, \"region\": [[start, end], ...] (optional, one pair per field \
-             axis), \"wrap\": <bool> (optional: ranges may wrap around the end of an axis)}",
+             axis), \"wrap\": <bool> (optional: ranges may wrap around the end of an axis), \
+             \"static\": <bool> (optional: the array whole in every row)}",
         )
     })
 }
@@ -671,6 +675,40 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
                 label,
                 path,
                 offset,
+                region,
+                wrap,
+                is_static: true,
+            } => {
+                if offset != 0 {
+                    return Err(insitubatch::EngineError::arg(
+                        "variables",
+                        &label,
+                        "a static field has no sample axis to shift along; leave out its offset",
+                    )
+                    .into());
+                }
+                match region {
+                    None => b.static_variable(label, path),
+                    Some(r) if wrap || r.iter().all(|&(lo, _)| lo >= 0) => {
+                        b.cropped_static(label, path, &r)
+                    }
+                    Some(r) => {
+                        return Err(insitubatch::EngineError::arg(
+                            "variables",
+                            &label,
+                            format!(
+                                "the region {r:?} has a negative bound; a range across the end \
+                                 of a periodic axis needs \"wrap\": true in the view"
+                            ),
+                        )
+                        .into());
+                    }
+                }
+            }
+            VarConfig::View {
+                label,
+                path,
+                offset,
                 region: None,
                 ..
             } => b.window(label, path, offset),
@@ -680,6 +718,7 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
                 offset,
                 region: Some(region),
                 wrap: true,
+                ..
             } => b.cropped_window_wrapping(label, path, offset, &region),
             VarConfig::View {
                 label,
@@ -687,6 +726,7 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
                 offset,
                 region: Some(region),
                 wrap: false,
+                ..
             } => {
                 let Ok(plain) = region
                     .iter()
@@ -824,7 +864,10 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// `{"label", "path", "offset", "region", "wrap"}` views, `region` optional (ABI 8): `[[start,
 /// end], ...]`, one half-open range per field axis in physical order, so that only the stored
 /// chunks it touches are read; `wrap` (ABI 9, default false) lets a range run across the end of
-/// a periodic axis, as `start < 0` or `end` past the axis length; default every data
+/// a periodic axis, as `start < 0` or `end` past the axis length; `"static": true` (ABI 16)
+/// makes the view a static field, the array whole (or its region, one range per axis of the
+/// array) in every row, read once a pass, for orography or a land-sea mask beside sampled
+/// variables (no offset; a dataset needs one sampled variable); default every data
 /// variable), `sample_axis`, `manifest`
 /// (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
 /// `fast_first_batch` (ABI 10, default false: each shuffled epoch's blocks ramp up from the

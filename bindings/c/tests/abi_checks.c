@@ -216,6 +216,63 @@ int main(int argc, char **argv) {
         isb_iter_free(it_m);
         isb_dataset_free(mounted);
     }
+    /* A static field (ABI 16): the 12-element `station` array whole in every row beside t2m;
+     * a static view with an offset is refused naming it. */
+    snprintf(config, sizeof config,
+             "{\"store\": \"%s\", \"variables\": [\"t2m\", {\"label\": \"s\", \"path\": \"station\", \"static\": true, \"offset\": 1}]}",
+             store);
+    CHECK("static with an offset", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "no sample axis to shift along");
+    snprintf(config, sizeof config,
+             "{\"store\": \"%s\", \"variables\": [{\"label\": \"s\", \"path\": \"station\", \"static\": true}]}", store);
+    CHECK("only a static field", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "every variable is a static field");
+    {
+        IsbDataset *with_static = NULL, *plain = NULL;
+        snprintf(config, sizeof config,
+                 "{\"store\": \"%s\", \"batch_size\": 5, \"variables\": [\"t2m\", {\"label\": \"s\", \"path\": \"station\", \"static\": true}]}",
+                 store);
+        CHECK("open with a static field", isb_dataset_open(config, &with_static, &err), ISB_OK, NULL);
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"shuffle\": false, \"batch_size\": 12, \"variables\": [\"station\"]}", store);
+        CHECK("open station sampled", isb_dataset_open(config, &plain, &err), ISB_OK, NULL);
+        char *facts = NULL;
+        CHECK("static facts", isb_dataset_stats_json(with_static, &facts, &err), ISB_OK, NULL);
+        if (!facts || !strstr(facts, "\"static\":true") || !strstr(facts, "\"shape\":[12]")) {
+            fprintf(stderr, "FAIL a static field in the facts: %s\n", facts ? facts : "(null)");
+            failures++;
+        }
+        isb_string_free(facts);
+        IsbIter *is = NULL, *ip = NULL;
+        IsbBatch *bs = NULL, *bp = NULL;
+        DLManagedTensorVersioned *st = NULL, *whole = NULL;
+        if (!with_static || !plain || isb_iter_start(with_static, "train", &is, NULL) != ISB_OK ||
+            isb_iter_next(is, &bs, NULL) != ISB_OK || isb_batch_export(bs, "s", &st, NULL) != ISB_OK ||
+            isb_iter_start(plain, "all", &ip, NULL) != ISB_OK || isb_iter_next(ip, &bp, NULL) != ISB_OK ||
+            isb_batch_export(bp, "station", &whole, NULL) != ISB_OK) {
+            fprintf(stderr, "FAIL a batch with a static field\n");
+            return 1;
+        }
+        /* Every row of `s` is the whole station array, as the sequential pass reads it. */
+        if (st->dl_tensor.ndim != 2 || st->dl_tensor.shape[0] != 5 || st->dl_tensor.shape[1] != 12 ||
+            whole->dl_tensor.shape[0] != 12) {
+            fprintf(stderr, "FAIL static field shape\n");
+            failures++;
+        } else {
+            for (int r = 0; r < 5; r++) {
+                if (memcmp((const float *)st->dl_tensor.data + 12 * r, whole->dl_tensor.data, 12 * sizeof(float)) != 0) {
+                    fprintf(stderr, "FAIL static row %d differs from the array\n", r);
+                    failures++;
+                    break;
+                }
+            }
+        }
+        st->deleter(st);
+        whole->deleter(whole);
+        isb_batch_free(bs);
+        isb_batch_free(bp);
+        isb_iter_free(is);
+        isb_iter_free(ip);
+        isb_dataset_free(with_static);
+        isb_dataset_free(plain);
+    }
     /* Labels stacked as channels (ABI 14): one array (batch, 2, *field), each channel the
      * label's own array; a bad stack is refused naming `stacks`. */
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"stacks\": [\"t2m\"]}", store);

@@ -172,19 +172,42 @@ class ArrayGeometry:
     offset: int = 0
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     region: tuple | None = None
+    static: bool = False
+
+    def _sampled(self, what: str) -> None:
+        if self.static:
+            raise errors.InvalidArgument(
+                f"array {self.path!r} is a static field: it has no sample axis, so no {what}"
+            )
 
     @property
     def n_samples(self) -> int:
+        self._sampled("samples")
         return self.shape[self.sample_axis]
 
     @property
     def samples_per_chunk(self) -> int:
+        self._sampled("samples per chunk")
         return self.chunks[self.sample_axis]
 
     @property
     def field_axes(self) -> tuple:
-        """The physical axes other than the sample axis, in order."""
-        return tuple(a for a in range(len(self.shape)) if a != self.sample_axis)
+        """The physical axes other than the sample axis, in order (every axis of a static
+        field)."""
+        return tuple(a for a in range(len(self.shape)) if self.static or a != self.sample_axis)
+
+    def as_static(self) -> "ArrayGeometry":
+        """This array as a static field (orography, a land-sea mask): the whole array (its
+        region, when cropped: one range per axis of the array) in every row of every batch,
+        read once a pass. It has no sample axis: no window, no samples of its own; a dataset
+        needs one sampled variable beside it. It may be a channel of a stack (`stacks`) beside
+        sampled variables of its shape."""
+        if self.offset:
+            raise errors.InvalidArgument(
+                f"array {self.path!r} is shifted by {self.offset}: a static field has no sample "
+                "axis to shift along"
+            )
+        return replace(self, static=True, region=None)
 
     @property
     def inner_shape(self) -> tuple:
@@ -197,6 +220,7 @@ class ArrayGeometry:
         """The same array read `k` samples further along the sample axis."""
         if not isinstance(k, numbers.Integral) or isinstance(k, bool):
             raise TypeError(f"shift(k): k must be an int, not {type(k).__name__}")
+        self._sampled("window to shift")
         return replace(self, offset=self.offset + int(k))
 
     def crop(self, *region, wrap: bool = False) -> "ArrayGeometry":
@@ -586,6 +610,7 @@ def split_by_chunk(
 def _split(geom: ArrayGeometry, params: dict) -> SplitManifest:
     """`isb_split_by_chunk` over `geom`'s array with `params`, reopening its store with the
     options it carries."""
+    geom._sampled("chunks along a sample axis to split")
     if geom.storage_options:
         params["storage_options"] = _storage_options(geom.storage_options)
     raw = _json_call(
@@ -1267,10 +1292,12 @@ class InSituDataset:
                         f"the window offset of label {label!r} is {g.offset}: shift(k) takes a "
                         "64-bit sample count"
                     )
-                if g.sample_axis != sample_axis:
+                if g.sample_axis != sample_axis and not g.static:
                     config["sample_axis"] = g.sample_axis
                 view = {"label": str(label), "path": self._path_of(label, g, config["store"]),
                         "offset": g.offset}
+                if g.static:
+                    view["static"] = True
                 if g.region is not None:
                     view["region"] = [list(r) for r in g.region]
                     view["wrap"] = g.wraps
@@ -1323,10 +1350,11 @@ class InSituDataset:
                 shape=tuple(v["shape"]),
                 chunks=tuple(v["chunks"]),
                 dtype=v["dtype"],
-                sample_axis=v["sample_axis"],
+                sample_axis=v["sample_axis"] if v["sample_axis"] is not None else 0,
                 offset=v["offset"],
                 storage_options=options,
                 region=None if v.get("region") is None else tuple(tuple(r) for r in v["region"]),
+                static=bool(v.get("static", False)),
             )
         self.manifest = SplitManifest(info["manifest"])
         self._warned = 0
@@ -1407,6 +1435,11 @@ class InSituDataset:
         if label not in self.geometries:
             raise KeyError(f"no label {label!r}; the dataset has {list(self.geometries)}")
         g = self.geometries[label]
+        if g.static and dimension is None:
+            raise errors.InvalidArgument(
+                f"label {label!r} is a static field: it has no sample axis; name the dimension "
+                "whose coordinate to read"
+            )
         return coordinate_values(g.store, g.path, dimension, sample_axis=g.sample_axis,
                                  decode_times=decode_times, storage_options=g.storage_options)
 
