@@ -38,7 +38,14 @@ fn statics() -> (FixtureArray, FixtureArray, FixtureArray) {
 #[test]
 fn a_static_field_is_zarr_pythons_whole_array_in_every_row() {
     let (field, orog, sharded) = statics();
-    for mode in [IntoRows::Never, IntoRows::Always, IntoRows::Auto] {
+    // One block per epoch too (16 chunks a block): the static slot is then read within one
+    // block, and still never decoded into rows (every row reads it).
+    for (mode, block_chunks) in [
+        (IntoRows::Never, 2),
+        (IntoRows::Always, 2),
+        (IntoRows::Always, 16),
+        (IntoRows::Auto, 2),
+    ] {
         for split in ["train", "all"] {
             let ds = InSituDataset::builder(&field.store)
                 .variable("x", "field")
@@ -46,7 +53,7 @@ fn a_static_field_is_zarr_pythons_whole_array_in_every_row() {
                 .static_variable("orog", "orog")
                 .static_variable("sharded", "orog_sharded")
                 .batch_size(3)
-                .block_chunks(2)
+                .block_chunks(block_chunks)
                 .decode_into_batches(mode)
                 .build()
                 .unwrap();
@@ -214,4 +221,29 @@ fn static_fields_a_dataset_cannot_read_are_refused_naming_them() {
         .variable("x", "field")
         .cropped_static("o", "orog", &[(0, 10), (0, 4)]));
     assert!(e.to_string().contains("orog"), "{e}");
+}
+
+#[test]
+fn chunk_transforms_run_on_a_static_field() {
+    let (field, orog, _) = statics();
+    let ds = InSituDataset::builder(&field.store)
+        .variable("x", "field")
+        .static_variable("orog", "orog")
+        .chunk_transforms_json(
+            r#"[{"type": "affine", "scale": 0.5, "offset": -1.0, "applies": ["orog"]}]"#,
+        )
+        .batch_size(4)
+        .build()
+        .unwrap();
+    let want: Vec<u8> = orog
+        .reference
+        .chunks(4)
+        .flat_map(|b| (f32::from_le_bytes(b.try_into().unwrap()) * 0.5 - 1.0).to_ne_bytes())
+        .collect();
+    assert_eq!(
+        sorted(rows_equal(&ds, "train", "orog", &want)),
+        (0..10).collect::<Vec<_>>()
+    );
+    let refs = [("x", &field, 0)];
+    check_epoch(&ds, "train", &refs);
 }
