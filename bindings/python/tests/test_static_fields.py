@@ -2,6 +2,10 @@
 zarr-python's whole array (or its region) in every row, alone or as a channel of a stack, and
 what cannot be a static field is refused by name."""
 
+import re
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 import zarr
@@ -70,3 +74,31 @@ def test_what_cannot_be_a_static_field_is_refused_by_name(fixtures):
     with isb.InSituDataset(store, None, {"x": g["field"], "o": orog}) as ds:
         with pytest.raises(errors.InvalidArgument, match="static field.*name the dimension"):
             ds.coordinates("o")
+
+
+def test_the_static_fields_example_in_the_python_docs_gives_what_it_prints(tmp_path):
+    """docs/python-api.md, "Static fields": its example as printed, on a small ERA5-like store
+    with an orography and a land-sea mask added by zarr-python."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
+    section = text.split("## Static fields", 1)[1]
+    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    store = tmp_path / "era5.zarr"
+    exe = Path(__file__).resolve().parents[3] / "target" / "release" / "insitubatch"
+    subprocess.run([str(exe), "make-dataset", str(store), "--samples", "40", "--sample-chunk", "4",
+                    "--variables", "t2m,u10"], check=True, capture_output=True)
+    rng = np.random.default_rng(0)
+    group = zarr.open_group(store, mode="a")
+    orography = rng.normal(size=(181, 360)).astype("f4")
+    lsm = (rng.random((181, 360)) > 0.7).astype("f4")
+    group.create_array("orography", data=orography, chunks=(91, 180))
+    group.create_array("lsm", data=lsm, chunks=(181, 360))
+    zarr.consolidate_metadata(store)
+    scope = {"isb": isb, "store": str(store)}
+    exec(code, scope)
+    b, x = scope["b"], scope["x"]
+    assert x.shape == (32, 4, 181, 360)
+    t2m = zarr.open_array(store / "t2m", mode="r")
+    np.testing.assert_array_equal(x[:, 0], t2m.oindex[b.read_indices("t2m")])
+    np.testing.assert_array_equal(x[:, 2], np.broadcast_to(orography, (32, 181, 360)))
+    np.testing.assert_array_equal(x[:, 3], np.broadcast_to(lsm, (32, 181, 360)))
+    scope["ds"].close()
