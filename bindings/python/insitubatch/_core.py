@@ -241,9 +241,11 @@ class ArrayGeometry:
             raise TypeError(f"crop of array {self.path!r}: wrap must be a bool, not {wrap!r}")
         axes = self.field_axes
         if len(region) != len(axes):
+            which = ("(a static field: every axis of the array)" if self.static
+                     else f"(the sample axis is {self.sample_axis})")
             raise errors.InvalidArgument(
                 f"crop of array {self.path!r}: give one range per field axis, {len(axes)} for "
-                f"axes {list(axes)} (the sample axis is {self.sample_axis}), not {len(region)}"
+                f"axes {list(axes)} {which}, not {len(region)}"
             )
         out = []
         for a, r in zip(axes, region):

@@ -65,6 +65,8 @@ def test_what_cannot_be_a_static_field_is_refused_by_name(fixtures):
         orog.shift(1)
     with pytest.raises(errors.InvalidArgument, match="shifted by 2"):
         g["field"].shift(2).as_static()
+    with pytest.raises(errors.InvalidArgument, match="2 for axes \\[0, 1\\] \\(a static field"):
+        orog.crop((0, 4))
     with pytest.raises(errors.InvalidArgument, match="to split"):
         isb.split_by_chunk(orog)
     with pytest.raises(errors.InvalidArgument, match="every variable is a static field"):
