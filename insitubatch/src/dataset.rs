@@ -19,8 +19,7 @@ use insitubatch_runtime::{
     IoBackend, IoBackendChoice, MAX_EXECUTOR_THREADS, Runtime, RuntimeBuilder,
 };
 use insitubatch_store::{
-    AnyStore, ArrayGeometry, Hierarchy, MountedStore, StoreError, open_geometries,
-    open_mounted_hierarchy,
+    AnyStore, ArrayGeometry, Hierarchy, MountedStore, open_geometries, open_mounted_hierarchy,
 };
 
 /// Default rows per batch.
@@ -1552,19 +1551,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The geometry of array `path` as a static field, or an error naming it and listing the
 /// arrays there are.
 fn static_geometry(hierarchy: &Hierarchy, path: &str) -> Result<ArrayGeometry, EngineError> {
-    let array = hierarchy.arrays.get(path).ok_or_else(|| {
-        EngineError::from(StoreError::UnknownVariable {
-            name: path.to_string(),
-            group: hierarchy.root.clone(),
-            available: hierarchy
-                .arrays
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
-    })?;
-    Ok(ArrayGeometry::new_static(array))
+    Ok(ArrayGeometry::new_static(hierarchy.array(path)?))
 }
 
 /// A store mounted as a group of the dataset's store ([`DatasetBuilder::mount`]).

@@ -351,18 +351,7 @@ pub fn open_geometries(
     match variables {
         Some(names) => {
             for name in names {
-                let array = hierarchy.arrays.get(name.as_str()).ok_or_else(|| {
-                    StoreError::UnknownVariable {
-                        name: name.clone(),
-                        group: hierarchy.root.clone(),
-                        available: hierarchy
-                            .arrays
-                            .keys()
-                            .cloned()
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    }
-                })?;
+                let array = hierarchy.array(name)?;
                 out.insert(name.clone(), ArrayGeometry::new(array, sample_axis)?);
             }
         }

@@ -47,6 +47,19 @@ pub struct Hierarchy {
     pub discovery: &'static str,
 }
 
+impl Hierarchy {
+    /// The array at `path`, or an error naming it and listing the arrays there are.
+    pub fn array(&self, path: &str) -> Result<&ZarrArray, StoreError> {
+        self.arrays
+            .get(path)
+            .ok_or_else(|| StoreError::UnknownVariable {
+                name: path.to_string(),
+                group: self.root.clone(),
+                available: self.arrays.keys().cloned().collect::<Vec<_>>().join(", "),
+            })
+    }
+}
+
 async fn get_json<S: Store>(store: &S, key: &str) -> Result<Option<Value>, StoreError> {
     let Some(bytes) = store.get(key).await? else {
         return Ok(None);

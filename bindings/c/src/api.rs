@@ -480,6 +480,18 @@ enum VarConfig {
     },
 }
 
+/// A view's region with a negative bound and no `wrap`, refused naming the view.
+fn negative_bound(label: &str, region: &[(i64, i64)]) -> insitubatch::EngineError {
+    insitubatch::EngineError::arg(
+        "variables",
+        label,
+        format!(
+            "the region {region:?} has a negative bound; a range across the end of a periodic \
+             axis needs \"wrap\": true in the view"
+        ),
+    )
+}
+
 /// One entry of the config's `variables`.
 fn var_config(v: serde_json::Value) -> Result<VarConfig, insitubatch::EngineError> {
     serde_json::from_value(v.clone()).map_err(|_| {
@@ -692,17 +704,7 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
                     Some(r) if wrap || r.iter().all(|&(lo, _)| lo >= 0) => {
                         b.cropped_static(label, path, &r)
                     }
-                    Some(r) => {
-                        return Err(insitubatch::EngineError::arg(
-                            "variables",
-                            &label,
-                            format!(
-                                "the region {r:?} has a negative bound; a range across the end \
-                                 of a periodic axis needs \"wrap\": true in the view"
-                            ),
-                        )
-                        .into());
-                    }
+                    Some(r) => return Err(negative_bound(&label, &r).into()),
                 }
             }
             VarConfig::View {
@@ -733,15 +735,7 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
                     .map(|&(lo, hi)| Ok((u64::try_from(lo)?, u64::try_from(hi)?)))
                     .collect::<Result<Vec<(u64, u64)>, std::num::TryFromIntError>>()
                 else {
-                    return Err(insitubatch::EngineError::arg(
-                        "variables",
-                        &label,
-                        format!(
-                            "the region {region:?} has a negative bound; a range across the end \
-                             of a periodic axis needs \"wrap\": true in the view"
-                        ),
-                    )
-                    .into());
+                    return Err(negative_bound(&label, &region).into());
                 };
                 b.cropped_window(label, path, offset, &plain)
             }
