@@ -36,6 +36,35 @@ struct Cli {
     command: Command,
 }
 
+/// `b` with the static fields `--static` names, after the sampled `--variables` (which it
+/// needs: without them the dataset would read every data variable, the static arrays too).
+fn with_statics(
+    mut b: insitubatch::DatasetBuilder,
+    statics: &[(String, String)],
+    has_variables: bool,
+    region: &RegionArgs,
+) -> Result<insitubatch::DatasetBuilder, Box<dyn std::error::Error>> {
+    if statics.is_empty() {
+        return Ok(b);
+    }
+    if !has_variables {
+        return Err(
+            "--static needs --variables: the sampled variables beside the static fields".into(),
+        );
+    }
+    if region.region.is_some() || region.coords.is_some() {
+        return Err(
+            "--static reads whole arrays; with --region or --coords, crop static fields \
+                    through the library (cropped_static)"
+                .into(),
+        );
+    }
+    for (label, path) in statics {
+        b = b.static_variable(label, path);
+    }
+    Ok(b)
+}
+
 /// `insitubatch warm`'s arguments.
 #[derive(clap::Args)]
 struct WarmArgs {
@@ -68,6 +97,10 @@ struct WarmArgs {
     /// readers will pass (the cache fingerprint must match theirs).
     #[arg(long, value_name = "JSON")]
     chunk_transforms: Option<String>,
+    /// Warm the static fields the readers will read beside the variables (`LABEL=ARRAY`, as
+    /// `bench --static` takes them): a readonly reader's miss is an error.
+    #[arg(long = "static", value_name = "LABEL=ARRAY", value_parser = key_value)]
+    statics: Vec<(String, String)>,
     /// Mount another store as a group of this one, `NAME=STORE` (`targets=/data/targets.zarr`:
     /// its array `tp` is the variable `targets/tp`); repeat it for several.
     #[arg(long = "mount", value_name = "NAME=STORE", value_parser = key_value)]
@@ -271,11 +304,6 @@ impl PassArgs {
         for (name, store) in &self.mounts {
             b = b.mount(name, store);
         }
-        if !self.statics.is_empty() && self.variables.is_none() {
-            return Err(
-                "--static needs --variables: the sampled variables beside the static fields".into(),
-            );
-        }
         if let Some(n) = self.max_inflight {
             b = b.max_inflight(n);
         }
@@ -287,18 +315,7 @@ impl PassArgs {
         for v in self.variables.iter().flatten() {
             b = self.region.view(b, &at, v)?;
         }
-        if !self.statics.is_empty()
-            && (self.region.region.is_some() || self.region.coords.is_some())
-        {
-            return Err(
-                "--static reads whole arrays; with --region or --coords, crop static \
-                        fields through the library (cropped_static)"
-                    .into(),
-            );
-        }
-        for (label, path) in &self.statics {
-            b = b.static_variable(label, path);
-        }
+        b = with_statics(b, &self.statics, self.variables.is_some(), &self.region)?;
         if let Some(m) = &self.manifest {
             b = b.manifest(SplitManifest::load(m)?);
         }
@@ -821,6 +838,7 @@ fn warm(args: &WarmArgs) -> CliResult {
         region,
         reset_stale_cache,
         chunk_transforms,
+        statics,
         mounts,
         store,
         ranks,
@@ -848,6 +866,7 @@ fn warm(args: &WarmArgs) -> CliResult {
     for v in variables.iter().flatten() {
         b = region.view(b, &at, v)?;
     }
+    b = with_statics(b, statics, variables.is_some(), region)?;
     if let Some(m) = manifest {
         b = b.manifest(SplitManifest::load(m)?);
     }

@@ -511,6 +511,42 @@ fn bench_reads_a_static_field_once_a_pass_beside_the_sampled_variables() {
         bench_with(&store, &manifest).args(["--static", "s=u10"]),
         &["--static needs --variables"],
     );
+    // `warm` fills a cache with the static field too, which a readonly reader then revives.
+    let cache = tmp.path().join("cache");
+    let warm = |statics: &[&str]| {
+        let mut c = cli();
+        c.arg("warm")
+            .arg(&store)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .arg("--manifest")
+            .arg(&manifest)
+            .args(["--split", "train", "--variables", "t2m"])
+            .args(statics);
+        c
+    };
+    let readonly = || {
+        let mut c = bench_with(&store, &manifest);
+        c.arg("--cache-dir").arg(&cache).args([
+            "--readonly-cache",
+            "--variables",
+            "t2m",
+            "--static",
+            "s=u10",
+            "--json",
+        ]);
+        c
+    };
+    run_ok(&mut warm(&[]));
+    fails_with(&mut readonly(), &["u10"]);
+    run_ok(&mut warm(&["--static", "s=u10"]));
+    let v: serde_json::Value = serde_json::from_str(&run_ok(&mut readonly())).unwrap();
+    let stats = &v["epochs"][0]["stats"];
+    assert_eq!(
+        (stats["tiles_read"].as_u64(), stats["samples"].as_u64()),
+        (Some(0), Some(24)),
+        "{stats}"
+    );
     fails_with(
         bench_with(&store, &manifest).args(["--variables", "t2m", "--static", "s=t2m"]),
         &["one as a static field"],
