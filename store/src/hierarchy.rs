@@ -261,16 +261,24 @@ async fn list_v2<S: Store>(
         .flat_map(|p| [join(p, ".zarray"), join(p, ".zattrs")])
         .collect();
     let docs = get_all_json(store, &keys).await?;
+    let mut others = Vec::new();
     for (i, path) in paths.into_iter().enumerate() {
         let key = &keys[2 * i];
         if let Some(meta) = &docs[2 * i] {
             let attrs = docs[2 * i + 1].as_ref();
             let array = ZarrArray::from_metadata(&path, meta, attrs, store.locate(key))?;
             arrays.insert(path, array);
-        } else if depth < MAX_GROUP_DEPTH
-            && get_json(store, &join(&path, ".zgroup")).await?.is_some()
-        {
-            Box::pin(list_v2(store, &path, depth + 1, arrays)).await?;
+        } else if depth < MAX_GROUP_DEPTH {
+            others.push(path);
+        }
+    }
+    // The entries that are not arrays: their `.zgroup` documents together too, then each group
+    // listed in turn.
+    let groups: Vec<String> = others.iter().map(|p| join(p, ".zgroup")).collect();
+    let found = get_all_json(store, &groups).await?;
+    for (path, group) in others.iter().zip(found) {
+        if group.is_some() {
+            Box::pin(list_v2(store, path, depth + 1, arrays)).await?;
         }
     }
     Ok(())

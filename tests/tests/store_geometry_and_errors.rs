@@ -243,10 +243,12 @@ fn chunk_error(rt: &Runtime, dir: &Path, index: [u64; 3]) -> StoreError {
     .unwrap()
 }
 
-/// A local store that counts the reads in flight at once: each read yields to the executor
-/// before it starts, so reads issued together overlap.
+/// A local store that counts the reads in flight at once (of keys ending with `suffix`; `""`
+/// for all): each read yields to the executor before it starts, so reads issued together
+/// overlap.
 struct Counting {
     inner: LocalStore,
+    suffix: &'static str,
     now: AtomicUsize,
     peak: AtomicUsize,
     reads: AtomicUsize,
@@ -258,6 +260,9 @@ impl insitubatch_store::Store for Counting {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        if !key.ends_with(self.suffix) {
+            return self.inner.get(key).await;
+        }
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(now, Ordering::SeqCst);
         self.reads.fetch_add(1, Ordering::SeqCst);
@@ -320,6 +325,7 @@ fn a_group_without_consolidated_metadata_reads_its_arrays_metadata_together() {
             .block_on(move || async move {
                 let store = Counting {
                     inner: LocalStore::new(&root).unwrap(),
+                    suffix: "",
                     now: 0.into(),
                     peak: 0.into(),
                     reads: 0.into(),
@@ -350,4 +356,43 @@ fn a_group_without_consolidated_metadata_reads_its_arrays_metadata_together() {
             "v{fmt}: {reads} reads"
         );
     }
+}
+
+#[test]
+fn a_v2_group_of_groups_without_consolidated_metadata_reads_their_zgroups_together() {
+    // 20 subgroups of one array each: the entries that are not arrays have their `.zgroup`
+    // read 16 at a time (one after another before), and every array is found.
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("nested_v2.zarr");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join(".zgroup"), r#"{"zarr_format": 2}"#).unwrap();
+    let meta = serde_json::json!({"zarr_format": 2, "shape": [4, 2], "chunks": [2, 2],
+        "dtype": "<f4", "compressor": null, "fill_value": 0, "order": "C", "filters": null});
+    for k in 0..20 {
+        let group = root.join(format!("g{k:02}"));
+        std::fs::create_dir_all(group.join("x")).unwrap();
+        std::fs::write(group.join(".zgroup"), r#"{"zarr_format": 2}"#).unwrap();
+        std::fs::write(group.join("x/.zarray"), meta.to_string()).unwrap();
+    }
+    let (peak, reads, paths) = rt()
+        .block_on(move || async move {
+            let store = Counting {
+                inner: LocalStore::new(&root).unwrap(),
+                suffix: ".zgroup",
+                now: 0.into(),
+                peak: 0.into(),
+                reads: 0.into(),
+            };
+            let h = open_hierarchy(&store).await.unwrap();
+            let paths: Vec<String> = h.arrays.keys().cloned().collect();
+            (store.peak.into_inner(), store.reads.into_inner(), paths)
+        })
+        .unwrap();
+    assert_eq!(
+        paths,
+        (0..20).map(|k| format!("g{k:02}/x")).collect::<Vec<_>>()
+    );
+    assert_eq!(peak, 16, "`.zgroup` reads in flight at once");
+    // The root's, each subgroup's, and each subgroup's entry `x` (an array: not asked).
+    assert_eq!(reads, 1 + 20, "{reads} `.zgroup` reads");
 }
