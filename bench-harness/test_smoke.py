@@ -115,3 +115,16 @@ def test_a_store_an_older_make_dataset_wrote_is_made_again(tmp_path, monkeypatch
     assert run.synthetic_layout(store) == layout
     v2 = run.make_store(tmp_path, 8, 8, "3x4", variant="v2-blosc")
     assert run.synthetic_layout(v2) == layout and (v2 / ".zattrs").exists()
+
+
+def test_the_key_rows_in_the_docs_are_the_committed_runs():
+    """docs/benchmarks.md's key rows of the harness are what `key_rows.py` makes of the
+    committed `docs/harness/results.jsonl`, so the table and the rows it came from agree."""
+    sys.path.insert(0, str(HERE))
+    from key_rows import key_rows
+
+    root = HERE.parent
+    rows = [json.loads(l) for l in (root / "docs/harness/results.jsonl").read_text().splitlines()]
+    table = key_rows(rows)
+    assert len(table.splitlines()) == 2 + 6
+    assert table in (root / "docs/benchmarks.md").read_text()

@@ -1629,34 +1629,28 @@ pub fn geometries_with(
 /// `region` (`null` for the whole field), `n_samples`, `samples_per_chunk`, `inner_shape`
 /// (what the C ABI and the Python shim show).
 pub fn geometry_json(g: &ArrayGeometry) -> serde_json::Value {
-    if g.static_field {
-        // The array's own axes: the sample axis in front of them is the geometry's alone.
-        return serde_json::json!({
-            "region": g.region,
-            "path": g.path,
-            "shape": g.shape[1..],
-            "chunks": g.chunks[1..],
-            "dtype": g.dtype.name(),
-            "static": true,
-            "sample_axis": null,
-            "offset": 0,
-            "n_samples": null,
-            "samples_per_chunk": null,
-            "inner_shape": g.inner_shape(),
-        });
-    }
-    serde_json::json!({
+    // A static field reports the array's own axes: the sample axis in front of them is the
+    // geometry's alone, and it has no samples.
+    let axes = usize::from(g.static_field);
+    let mut v = serde_json::json!({
         "region": g.region,
         "path": g.path,
-        "shape": g.shape,
-        "chunks": g.chunks,
+        "shape": g.shape[axes..],
+        "chunks": g.chunks[axes..],
         "dtype": g.dtype.name(),
         "sample_axis": g.sample_axis,
         "offset": g.offset,
         "n_samples": g.n_samples(),
         "samples_per_chunk": g.samples_per_chunk(),
         "inner_shape": g.inner_shape(),
-    })
+    });
+    if g.static_field {
+        v["static"] = true.into();
+        for key in ["sample_axis", "n_samples", "samples_per_chunk"] {
+            v[key] = serde_json::Value::Null;
+        }
+    }
+    v
 }
 
 /// A pass's memory need as JSON, beside the limit it is checked against (what `insitubatch

@@ -13,7 +13,7 @@ use insitubatch::{EngineError, InSituDataset};
 use insitubatch_tests::{FixtureArray, sample_of};
 
 mod common;
-use common::{check_epoch, fixture, sorted};
+use common::{check_epoch, fixture, run, sorted};
 
 fn npy_files(dir: &Path) -> usize {
     slot_files(dir, false)
@@ -53,14 +53,6 @@ fn era5(cache: &Path) -> insitubatch::DatasetBuilder {
 /// The error message of a build that must fail.
 fn build_err(b: insitubatch::DatasetBuilder) -> String {
     b.build().unwrap_err().to_string()
-}
-
-fn run(ds: &InSituDataset, split: &str) -> insitubatch::PassStats {
-    let mut pass = ds.iter(split).unwrap();
-    for b in pass.by_ref() {
-        b.unwrap();
-    }
-    pass.stats()
 }
 
 #[test]

@@ -10,7 +10,7 @@ use insitubatch::{
 use insitubatch_tests::{HttpServer, fixtures_dir};
 
 mod common;
-use common::{check_epoch, fixture, sorted, synth_store};
+use common::{check_epoch, fixture, run, sorted, synth_store};
 
 fn all_samples(n: u64) -> Vec<u64> {
     (0..n).collect()
@@ -168,12 +168,7 @@ fn a_cache_directory_revives_the_chunks_of_a_mounted_store() {
         check_epoch(&ds, "train", &refs);
     }
     let ds = builder().build().unwrap();
-    let mut pass = ds.train().unwrap();
-    for b in pass.by_ref() {
-        b.unwrap();
-    }
-    let s = pass.stats();
-    drop(pass);
+    let s = run(&ds, "train");
     assert_eq!((s.tiles_read, s.bytes_decoded), (0, 0), "{s:?}");
     assert_eq!(s.cache_hits, 6, "3 chunks of each array revived: {s:?}");
     check_epoch(&ds, "train", &refs);

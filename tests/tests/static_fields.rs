@@ -9,7 +9,7 @@ use insitubatch::{EngineError, InSituDataset, IntoRows};
 use insitubatch_tests::{FixtureArray, sample_of};
 
 mod common;
-use common::{check_epoch, fixture, sorted};
+use common::{check_epoch, fixture, run, sorted};
 
 /// Every row of `label` in one epoch of `split` equals `want` (the bytes of one row); returns
 /// the anchors drawn.
@@ -160,12 +160,7 @@ fn a_static_field_is_read_once_a_pass_and_revived_from_a_cache_directory() {
             .persist(true)
     };
     let ds = builder().build().unwrap();
-    let mut pass = ds.train().unwrap();
-    for b in pass.by_ref() {
-        b.unwrap();
-    }
-    let s = pass.stats();
-    drop(pass);
+    let s = run(&ds, "train");
     // The field's 4 chunks of 3 samples, and the static field's 3 x 3 tiles once, as one
     // slot kept for the whole pass.
     assert_eq!((s.tiles_read, s.cache_misses), (4 + 9, 4 + 1), "{s:?}");

@@ -254,6 +254,18 @@ struct Counting {
     reads: AtomicUsize,
 }
 
+impl Counting {
+    fn new(root: &std::path::Path, suffix: &'static str) -> Self {
+        Self {
+            inner: LocalStore::new(root).unwrap(),
+            suffix,
+            now: 0.into(),
+            peak: 0.into(),
+            reads: 0.into(),
+        }
+    }
+}
+
 impl insitubatch_store::Store for Counting {
     fn locate(&self, key: &str) -> std::path::PathBuf {
         self.inner.locate(key)
@@ -323,13 +335,7 @@ fn a_group_without_consolidated_metadata_reads_its_arrays_metadata_together() {
         }
         let (peak, reads, found) = rt()
             .block_on(move || async move {
-                let store = Counting {
-                    inner: LocalStore::new(&root).unwrap(),
-                    suffix: "",
-                    now: 0.into(),
-                    peak: 0.into(),
-                    reads: 0.into(),
-                };
+                let store = Counting::new(&root, "");
                 let h = open_hierarchy(&store).await.unwrap();
                 assert_eq!(h.discovery, "listing");
                 let attrs: Vec<_> = h
@@ -376,13 +382,7 @@ fn a_v2_group_of_groups_without_consolidated_metadata_reads_their_zgroups_togeth
     }
     let (peak, reads, paths) = rt()
         .block_on(move || async move {
-            let store = Counting {
-                inner: LocalStore::new(&root).unwrap(),
-                suffix: ".zgroup",
-                now: 0.into(),
-                peak: 0.into(),
-                reads: 0.into(),
-            };
+            let store = Counting::new(&root, ".zgroup");
             let h = open_hierarchy(&store).await.unwrap();
             let paths: Vec<String> = h.arrays.keys().cloned().collect();
             (store.peak.into_inner(), store.reads.into_inner(), paths)

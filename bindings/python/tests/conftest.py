@@ -1,6 +1,7 @@
 """Fixtures written by zarr-python at test time (the same script the Rust suites use)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,3 +21,17 @@ def fixtures(tmp_path_factory):
     )
     manifest = json.loads((out / "manifest.json").read_text())
     return out, manifest
+
+
+@pytest.fixture(scope="session")
+def python_docs_example():
+    """The first Python example after the heading (or bold lead) `heading` in
+    docs/python-api.md, as text to run: the tests run the docs' examples as printed."""
+    text = (ROOT / "docs" / "python-api.md").read_text()
+
+    def example(heading: str) -> str:
+        assert heading in text, f"no {heading!r} in docs/python-api.md"
+        section = text.split(heading, 1)[1]
+        return re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+
+    return example

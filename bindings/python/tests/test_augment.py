@@ -1,9 +1,6 @@
 """insitubatch.augment: random crops against the stored values, one window for every label, draws
 that depend on (seed, epoch, sample) only, periodic axes, and bad arguments."""
 
-import re
-from pathlib import Path
-
 import numpy as np
 import pytest
 import zarr
@@ -181,11 +178,9 @@ def test_bad_arguments_name_what_is_wrong(store):
         sample_random_bits(0, 0, [-1])
 
 
-def test_the_example_in_the_python_docs_runs(tmp_path):
+def test_the_example_in_the_python_docs_runs(tmp_path, python_docs_example):
     """docs/python-api.md, "Random crops": its example as printed, on a store of its own."""
-    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
-    section = text.split("## Random crops", 1)[1]
-    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    code = python_docs_example("## Random crops")
     path = tmp_path / "era5.zarr"
     g = zarr.open_group(path, mode="w", zarr_format=3)
     t2m = np.random.default_rng(1).standard_normal((100, 72, 96)).astype("float32")

@@ -4,7 +4,6 @@ lifetimes under adversarial drop orders, errors, fork."""
 import contextlib
 import gc
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -217,12 +216,10 @@ def test_a_crop_in_coordinate_values_reads_the_indices_whose_values_lie_in_it(fi
             g.crop_coords({"latitude": (0, 1)}, latitude=(0, 2))
 
 
-def test_the_coordinate_crop_example_in_the_python_docs_gives_the_region_it_prints(tmp_path):
+def test_the_coordinate_crop_example_in_the_python_docs_gives_the_region_it_prints(tmp_path, python_docs_example):
     """docs/python-api.md, "In coordinate values": its example as printed, on a 0.25° global
     grid (latitudes falling from 90, longitudes from 0) of its own."""
-    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
-    section = text.split("**In coordinate values.**", 1)[1]
-    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    code = python_docs_example("**In coordinate values.**")
     path = tmp_path / "era5_0p25.zarr"
     g = zarr.open_group(path, mode="w", zarr_format=3)
     for name, values in (("latitude", np.linspace(90, -90, 721)), ("longitude", np.arange(1440) * 0.25)):
@@ -235,12 +232,10 @@ def test_the_coordinate_crop_example_in_the_python_docs_gives_the_region_it_prin
     assert (scope["europe"].region, scope["europe"].wraps) == (((72, 221), (1340, 1621)), True)
 
 
-def test_the_channels_example_in_the_python_docs_gives_the_shapes_it_prints(tmp_path):
+def test_the_channels_example_in_the_python_docs_gives_the_shapes_it_prints(tmp_path, python_docs_example):
     """docs/python-api.md, "Variables as channels": its example as printed, on a small ERA5-like
     store of the three variables it names, at the grid it prints."""
-    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
-    section = text.split("## Variables as channels", 1)[1]
-    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    code = python_docs_example("## Variables as channels")
     store = tmp_path / "era5.zarr"
     exe = Path(__file__).resolve().parents[3] / "target" / "release" / "insitubatch"
     subprocess.run([str(exe), "make-dataset", str(store), "--samples", "40", "--sample-chunk", "4",
@@ -1123,12 +1118,10 @@ def test_coordinate_values_give_each_rows_time_and_decode_cf_times(fixtures, tmp
                                       xr.open_zarr(synth).time.values.astype("datetime64[ns]"))
 
 
-def test_the_time_example_in_the_python_docs_gives_each_rows_hour(tmp_path):
+def test_the_time_example_in_the_python_docs_gives_each_rows_hour(tmp_path, python_docs_example):
     """docs/python-api.md, "Each sample's time": its example as printed, over a store whose
     time coordinate is in CF hours, against numpy's own arithmetic."""
-    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
-    section = text.split("## Each sample's time", 1)[1]
-    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    code = python_docs_example("## Each sample's time")
     path = tmp_path / "hourly.zarr"
     root = zarr.open_group(path, mode="w", zarr_format=3)
     t = root.create_array("time", shape=(30,), chunks=(7,), dtype="int64", dimension_names=["time"])

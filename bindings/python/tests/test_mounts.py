@@ -3,9 +3,6 @@ same time axis, checked against zarr-python's reads of each store; geometries op
 mounted store translated, geometries of any other store refused (their path would read an
 array of the dataset's own store)."""
 
-import re
-from pathlib import Path
-
 import numpy as np
 import pytest
 import zarr
@@ -122,15 +119,13 @@ def test_bad_mounts_are_refused_naming_them(two_stores, tmp_path):
         isb.InSituDataset(inputs, mounts={"s": tmp_path / "short.zarr"})
 
 
-def test_the_two_stores_example_in_the_python_docs_reads_what_it_says(tmp_path):
+def test_the_two_stores_example_in_the_python_docs_reads_what_it_says(tmp_path, python_docs_example):
     """docs/python-api.md, "Inputs and targets from two stores": its example as printed, with
     the two stores it names written by zarr-python (200 samples, so that every split holds
     anchors whose target six samples on is in the array)."""
     n = 200
     inputs, targets, t2m, _, tp = write_stores(tmp_path, n)
-    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
-    section = text.split("## Inputs and targets from two stores", 1)[1]
-    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    code = python_docs_example("## Inputs and targets from two stores")
     code = code.replace("/data/era5.zarr", str(inputs)).replace("/data/precip.zarr", str(targets))
     scope = {"isb": isb}
     exec(code, scope)

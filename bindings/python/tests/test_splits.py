@@ -141,15 +141,12 @@ def test_bad_ranges_are_refused_by_name(fixtures):
         isb.split_by_ranges("t2m", {"train": (0, 4)})
 
 
-def test_the_period_example_in_the_python_docs_splits_by_year(tmp_path):
+def test_the_period_example_in_the_python_docs_splits_by_year(tmp_path, python_docs_example):
     """docs/python-api.md, "Splitting by period", run as printed over monthly means from 1979 to
     2018 stored a year per chunk, so that its year boundaries are chunk boundaries."""
-    import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
-    section = text.split("## Splitting by period", 1)[1]
-    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    code = python_docs_example("## Splitting by period")
     path = tmp_path / "monthly.zarr"
     root = zarr.open_group(path, mode="w", zarr_format=3)
     months = np.arange("1979-01", "2019-01", dtype="datetime64[M]")
@@ -214,19 +211,16 @@ def test_a_sample_stride_draws_the_hours_asked_for_in_every_split(tmp_path):
         isb.InSituDataset(path, sample_stride=2.0)
 
 
-def test_the_end_to_end_example_in_the_python_docs_trains_on_its_years(tmp_path):
+def test_the_end_to_end_example_in_the_python_docs_trains_on_its_years(tmp_path, python_docs_example):
     """docs/python-api.md, "A forecast model's data, end to end", run as printed over three
     years of 6-hourly synthetic fields (1979 to 1981), with 1980 as its training period and
     1981 as its validation year: every batch's inputs are the standardized fields at t - 6 h
     and t and the wind at t, its target the field at t + 6 h, all from the right years."""
-    import re
     import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[3]
-    text = (root / "docs" / "python-api.md").read_text()
-    section = text.split("## A forecast model's data, end to end", 1)[1]
-    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    code = python_docs_example("## A forecast model's data, end to end")
     store = tmp_path / "era5.zarr"
     samples = (365 + 366 + 365) * 4
     subprocess.run([str(root / "target" / "release" / "insitubatch"), "make-dataset", str(store),

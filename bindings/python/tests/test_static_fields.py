@@ -2,7 +2,6 @@
 zarr-python's whole array (or its region) in every row, alone or as a channel of a stack, and
 what cannot be a static field is refused by name."""
 
-import re
 import subprocess
 from pathlib import Path
 
@@ -78,12 +77,10 @@ def test_what_cannot_be_a_static_field_is_refused_by_name(fixtures):
             ds.coordinates("o")
 
 
-def test_the_static_fields_example_in_the_python_docs_gives_what_it_prints(tmp_path):
+def test_the_static_fields_example_in_the_python_docs_gives_what_it_prints(tmp_path, python_docs_example):
     """docs/python-api.md, "Static fields": its example as printed, on a small ERA5-like store
     with an orography and a land-sea mask added by zarr-python."""
-    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
-    section = text.split("## Static fields", 1)[1]
-    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    code = python_docs_example("## Static fields")
     store = tmp_path / "era5.zarr"
     exe = Path(__file__).resolve().parents[3] / "target" / "release" / "insitubatch"
     subprocess.run([str(exe), "make-dataset", str(store), "--samples", "40", "--sample-chunk", "4",

@@ -75,15 +75,10 @@ def test_nan_is_counted_apart(tmp_path):
     np.testing.assert_allclose(s.std, np.nanstd(v.astype(np.float64)), rtol=1e-9)
 
 
-def test_the_statistics_example_in_the_python_docs_standardizes_each_level(tmp_path):
+def test_the_statistics_example_in_the_python_docs_standardizes_each_level(tmp_path, python_docs_example):
     """docs/python-api.md, "Normalisation statistics", run as printed over a store with
     temperatures on 3 levels, each with its own mean and spread."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[3] / "docs" / "python-api.md").read_text()
-    section = text.split("## Normalisation statistics", 1)[1]
-    code = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    code = python_docs_example("## Normalisation statistics")
     path = tmp_path / "levels.zarr"
     t = zarr.create_array(path / "t", shape=(40, 3, 4, 5), chunks=(4, 3, 4, 5), dtype="float32",
                           zarr_format=3)

@@ -80,6 +80,15 @@ pub fn check_epoch(
     anchors
 }
 
+/// Runs one epoch of `split` to its end (every batch must arrive) and returns its stats.
+pub fn run(ds: &InSituDataset, split: &str) -> insitubatch::PassStats {
+    let mut pass = ds.iter(split).unwrap();
+    for b in pass.by_ref() {
+        b.unwrap();
+    }
+    pass.stats()
+}
+
 pub fn sorted(mut v: Vec<u64>) -> Vec<u64> {
     v.sort_unstable();
     v
