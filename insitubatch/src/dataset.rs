@@ -792,14 +792,7 @@ impl DatasetBuilder {
                     region,
                     static_field,
                 } => {
-                    let mut g = if *static_field {
-                        static_geometry(&hierarchy, path)?
-                    } else {
-                        open_geometries(&hierarchy, Some(std::slice::from_ref(path)), axis)?
-                            .remove(path)
-                            .expect("open_geometries returns what it was asked for")
-                            .shift(*offset)
-                    };
+                    let mut g = geometry_of(&hierarchy, path, axis, *static_field)?.shift(*offset);
                     match region {
                         Some(Crop::Plain(r)) => g = g.crop(r)?,
                         Some(Crop::Wrapping(r)) => g = g.crop_wrapping(r)?,
@@ -808,17 +801,8 @@ impl DatasetBuilder {
                     variables.push(Variable::new(label.clone(), g));
                 }
                 VarSpec::Geometry { label, geom } => {
-                    let g = if geom.static_field {
-                        static_geometry(&hierarchy, &geom.path)?
-                    } else {
-                        open_geometries(
-                            &hierarchy,
-                            Some(std::slice::from_ref(&geom.path)),
-                            geom.sample_axis,
-                        )?
-                        .remove(&geom.path)
-                        .expect("open_geometries returns what it was asked for")
-                    };
+                    let g =
+                        geometry_of(&hierarchy, &geom.path, geom.sample_axis, geom.static_field)?;
                     if g.shape != geom.shape || g.chunks != geom.chunks || g.dtype != geom.dtype {
                         return Err(EngineError::arg(
                             "variables",
@@ -1548,10 +1532,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The geometry of array `path` as a static field, or an error naming it and listing the
-/// arrays there are.
-fn static_geometry(hierarchy: &Hierarchy, path: &str) -> Result<ArrayGeometry, EngineError> {
-    Ok(ArrayGeometry::new_static(hierarchy.array(path)?))
+/// The geometry of array `path`: sampled along `sample_axis`, or a static field; an error
+/// names an array the store does not have and lists those it has.
+fn geometry_of(
+    hierarchy: &Hierarchy,
+    path: &str,
+    sample_axis: usize,
+    static_field: bool,
+) -> Result<ArrayGeometry, EngineError> {
+    let array = hierarchy.array(path)?;
+    Ok(if static_field {
+        ArrayGeometry::new_static(array)
+    } else {
+        ArrayGeometry::new(array, sample_axis)?
+    })
 }
 
 /// A store mounted as a group of the dataset's store ([`DatasetBuilder::mount`]).
