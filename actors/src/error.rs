@@ -57,7 +57,9 @@ pub enum EngineError {
     /// Variables disagree on the sample-axis length.
     #[error(
         "variables must share the sample-axis length: `{a}` has {a_len} samples along its sample \
-         axis but `{b}` has {b_len}; pick variables over the same sample range"
+         axis but `{b}` has {b_len}; pick variables over the same sample range (when they come \
+         from two stores that cover different times, mount one with an alignment: \
+         `align_mount`, or `\"align\": \"time\"` in the mount's entry)"
     )]
     UnequalSampleAxis {
         /// First variable label.

@@ -33,10 +33,10 @@ pub use batch::{Batch, BatchArray, Element};
 pub use error::EngineError;
 pub use pass::{
     DECODE_INTO_BATCHES_ENV, EngineContext, IntoRows, OnBadChunk, Pass, PassConfig, TimedOut,
-    count_order_rows, plan_order, rank_share,
+    count_order_rows, plan_order, rank_share, reaches,
 };
 pub use planner::{
-    EpochOrder, MemoryLimit, MemoryNeed, MemorySource, ReadPlan, Shard, Snap, SplitManifest,
+    EpochOrder, MemoryLimit, MemoryNeed, MemorySource, Reach, ReadPlan, Shard, Snap, SplitManifest,
     Stride, batch_outputs, epoch_order, memory_limit, read_plan, shuffle_quality, split_by_chunk,
     split_by_ranges,
 };

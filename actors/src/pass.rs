@@ -26,8 +26,8 @@ use crate::assembly::{Assemblies, DirectRows};
 use crate::batch::Batch;
 use crate::error::EngineError;
 use crate::planner::{
-    EpochOrder, MemoryNeed, OrderSpec, PlanSlot, ReadPlan, RunningPass, RunningPasses, Shard,
-    Stride, epoch_order, read_ahead_bound, read_plan,
+    EpochOrder, MemoryNeed, OrderSpec, PlanSlot, Reach, ReadPlan, RunningPass, RunningPasses,
+    Shard, Stride, epoch_order, read_ahead_bound, read_plan,
 };
 use crate::stats::{BadChunk, Counters, PassStats};
 use crate::tile::TileLayout;
@@ -330,13 +330,13 @@ impl std::fmt::Debug for Pass {
     }
 }
 
-/// The window offsets an anchor must keep inside the sample axis: every variable's but a
+/// What an anchor must keep inside each array's sample axis: every variable's reach but a
 /// static field's, which every anchor reads whole.
-fn window_offsets(variables: &[Variable]) -> Vec<i64> {
+pub fn reaches(variables: &[Variable]) -> Vec<Reach> {
     variables
         .iter()
         .filter(|v| !v.geom.static_field)
-        .map(|v| v.geom.offset)
+        .map(Variable::reach)
         .collect()
 }
 
@@ -348,12 +348,12 @@ pub fn plan_order(
     variables: &[Variable],
     config: &PassConfig,
 ) -> Result<EpochOrder, EngineError> {
-    let offsets = window_offsets(variables);
+    let reaches = reaches(variables);
     epoch_order(&OrderSpec {
         chunks,
         samples_per_chunk,
         n_samples,
-        offsets: &offsets,
+        reaches: &reaches,
         stride: config.stride,
         seed: config.seed,
         epoch: config.epoch,
@@ -373,8 +373,13 @@ pub fn count_order_rows(
     variables: &[Variable],
     stride: Stride,
 ) -> (u64, u64) {
-    let offsets = window_offsets(variables);
-    crate::planner::count_rows(chunks, samples_per_chunk, n_samples, &offsets, stride)
+    crate::planner::count_rows(
+        chunks,
+        samples_per_chunk,
+        n_samples,
+        &reaches(variables),
+        stride,
+    )
 }
 
 /// This rank's chunks of `split` and the valid rows of the rank with the fewest (see
@@ -387,8 +392,13 @@ pub fn rank_share(
     variables: &[Variable],
     stride: Stride,
 ) -> (Vec<u64>, u64) {
-    let offsets = window_offsets(variables);
-    shard.share(split, samples_per_chunk, n_samples, &offsets, stride)
+    shard.share(
+        split,
+        samples_per_chunk,
+        n_samples,
+        &reaches(variables),
+        stride,
+    )
 }
 
 /// True when `array`'s stored chunks are decoded in parts for a view of geometry `geom`: a

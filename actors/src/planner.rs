@@ -61,7 +61,8 @@ use insitubatch_runtime::{ActorSender, JoinHandle};
 use insitubatch_store::Store;
 
 pub use order::{
-    EpochOrder, OrderSpec, Row, Shard, Stride, count_rows, epoch_order, shuffle_quality,
+    EpochOrder, OrderSpec, Reach, Row, Shard, Stride, count_rows, epoch_order, shuffle_quality,
+    valid_anchors,
 };
 pub use read_plan::{
     LabelInfo, OutputInfo, PathInfo, PlanSlot, ReadPlan, batch_outputs, read_ahead_bound,

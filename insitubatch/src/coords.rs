@@ -5,6 +5,7 @@
 //! it: the region [`ArrayGeometry::crop`] (or, across the seam of a periodic axis,
 //! [`ArrayGeometry::crop_wrapping`]) takes.
 
+use std::cmp::Ordering;
 use std::path::Path;
 
 use insitubatch_store::{DType, ZarrArray};
@@ -352,6 +353,202 @@ pub fn time_index(coord: &CoordinateValues, date: &str) -> Result<u64, EngineErr
     }
     let at = micros((target - origin) as f64);
     Ok(times.partition_point(|t| *t < at) as u64)
+}
+
+/// A coordinate's values as keys that compare across stores: CF times as microseconds since
+/// 1970 (so that `hours since 1979-01-01` meets `days since 1900-01-01`), other numbers as
+/// they are, with their `units`.
+#[derive(Clone, Debug, PartialEq)]
+enum CoordinateKeys {
+    Instants(Vec<i64>),
+    Numbers(Vec<f64>, Option<String>),
+}
+
+impl CoordinateKeys {
+    fn of(coord: &ZarrArray, bytes: &[u8]) -> Option<Self> {
+        let attr = |k: &str| coord.attributes().get(k).and_then(|v| v.as_str());
+        let values = numbers(coord.dtype(), bytes)?;
+        Some(
+            match attr("units").and_then(|u| cf_units(u, attr("calendar"))) {
+                Some((step, origin)) => Self::Instants(
+                    values
+                        .iter()
+                        .map(|v| origin * 1_000_000 + (v * step * 1e6).round() as i64)
+                        .collect(),
+                ),
+                None => Self::Numbers(values, attr("units").map(str::to_string)),
+            },
+        )
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::Instants(v) => v.len(),
+            Self::Numbers(v, _) => v.len(),
+        }
+    }
+
+    /// Value `i` for a message: a date and time, or the number.
+    fn show(&self, i: usize) -> String {
+        match self {
+            Self::Instants(v) => cf_time(v[i] as f64 / 1e6, "seconds since 1970-01-01", None)
+                .unwrap_or_else(|| v[i].to_string()),
+            Self::Numbers(v, _) => v[i].to_string(),
+        }
+    }
+
+    /// How value `i` of `self` compares with value `j` of `other` (`None` for a NaN).
+    fn cmp_at(&self, i: usize, other: &Self, j: usize) -> Option<Ordering> {
+        match (self, other) {
+            (Self::Instants(a), Self::Instants(b)) => Some(a[i].cmp(&b[j])),
+            (Self::Numbers(a, _), Self::Numbers(b, _)) => a[i].partial_cmp(&b[j]),
+            _ => None,
+        }
+    }
+
+    fn rises(&self) -> bool {
+        (1..self.len()).all(|i| self.cmp_at(i - 1, self, i) == Some(Ordering::Less))
+    }
+}
+
+/// Where the store mounted as `mount` starts on the sample axis of the dataset's store: the
+/// index `k` of the root's coordinate `dim` (beside `root_array`, or at the root's top without
+/// one) equal to the first value of the mount's (beside `mount_array`), or minus the index of
+/// the mount's value equal to the root's first when the mount starts earlier. Every value the
+/// two coordinates share a place for must match; each must rise strictly, and be as long as
+/// its array along `sample_axis`.
+pub(crate) fn mount_start(
+    runtime: &insitubatch_runtime::Runtime,
+    store: &insitubatch_store::MountedStore,
+    hierarchy: &insitubatch_store::Hierarchy,
+    (mount, dim): (&str, &str),
+    root_array: Option<(&str, u64)>,
+    mount_array: (&str, u64),
+) -> Result<i64, EngineError> {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    let refuse = |why: String| EngineError::arg("mounts", mount, why);
+    let keys = |array: Option<(&str, u64)>| -> Result<(String, CoordinateKeys), EngineError> {
+        // Without a variable of the root store, its coordinate at the top of its hierarchy.
+        let (array, n) = array.map_or(("", None), |(a, n)| (a, Some(n)));
+        let (path, coord) = match coordinate_array(&hierarchy.arrays, array, dim) {
+            Ok(found) => found,
+            Err(_) if array.is_empty() => {
+                return Err(refuse(format!(
+                    "cannot align on `{dim}`: the dataset's store has no coordinate array \
+                     `{dim}` at its root"
+                )));
+            }
+            Err(why) => return Err(refuse(format!("cannot align on `{dim}`: {why}"))),
+        };
+        if let Some(n) = n
+            && coord.shape() != [n]
+        {
+            return Err(refuse(format!(
+                "cannot align on `{dim}`: the coordinate `{path}` has shape {:?} but `{array}`                  has {n} samples along its sample axis",
+                coord.shape()
+            )));
+        }
+        let bytes = read_whole(runtime, store, coord)?;
+        let keys = CoordinateKeys::of(coord, &bytes).ok_or_else(|| {
+            refuse(format!(
+                "cannot align on `{dim}`: `{path}` holds {}, not numbers",
+                coord.dtype().name()
+            ))
+        })?;
+        if !keys.rises() {
+            return Err(refuse(format!(
+                "cannot align on `{dim}`: the values of `{path}` do not rise strictly"
+            )));
+        }
+        Ok((path, keys))
+    };
+    let (root_path, root) = keys(root_array)?;
+    let (mount_path, mounted) = keys(Some(mount_array))?;
+    if root.len() == 0 || mounted.len() == 0 {
+        return Ok(0);
+    }
+    if root.cmp_at(0, &mounted, 0).is_none() {
+        let units = |k: &CoordinateKeys| match k {
+            CoordinateKeys::Instants(_) => "CF time units".to_string(),
+            CoordinateKeys::Numbers(_, u) => {
+                format!("units {:?}", u.as_deref().unwrap_or("(none)"))
+            }
+        };
+        return Err(refuse(format!(
+            "cannot align on `{dim}`: `{root_path}` has {} and `{mount_path}` {}; give the \
+             alignment as a sample offset instead",
+            units(&root),
+            units(&mounted)
+        )));
+    }
+    if let CoordinateKeys::Numbers(_, u) = &root
+        && let CoordinateKeys::Numbers(_, v) = &mounted
+        && u != v
+    {
+        return Err(refuse(format!(
+            "cannot align on `{dim}`: `{root_path}` is in units {u:?} and `{mount_path}` in \
+             {v:?}; give the alignment as a sample offset instead"
+        )));
+    }
+    let (last_r, last_m) = (root.len() - 1, mounted.len() - 1);
+    let range = |k: &CoordinateKeys, path: &str, last: usize| {
+        format!("`{path}` runs from {} to {}", k.show(0), k.show(last))
+    };
+    if mounted.cmp_at(0, &root, last_r) == Some(Greater)
+        || mounted.cmp_at(last_m, &root, 0) == Some(Less)
+    {
+        return Err(refuse(format!(
+            "the stores share no `{dim}`: {} and {}",
+            range(&root, &root_path, last_r),
+            range(&mounted, &mount_path, last_m)
+        )));
+    }
+    // The first shared value: the mount's first in the root, or the root's first in the mount.
+    let find = |within: &CoordinateKeys, of: &CoordinateKeys, i: usize| {
+        let (mut lo, mut hi) = (0, within.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if within.cmp_at(mid, of, i) == Some(Less) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        (lo < within.len() && within.cmp_at(lo, of, i) == Some(Equal)).then_some(lo)
+    };
+    let start = if mounted.cmp_at(0, &root, 0) != Some(Less) {
+        find(&root, &mounted, 0).map(|p| p as i64)
+    } else {
+        find(&mounted, &root, 0).map(|p| -(p as i64))
+    };
+    let Some(k) = start else {
+        return Err(refuse(format!(
+            "the `{dim}` values of the two stores are not on one grid: {} and {} share no \
+             value where they meet; resample one store, or give a sample offset",
+            range(&root, &root_path, last_r),
+            range(&mounted, &mount_path, last_m)
+        )));
+    };
+    // Every place the two share must hold the same value (the same step, no gap in one).
+    for j in 0..mounted.len() {
+        let i = j as i64 + k;
+        if i < 0 {
+            continue;
+        }
+        if i as usize > last_r {
+            break;
+        }
+        if mounted.cmp_at(j, &root, i as usize) != Some(Equal) {
+            return Err(refuse(format!(
+                "the `{dim}` values of the two stores part: aligned at `{root_path}`[{k}] = \
+                 `{mount_path}`[0], `{mount_path}`[{j}] is {} where `{root_path}`[{i}] is {} \
+                 (a different step, or a gap in one store); only stores on one grid align",
+                mounted.show(j),
+                root.show(i as usize)
+            )));
+        }
+    }
+    Ok(k)
 }
 
 /// One end of a split's range of samples: a sample index, or a date on the time coordinate of

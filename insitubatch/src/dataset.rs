@@ -5,11 +5,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use insitubatch_actors::planner::valid_anchors;
 use insitubatch_actors::{
     ChunkTransform, ChunkTransforms, DECODE_INTO_BATCHES_ENV, EngineContext, EngineError,
     EpochOrder, IntoRows, MemoryLimit, MemoryNeed, OnBadChunk, Pass, PassConfig, Pipeline, Shard,
     SplitManifest, StackChannel, Stride, Variable, count_order_rows, memory_limit, plan_order,
-    rank_share, split_by_chunk,
+    rank_share, reaches, split_by_chunk,
 };
 use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
@@ -206,6 +207,8 @@ pub struct DatasetBuilder {
     drop_last: Vec<String>,
     storage_options: Vec<(String, String)>,
     mounts: Vec<Mount>,
+    /// Mounts placed on the sample axis ([`DatasetBuilder::align_mount`]), by name.
+    alignments: Vec<(String, MountAlignment)>,
     chunk_transforms: ChunkTransforms,
     stacks: Vec<(String, Vec<String>)>,
     /// The first bad `chunk_transforms_json`, reported by `build`.
@@ -477,6 +480,70 @@ impl DatasetBuilder {
         self
     }
 
+    /// Where each aligned mount's first sample sits on the root's sample axis, by mount name
+    /// (reading both stores' coordinates for an alignment on one).
+    fn mount_starts(
+        &self,
+        runtime: &Runtime,
+        store: &MountedStore,
+        hierarchy: &Hierarchy,
+        sampled: &[&Variable],
+    ) -> Result<HashMap<String, i64>, EngineError> {
+        let mount_of = |v: &Variable| -> Option<String> {
+            let (m, _) = v.geom.path.split_once('/')?;
+            self.mounts
+                .iter()
+                .any(|mount| mount.name == m)
+                .then(|| m.to_string())
+        };
+        let mut starts = HashMap::new();
+        for (name, alignment) in &self.alignments {
+            if !self.mounts.iter().any(|m| &m.name == name) {
+                let mounted: Vec<&str> = self.mounts.iter().map(|m| m.name.as_str()).collect();
+                return Err(EngineError::arg(
+                    "mounts",
+                    name,
+                    format!(
+                        "an alignment names no mount; the mounts are {mounted:?} (mount the \
+                         store first)"
+                    ),
+                ));
+            }
+            if starts.contains_key(name) {
+                return Err(EngineError::arg(
+                    "mounts",
+                    name,
+                    "this mount is aligned twice; give it one alignment",
+                ));
+            }
+            let start = match alignment {
+                MountAlignment::Samples(k) => *k,
+                MountAlignment::Coordinate(dim) => {
+                    // Its first variable's coordinate against the root's first variable's.
+                    let Some(mounted) = sampled.iter().find(|v| mount_of(v).as_ref() == Some(name))
+                    else {
+                        starts.insert(name.clone(), 0); // nothing is read from it
+                        continue;
+                    };
+                    let root = sampled
+                        .iter()
+                        .find(|v| mount_of(v).is_none())
+                        .map(|v| (v.geom.path.as_str(), v.geom.n_samples()));
+                    crate::coords::mount_start(
+                        runtime,
+                        store,
+                        hierarchy,
+                        (name, dim),
+                        root,
+                        (&mounted.geom.path, mounted.geom.n_samples()),
+                    )?
+                }
+            };
+            starts.insert(name.clone(), start);
+        }
+        Ok(starts)
+    }
+
     fn check_knobs(&self) -> Result<(), EngineError> {
         // (name, value, most allowed with the reason): a bound on what one knob can make the
         // engine spawn or allocate.
@@ -641,8 +708,9 @@ impl DatasetBuilder {
     /// group `name` of the dataset's store: its array `tp` is then the array `"{name}/tp"`
     /// (`.variable("y", "targets/tp")`), read from that store. For variables that live in two
     /// stores on the same sample axis (inputs from one archive, targets from another); their
-    /// lengths along it must be equal, as for any two variables. A name the root store already
-    /// uses is refused when the dataset is built.
+    /// lengths along it must be equal, as for any two variables, unless the mount is placed on
+    /// the root's sample axis with [`align_mount`](Self::align_mount). A name the root store
+    /// already uses is refused when the dataset is built.
     pub fn mount(self, name: impl Into<String>, location: impl AsRef<Path>) -> Self {
         self.mount_with(name, location, &[])
     }
@@ -660,6 +728,24 @@ impl DatasetBuilder {
             location: location.as_ref().to_path_buf(),
             storage_options: storage_options.to_vec(),
         });
+        self
+    }
+
+    /// Places the samples of the store mounted as `name` on the sample axis of the dataset's
+    /// store, for stores that cover different times (inputs from 1979 on, targets from 2000
+    /// on): with [`MountAlignment::Coordinate`]`("time")` the two stores' `time` coordinates are
+    /// matched value for value; with [`MountAlignment::Samples`]`(k)` the mounted store's first
+    /// sample is the root's sample `k`. An anchor then reads the sample of each store at the
+    /// same place on the axis (each batch's `read_indices` give every label's own index), the
+    /// mounted arrays may be shorter or longer than the root's, and the anchors at which some
+    /// variable would read outside its array are dropped (counted in the stats' dropped
+    /// anchors): an epoch covers the samples the stores share, [`InSituDataset::anchor_range`].
+    /// To leave the rest out of the splits, give `split_by_chunk` that range as its
+    /// `sample_range`. Refused when the dataset is built: a name that is not mounted, a
+    /// coordinate missing or not rising in either store, stores that share no value or are not
+    /// on one grid, and an alignment under which no anchor reads inside every array.
+    pub fn align_mount(mut self, name: impl Into<String>, alignment: MountAlignment) -> Self {
+        self.alignments.push((name.into(), alignment));
         self
     }
 
@@ -893,11 +979,25 @@ impl DatasetBuilder {
                  axis, which sets the samples its batches draw",
             ));
         };
-        for v in &sampled[1..] {
-            if v.geom.n_samples() != first.geom.n_samples() {
+        // Where each aligned mount starts on the root's sample axis; the arrays of one store
+        // (of the root and the mounts without an alignment together) share a length.
+        let starts = self.mount_starts(&runtime, &store, &hierarchy, &sampled)?;
+        let start_of = |path: &str| -> Option<i64> {
+            let (mount, _) = path.split_once('/')?;
+            starts.get(mount).copied()
+        };
+        let group = |v: &Variable| -> Option<String> {
+            start_of(&v.geom.path)?;
+            v.geom.path.split_once('/').map(|(m, _)| m.to_string())
+        };
+        for (i, v) in sampled.iter().enumerate() {
+            let same = sampled[..i].iter().find(|w| group(w) == group(v));
+            if let Some(w) = same
+                && w.geom.n_samples() != v.geom.n_samples()
+            {
                 return Err(EngineError::UnequalSampleAxis {
-                    a: first.label.clone(),
-                    a_len: first.geom.n_samples(),
+                    a: w.label.clone(),
+                    a_len: w.geom.n_samples(),
                     b: v.label.clone(),
                     b_len: v.geom.n_samples(),
                 });
@@ -943,6 +1043,39 @@ impl DatasetBuilder {
             }
             None => split_by_chunk(&first.geom, &[1.0], self.seed, true, None)?,
         };
+        // Anchors are samples of the manifest's array: every other store is read where it sits
+        // against that array's store.
+        if !starts.is_empty() {
+            let reference = start_of(&manifest.array).unwrap_or(0);
+            for v in variables.iter_mut().filter(|v| !v.geom.static_field) {
+                v.alignment = reference - start_of(&v.geom.path).unwrap_or(0);
+            }
+            let valid = valid_anchors(manifest.n_samples(), &reaches(&variables));
+            if valid.is_empty() {
+                let spans: Vec<String> = variables
+                    .iter()
+                    .filter(|v| !v.geom.static_field)
+                    .map(|v| {
+                        let at = -v.offset();
+                        format!("`{}` {}..{}", v.label, at, at + v.geom.n_samples() as i64)
+                    })
+                    .collect();
+                return Err(EngineError::arg(
+                    "mounts",
+                    self.alignments
+                        .iter()
+                        .map(|(n, _)| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    format!(
+                        "aligned so, the variables share no anchor: on the sample axis of `{}` \
+                         they cover {}; check the alignment",
+                        manifest.array,
+                        spans.join(", ")
+                    ),
+                ));
+            }
+        }
         let arrays: HashMap<String, _> = variables
             .iter()
             .map(|v| (v.geom.path.clone(), hierarchy.arrays[&v.geom.path].clone()))
@@ -1161,6 +1294,7 @@ impl InSituDataset {
             drop_last: Vec::new(),
             storage_options: Vec::new(),
             mounts: Vec::new(),
+            alignments: Vec::new(),
             chunk_transforms: ChunkTransforms::default(),
             stacks: Vec::new(),
             chunk_transforms_error: None,
@@ -1230,6 +1364,15 @@ impl InSituDataset {
     /// The mounts as given to the builder (for tools that open the stores again).
     pub(crate) fn mount_specs(&self) -> &[Mount] {
         &self.mounts
+    }
+
+    /// The anchors at which every sampled variable reads inside its array: samples of the
+    /// manifest's array. All of them unless windows reach past an end, or aligned mounts
+    /// ([`DatasetBuilder::align_mount`]) cover other times; an epoch's anchors outside are
+    /// dropped (and counted). A `sample_range` for `split_by_chunk` that leaves them out of
+    /// the splits.
+    pub fn anchor_range(&self) -> std::ops::Range<u64> {
+        valid_anchors(self.manifest.n_samples(), &reaches(&self.variables))
     }
 
     /// The stores mounted in the dataset's store: (name, location), in the order mounted.
@@ -1546,6 +1689,21 @@ fn geometry_of(
     } else {
         ArrayGeometry::new(array, sample_axis)?
     })
+}
+
+/// Where a mounted store's samples sit on the sample axis of the dataset's store
+/// ([`DatasetBuilder::align_mount`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MountAlignment {
+    /// The mounted store's sample 0 is sample `k` of the dataset's store (negative: it starts
+    /// `-k` samples before it).
+    Samples(i64),
+    /// Found by matching the coordinate arrays of this dimension (`"time"`) beside the first
+    /// variable of each store, value for value: CF times as instants (so that `hours since
+    /// 1979-01-01` meets `days since 1900-01-01`), other coordinates as numbers in the same
+    /// `units`. Both must rise strictly, meet at a shared value and agree wherever both have
+    /// one.
+    Coordinate(String),
 }
 
 /// A store mounted as a group of the dataset's store ([`DatasetBuilder::mount`]).

@@ -22,7 +22,7 @@ pub use coords::{
 pub use dataset::{
     BatchArraySpec, DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_INFLIGHT_PER_EXECUTOR,
     DEFAULT_PREFETCH_DEPTH, DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR, DatasetBuilder, InSituDataset,
-    MAX_INFLIGHT, geometries, geometries_with, geometry_json, memory_need_json,
+    MAX_INFLIGHT, MountAlignment, geometries, geometries_with, geometry_json, memory_need_json,
 };
 pub use insitubatch_actors as actors;
 pub use insitubatch_actors::transform;

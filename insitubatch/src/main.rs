@@ -21,8 +21,8 @@ use insitubatch::readbench::bench_read;
 use insitubatch::runtime::{Runtime, RuntimeBuilder};
 use insitubatch::synth::{Codec, SynthSpec, make_dataset};
 use insitubatch::{
-    DatasetBuilder, EngineError, InSituDataset, SampleBound, Snap, SplitManifest, split_by_chunk,
-    split_by_ranges,
+    DatasetBuilder, EngineError, InSituDataset, MountAlignment, SampleBound, Snap, SplitManifest,
+    split_by_chunk, split_by_ranges,
 };
 
 #[derive(Parser)]
@@ -101,10 +101,8 @@ struct WarmArgs {
     /// `bench --static` takes them): a readonly reader's miss is an error.
     #[arg(long = "static", value_name = "LABEL=ARRAY", value_parser = key_value)]
     statics: Vec<(String, String)>,
-    /// Mount another store as a group of this one, `NAME=STORE` (`targets=/data/targets.zarr`:
-    /// its array `tp` is the variable `targets/tp`); repeat it for several.
-    #[arg(long = "mount", value_name = "NAME=STORE", value_parser = key_value)]
-    mounts: Vec<(String, String)>,
+    #[command(flatten)]
+    mounts: MountArgs,
     #[command(flatten)]
     store: StoreOptions,
     // One rank's share of the split (each rank needs a cache directory of its own), all of
@@ -267,14 +265,42 @@ struct PassArgs {
     /// the sampled variables (it may be a label of a --stack); repeat it for several.
     #[arg(long = "static", value_name = "LABEL=ARRAY", value_parser = key_value)]
     statics: Vec<(String, String)>,
-    /// Mount another store as a group of this one, `NAME=STORE` (`targets=/data/targets.zarr`:
-    /// its array `tp` is the variable `targets/tp`); repeat it for several.
-    #[arg(long = "mount", value_name = "NAME=STORE", value_parser = key_value)]
-    mounts: Vec<(String, String)>,
+    #[command(flatten)]
+    mounts: MountArgs,
     #[command(flatten)]
     ranks: RankArgs,
     #[command(flatten)]
     store: StoreOptions,
+}
+
+/// Stores mounted as groups of the dataset's store, and where each sits on its sample axis.
+#[derive(clap::Args, Debug)]
+struct MountArgs {
+    /// Mount another store as a group of this one, `NAME=STORE` (`targets=/data/targets.zarr`:
+    /// its array `tp` is the variable `targets/tp`); repeat it for several.
+    #[arg(long = "mount", value_name = "NAME=STORE", value_parser = key_value)]
+    mounts: Vec<(String, String)>,
+    /// Place a mounted store that covers other times on this store's sample axis: `NAME=time`
+    /// matches the two stores' `time` coordinates, `NAME=K` says it starts at this store's
+    /// sample K (negative: before it); the anchors outside what both cover are dropped.
+    #[arg(long = "align-mount", value_name = "NAME=DIM|K", value_parser = key_value)]
+    aligns: Vec<(String, String)>,
+}
+
+impl MountArgs {
+    fn apply(&self, mut b: DatasetBuilder) -> DatasetBuilder {
+        for (name, store) in &self.mounts {
+            b = b.mount(name, store);
+        }
+        for (name, at) in &self.aligns {
+            let alignment = match at.parse::<i64>() {
+                Ok(k) => MountAlignment::Samples(k),
+                Err(_) => MountAlignment::Coordinate(at.clone()),
+            };
+            b = b.align_mount(name, alignment);
+        }
+        b
+    }
 }
 
 /// `NAME=LABEL,LABEL,...` (`x=t2m,u10`).
@@ -301,9 +327,7 @@ impl PassArgs {
             .drop_last(self.drop_last)
             .shard(self.ranks.rank, self.ranks.world_size)
             .storage_options(&self.store.storage_options);
-        for (name, store) in &self.mounts {
-            b = b.mount(name, store);
-        }
+        b = self.mounts.apply(b);
         if let Some(n) = self.max_inflight {
             b = b.max_inflight(n);
         }
@@ -852,9 +876,7 @@ fn warm(args: &WarmArgs) -> CliResult {
         .persist(true)
         .reset_stale_cache(*reset_stale_cache)
         .storage_options(&store.storage_options);
-    for (name, location) in mounts {
-        b = b.mount(name, location);
-    }
+    b = mounts.apply(b);
     if let Some(t) = chunk_transforms {
         b = b.chunk_transforms_json(transforms_arg(t)?);
     }

@@ -487,6 +487,43 @@ fn bench_reads_variables_of_a_mounted_store_and_refuses_a_name_the_store_uses() 
         bench_with(&store, &manifest).args(["--mount", "more"]),
         &["NAME=STORE", "is not KEY=VALUE"],
     );
+
+    // Aligned: the mounted store starting 20 samples before this one covers the train split's
+    // anchors 0..20 only (u10 read at 20..40); its last t2m chunk is then not read. On `time`
+    // the two synthetic stores start together.
+    let aligned = |at: &str| {
+        let out = run_ok(bench_with(&store, &manifest).args([
+            "--mount",
+            &mount,
+            "--align-mount",
+            at,
+            "--variables",
+            "t2m,more/u10",
+            "--json",
+        ]));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["epochs"][0]["stats"].clone()
+    };
+    let stats = aligned("more=-20");
+    assert_eq!(
+        (
+            &stats["samples"],
+            &stats["dropped_anchors"],
+            &stats["tiles_read"]
+        ),
+        (&20.into(), &4.into(), &8.into()),
+        "{stats}"
+    );
+    let stats = aligned("more=time");
+    assert_eq!(
+        (&stats["samples"], &stats["tiles_read"]),
+        (&24.into(), &9.into()),
+        "{stats}"
+    );
+    fails_with(
+        bench_with(&store, &manifest).args(["--mount", &mount, "--align-mount", "other=3"]),
+        &["`mounts` = other", "names no mount"],
+    );
 }
 
 #[test]

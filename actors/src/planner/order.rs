@@ -142,11 +142,11 @@ pub struct OrderSpec<'a> {
     pub chunks: &'a [u64],
     /// Reference samples per chunk.
     pub samples_per_chunk: u64,
-    /// Length of the sample axis (shared by every variable).
+    /// Length of the reference array's sample axis: the anchors are its samples.
     pub n_samples: u64,
-    /// Window offsets of the variables; an anchor is valid when `anchor + offset` is inside
-    /// the array for every one.
-    pub offsets: &'a [i64],
+    /// What each variable reads along its sample axis; an anchor is valid when every one of
+    /// them reads inside its array.
+    pub reaches: &'a [Reach],
     /// The samples drawn; chunks with none on it are left out of the order.
     pub stride: Stride,
     /// Seed.
@@ -165,21 +165,42 @@ pub struct OrderSpec<'a> {
     pub row_limit: Option<u64>,
 }
 
-/// The anchors `a` for which `a + offset` lies inside an array of `n` samples for every
-/// window offset (all of `0..n` without windows).
-fn valid_anchors(n: u64, offsets: &[i64]) -> Range<u64> {
-    let min_off = offsets.iter().copied().min().unwrap_or(0);
-    let max_off = offsets.iter().copied().max().unwrap_or(0);
-    let lo = if min_off < 0 {
-        min_off.unsigned_abs()
-    } else {
-        0
-    };
-    let hi = if max_off > 0 {
-        n.saturating_sub(max_off as u64)
-    } else {
-        n
-    };
+/// Where one variable reads along its sample axis, as an anchor sees it: anchor `a` reads
+/// sample `a + offset` of an array of `len` samples. A window (`y = x.shift(h)`) is an offset;
+/// a store mounted with an alignment adds its start to the offset and may differ in length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reach {
+    /// Added to the anchor.
+    pub offset: i64,
+    /// Samples of the array along its sample axis.
+    pub len: u64,
+}
+
+impl Reach {
+    /// Views at `offsets` of arrays that all have the reference's `n` samples.
+    pub fn same_length(n: u64, offsets: &[i64]) -> Vec<Reach> {
+        offsets
+            .iter()
+            .map(|&offset| Reach { offset, len: n })
+            .collect()
+    }
+}
+
+/// The anchors of `0..n` at which every reach reads inside its array (all of `0..n` with no
+/// reaches). Empty when they share no sample.
+pub fn valid_anchors(n: u64, reaches: &[Reach]) -> Range<u64> {
+    let (mut lo, mut hi) = (0u64, n);
+    for r in reaches {
+        // a + offset >= 0 and a + offset < len.
+        let (first, end) = if r.offset < 0 {
+            let back = r.offset.unsigned_abs();
+            (back, r.len.saturating_add(back))
+        } else {
+            (0, r.len.saturating_sub(r.offset as u64))
+        };
+        lo = lo.max(first);
+        hi = hi.min(end);
+    }
     lo..hi.max(lo)
 }
 
@@ -189,10 +210,10 @@ pub fn count_rows(
     chunks: &[u64],
     samples_per_chunk: u64,
     n_samples: u64,
-    offsets: &[i64],
+    reaches: &[Reach],
     stride: Stride,
 ) -> (u64, u64) {
-    let valid = valid_anchors(n_samples, offsets);
+    let valid = valid_anchors(n_samples, reaches);
     chunks.iter().fold((0, 0), |(rows, dropped), &c| {
         let (kept, lost) = chunk_rows(c, samples_per_chunk, n_samples, &valid, stride);
         (rows + kept, dropped + lost)
@@ -243,10 +264,10 @@ fn row_prefix(
     split: &[u64],
     samples_per_chunk: u64,
     n_samples: u64,
-    offsets: &[i64],
+    reaches: &[Reach],
     stride: Stride,
 ) -> Vec<u64> {
-    let valid = valid_anchors(n_samples, offsets);
+    let valid = valid_anchors(n_samples, reaches);
     let mut prefix = Vec::with_capacity(split.len() + 1);
     prefix.push(0);
     for &c in split {
@@ -296,10 +317,10 @@ impl Shard {
         split: &[u64],
         samples_per_chunk: u64,
         n_samples: u64,
-        offsets: &[i64],
+        reaches: &[Reach],
         stride: Stride,
     ) -> (Vec<u64>, u64) {
-        let prefix = row_prefix(split, samples_per_chunk, n_samples, offsets, stride);
+        let prefix = row_prefix(split, samples_per_chunk, n_samples, reaches, stride);
         let bounds = self.bounds(&prefix);
         let even = bounds
             .windows(2)
@@ -322,12 +343,18 @@ fn block_sizes(first: usize, full: usize) -> impl Iterator<Item = usize> {
 pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
     assert!(spec.block_chunks > 0 && spec.samples_per_chunk > 0);
     let spc = spec.samples_per_chunk;
-    let valid = valid_anchors(spec.n_samples, spec.offsets);
+    let valid = valid_anchors(spec.n_samples, spec.reaches);
     let mut chunks = spec.chunks.to_vec();
-    if spec.stride != Stride::ALL {
-        // A chunk with no sample on the stride yields nothing: it takes no place in a block.
-        chunks.retain(|&c| spec.stride.count(chunk_samples(c, spc, spec.n_samples)) > 0);
-    }
+    // A chunk with no valid anchor on the stride yields nothing: it takes no place in a block
+    // (the anchors it drops are counted all the same).
+    let mut dropped = 0u64;
+    chunks.retain(|&c| {
+        let (kept, lost) = chunk_rows(c, spc, spec.n_samples, &valid, spec.stride);
+        if kept == 0 {
+            dropped += lost;
+        }
+        kept > 0
+    });
     let mut rng = Rng::keyed(&[spec.seed, spec.epoch, ORDER_STREAM]);
     if spec.shuffle {
         rng.shuffle(&mut chunks);
@@ -337,7 +364,6 @@ pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
         .min(spec.n_samples);
     let mut rows = super::plan_vec(n_rows, "the epoch's sample order")?;
     let mut blocks = Vec::new();
-    let mut dropped = 0u64;
     let mut rest = &chunks[..];
     for size in block_sizes(spec.first_block_chunks, spec.block_chunks) {
         if rest.is_empty() {
@@ -436,12 +462,17 @@ pub fn shuffle_quality(order: &[u64], samples_per_chunk: u64) -> f64 {
 mod tests {
     use super::*;
 
-    fn spec<'a>(chunks: &'a [u64], offsets: &'a [i64], shuffle: bool) -> OrderSpec<'a> {
+    /// Views at `offsets` of arrays of the reference's 38 samples.
+    fn at(offsets: &[i64]) -> Vec<Reach> {
+        Reach::same_length(38, offsets)
+    }
+
+    fn spec<'a>(chunks: &'a [u64], reaches: &'a [Reach], shuffle: bool) -> OrderSpec<'a> {
         OrderSpec {
             chunks,
             samples_per_chunk: 4,
             n_samples: 38,
-            offsets,
+            reaches,
             stride: Stride::ALL,
             seed: 5,
             epoch: 0,
@@ -456,18 +487,18 @@ mod tests {
     fn every_valid_anchor_once_with_partial_final_chunk_and_windows() {
         let chunks: Vec<u64> = (0..10).collect();
         for shuffle in [false, true] {
-            let o = epoch_order(&spec(&chunks, &[0], shuffle)).unwrap();
+            let o = epoch_order(&spec(&chunks, &at(&[0]), shuffle)).unwrap();
             let mut a = o.anchors();
             a.sort_unstable();
             assert_eq!(a, (0..38).collect::<Vec<_>>(), "shuffle={shuffle}");
             assert_eq!(o.dropped_anchors, 0);
-            let w = epoch_order(&spec(&chunks, &[0, 5, -2], shuffle)).unwrap();
+            let w = epoch_order(&spec(&chunks, &at(&[0, 5, -2]), shuffle)).unwrap();
             let mut a = w.anchors();
             a.sort_unstable();
             assert_eq!(a, (2..33).collect::<Vec<_>>());
             assert_eq!(w.dropped_anchors, 38 - 31);
         }
-        let seq = epoch_order(&spec(&chunks, &[0], false)).unwrap();
+        let seq = epoch_order(&spec(&chunks, &at(&[0]), false)).unwrap();
         assert_eq!(seq.anchors(), (0..38).collect::<Vec<_>>());
         assert_eq!(seq.blocks.len(), 4);
     }
@@ -516,11 +547,12 @@ mod tests {
                         .iter()
                         .flat_map(|o| strides().map(move |s| (*o, s)))
                     {
+                        let reaches = Reach::same_length(n, offsets);
                         let s = OrderSpec {
                             chunks: &chunks,
                             samples_per_chunk: spc,
                             n_samples: n,
-                            offsets,
+                            reaches: &reaches,
                             stride,
                             seed: 1,
                             epoch: 2,
@@ -534,13 +566,13 @@ mod tests {
                             "n {n}, spc {spc}, chunks {chunks:?}, offsets {offsets:?}, {stride:?}"
                         );
                         assert_eq!(
-                            count_rows(&chunks, spc, n, offsets, stride),
+                            count_rows(&chunks, spc, n, &reaches, stride),
                             (o.rows.len() as u64, o.dropped_anchors),
                             "{case}"
                         );
                         // Every anchor on the stride that no window drops, once; the dropped
                         // ones are those on the stride the windows drop.
-                        let valid = valid_anchors(n, offsets);
+                        let valid = valid_anchors(n, &reaches);
                         let on_stride: Vec<u64> = chunks
                             .iter()
                             .flat_map(|&c| chunk_samples(c, spc, n))
@@ -579,13 +611,15 @@ mod tests {
             for spc in 1..=4u64 {
                 let all: Vec<u64> = (0..n.div_ceil(spc)).collect();
                 let per_chunk =
-                    |offsets: &[i64], c: u64| count_rows(&[c], spc, n, offsets, Stride::ALL).0;
+                    |reaches: &[Reach], c: u64| count_rows(&[c], spc, n, reaches, Stride::ALL).0;
                 for world_size in 1..=all.len().min(4) {
                     for offsets in offset_sets {
-                        let whole = count_rows(&all, spc, n, offsets, Stride::ALL).0;
+                        let reaches = Reach::same_length(n, offsets);
+                        let reaches = &reaches[..];
+                        let whole = count_rows(&all, spc, n, reaches, Stride::ALL).0;
                         let shares: Vec<(Vec<u64>, u64)> = (0..world_size)
                             .map(|rank| {
-                                Shard { rank, world_size }.share(&all, spc, n, offsets, Stride::ALL)
+                                Shard { rank, world_size }.share(&all, spc, n, reaches, Stride::ALL)
                             })
                             .collect();
                         let even = shares[0].1;
@@ -600,11 +634,11 @@ mod tests {
                         // Near-equal rows when every chunk has some: within a chunk of the mean.
                         let rows: Vec<u64> = shares
                             .iter()
-                            .map(|s| count_rows(&s.0, spc, n, offsets, Stride::ALL).0)
+                            .map(|s| count_rows(&s.0, spc, n, reaches, Stride::ALL).0)
                             .collect();
                         assert_eq!(even, *rows.iter().min().unwrap(), "{case}");
-                        let biggest = all.iter().map(|&c| per_chunk(offsets, c)).max().unwrap();
-                        if all.iter().all(|&c| per_chunk(offsets, c) > 0) {
+                        let biggest = all.iter().map(|&c| per_chunk(reaches, c)).max().unwrap();
+                        if all.iter().all(|&c| per_chunk(reaches, c) > 0) {
                             for r in &rows {
                                 assert!(
                                     (*r as i128 * world_size as i128 - whole as i128).abs()
@@ -618,7 +652,7 @@ mod tests {
                                 chunks,
                                 samples_per_chunk: spc,
                                 n_samples: n,
-                                offsets,
+                                reaches,
                                 stride: Stride::ALL,
                                 seed: 3,
                                 epoch: 1,
@@ -654,24 +688,38 @@ mod tests {
             world_size: 2,
         };
         assert_eq!(
-            s(0).share(&split, 4, 48, &[0], Stride::ALL),
+            s(0).share(&split, 4, 48, &Reach::same_length(48, &[0]), Stride::ALL),
             (vec![3, 4], 8)
         );
         assert_eq!(
-            s(1).share(&split, 4, 48, &[0], Stride::ALL),
+            s(1).share(&split, 4, 48, &Reach::same_length(48, &[0]), Stride::ALL),
             (vec![9, 10, 11], 8)
         );
         assert_eq!(
-            Shard::WHOLE.share(&split, 4, 48, &[0], Stride::ALL).0,
+            Shard::WHOLE
+                .share(&split, 4, 48, &Reach::same_length(48, &[0]), Stride::ALL)
+                .0,
             split
         );
         // A short final chunk (30, 30 and 1 rows): 30 and 31 rows, not 60 and 1.
         assert_eq!(
-            s(0).share(&[0, 1, 2], 30, 61, &[0], Stride::ALL),
+            s(0).share(
+                &[0, 1, 2],
+                30,
+                61,
+                &Reach::same_length(61, &[0]),
+                Stride::ALL
+            ),
             (vec![0], 30)
         );
         assert_eq!(
-            s(1).share(&[0, 1, 2], 30, 61, &[0], Stride::ALL),
+            s(1).share(
+                &[0, 1, 2],
+                30,
+                61,
+                &Reach::same_length(61, &[0]),
+                Stride::ALL
+            ),
             (vec![1, 2], 30)
         );
     }
@@ -679,7 +727,8 @@ mod tests {
     #[test]
     fn blocks_hold_exactly_their_chunks_and_epochs_differ() {
         let chunks: Vec<u64> = (0..10).collect();
-        let mut s = spec(&chunks, &[0], true);
+        let zero = at(&[0]);
+        let mut s = spec(&chunks, &zero, true);
         let e0 = epoch_order(&s).unwrap();
         for b in &e0.blocks {
             let mut cs: Vec<u64> = e0.rows[b.clone()].iter().map(|r| r.chunk).collect();
@@ -710,7 +759,7 @@ mod tests {
             chunks: &chunks,
             samples_per_chunk: 4,
             n_samples: 160,
-            offsets: &[0],
+            reaches: &Reach::same_length(160, &[0]),
             stride: Stride::ALL,
             seed: 9,
             epoch: 1,
@@ -747,7 +796,7 @@ mod tests {
             chunks: &chunks,
             samples_per_chunk: 8,
             n_samples: 4096,
-            offsets: &[0],
+            reaches: &Reach::same_length(4096, &[0]),
             stride: Stride::ALL,
             seed: 0,
             epoch: 0,

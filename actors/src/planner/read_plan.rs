@@ -263,7 +263,7 @@ pub fn read_plan(
         labels.push(LabelInfo {
             label: v.label.clone(),
             path: idx,
-            offset: v.geom.offset,
+            offset: v.offset(),
             sample_bytes: v.sample_bytes(),
             output: 0,
             output_at: 0,
@@ -453,7 +453,7 @@ pub fn read_ahead_bound(slots: &[PlanSlot], batch_blocks: &[(u32, u32)], n_block
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::planner::order::{OrderSpec, Stride, epoch_order};
+    use crate::planner::order::{OrderSpec, Reach, Stride, epoch_order};
     use insitubatch_store::DType;
 
     fn geom(path: &str, n: u64, spc: u64) -> ArrayGeometry {
@@ -503,7 +503,7 @@ mod tests {
                 chunks: &chunks,
                 samples_per_chunk: 2,
                 n_samples: 60,
-                offsets: &[0, 3],
+                reaches: &Reach::same_length(60, &[0, 3]),
                 stride: Stride::ALL,
                 seed: 1,
                 epoch: 2,
@@ -552,7 +552,7 @@ mod tests {
                 chunks: &chunks,
                 samples_per_chunk: 4,
                 n_samples: 1024 + 240,
-                offsets: leads,
+                reaches: &Reach::same_length(1024 + 240, leads),
                 stride: Stride::ALL,
                 seed: 0,
                 epoch: 0,

@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 16
+#define ISB_ABI_VERSION 17
 
 /*
  DLPack version of the exported structs.
@@ -474,7 +474,9 @@ IsbStatus isb_split_by_chunk(const char *store,
  (ABI 16: `{"targets": "/data/targets.zarr"}` mounts that store as the group `targets`, so
  its array `tp` is the variable path `"targets/tp"`; a value may also be `{"store":
  location, "storage_options": {...}}`, the options that store's alone; for variables from
- two stores on one sample axis, whose lengths along it must be equal).
+ two stores on one sample axis, whose lengths along it must be equal unless the entry has
+ `"align"` (ABI 17): `"time"` matches the two stores' `time` coordinates, an integer `k`
+ says the mounted store starts at the root's sample `k`; see `align_mount`).
  An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 
  # Safety
@@ -648,8 +650,10 @@ void isb_statistics_free(struct IsbStatistics *stats);
 
 /*
  Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
- (label, path, offset, region, shape, dtype, sample_shape), `arrays` (ABI 14: what each batch
- holds, in order: name, labels, shape of a row, dtype, stacked), `manifest`, `pool` (budget, resident and peak bytes,
+ (label, path, offset, alignment (ABI 17), region, shape, dtype, sample_shape), `arrays` (ABI
+ 14: what each batch holds, in order: name, labels, shape of a row, dtype, stacked),
+ `manifest`, `anchor_range` (ABI 17: `[start, end)`, the anchors every variable reads inside
+ its array), `pool` (budget, resident and peak bytes,
  evictions, hits, misses, revived), `cache` (`null` without `cache_dir`; else dir, persist,
  readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, writes_skipped, revived,
  rejected) and

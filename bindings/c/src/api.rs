@@ -15,7 +15,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 16;
+pub const ISB_ABI_VERSION: u32 = 17;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -557,24 +557,28 @@ struct DatasetConfig {
     mounts: Option<serde_json::Value>,
 }
 
-/// One store of the config's `mounts`: its location and its own object-store options.
+/// One store of the config's `mounts`: its location, its own object-store options, and where
+/// it sits on the root's sample axis.
 struct MountConfig {
     name: String,
     store: String,
     storage_options: Vec<(String, String)>,
+    align: Option<insitubatch::MountAlignment>,
 }
 
 /// The config's `mounts`: an object mapping each mount's name to its store's location, or to
-/// `{"store": location, "storage_options": {...}}`; anything else is refused saying what it
-/// takes.
+/// `{"store": location, "storage_options": {...}, "align": "time" or k}`; anything else is
+/// refused saying what it takes.
 fn mounts(v: serde_json::Value) -> Result<Vec<MountConfig>, insitubatch::EngineError> {
     let bad = |v: &serde_json::Value| {
         insitubatch::EngineError::arg(
             "mounts",
             v,
             "is an object mapping each mount's name to a store location (a path or URL), or to \
-             {\"store\": location, \"storage_options\": {...}}, such as {\"targets\": \
-             \"/data/targets.zarr\"}",
+             {\"store\": location, \"storage_options\": {...}, \"align\": ...}, such as \
+             {\"targets\": \"/data/targets.zarr\"}; `align` (ABI 17) is the name of a \
+             coordinate both stores have (\"time\") or the root's sample index where the \
+             mounted store starts (an integer, negative when it starts earlier)",
         )
     };
     let serde_json::Value::Object(map) = &v else {
@@ -582,12 +586,25 @@ fn mounts(v: serde_json::Value) -> Result<Vec<MountConfig>, insitubatch::EngineE
     };
     map.iter()
         .map(|(name, entry)| {
+            let mut align = None;
             let (store, options) = match entry {
                 serde_json::Value::String(s) => (s.clone(), serde_json::Map::new()),
                 serde_json::Value::Object(o) => {
-                    if o.keys().any(|k| k != "store" && k != "storage_options") {
+                    if o.keys()
+                        .any(|k| !["store", "storage_options", "align"].contains(&k.as_str()))
+                    {
                         return Err(bad(entry));
                     }
+                    align = match o.get("align") {
+                        None => None,
+                        Some(serde_json::Value::String(dim)) if !dim.is_empty() => {
+                            Some(insitubatch::MountAlignment::Coordinate(dim.clone()))
+                        }
+                        Some(n) => match n.as_i64() {
+                            Some(k) => Some(insitubatch::MountAlignment::Samples(k)),
+                            None => return Err(bad(entry)),
+                        },
+                    };
                     let store = o
                         .get("store")
                         .and_then(|s| s.as_str())
@@ -605,6 +622,7 @@ fn mounts(v: serde_json::Value) -> Result<Vec<MountConfig>, insitubatch::EngineE
                 name: name.clone(),
                 store,
                 storage_options: storage_options(options)?,
+                align,
             })
         })
         .collect()
@@ -827,6 +845,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
     }
     if let Some(v) = c.mounts {
         for m in mounts(v)? {
+            if let Some(align) = m.align {
+                b = b.align_mount(&m.name, align);
+            }
             b = b.mount_with(m.name, m.store, &m.storage_options);
         }
     }
@@ -889,7 +910,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// (ABI 16: `{"targets": "/data/targets.zarr"}` mounts that store as the group `targets`, so
 /// its array `tp` is the variable path `"targets/tp"`; a value may also be `{"store":
 /// location, "storage_options": {...}}`, the options that store's alone; for variables from
-/// two stores on one sample axis, whose lengths along it must be equal).
+/// two stores on one sample axis, whose lengths along it must be equal unless the entry has
+/// `"align"` (ABI 17): `"time"` matches the two stores' `time` coordinates, an integer `k`
+/// says the mounted store starts at the root's sample `k`; see `align_mount`).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 ///
 /// # Safety
@@ -1289,8 +1312,10 @@ pub unsafe extern "C" fn isb_statistics_free(stats: *mut IsbStatistics) {
 }
 
 /// Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
-/// (label, path, offset, region, shape, dtype, sample_shape), `arrays` (ABI 14: what each batch
-/// holds, in order: name, labels, shape of a row, dtype, stacked), `manifest`, `pool` (budget, resident and peak bytes,
+/// (label, path, offset, alignment (ABI 17), region, shape, dtype, sample_shape), `arrays` (ABI
+/// 14: what each batch holds, in order: name, labels, shape of a row, dtype, stacked),
+/// `manifest`, `anchor_range` (ABI 17: `[start, end)`, the anchors every variable reads inside
+/// its array), `pool` (budget, resident and peak bytes,
 /// evictions, hits, misses, revived), `cache` (`null` without `cache_dir`; else dir, persist,
 /// readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, writes_skipped, revived,
 /// rejected) and
@@ -1316,6 +1341,9 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
                 g["label"] = v.label.clone().into();
                 g["path"] = v.geom.path.clone().into();
                 g["offset"] = v.geom.offset.into();
+                // ABI 17: added to the offset by an aligned mount (anchor + offset + alignment
+                // is the sample read).
+                g["alignment"] = v.alignment.into();
                 // A sample as batches hold it (after the array's chunk transforms).
                 g["sample_shape"] = v.sample_inner.clone().into();
                 g["sample_dtype"] = v.sample_dtype.name().into();
@@ -1346,6 +1374,7 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
             "variables": vars,
             "arrays": arrays,
             "manifest": manifest,
+            "anchor_range": [d.anchor_range().start, d.anchor_range().end],
             "pool": {
                 "budget_bytes": p.budget_bytes,
                 "resident_bytes": p.resident_bytes,

@@ -589,7 +589,9 @@ def split_by_chunk(
     contiguous: bool = True,
     sample_range=None,
 ) -> SplitManifest:
-    """Assigns whole chunks of `geom`'s sample axis to train/val/test by `fractions` (of chunks)."""
+    """Assigns whole chunks of `geom`'s sample axis to train/val/test by `fractions` (of chunks),
+    of the chunks that overlap `sample_range` (`(start, stop)` or a `range` such as a dataset's
+    `anchor_range`) when given."""
     if not isinstance(geom, ArrayGeometry):
         raise TypeError(f"split_by_chunk: geom must be an ArrayGeometry, not {type(geom).__name__}")
     fractions = [float(f) for f in fractions]
@@ -604,6 +606,12 @@ def split_by_chunk(
         "sample_axis": geom.sample_axis,
     }
     if sample_range is not None:
+        if isinstance(sample_range, range):
+            if sample_range.step != 1:
+                raise errors.InvalidArgument(
+                    f"invalid argument `sample_range` = {sample_range}: a range of step 1"
+                )
+            sample_range = (sample_range.start, sample_range.stop)
         start, stop = sample_range
         params["sample_range"] = [_check_int("sample_range", start, 0), _check_int("sample_range", stop, 0)]
     return _split(geom, params)
@@ -765,20 +773,40 @@ def _stacks(stacks) -> dict[str, list[str]]:
     return out
 
 
-def _mounts(mounts) -> dict[str, tuple[str, dict[str, Any] | None]]:
-    """`mounts` as (location, storage options) by name, or a TypeError saying what it takes."""
-    what = ("`mounts` must map each mount's name to a store (a path or URL), or to (store, "
-            "storage_options), such as {'targets': '/data/targets.zarr'}")
+def _mounts(mounts) -> dict[str, tuple[str, dict[str, Any] | None, str | int | None]]:
+    """`mounts` as (location, storage options, alignment) by name, or a TypeError saying what it
+    takes."""
+    what = ("`mounts` must map each mount's name to a store (a path or URL), to (store, "
+            "storage_options), or to {'store': ..., 'storage_options': {...}, 'align': 'time' or "
+            "an int}, such as {'targets': '/data/targets.zarr'}")
     if not isinstance(mounts, Mapping):
         raise TypeError(f"{what}, not {type(mounts).__name__}")
-    out: dict[str, tuple[str, dict[str, Any] | None]] = {}
+    out: dict[str, tuple[str, dict[str, Any] | None, str | int | None]] = {}
     for name, value in mounts.items():
         if not isinstance(name, str):
             raise TypeError(f"{what}; got the name {name!r}")
-        location, options = value if isinstance(value, tuple) and len(value) == 2 else (value, None)
+        align = None
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"store", "storage_options", "align"}
+            if unknown or "store" not in value:
+                raise TypeError(f"{what}; got {name!r}: {dict(value)!r}")
+            location, options, align = (value["store"], value.get("storage_options"),
+                                        value.get("align"))
+            if align is not None and (isinstance(align, bool) or not isinstance(
+                    align, (str, numbers.Integral)) or align == ""):
+                raise TypeError(f"{what}; the `align` of {name!r} is {align!r}: the name of a "
+                                "coordinate both stores have, or the sample of this dataset's "
+                                "store where the mounted one starts")
+            if isinstance(align, numbers.Integral):
+                align = int(align)
+        elif isinstance(value, tuple) and len(value) == 2:
+            location, options = value
+        else:
+            location, options = value, None
         if not isinstance(location, (str, bytes, os.PathLike)):
             raise TypeError(f"{what}; got {name!r}: {value!r}")
-        out[name] = (_store_str(location), None if options is None else _storage_options(options))
+        out[name] = (_store_str(location),
+                     None if options is None else _storage_options(options), align)
     return out
 
 
@@ -1156,7 +1184,13 @@ class InSituDataset:
     opened on that store (`open_geometries("/data/targets.zarr")["tp"]`) may be given as it is.
     A value may be `(store, storage_options)`, that store's own object-store options. A
     geometry from a store that is neither `store` nor a mount is refused (its path would name
-    an array of `store`).
+    an array of `store`). A mounted store that covers other times than `store` (targets from
+    2000 on, inputs from 1979 on) is placed on its sample axis with
+    `{"store": ..., "align": "time"}` (the two stores' `time` coordinates matched value for
+    value, CF units of either kind) or `"align": k` (the mounted store starts at sample `k` of
+    `store`); each anchor then reads both at the same time, `Batch.read_indices` gives each
+    label's own index, and the anchors outside what every variable covers are dropped:
+    `anchor_range` is the rest, a `sample_range` for `split_by_chunk`.
     """
 
     def __init__(
@@ -1263,12 +1297,17 @@ class InSituDataset:
             config["chunk_transforms"] = chunk_transforms
         if stacks is not None:
             config["stacks"] = _stacks(stacks)
-        self._mounts = _mounts(mounts) if mounts is not None else {}
-        if self._mounts:
+        given = _mounts(mounts) if mounts is not None else {}
+        if given:
             config["mounts"] = {
-                name: loc if opts is None else {"store": loc, "storage_options": opts}
-                for name, (loc, opts) in self._mounts.items()
+                name: loc if opts is None and align is None else {
+                    "store": loc,
+                    **({} if opts is None else {"storage_options": opts}),
+                    **({} if align is None else {"align": align}),
+                }
+                for name, (loc, opts, align) in given.items()
             }
+        self._mounts = {name: (loc, opts) for name, (loc, opts, _) in given.items()}
         if executor_threads is not None:
             config["executor_threads"] = _check_int("executor_threads", executor_threads)
         if io_backend is not None:
@@ -1327,7 +1366,9 @@ class InSituDataset:
         self.sample_stride, self.sample_phase = sample_stride, sample_phase
         self._last_stats: dict = {}
         info = self._dataset_stats()
-        self._offsets = {v["label"]: v["offset"] for v in info["variables"]}
+        # The sample each label reads is anchor + its offset + its store's alignment.
+        self._offsets = {v["label"]: v["offset"] + v["alignment"] for v in info["variables"]}
+        self.anchor_range = range(*info["anchor_range"])
         # What one sample of each label is in a batch: after the chunk transforms (a cast or a
         # coarsen changes it), the geometry's inner shape and dtype without any.
         self.sample_formats = {

@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 16
+ABI_VERSION = 17
 _LIB_NAME = "libinsitubatch.so"
 
 

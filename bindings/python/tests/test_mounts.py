@@ -139,3 +139,71 @@ def test_the_two_stores_example_in_the_python_docs_reads_what_it_says(tmp_path, 
             rows += len(batch)
     assert rows == n - 6
     ds.close()
+
+
+def write_timed_stores(tmp_path, start=10, n_targets=25, step_hours=6):
+    """era5.zarr: t2m with `time` 6-hourly from 2000-01-01 in hours (30 samples); precip.zarr
+    (v2): tp with `time` in days since 2000-01-01, from the inputs' sample `start` on every
+    `step_hours`."""
+    rng = np.random.default_rng(7)
+    t2m = rng.normal(size=(N, 4, 6)).astype("f4")
+    tp = rng.normal(size=(n_targets, 4, 6)).astype("f4")
+    inputs = zarr.open_group(tmp_path / "era5.zarr", mode="w")
+    inputs.create_array("t2m", data=t2m, chunks=(4, 4, 6), dimension_names=("time", "y", "x"))
+    time = inputs.create_array("time", data=np.arange(N, dtype="i8") * 6, dimension_names=("time",))
+    time.attrs["units"] = "hours since 2000-01-01 00:00"
+    targets = zarr.open_group(tmp_path / "precip.zarr", mode="w", zarr_format=2)
+    a = targets.create_array("tp", data=tp, chunks=(7, 4, 6))
+    a.attrs["_ARRAY_DIMENSIONS"] = ["time", "y", "x"]
+    days = (start * 6 + np.arange(n_targets) * step_hours) / 24
+    time = targets.create_array("time", data=days.astype("f8"))
+    time.attrs.update({"_ARRAY_DIMENSIONS": ["time"], "units": "days since 2000-01-01"})
+    return tmp_path / "era5.zarr", tmp_path / "precip.zarr", t2m, tp
+
+
+def test_a_mount_aligned_on_time_reads_both_stores_at_each_anchors_time(tmp_path):
+    inputs, targets, t2m, tp = write_timed_stores(tmp_path)
+    variables = {"x": isb.open_geometries(inputs)["t2m"], "y": isb.open_geometries(targets)["tp"]}
+    reads = {}
+    for align in ("time", 10):
+        ds = isb.InSituDataset(inputs, None, variables, batch_size=4, seed=3,
+                               mounts={"targets": {"store": targets, "align": align}})
+        # The targets cover the inputs' samples 10..35, the inputs end at 30.
+        assert ds.anchor_range == range(10, 30)
+        anchors = check(ds, "all", {"x": t2m, "y": tp})
+        assert sorted(anchors) == list(range(10, 30))
+        assert ds.stats()["dropped_anchors"] == 10
+        batch = next(iter(ds.all))
+        np.testing.assert_array_equal(batch.read_indices("y"), batch.sample_indices - 10)
+        reads[align] = anchors
+    assert reads["time"] == reads[10]
+
+    # A split over the shared samples holds only the chunks that overlap them.
+    x = variables["x"]
+    manifest = isb.split_by_chunk(x, (0.8, 0.2), sample_range=ds.anchor_range)
+    ds = isb.InSituDataset(inputs, manifest, variables, batch_size=4,
+                           mounts={"targets": {"store": targets, "align": "time"}})
+    seen = check(ds, "train", {"x": t2m, "y": tp}) + check(ds, "val", {"x": t2m, "y": tp})
+    assert sorted(seen) == list(range(10, 30))
+    assert not any(c * 4 + 4 <= 10 for s in manifest.splits.values() for c in s)
+
+
+def test_mounts_that_do_not_align_are_refused_saying_why(tmp_path):
+    inputs, targets, *_ = write_timed_stores(tmp_path, step_hours=12)
+    variables = {"x": isb.open_geometries(inputs)["t2m"], "y": isb.open_geometries(targets)["tp"]}
+    with pytest.raises(errors.InvalidArgument, match=r"`mounts` = t.*the `time` values .* part"):
+        isb.InSituDataset(inputs, None, variables, mounts={"t": {"store": targets, "align": "time"}})
+    with pytest.raises(errors.InvalidArgument, match="share no anchor"):
+        isb.InSituDataset(inputs, None, variables, mounts={"t": {"store": targets, "align": 40}})
+    with pytest.raises(errors.InvalidArgument, match="cannot align on `level`: there is no coordinate array `level` beside `t2m`"):
+        isb.InSituDataset(inputs, None, variables, mounts={"t": {"store": targets, "align": "level"}})
+    # Unequal lengths without an alignment say how to align.
+    with pytest.raises(errors.InvalidArgument, match="has 25.*align"):
+        isb.InSituDataset(inputs, None, variables, mounts={"t": targets})
+    for bad in (True, 1.5, "", [1]):
+        with pytest.raises(TypeError, match="the `align` of 't'"):
+            isb.InSituDataset(inputs, mounts={"t": {"store": targets, "align": bad}})
+    with pytest.raises(TypeError, match="`mounts` must map"):
+        isb.InSituDataset(inputs, mounts={"t": {"store": targets, "start": 3}})
+    with pytest.raises(errors.InvalidArgument, match="sample_range"):
+        isb.split_by_chunk(variables["x"], sample_range=range(0, 10, 2))

@@ -1,0 +1,226 @@
+//! Stores that cover different times, mounted with an alignment
+//! (`DatasetBuilder::align_mount`): each anchor reads every store at the same time, found from
+//! their time coordinates (in different CF units and formats) or given as a sample offset; the
+//! values equal zarr-python's at each label's read index; anchors outside what the stores share
+//! are dropped and counted; and coordinates that do not align are refused naming why.
+
+use insitubatch::{EngineError, InSituDataset, MountAlignment};
+use insitubatch_tests::{FixtureArray, fixtures_dir};
+
+mod common;
+use common::{check_epoch, fixture, run, sorted};
+
+fn on_time() -> MountAlignment {
+    MountAlignment::Coordinate("time".into())
+}
+
+/// `x` of the inputs (20 samples 6-hourly from 1979-01-01T00) and `tp` of a mounted store.
+fn builder(mount: &str, alignment: MountAlignment) -> insitubatch::DatasetBuilder {
+    InSituDataset::builder(fixture("aligned", "x").store)
+        .mount("m", fixtures_dir().join(mount))
+        .align_mount("m", alignment)
+        .variable("x", "x")
+        .variable("y", "m/tp")
+        .batch_size(4)
+        .seed(2)
+}
+
+fn targets() -> FixtureArray {
+    fixture("aligned_targets", "tp")
+}
+
+#[test]
+fn a_later_store_aligned_on_time_is_read_at_each_anchors_time() {
+    // The targets (days since 1979, float64, v2) start at the inputs' eighth time and run past
+    // their end: anchors 7..20 read both, `y` at anchor - 7.
+    let x = fixture("aligned", "x");
+    let tp = targets();
+    for alignment in [on_time(), MountAlignment::Samples(7)] {
+        let ds = builder("aligned_targets.zarr", alignment.clone())
+            .window("x_next", "x", 1)
+            .build()
+            .unwrap();
+        assert_eq!(
+            ds.anchor_range(),
+            7..19,
+            "{alignment:?}: the window ends it at 19"
+        );
+        let alignments: Vec<i64> = ds.variables().iter().map(|v| v.alignment).collect();
+        assert_eq!(alignments, [0, -7, 0], "{alignment:?}");
+        for split in ["train", "all"] {
+            let mut pass = ds.iter(split).unwrap();
+            let mut anchors = Vec::new();
+            for b in pass.by_ref() {
+                let b = b.unwrap();
+                let at: Vec<u64> = b.sample_indices().to_vec();
+                let y: Vec<u64> = b.read_indices("y").unwrap();
+                assert_eq!(y, at.iter().map(|a| a - 7).collect::<Vec<_>>());
+                anchors.extend(at);
+            }
+            assert_eq!(sorted(anchors), (7..19).collect::<Vec<_>>(), "{split}");
+            // The anchors before the targets start and the last (its next is off `x`).
+            assert_eq!(pass.stats().dropped_anchors, 8, "{split}");
+            drop(pass);
+            let refs = [("x", &x, 0), ("y", &tp, 0), ("x_next", &x, 0)];
+            assert_eq!(sorted(check_epoch(&ds, split, &refs)).len(), 12);
+        }
+    }
+}
+
+#[test]
+fn an_earlier_store_aligned_on_time_covers_the_first_anchors() {
+    // `early` starts 18 hours (three samples) before the inputs and has ten samples: anchors
+    // 0..7, `y` at anchor + 3.
+    let x = fixture("aligned", "x");
+    let early = fixture("aligned_early", "tp");
+    let ds = builder("aligned_early.zarr", on_time()).build().unwrap();
+    assert_eq!(ds.anchor_range(), 0..7);
+    let refs = [("x", &x, 0), ("y", &early, 0)];
+    for split in ["train", "all"] {
+        assert_eq!(
+            sorted(check_epoch(&ds, split, &refs)),
+            (0..7).collect::<Vec<_>>()
+        );
+    }
+    let stats = run(
+        &builder("aligned_early.zarr", on_time()).build().unwrap(),
+        "all",
+    );
+    assert_eq!(stats.dropped_anchors, 13);
+    // Only the chunks the shared anchors need are read: 2 of `x`'s 5 (anchors 0..7, in chunks
+    // of 4) and 3 of `early`'s 4 (samples 3..10, in chunks of 3).
+    assert_eq!(stats.tiles_read, 2 + 3, "{stats:?}");
+}
+
+#[test]
+fn splitting_by_the_mounted_array_puts_the_anchors_on_its_samples() {
+    // A manifest made on the targets' own geometry: anchors are their samples, and `x` is read
+    // seven samples later; the targets' samples past the inputs' end are dropped.
+    let x = fixture("aligned", "x");
+    let tp = targets();
+    let geoms = insitubatch::geometries(&tp.store, Some(&["tp".to_string()]), 0).unwrap();
+    let manifest = insitubatch::split_by_chunk(&geoms["tp"], &[1.0], 0, true, None).unwrap();
+    let ds = builder("aligned_targets.zarr", on_time())
+        .manifest(manifest)
+        .build()
+        .unwrap();
+    assert_eq!(ds.manifest().array, "m/tp");
+    assert_eq!(ds.anchor_range(), 0..13);
+    let alignments: Vec<i64> = ds.variables().iter().map(|v| v.alignment).collect();
+    assert_eq!(alignments, [7, 0]);
+    let refs = [("x", &x, 0), ("y", &tp, 0)];
+    assert_eq!(
+        sorted(check_epoch(&ds, "train", &refs)),
+        (0..13).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_split_over_the_anchor_range_leaves_the_rest_out() {
+    // Split over the samples the stores share: the splits hold only the chunks that overlap
+    // them (chunk 1, anchors 4..8, across its start: its first three are dropped), and train
+    // and val together are that range.
+    let x = fixture("aligned", "x");
+    let tp = targets();
+    let probe = builder("aligned_targets.zarr", on_time()).build().unwrap();
+    let shared = probe.anchor_range();
+    let geoms = insitubatch::geometries(&x.store, Some(&["x".to_string()]), 0).unwrap();
+    let range = (shared.start, shared.end);
+    let manifest =
+        insitubatch::split_by_chunk(&geoms["x"], &[0.75, 0.25], 4, true, Some(range)).unwrap();
+    let ds = builder("aligned_targets.zarr", on_time())
+        .manifest(manifest)
+        .build()
+        .unwrap();
+    let refs = [("x", &x, 0), ("y", &tp, 0)];
+    let mut all = check_epoch(&ds, "train", &refs);
+    all.extend(check_epoch(&ds, "val", &refs));
+    assert_eq!(sorted(all), (7..20).collect::<Vec<_>>());
+    let dropped = run(&ds, "train").dropped_anchors + run(&ds, "val").dropped_anchors;
+    assert_eq!(dropped, 3, "7 without the range");
+    assert_eq!(
+        run(
+            &builder("aligned_targets.zarr", on_time()).build().unwrap(),
+            "all"
+        )
+        .dropped_anchors,
+        7
+    );
+}
+
+fn refusal(b: insitubatch::DatasetBuilder) -> String {
+    match b.build() {
+        Err(e @ (EngineError::InvalidArgument { .. } | EngineError::UnequalSampleAxis { .. })) => {
+            e.to_string()
+        }
+        Err(e) => panic!("another error: {e:?}"),
+        Ok(_) => panic!("built"),
+    }
+}
+
+#[test]
+fn stores_that_do_not_align_are_refused_saying_why() {
+    let misaligned = |group: &str| {
+        InSituDataset::builder(fixture("aligned", "x").store)
+            .mount("m", fixtures_dir().join("misaligned.zarr"))
+            .align_mount("m", on_time())
+            .variable("x", "x")
+            .variable("y", format!("m/{group}/tp"))
+    };
+    let cases = [
+        ("coarse", "part: aligned at `time`[7] = `m/coarse/time`[0]"),
+        ("offgrid", "not on one grid"),
+        ("after", "share no `time`"),
+        (
+            "steps",
+            "`time` has CF time units and `m/steps/time` units \"steps\"",
+        ),
+        (
+            "falling",
+            "the values of `m/falling/time` do not rise strictly",
+        ),
+        (
+            "untimed",
+            "no coordinate array `m/untimed/time` beside `m/untimed/tp`",
+        ),
+    ];
+    for (group, needle) in cases {
+        let e = refusal(misaligned(group));
+        assert!(
+            e.contains("`mounts` = m") && e.contains(needle),
+            "{group}: {e}"
+        );
+    }
+    // The first place they part is named with both times.
+    let e = refusal(misaligned("coarse"));
+    assert!(
+        e.contains("`m/coarse/time`[1] is 1979-01-03T06:00 where `time`[8] is 1979-01-03T00:00"),
+        "{e}"
+    );
+
+    // An offset under which no anchor reads inside both arrays.
+    let e = refusal(builder("aligned_targets.zarr", MountAlignment::Samples(25)));
+    assert!(
+        e.contains("share no anchor") && e.contains("`x` 0..20") && e.contains("`y` 25..42"),
+        "{e}"
+    );
+    // An alignment of a name that is not mounted, and one given twice.
+    let e = refusal(builder("aligned_targets.zarr", on_time()).align_mount("n", on_time()));
+    assert!(
+        e.contains("`mounts` = n") && e.contains("names no mount"),
+        "{e}"
+    );
+    let e = refusal(builder("aligned_targets.zarr", on_time()).align_mount("m", on_time()));
+    assert!(e.contains("aligned twice"), "{e}");
+    // Without an alignment, unequal lengths are refused as before, pointing at alignment.
+    let e = refusal(
+        InSituDataset::builder(fixture("aligned", "x").store)
+            .mount("m", fixtures_dir().join("aligned_targets.zarr"))
+            .variable("x", "x")
+            .variable("y", "m/tp"),
+    );
+    assert!(
+        e.contains("`x` has 20 samples") && e.contains("`y` has 17") && e.contains("align_mount"),
+        "{e}"
+    );
+}
