@@ -141,16 +141,16 @@ def test_the_two_stores_example_in_the_python_docs_reads_what_it_says(tmp_path, 
     ds.close()
 
 
-def write_timed_stores(tmp_path, start=10, n_targets=25, step_hours=6):
-    """era5.zarr: t2m with `time` 6-hourly from 2000-01-01 in hours (30 samples); precip.zarr
+def write_timed_stores(tmp_path, n=N, start=10, n_targets=25, step_hours=6):
+    """era5.zarr: t2m with `time` 6-hourly from 2000-01-01 in hours (`n` samples); precip.zarr
     (v2): tp with `time` in days since 2000-01-01, from the inputs' sample `start` on every
     `step_hours`."""
     rng = np.random.default_rng(7)
-    t2m = rng.normal(size=(N, 4, 6)).astype("f4")
+    t2m = rng.normal(size=(n, 4, 6)).astype("f4")
     tp = rng.normal(size=(n_targets, 4, 6)).astype("f4")
     inputs = zarr.open_group(tmp_path / "era5.zarr", mode="w")
     inputs.create_array("t2m", data=t2m, chunks=(4, 4, 6), dimension_names=("time", "y", "x"))
-    time = inputs.create_array("time", data=np.arange(N, dtype="i8") * 6, dimension_names=("time",))
+    time = inputs.create_array("time", data=np.arange(n, dtype="i8") * 6, dimension_names=("time",))
     time.attrs["units"] = "hours since 2000-01-01 00:00"
     targets = zarr.open_group(tmp_path / "precip.zarr", mode="w", zarr_format=2)
     a = targets.create_array("tp", data=tp, chunks=(7, 4, 6))
@@ -207,3 +207,27 @@ def test_mounts_that_do_not_align_are_refused_saying_why(tmp_path):
         isb.InSituDataset(inputs, mounts={"t": {"store": targets, "start": 3}})
     with pytest.raises(errors.InvalidArgument, match="sample_range"):
         isb.split_by_chunk(variables["x"], sample_range=range(0, 10, 2))
+
+
+def test_the_different_times_example_in_the_python_docs_reads_what_it_says(tmp_path,
+                                                                          python_docs_example):
+    """docs/python-api.md, "Stores that cover different times": its example as printed, over
+    inputs of 300 samples and targets from the inputs' 100th: every row of both at one time."""
+    inputs, targets, t2m, tp = write_timed_stores(tmp_path, n=300, start=100, n_targets=250)
+    code = python_docs_example("**Stores that cover different times.**")
+    code = code.replace("/data/era5.zarr", str(inputs)).replace("/data/precip.zarr", str(targets))
+    scope = {"isb": isb}
+    exec(code, scope)
+    ds = scope["ds"]
+    assert ds.anchor_range == range(100, 300)
+    seen = []
+    for split in ("train", "val", "test"):
+        for batch in getattr(ds, split):
+            t = batch.sample_indices
+            np.testing.assert_array_equal(batch.arrays["x"], t2m[t])
+            np.testing.assert_array_equal(batch.arrays["y"], tp[t - 100])
+            np.testing.assert_array_equal(ds.coordinates("x")[batch.read_indices("x")],
+                                          ds.coordinates("y")[batch.read_indices("y")])
+            seen += t.tolist()
+    assert sorted(seen) == list(range(100, 300))
+    ds.close()
