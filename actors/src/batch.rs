@@ -6,6 +6,8 @@ use std::sync::Arc;
 use insitubatch_pool::PooledBuf;
 use insitubatch_store::DType;
 
+use crate::sample_map::SampleMap;
+
 /// Element types a batch array can be viewed as.
 pub trait Element: Copy + sealed::Sealed + 'static {
     /// The dtype this Rust type reads.
@@ -90,7 +92,7 @@ pub struct Batch {
     pub(crate) epoch: u64,
     pub(crate) index: usize,
     pub(crate) labels: Arc<[String]>,
-    pub(crate) offsets: Arc<[i64]>,
+    pub(crate) maps: Arc<[SampleMap]>,
     /// The arrays' names: each label's own, a stack's name in place of its labels.
     pub(crate) names: Arc<[String]>,
     pub(crate) arrays: Vec<BatchArray>,
@@ -152,19 +154,25 @@ impl Batch {
 
     /// The window offset of `label`.
     pub fn offset(&self, label: &str) -> Option<i64> {
+        self.map(label).map(|m| m.offset)
+    }
+
+    /// How `label` turns an anchor into a sample of its array.
+    pub fn map(&self, label: &str) -> Option<SampleMap> {
         self.labels
             .iter()
             .position(|l| l == label)
-            .map(|i| self.offsets[i])
+            .map(|i| self.maps[i])
     }
 
-    /// The sample index `label` read for each row: anchor + offset.
+    /// The sample index `label` read for each row: anchor + offset (for a store mounted with
+    /// an alignment, the sample of that store at the anchor's time, then the offset).
     pub fn read_indices(&self, label: &str) -> Option<Vec<u64>> {
-        let off = self.offset(label)?;
+        let map = self.map(label)?;
         Some(
             self.sample_indices
                 .iter()
-                .map(|&a| (a as i64 + off) as u64)
+                .map(|&a| map.sample(a).max(0) as u64)
                 .collect(),
         )
     }

@@ -24,6 +24,7 @@ use crate::batch::{Batch, BatchArray};
 use crate::error::EngineError;
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
 use crate::planner::row_runs;
+use crate::sample_map::SampleMap;
 use crate::stats::Counters;
 
 type Tx = flume::Sender<Result<Batch, EngineError>>;
@@ -218,7 +219,7 @@ async fn run<S: Store>(
     let plan = &shared.plan;
     let order = &shared.order;
     let labels: Arc<[String]> = plan.labels.iter().map(|l| l.label.clone()).collect();
-    let offsets: Arc<[i64]> = plan.labels.iter().map(|l| l.offset).collect();
+    let maps: Arc<[SampleMap]> = plan.labels.iter().map(|l| l.map).collect();
     let names: Arc<[String]> = plan.outputs.iter().map(|o| o.name.clone()).collect();
     let n_rows = order.rows.len();
     let mut held: HashMap<u32, Arc<Slot>> = HashMap::new();
@@ -314,7 +315,7 @@ async fn run<S: Store>(
             epoch: shared.config.epoch,
             index: shared.config.start_batch as usize + j,
             labels: Arc::clone(&labels),
-            offsets: Arc::clone(&offsets),
+            maps: Arc::clone(&maps),
             names: Arc::clone(&names),
             arrays,
             sample_indices: rows.clone().map(|i| order.anchor(i)).collect(),

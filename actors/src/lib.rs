@@ -23,6 +23,7 @@ pub mod gather;
 pub mod pass;
 pub mod planner;
 pub mod rng;
+pub mod sample_map;
 pub mod stats;
 pub mod tile;
 pub mod transform;
@@ -40,6 +41,7 @@ pub use planner::{
     Stride, batch_outputs, epoch_order, memory_limit, read_plan, shuffle_quality, split_by_chunk,
     split_by_ranges,
 };
+pub use sample_map::{Placement, SampleMap, StoreAxis};
 pub use stats::{BadChunk, PassStats};
 pub use transform::{ChunkTransform, ChunkTransforms, Pipeline};
 pub use variable::{StackChannel, Variable};

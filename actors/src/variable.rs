@@ -4,6 +4,7 @@
 use insitubatch_store::{ArrayGeometry, DType};
 
 use crate::planner::Reach;
+use crate::sample_map::{Placement, SampleMap};
 
 /// One labelled view. `geom.offset` is the window offset along the sample axis.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,10 +21,9 @@ pub struct Variable {
     /// The channel of a stacked batch array this label is written into, instead of an array
     /// of its own (`None`: its own array, named by the label).
     pub stack: Option<StackChannel>,
-    /// Samples added to the geometry's offset by the alignment of the store the array is read
-    /// from (a store mounted with its own start on the sample axis); 0 for the others. Anchor
-    /// `a` reads sample `a + geom.offset + alignment` of the array.
-    pub alignment: i64,
+    /// Where the store the array is read from sits against the anchors: the same for the
+    /// anchors' own store, another start (and rate) for a store mounted with an alignment.
+    pub placement: Placement,
 }
 
 /// Where a stacked label goes: channel `channel` of the `channels` of the batch array `name`,
@@ -47,20 +47,23 @@ impl Variable {
             sample_dtype: geom.dtype,
             geom,
             stack: None,
-            alignment: 0,
+            placement: Placement::SAME,
         }
     }
 
-    /// The sample of its array anchor `a` reads is `a + offset()`: the window offset and the
-    /// store's alignment together.
-    pub fn offset(&self) -> i64 {
-        self.geom.offset.saturating_add(self.alignment)
+    /// How an anchor becomes a sample of its array: its store's placement, then its window
+    /// offset.
+    pub fn map(&self) -> SampleMap {
+        SampleMap {
+            placement: self.placement,
+            offset: self.geom.offset,
+        }
     }
 
     /// What it reads along its sample axis, as an anchor sees it.
     pub fn reach(&self) -> Reach {
         Reach {
-            offset: self.offset(),
+            map: self.map(),
             len: self.geom.n_samples(),
         }
     }

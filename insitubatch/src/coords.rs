@@ -8,6 +8,7 @@
 use std::cmp::Ordering;
 use std::path::Path;
 
+use insitubatch_actors::StoreAxis;
 use insitubatch_store::{DType, ZarrArray};
 
 use crate::dataset::open_store;
@@ -411,12 +412,14 @@ impl CoordinateKeys {
     }
 }
 
-/// Where the store mounted as `mount` starts on the sample axis of the dataset's store: the
-/// index `k` of the root's coordinate `dim` (beside `root_array`, or at the root's top without
-/// one) equal to the first value of the mount's (beside `mount_array`), or minus the index of
-/// the mount's value equal to the root's first when the mount starts earlier. Every value the
-/// two coordinates share a place for must match; each must rise strictly, and be as long as
-/// its array along `sample_axis`.
+/// Where the store mounted as `mount` sits on the sample axis of the dataset's store, from the
+/// coordinates `dim` of both (the root's beside `root_array`, or at its top without one; the
+/// mount's beside `mount_array`). Stepping alike: it starts at the index `k` of the root's
+/// coordinate equal to the mount's first value (or minus the index of the mount's value equal
+/// to the root's first, when it starts earlier), and every value the two share a place for
+/// must match. Stepping at different rates: both must be CF times stepping evenly, and the
+/// mount's sample `j` is at the root's `(start + j step) / per`. Each coordinate must rise
+/// strictly and be as long as its array along the sample axis.
 pub(crate) fn mount_start(
     runtime: &insitubatch_runtime::Runtime,
     store: &insitubatch_store::MountedStore,
@@ -424,7 +427,7 @@ pub(crate) fn mount_start(
     (mount, dim): (&str, &str),
     root_array: Option<(&str, u64)>,
     mount_array: (&str, u64),
-) -> Result<i64, EngineError> {
+) -> Result<StoreAxis, EngineError> {
     use std::cmp::Ordering::{Equal, Greater, Less};
     let refuse = |why: String| EngineError::arg("mounts", mount, why);
     let keys = |array: Option<(&str, u64)>| -> Result<(String, CoordinateKeys), EngineError> {
@@ -465,7 +468,7 @@ pub(crate) fn mount_start(
     let (root_path, root) = keys(root_array)?;
     let (mount_path, mounted) = keys(Some(mount_array))?;
     if root.len() == 0 || mounted.len() == 0 {
-        return Ok(0);
+        return Ok(StoreAxis::ROOT);
     }
     if root.cmp_at(0, &mounted, 0).is_none() {
         let units = |k: &CoordinateKeys| match k {
@@ -502,6 +505,43 @@ pub(crate) fn mount_start(
             range(&root, &root_path, last_r),
             range(&mounted, &mount_path, last_m)
         )));
+    }
+    // Stores stepping at different rates (6-hourly targets beside hourly inputs): CF times
+    // only, each stepping evenly; sample j of the mount is at the root's (d + j dm) / dr.
+    let steps = |k: &CoordinateKeys| match k {
+        CoordinateKeys::Instants(v) if v.len() > 1 => Some((v[1] - v[0]) as f64),
+        CoordinateKeys::Numbers(v, _) if v.len() > 1 => Some(v[1] - v[0]),
+        _ => None,
+    };
+    if let (Some(dr), Some(dm)) = (steps(&root), steps(&mounted))
+        && dr != dm
+    {
+        let (CoordinateKeys::Instants(r), CoordinateKeys::Instants(m)) = (&root, &mounted) else {
+            return Err(refuse(format!(
+                "`{root_path}` steps by {dr} and `{mount_path}` by {dm}: stores at different \
+                 rates align only on CF times (units such as \"hours since 1979-01-01\")"
+            )));
+        };
+        let even =
+            |v: &[i64], path: &str| match v.windows(2).position(|w| w[1] - w[0] != v[1] - v[0]) {
+                None => Ok(v[1] - v[0]),
+                Some(i) => Err(refuse(format!(
+                    "`{root_path}` steps by {} and `{mount_path}` by {}, and stores at different \
+                 rates align only when each steps evenly, but `{path}` steps by {} from its \
+                 index {i}",
+                    duration(r[1] - r[0]),
+                    duration(m[1] - m[0]),
+                    duration(v[i + 1] - v[i])
+                ))),
+            };
+        let (dr, dm) = (even(r, &root_path)?, even(m, &mount_path)?);
+        let d = m[0] - r[0];
+        let g = gcd(gcd(dr.unsigned_abs(), dm.unsigned_abs()), d.unsigned_abs()).max(1) as i64;
+        return Ok(StoreAxis {
+            start: d / g,
+            step: (dm / g) as u64,
+            per: (dr / g) as u64,
+        });
     }
     // The first shared value: the mount's first in the root, or the root's first in the mount.
     let find = |within: &CoordinateKeys, of: &CoordinateKeys, i: usize| {
@@ -542,13 +582,31 @@ pub(crate) fn mount_start(
             return Err(refuse(format!(
                 "the `{dim}` values of the two stores part: aligned at `{root_path}`[{k}] = \
                  `{mount_path}`[0], `{mount_path}`[{j}] is {} where `{root_path}`[{i}] is {} \
-                 (a different step, or a gap in one store); only stores on one grid align",
+                 (a gap in one store, or uneven steps); only stores on one grid align",
                 mounted.show(j),
                 root.show(i as usize)
             )));
         }
     }
-    Ok(k)
+    Ok(StoreAxis::starting_at(k))
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// A time step in microseconds, for a message: `6 h`, `30 min`, `90 s`.
+fn duration(micros: i64) -> String {
+    let (hour, minute, second) = (3_600_000_000, 60_000_000, 1_000_000);
+    if micros % hour == 0 {
+        format!("{} h", micros / hour)
+    } else if micros % minute == 0 {
+        format!("{} min", micros / minute)
+    } else if micros % second == 0 {
+        format!("{} s", micros / second)
+    } else {
+        format!("{micros} µs")
+    }
 }
 
 /// One end of a split's range of samples: a sample index, or a date on the time coordinate of

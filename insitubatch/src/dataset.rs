@@ -12,6 +12,7 @@ use insitubatch_actors::{
     SplitManifest, StackChannel, Stride, Variable, count_order_rows, memory_limit, plan_order,
     rank_share, reaches, split_by_chunk,
 };
+use insitubatch_actors::{Placement, StoreAxis};
 use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
 };
@@ -488,7 +489,7 @@ impl DatasetBuilder {
         store: &MountedStore,
         hierarchy: &Hierarchy,
         sampled: &[&Variable],
-    ) -> Result<HashMap<String, i64>, EngineError> {
+    ) -> Result<HashMap<String, StoreAxis>, EngineError> {
         let mount_of = |v: &Variable| -> Option<String> {
             let (m, _) = v.geom.path.split_once('/')?;
             self.mounts
@@ -517,12 +518,12 @@ impl DatasetBuilder {
                 ));
             }
             let start = match alignment {
-                MountAlignment::Samples(k) => *k,
+                MountAlignment::Samples(k) => StoreAxis::starting_at(*k),
                 MountAlignment::Coordinate(dim) => {
                     // Its first variable's coordinate against the root's first variable's.
                     let Some(mounted) = sampled.iter().find(|v| mount_of(v).as_ref() == Some(name))
                     else {
-                        starts.insert(name.clone(), 0); // nothing is read from it
+                        starts.insert(name.clone(), StoreAxis::ROOT); // nothing is read from it
                         continue;
                     };
                     let root = sampled
@@ -741,9 +742,13 @@ impl DatasetBuilder {
     /// variable would read outside its array are dropped (counted in the stats' dropped
     /// anchors): an epoch covers the samples the stores share, [`InSituDataset::anchor_range`].
     /// To leave the rest out of the splits, give `split_by_chunk` that range as its
-    /// `sample_range`. Refused when the dataset is built: a name that is not mounted, a
-    /// coordinate missing or not rising in either store, stores that share no value or are not
-    /// on one grid, and an alignment under which no anchor reads inside every array.
+    /// `sample_range`. On a coordinate, the mounted store may step at another rate (both CF
+    /// times stepping evenly): daily targets beside 6-hourly inputs are read at every fourth
+    /// anchor, and the [`sample_stride`](Self::sample_stride) must draw just those. Refused
+    /// when the dataset is built: a name that is not mounted, a coordinate missing or not
+    /// rising in either store, stores that share no value, part somewhere or step unevenly at
+    /// different rates, a stride that draws anchors between two samples of a store, and an
+    /// alignment under which no anchor reads inside every array.
     pub fn align_mount(mut self, name: impl Into<String>, alignment: MountAlignment) -> Self {
         self.alignments.push((name.into(), alignment));
         self
@@ -982,7 +987,7 @@ impl DatasetBuilder {
         // Where each aligned mount starts on the root's sample axis; the arrays of one store
         // (of the root and the mounts without an alignment together) share a length.
         let starts = self.mount_starts(&runtime, &store, &hierarchy, &sampled)?;
-        let start_of = |path: &str| -> Option<i64> {
+        let start_of = |path: &str| -> Option<StoreAxis> {
             let (mount, _) = path.split_once('/')?;
             starts.get(mount).copied()
         };
@@ -1046,35 +1051,14 @@ impl DatasetBuilder {
         // Anchors are samples of the manifest's array: every other store is read where it sits
         // against that array's store.
         if !starts.is_empty() {
-            let reference = start_of(&manifest.array).unwrap_or(0);
-            for v in variables.iter_mut().filter(|v| !v.geom.static_field) {
-                v.alignment = reference - start_of(&v.geom.path).unwrap_or(0);
-            }
-            let valid = valid_anchors(manifest.n_samples(), &reaches(&variables));
-            if valid.is_empty() {
-                let spans: Vec<String> = variables
-                    .iter()
-                    .filter(|v| !v.geom.static_field)
-                    .map(|v| {
-                        let at = -v.offset();
-                        format!("`{}` {}..{}", v.label, at, at + v.geom.n_samples() as i64)
-                    })
-                    .collect();
-                return Err(EngineError::arg(
-                    "mounts",
-                    self.alignments
-                        .iter()
-                        .map(|(n, _)| n.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    format!(
-                        "aligned so, the variables share no anchor: on the sample axis of `{}` \
-                         they cover {}; check the alignment",
-                        manifest.array,
-                        spans.join(", ")
-                    ),
-                ));
-            }
+            let aligned: Vec<&str> = self.alignments.iter().map(|(n, _)| n.as_str()).collect();
+            place_on_anchors(
+                &mut variables,
+                &manifest,
+                stride,
+                &start_of,
+                &aligned.join(", "),
+            )?;
         }
         let arrays: HashMap<String, _> = variables
             .iter()
@@ -1691,6 +1675,84 @@ fn geometry_of(
     })
 }
 
+/// Places each sampled variable's store against the anchors (samples of the manifest's
+/// array), given where each aligned store sits on the root's axis; refuses placements under
+/// which no anchor reads inside every array, or the anchors the sample stride draws fall
+/// between two samples of a store at another rate.
+fn place_on_anchors(
+    variables: &mut [Variable],
+    manifest: &SplitManifest,
+    stride: Stride,
+    axis_of: &dyn Fn(&str) -> Option<StoreAxis>,
+    aligned: &str,
+) -> Result<(), EngineError> {
+    let mounts = || aligned.to_string();
+    let reference = axis_of(&manifest.array).unwrap_or(StoreAxis::ROOT);
+    for v in variables.iter_mut().filter(|v| !v.geom.static_field) {
+        let axis = axis_of(&v.geom.path).unwrap_or(StoreAxis::ROOT);
+        v.placement = Placement::between(reference, axis).ok_or_else(|| {
+            EngineError::arg(
+                "mounts",
+                mounts(),
+                format!(
+                    "the place of `{}` on the anchors does not fit in 64 bits",
+                    v.label
+                ),
+            )
+        })?;
+        let every = stride.every;
+        match v.placement.congruence() {
+            None => {
+                return Err(EngineError::arg(
+                    "mounts",
+                    mounts(),
+                    format!(
+                        "no anchor (sample of `{}`) falls on a sample of `{}`: their times \
+                         never meet",
+                        manifest.array, v.label
+                    ),
+                ));
+            }
+            Some((m, r)) if !every.is_multiple_of(m) || stride.phase % m != r => {
+                return Err(EngineError::arg(
+                    "sample_stride",
+                    format!("{every} (phase {})", stride.phase),
+                    format!(
+                        "`{}` has a sample at every {m}th anchor only (its store steps \
+                         {m} times the anchors' step), those with anchor % {m} == {r}; draw \
+                         only those: sample_stride a multiple of {m} with sample_phase % {m} \
+                         == {r} (sample_stride {m}, sample_phase {r})",
+                        v.label
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let valid = valid_anchors(manifest.n_samples(), &reaches(variables));
+    if valid.is_empty() {
+        let spans: Vec<String> = variables
+            .iter()
+            .filter(|v| !v.geom.static_field)
+            .map(|v| {
+                let r = v.reach().map.within(v.geom.n_samples());
+                format!("`{}` {}..{}", v.label, r.start, r.end)
+            })
+            .collect();
+        return Err(EngineError::arg(
+            "mounts",
+            mounts(),
+            format!(
+                "aligned so, the variables share no anchor: on the sample axis of `{}` they \
+                 cover {}; check the alignment",
+                manifest.array,
+                spans.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Where a mounted store's samples sit on the sample axis of the dataset's store
 /// ([`DatasetBuilder::align_mount`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1702,7 +1764,7 @@ pub enum MountAlignment {
     /// variable of each store, value for value: CF times as instants (so that `hours since
     /// 1979-01-01` meets `days since 1900-01-01`), other coordinates as numbers in the same
     /// `units`. Both must rise strictly, meet at a shared value and agree wherever both have
-    /// one.
+    /// one; CF times that each step evenly may step at different rates.
     Coordinate(String),
 }
 

@@ -4,6 +4,7 @@
 //! values equal zarr-python's at each label's read index; anchors outside what the stores share
 //! are dropped and counted; and coordinates that do not align are refused naming why.
 
+use insitubatch::actors::Placement;
 use insitubatch::{EngineError, InSituDataset, MountAlignment};
 use insitubatch_tests::{FixtureArray, fixtures_dir};
 
@@ -45,8 +46,9 @@ fn a_later_store_aligned_on_time_is_read_at_each_anchors_time() {
             7..19,
             "{alignment:?}: the window ends it at 19"
         );
-        let alignments: Vec<i64> = ds.variables().iter().map(|v| v.alignment).collect();
-        assert_eq!(alignments, [0, -7, 0], "{alignment:?}");
+        let placements: Vec<Placement> = ds.variables().iter().map(|v| v.placement).collect();
+        let (same, behind) = (Placement::SAME, Placement::shifted(-7));
+        assert_eq!(placements, [same, behind, same], "{alignment:?}");
         for split in ["train", "all"] {
             let mut pass = ds.iter(split).unwrap();
             let mut anchors = Vec::new();
@@ -106,8 +108,8 @@ fn splitting_by_the_mounted_array_puts_the_anchors_on_its_samples() {
         .unwrap();
     assert_eq!(ds.manifest().array, "m/tp");
     assert_eq!(ds.anchor_range(), 0..13);
-    let alignments: Vec<i64> = ds.variables().iter().map(|v| v.alignment).collect();
-    assert_eq!(alignments, [7, 0]);
+    let placements: Vec<Placement> = ds.variables().iter().map(|v| v.placement).collect();
+    assert_eq!(placements, [Placement::shifted(7), Placement::SAME]);
     let refs = [("x", &x, 0), ("y", &tp, 0)];
     assert_eq!(
         sorted(check_epoch(&ds, "train", &refs)),
@@ -168,7 +170,12 @@ fn stores_that_do_not_align_are_refused_saying_why() {
             .variable("y", format!("m/{group}/tp"))
     };
     let cases = [
-        ("coarse", "part: aligned at `time`[7] = `m/coarse/time`[0]"),
+        ("gap", "part: aligned at `time`[7] = `m/gap/time`[0]"),
+        (
+            "uneven",
+            "`time` steps by 6 h and `m/uneven/time` by 12 h, and stores at different rates \
+             align only when each steps evenly, but `m/uneven/time` steps by 24 h from its index 2",
+        ),
         ("offgrid", "not on one grid"),
         ("after", "share no `time`"),
         (
@@ -192,11 +199,22 @@ fn stores_that_do_not_align_are_refused_saying_why() {
         );
     }
     // The first place they part is named with both times.
-    let e = refusal(misaligned("coarse"));
+    let e = refusal(misaligned("gap"));
     assert!(
-        e.contains("`m/coarse/time`[1] is 1979-01-03T06:00 where `time`[8] is 1979-01-03T00:00"),
+        e.contains("`m/gap/time`[2] is 1979-01-03T12:00 where `time`[9] is 1979-01-03T06:00"),
         "{e}"
     );
+    // A 12-hourly store from the inputs' eighth time aligns, but only every second anchor
+    // from the seventh on meets one of its times: the stride must draw those.
+    let e = refusal(misaligned("coarse"));
+    assert!(
+        e.contains("`sample_stride` = 1 (phase 0)")
+            && e.contains("`y` has a sample at every 2th anchor only")
+            && e.contains("sample_stride 2, sample_phase 1"),
+        "{e}"
+    );
+    let ds = misaligned("coarse").sample_stride(2, 1).build().unwrap();
+    assert_eq!(ds.anchor_range(), 7..20);
 
     // An offset under which no anchor reads inside both arrays.
     let e = refusal(builder("aligned_targets.zarr", MountAlignment::Samples(25)));
@@ -223,4 +241,88 @@ fn stores_that_do_not_align_are_refused_saying_why() {
         e.contains("`x` has 20 samples") && e.contains("`y` has 17") && e.contains("align_mount"),
         "{e}"
     );
+}
+
+#[test]
+fn a_daily_store_beside_six_hourly_inputs_is_read_at_every_fourth_anchor() {
+    // Daily targets from 1979-01-02: the inputs' anchors 4, 8, 12 and 16 meet them (their
+    // samples 0..4; the last two days are past the inputs' end). The stride draws those.
+    let x = fixture("aligned", "x");
+    let daily = fixture("aligned_daily", "tp");
+    let b = || builder("aligned_daily.zarr", on_time());
+    let e = refusal(b());
+    assert!(e.contains("sample_stride 4, sample_phase 0"), "{e}");
+    let ds = b()
+        .sample_stride(4, 0)
+        .window("y_next", "m/tp", 1)
+        .build()
+        .unwrap();
+    let placement = Placement {
+        mul: 1,
+        add: -4,
+        div: 4,
+    };
+    let placements: Vec<Placement> = ds.variables().iter().map(|v| v.placement).collect();
+    assert_eq!(placements, [Placement::SAME, placement, placement]);
+    // A window of a daily store is the next day.
+    let refs = [("x", &x, 0), ("y", &daily, 0), ("y_next", &daily, 0)];
+    for split in ["train", "all"] {
+        let mut pass = ds.iter(split).unwrap();
+        for b in pass.by_ref() {
+            let b = b.unwrap();
+            let days: Vec<u64> = b.sample_indices().iter().map(|a| (a - 4) / 4).collect();
+            assert_eq!(b.read_indices("y").unwrap(), days);
+            let next: Vec<u64> = days.iter().map(|d| d + 1).collect();
+            assert_eq!(b.read_indices("y_next").unwrap(), next);
+        }
+        assert_eq!(
+            pass.stats().dropped_anchors,
+            1,
+            "anchor 0 is before the first day"
+        );
+        drop(pass);
+        assert_eq!(sorted(check_epoch(&ds, split, &refs)), [4, 8, 12, 16]);
+    }
+}
+
+#[test]
+fn a_three_hourly_store_beside_six_hourly_inputs_is_read_at_every_second_sample() {
+    // 3-hourly targets (minutes since 1979-01-01) from 03:00: anchor a (6a hours) reads their
+    // sample 2a - 1, for anchors 1..16 (the targets end at 90 hours).
+    let x = fixture("aligned", "x");
+    let fine = fixture("aligned_3hourly", "tp");
+    let ds = builder("aligned_3hourly.zarr", on_time()).build().unwrap();
+    assert_eq!(
+        ds.variables()[1].placement,
+        Placement {
+            mul: 2,
+            add: -1,
+            div: 1
+        }
+    );
+    assert_eq!(ds.anchor_range(), 1..16);
+    let refs = [("x", &x, 0), ("y", &fine, 0)];
+    let mut pass = ds.iter("all").unwrap();
+    for b in pass.by_ref() {
+        let b = b.unwrap();
+        let want: Vec<u64> = b.sample_indices().iter().map(|a| 2 * a - 1).collect();
+        assert_eq!(b.read_indices("y").unwrap(), want);
+    }
+    drop(pass);
+    assert_eq!(
+        sorted(check_epoch(&ds, "train", &refs)),
+        (1..16).collect::<Vec<_>>()
+    );
+    // Split on the 3-hourly store's own chunks: anchors are its samples, and only its odd ones
+    // meet an input (the stride draws them), `x` at (j + 1) / 2.
+    let geoms = insitubatch::geometries(&fine.store, Some(&["tp".to_string()]), 0).unwrap();
+    let manifest = insitubatch::split_by_chunk(&geoms["tp"], &[1.0], 0, true, None).unwrap();
+    let b = || builder("aligned_3hourly.zarr", on_time()).manifest(manifest.clone());
+    let e = refusal(b());
+    assert!(e.contains("sample_stride 2, sample_phase 1"), "{e}");
+    let ds = b().sample_stride(2, 1).build().unwrap();
+    // The range counts the even anchors too (between two inputs); the stride leaves them out.
+    assert_eq!(ds.anchor_range(), 0..30);
+    let anchors = sorted(check_epoch(&ds, "train", &refs));
+    assert_eq!(anchors, (1..30).step_by(2).collect::<Vec<_>>());
 }

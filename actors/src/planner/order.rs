@@ -12,6 +12,7 @@ use std::ops::Range;
 
 use crate::error::EngineError;
 use crate::rng::Rng;
+use crate::sample_map::SampleMap;
 
 /// Stream tag for epoch orders.
 const ORDER_STREAM: u64 = 0x004f_5244_4552; // "ORDER"
@@ -165,43 +166,43 @@ pub struct OrderSpec<'a> {
     pub row_limit: Option<u64>,
 }
 
-/// Where one variable reads along its sample axis, as an anchor sees it: anchor `a` reads
-/// sample `a + offset` of an array of `len` samples. A window (`y = x.shift(h)`) is an offset;
-/// a store mounted with an alignment adds its start to the offset and may differ in length.
+/// Where one variable reads along its sample axis, as an anchor sees it: its map from anchors
+/// to samples (a window offset, and for a store mounted with an alignment its place on the
+/// anchors' axis) and its array's length, which may differ from the reference's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reach {
-    /// Added to the anchor.
-    pub offset: i64,
+    /// Anchor to sample.
+    pub map: SampleMap,
     /// Samples of the array along its sample axis.
     pub len: u64,
 }
 
 impl Reach {
-    /// Views at `offsets` of arrays that all have the reference's `n` samples.
+    /// Views at `offsets` of arrays of the anchors' store, all of the reference's `n` samples.
     pub fn same_length(n: u64, offsets: &[i64]) -> Vec<Reach> {
         offsets
             .iter()
-            .map(|&offset| Reach { offset, len: n })
+            .map(|&offset| Reach {
+                map: SampleMap::window(offset),
+                len: n,
+            })
             .collect()
     }
 }
 
 /// The anchors of `0..n` at which every reach reads inside its array (all of `0..n` with no
-/// reaches). Empty when they share no sample.
+/// reaches). Empty when they share no sample. For a store at another rate, the range holds
+/// anchors that fall between two of its samples too: which anchors land on one is the
+/// dataset's sample stride's to say (checked when it is built).
 pub fn valid_anchors(n: u64, reaches: &[Reach]) -> Range<u64> {
-    let (mut lo, mut hi) = (0u64, n);
+    let (mut lo, mut hi) = (0i128, i128::from(n));
     for r in reaches {
-        // a + offset >= 0 and a + offset < len.
-        let (first, end) = if r.offset < 0 {
-            let back = r.offset.unsigned_abs();
-            (back, r.len.saturating_add(back))
-        } else {
-            (0, r.len.saturating_sub(r.offset as u64))
-        };
-        lo = lo.max(first);
-        hi = hi.min(end);
+        let within = r.map.within(r.len);
+        lo = lo.max(within.start);
+        hi = hi.min(within.end);
     }
-    lo..hi.max(lo)
+    let hi = hi.max(lo);
+    (lo as u64)..(hi as u64)
 }
 
 /// The rows [`epoch_order`] would emit for these fields of its spec, and the anchors it would

@@ -8,6 +8,7 @@ use insitubatch_store::ArrayGeometry;
 
 use crate::error::EngineError;
 use crate::planner::order::EpochOrder;
+use crate::sample_map::SampleMap;
 use crate::variable::Variable;
 
 /// One array read by the pass (labels that share a path share it).
@@ -30,13 +31,13 @@ pub struct PathInfo {
 }
 
 impl PathInfo {
-    /// The sample of this array that anchor `anchor` reads through a label of window offset
-    /// `offset` (none below 0): the one sample of a static field, whatever the anchor.
-    pub fn sample_of(&self, anchor: u64, offset: i64) -> u64 {
+    /// The sample of this array that anchor `anchor` reads through a label of map `map` (none
+    /// below 0): the one sample of a static field, whatever the anchor.
+    pub fn sample_of(&self, anchor: u64, map: &SampleMap) -> u64 {
         if self.geom.static_field {
             0
         } else {
-            (anchor as i128 + offset as i128).max(0) as u64
+            map.sample(anchor).clamp(0, i128::from(u64::MAX)) as u64
         }
     }
 }
@@ -48,8 +49,8 @@ pub struct LabelInfo {
     pub label: String,
     /// Index into [`ReadPlan::paths`].
     pub path: usize,
-    /// Window offset.
-    pub offset: i64,
+    /// Anchor to sample: the window offset, and the placement of the array's store.
+    pub map: SampleMap,
     /// Bytes per sample.
     pub sample_bytes: u64,
     /// Index into [`ReadPlan::outputs`]: the batch array this label's rows go to.
@@ -160,7 +161,7 @@ impl ReadPlan {
     pub fn locate(&self, label: usize, anchor: u64, block: u32) -> (u32, u64) {
         let l = &self.labels[label];
         let p = &self.paths[l.path];
-        let sample = p.sample_of(anchor, l.offset);
+        let sample = p.sample_of(anchor, &l.map);
         let chunk = sample / p.samples_per_chunk;
         let mut slot = self.slot_of[l.path].get(chunk);
         // Uses are in block order; each covers a run of blocks.
@@ -263,7 +264,7 @@ pub fn read_plan(
         labels.push(LabelInfo {
             label: v.label.clone(),
             path: idx,
-            offset: v.offset(),
+            map: v.map(),
             sample_bytes: v.sample_bytes(),
             output: 0,
             output_at: 0,
@@ -287,7 +288,7 @@ pub fn read_plan(
     for l in &labels {
         let Some((lo, hi)) = anchor_span else { break };
         let p = &paths[l.path];
-        let chunk = |a: u64| p.sample_of(a, l.offset) / p.samples_per_chunk;
+        let chunk = |a: u64| p.sample_of(a, &l.map) / p.samples_per_chunk;
         let (lo, hi) = (chunk(lo), chunk(hi));
         let span = &mut spans[l.path];
         *span = Some(span.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
@@ -303,7 +304,7 @@ pub fn read_plan(
             let anchor = order.anchor(i);
             for l in &labels {
                 let p = &paths[l.path];
-                let sample = p.sample_of(anchor, l.offset);
+                let sample = p.sample_of(anchor, &l.map);
                 debug_assert!(sample < p.geom.n_samples());
                 let chunk = sample / p.samples_per_chunk;
                 let b = b as u32;

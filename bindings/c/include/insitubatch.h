@@ -650,7 +650,7 @@ void isb_statistics_free(struct IsbStatistics *stats);
 
 /*
  Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
- (label, path, offset, alignment (ABI 17), region, shape, dtype, sample_shape), `arrays` (ABI
+ (label, path, offset, placement (ABI 17), region, shape, dtype, sample_shape), `arrays` (ABI
  14: what each batch holds, in order: name, labels, shape of a row, dtype, stacked),
  `manifest`, `anchor_range` (ABI 17: `[start, end)`, the anchors every variable reads inside
  its array), `pool` (budget, resident and peak bytes,

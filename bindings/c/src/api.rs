@@ -1312,7 +1312,7 @@ pub unsafe extern "C" fn isb_statistics_free(stats: *mut IsbStatistics) {
 }
 
 /// Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
-/// (label, path, offset, alignment (ABI 17), region, shape, dtype, sample_shape), `arrays` (ABI
+/// (label, path, offset, placement (ABI 17), region, shape, dtype, sample_shape), `arrays` (ABI
 /// 14: what each batch holds, in order: name, labels, shape of a row, dtype, stacked),
 /// `manifest`, `anchor_range` (ABI 17: `[start, end)`, the anchors every variable reads inside
 /// its array), `pool` (budget, resident and peak bytes,
@@ -1341,9 +1341,14 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
                 g["label"] = v.label.clone().into();
                 g["path"] = v.geom.path.clone().into();
                 g["offset"] = v.geom.offset.into();
-                // ABI 17: added to the offset by an aligned mount (anchor + offset + alignment
-                // is the sample read).
-                g["alignment"] = v.alignment.into();
+                // ABI 17: where the variable's store sits against the anchors (a store mounted
+                // with an alignment): the sample a row reads is (anchor * mul + add) / div +
+                // offset; {1, 0, 1} for the anchors' own store.
+                g["placement"] = serde_json::json!({
+                    "mul": v.placement.mul,
+                    "add": v.placement.add,
+                    "div": v.placement.div,
+                });
                 // A sample as batches hold it (after the array's chunk transforms).
                 g["sample_shape"] = v.sample_inner.clone().into();
                 g["sample_dtype"] = v.sample_dtype.name().into();

@@ -237,7 +237,7 @@ int main(int argc, char **argv) {
         int behind = k == 0 ? 3 : 0;
         char *facts = NULL, want_range[64], want_alignment[64];
         snprintf(want_range, sizeof want_range, "\"anchor_range\":[%d,12]", behind);
-        snprintf(want_alignment, sizeof want_alignment, "\"alignment\":%d", -behind);
+        snprintf(want_alignment, sizeof want_alignment, "\"placement\":{\"mul\":1,\"add\":%d,\"div\":1}", -behind);
         CHECK("aligned facts", isb_dataset_stats_json(aligned, &facts, &err), ISB_OK, NULL);
         if (!facts || !strstr(facts, want_range) || !strstr(facts, want_alignment)) {
             fprintf(stderr, "FAIL aligned facts (%s, %s): %s\n", want_range, want_alignment, facts ? facts : "(null)");

@@ -879,10 +879,13 @@ class Batch:
     (a checkpoint that saves `(epoch, index + 1)` resumes right after it)."""
 
     def __init__(self, arrays: dict, sample_indices: np.ndarray, offsets: Mapping[str, int],
-                 epoch: int = 0, index: int = 0):
+                 epoch: int = 0, index: int = 0,
+                 placements: Mapping[str, tuple[int, int, int]] | None = None):
         self.arrays = arrays
         self.sample_indices = sample_indices
         self._offsets = dict(offsets)
+        # (mul, add, div) of the labels read from a store mounted with an alignment.
+        self._placements = dict(placements or {})
         self.epoch = epoch
         self.index = index
 
@@ -894,10 +897,16 @@ class Batch:
         return f"Batch(epoch={self.epoch}, index={self.index}, len={len(self)}, arrays={shapes})"
 
     def read_indices(self, label: str) -> np.ndarray:
-        """The sample index `label` read for each row: anchor + the label's offset."""
+        """The sample index `label` read for each row, in its own array: anchor + the label's
+        offset; for a store mounted with an alignment, that store's sample at the anchor's
+        time, `(anchor * mul + add) // div`, then the offset."""
         if label not in self._offsets:
             raise KeyError(f"no label {label!r}; the batch has {list(self._offsets)}")
-        return self.sample_indices + np.int64(self._offsets[label])
+        at = self.sample_indices
+        if label in self._placements:
+            mul, add, div = (np.int64(x) for x in self._placements[label])
+            at = (at * mul + add) // div
+        return at + np.int64(self._offsets[label])
 
     @property
     def offsets(self) -> dict:
@@ -926,12 +935,14 @@ class _BatchReader:
     dataset, and the out-parameters are reused, so a batch costs one C call per label plus four
     and no ctypes structure traversal."""
 
-    def __init__(self, formats: Mapping[str, tuple], offsets: Mapping[str, int]):
+    def __init__(self, formats: Mapping[str, tuple], offsets: Mapping[str, int],
+                 placements: Mapping[str, tuple[int, int, int]]):
         self.labels = [
             (label, label.encode(), tuple(shape), dtype.str)
             for label, (shape, dtype) in formats.items()
         ]
         self.offsets = dict(offsets)
+        self.placements = dict(placements)
         self.err = ctypes.c_void_p()
         self.tensor = ctypes.c_void_p()
         self.idx = ctypes.c_void_p()
@@ -959,7 +970,8 @@ class _BatchReader:
                 arrays[label] = np.asarray(_Export(tensor, data, (n,) + inner, typestr))
         finally:
             lib.isb_batch_free(handle)
-        return Batch(arrays, sample_indices, self.offsets, self.epoch.value, self.index.value)
+        return Batch(arrays, sample_indices, self.offsets, self.epoch.value, self.index.value,
+                     self.placements)
 
 
 class _Epoch:
@@ -974,7 +986,7 @@ class _Epoch:
         self._on_handle = on_handle
         self._it: ctypes.c_void_p | None = it
         self._len = n_batches
-        self._reader = _BatchReader(ds.array_formats, ds._offsets)
+        self._reader = _BatchReader(ds.array_formats, ds._offsets, ds._placements)
         self._b = ctypes.c_void_p()
         self._err = ctypes.c_void_p()
         self._refs = (ctypes.byref(self._b), ctypes.byref(self._err))
@@ -1366,8 +1378,14 @@ class InSituDataset:
         self.sample_stride, self.sample_phase = sample_stride, sample_phase
         self._last_stats: dict = {}
         info = self._dataset_stats()
-        # The sample each label reads is anchor + its offset + its store's alignment.
-        self._offsets = {v["label"]: v["offset"] + v["alignment"] for v in info["variables"]}
+        self._offsets = {v["label"]: v["offset"] for v in info["variables"]}
+        # Where each label's store sits against the anchors, for a store mounted with an
+        # alignment: its sample is (anchor * mul + add) // div, then the offset.
+        self._placements = {
+            v["label"]: (p["mul"], p["add"], p["div"])
+            for v in info["variables"]
+            if (p := v["placement"]) != {"mul": 1, "add": 0, "div": 1}
+        }
         self.anchor_range = range(*info["anchor_range"])
         # What one sample of each label is in a batch: after the chunk transforms (a cast or a
         # coarsen changes it), the geometry's inner shape and dtype without any.

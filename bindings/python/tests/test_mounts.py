@@ -188,10 +188,29 @@ def test_a_mount_aligned_on_time_reads_both_stores_at_each_anchors_time(tmp_path
     assert not any(c * 4 + 4 <= 10 for s in manifest.splits.values() for c in s)
 
 
+def test_a_mount_at_another_rate_is_read_where_its_times_meet_the_anchors(tmp_path):
+    # 12-hourly targets from the inputs' tenth sample: every second anchor from the tenth.
+    inputs, targets, t2m, tp = write_timed_stores(tmp_path, step_hours=12)
+    variables = {"x": isb.open_geometries(inputs)["t2m"], "y": isb.open_geometries(targets)["tp"]}
+    mounts = {"t": {"store": targets, "align": "time"}}
+    with pytest.raises(errors.InvalidArgument, match="sample_stride 2, sample_phase 0"):
+        isb.InSituDataset(inputs, None, variables, mounts=mounts)
+    ds = isb.InSituDataset(inputs, None, variables, mounts=mounts, sample_stride=2, batch_size=4)
+    anchors = check(ds, "all", {"x": t2m, "y": tp})
+    assert sorted(anchors) == list(range(10, 30, 2))
+    batch = next(iter(ds.all))
+    np.testing.assert_array_equal(batch.read_indices("y"), (batch.sample_indices - 10) // 2)
+    np.testing.assert_array_equal(ds.coordinates("x")[batch.read_indices("x")],
+                                  ds.coordinates("y")[batch.read_indices("y")])
+
+
 def test_mounts_that_do_not_align_are_refused_saying_why(tmp_path):
     inputs, targets, *_ = write_timed_stores(tmp_path, step_hours=12)
     variables = {"x": isb.open_geometries(inputs)["t2m"], "y": isb.open_geometries(targets)["tp"]}
-    with pytest.raises(errors.InvalidArgument, match=r"`mounts` = t.*the `time` values .* part"):
+    gappy = zarr.open_group(targets, mode="a", zarr_format=2)["time"]
+    gappy[3:] = gappy[3:] + 0.5  # twelve more hours from the fourth on: uneven steps
+    with pytest.raises(errors.InvalidArgument,
+                       match=r"`mounts` = t.*align only when each steps evenly.*by 24 h from its index 2"):
         isb.InSituDataset(inputs, None, variables, mounts={"t": {"store": targets, "align": "time"}})
     with pytest.raises(errors.InvalidArgument, match="share no anchor"):
         isb.InSituDataset(inputs, None, variables, mounts={"t": {"store": targets, "align": 40}})
