@@ -1686,14 +1686,13 @@ fn place_on_anchors(
     axis_of: &dyn Fn(&str) -> Option<StoreAxis>,
     aligned: &str,
 ) -> Result<(), EngineError> {
-    let mounts = || aligned.to_string();
     let reference = axis_of(&manifest.array).unwrap_or(StoreAxis::ROOT);
     for v in variables.iter_mut().filter(|v| !v.geom.static_field) {
         let axis = axis_of(&v.geom.path).unwrap_or(StoreAxis::ROOT);
         v.placement = Placement::between(reference, axis).ok_or_else(|| {
             EngineError::arg(
                 "mounts",
-                mounts(),
+                aligned,
                 format!(
                     "the place of `{}` on the anchors does not fit in 64 bits",
                     v.label
@@ -1705,7 +1704,7 @@ fn place_on_anchors(
             None => {
                 return Err(EngineError::arg(
                     "mounts",
-                    mounts(),
+                    aligned,
                     format!(
                         "no anchor (sample of `{}`) falls on a sample of `{}`: their times \
                          never meet",
@@ -1718,10 +1717,10 @@ fn place_on_anchors(
                     "sample_stride",
                     format!("{every} (phase {})", stride.phase),
                     format!(
-                        "`{}` has a sample at every {m}th anchor only (its store steps \
-                         {m} times the anchors' step), those with anchor % {m} == {r}; draw \
-                         only those: sample_stride a multiple of {m} with sample_phase % {m} \
-                         == {r} (sample_stride {m}, sample_phase {r})",
+                        "`{}` has a sample at one anchor in {m} only (where its store's \
+                         times meet the anchors'), those with anchor % {m} == {r}; draw only \
+                         those: sample_stride a multiple of {m} with sample_phase % {m} == {r} \
+                         (sample_stride {m}, sample_phase {r})",
                         v.label
                     ),
                 ));
@@ -1741,7 +1740,7 @@ fn place_on_anchors(
             .collect();
         return Err(EngineError::arg(
             "mounts",
-            mounts(),
+            aligned,
             format!(
                 "aligned so, the variables share no anchor: on the sample axis of `{}` they \
                  cover {}; check the alignment",

@@ -209,7 +209,7 @@ fn stores_that_do_not_align_are_refused_saying_why() {
     let e = refusal(misaligned("coarse"));
     assert!(
         e.contains("`sample_stride` = 1 (phase 0)")
-            && e.contains("`y` has a sample at every 2th anchor only")
+            && e.contains("`y` has a sample at one anchor in 2 only")
             && e.contains("sample_stride 2, sample_phase 1"),
         "{e}"
     );
