@@ -6,7 +6,7 @@ use std::sync::Arc;
 use insitubatch_pool::PooledBuf;
 use insitubatch_store::DType;
 
-use crate::sample_map::SampleMap;
+use crate::sample_map::AnchorMap;
 
 /// Element types a batch array can be viewed as.
 pub trait Element: Copy + sealed::Sealed + 'static {
@@ -92,7 +92,7 @@ pub struct Batch {
     pub(crate) epoch: u64,
     pub(crate) index: usize,
     pub(crate) labels: Arc<[String]>,
-    pub(crate) maps: Arc<[SampleMap]>,
+    pub(crate) maps: Arc<[AnchorMap]>,
     /// The arrays' names: each label's own, a stack's name in place of its labels.
     pub(crate) names: Arc<[String]>,
     pub(crate) arrays: Vec<BatchArray>,
@@ -152,21 +152,22 @@ impl Batch {
         &self.sample_indices
     }
 
-    /// The window offset of `label`.
+    /// The window offset of `label` (0 for an indexed variable).
     pub fn offset(&self, label: &str) -> Option<i64> {
-        self.map(label).map(|m| m.offset)
+        self.map(label).map(AnchorMap::offset)
     }
 
     /// How `label` turns an anchor into a sample of its array.
-    pub fn map(&self, label: &str) -> Option<SampleMap> {
+    pub fn map(&self, label: &str) -> Option<&AnchorMap> {
         self.labels
             .iter()
             .position(|l| l == label)
-            .map(|i| self.maps[i])
+            .map(|i| &self.maps[i])
     }
 
     /// The sample index `label` read for each row: anchor + offset (for a store mounted with
-    /// an alignment, the sample of that store at the anchor's time, then the offset).
+    /// an alignment, the sample of that store at the anchor's time, then the offset; for an
+    /// indexed variable, its table's entry for the anchor).
     pub fn read_indices(&self, label: &str) -> Option<Vec<u64>> {
         let map = self.map(label)?;
         Some(

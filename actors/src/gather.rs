@@ -24,7 +24,7 @@ use crate::batch::{Batch, BatchArray};
 use crate::error::EngineError;
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
 use crate::planner::row_runs;
-use crate::sample_map::SampleMap;
+use crate::sample_map::AnchorMap;
 use crate::stats::Counters;
 
 type Tx = flume::Sender<Result<Batch, EngineError>>;
@@ -219,7 +219,7 @@ async fn run<S: Store>(
     let plan = &shared.plan;
     let order = &shared.order;
     let labels: Arc<[String]> = plan.labels.iter().map(|l| l.label.clone()).collect();
-    let maps: Arc<[SampleMap]> = plan.labels.iter().map(|l| l.map).collect();
+    let maps: Arc<[AnchorMap]> = plan.labels.iter().map(|l| l.map.clone()).collect();
     let names: Arc<[String]> = plan.outputs.iter().map(|o| o.name.clone()).collect();
     let n_rows = order.rows.len();
     let mut held: HashMap<u32, Arc<Slot>> = HashMap::new();

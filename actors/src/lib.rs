@@ -41,7 +41,7 @@ pub use planner::{
     Stride, batch_outputs, epoch_order, memory_limit, read_plan, shuffle_quality, split_by_chunk,
     split_by_ranges,
 };
-pub use sample_map::{Placement, SampleMap, StoreAxis};
+pub use sample_map::{AnchorMap, Placement, SampleMap, StoreAxis};
 pub use stats::{BadChunk, PassStats};
 pub use transform::{ChunkTransform, ChunkTransforms, Pipeline};
 pub use variable::{StackChannel, Variable};

@@ -330,12 +330,12 @@ impl std::fmt::Debug for Pass {
     }
 }
 
-/// What an anchor must keep inside each array's sample axis: every variable's reach but a
-/// static field's, which every anchor reads whole.
+/// What an anchor must keep inside each array's sample axis: every variable's reach but those
+/// every anchor reads (a static field whole, an indexed variable through its table).
 pub fn reaches(variables: &[Variable]) -> Vec<Reach> {
     variables
         .iter()
-        .filter(|v| !v.geom.static_field)
+        .filter(|v| !v.reads_every_anchor())
         .map(Variable::reach)
         .collect()
 }

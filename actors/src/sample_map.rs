@@ -6,6 +6,7 @@
 //! anchors where the division is exact.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Where a store's samples sit on the sample axis of the dataset's store: its sample `j` is at
 /// the root's sample `(start + j * step) / per` (a fraction when it falls between two). The
@@ -162,6 +163,38 @@ impl SampleMap {
         // j + offset <= len - 1: a <= floor(((len - 1 - offset) div - add) / mul).
         let hi = ((i128::from(len) - 1 - offset) * div - add).div_euclid(mul) + 1;
         lo..hi.max(lo)
+    }
+}
+
+/// How a label turns an anchor into a sample of its array: through its store's placement and
+/// its window offset, or through a table of one sample per anchor (an indexed variable: a
+/// climatology of 366 days read at each anchor's day of year).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AnchorMap {
+    /// `(anchor * mul + add) / div + offset`.
+    Affine(SampleMap),
+    /// `table[anchor]`.
+    Table(Arc<[u64]>),
+}
+
+impl AnchorMap {
+    /// The sample anchor `anchor` reads (-1 for an anchor past a table's end).
+    pub fn sample(&self, anchor: u64) -> i128 {
+        match self {
+            Self::Affine(m) => m.sample(anchor),
+            Self::Table(t) => usize::try_from(anchor)
+                .ok()
+                .and_then(|a| t.get(a))
+                .map_or(-1, |&s| i128::from(s)),
+        }
+    }
+
+    /// The window offset (0 for a table).
+    pub fn offset(&self) -> i64 {
+        match self {
+            Self::Affine(m) => m.offset,
+            Self::Table(_) => 0,
+        }
     }
 }
 

@@ -1,10 +1,12 @@
 //! A variable is a labelled view of an array: `(label, path, offset)`. Several labels may view
 //! one path at different offsets (`x` and `y = x.shift(h)`); they decode once.
 
+use std::sync::Arc;
+
 use insitubatch_store::{ArrayGeometry, DType};
 
 use crate::planner::Reach;
-use crate::sample_map::{Placement, SampleMap};
+use crate::sample_map::{AnchorMap, Placement, SampleMap};
 
 /// One labelled view. `geom.offset` is the window offset along the sample axis.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,6 +26,9 @@ pub struct Variable {
     /// Where the store the array is read from sits against the anchors: the same for the
     /// anchors' own store, another start (and rate) for a store mounted with an alignment.
     pub placement: Placement,
+    /// For an indexed variable, the sample of its array each anchor reads (`index[anchor]`,
+    /// one per anchor), in place of the placement and offset.
+    pub index: Option<Arc<[u64]>>,
 }
 
 /// Where a stacked label goes: channel `channel` of the `channels` of the batch array `name`,
@@ -48,6 +53,7 @@ impl Variable {
             geom,
             stack: None,
             placement: Placement::SAME,
+            index: None,
         }
     }
 
@@ -58,6 +64,22 @@ impl Variable {
             placement: self.placement,
             offset: self.geom.offset,
         }
+    }
+
+    /// How an anchor becomes a sample of its array: its table when indexed, else [`map`].
+    ///
+    /// [`map`]: Self::map
+    pub fn anchor_map(&self) -> AnchorMap {
+        match &self.index {
+            Some(t) => AnchorMap::Table(Arc::clone(t)),
+            None => AnchorMap::Affine(self.map()),
+        }
+    }
+
+    /// Whether every anchor reads it (a static field, or an indexed variable whose table has
+    /// a sample for every anchor): it takes no part in which anchors are valid.
+    pub fn reads_every_anchor(&self) -> bool {
+        self.geom.static_field || self.index.is_some()
     }
 
     /// What it reads along its sample axis, as an anchor sees it.

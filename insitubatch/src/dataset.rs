@@ -210,6 +210,8 @@ pub struct DatasetBuilder {
     mounts: Vec<Mount>,
     /// Mounts placed on the sample axis ([`DatasetBuilder::align_mount`]), by name.
     alignments: Vec<(String, MountAlignment)>,
+    /// Indexed variables ([`DatasetBuilder::index`]), by label.
+    indexes: Vec<(String, Arc<[u64]>)>,
     chunk_transforms: ChunkTransforms,
     stacks: Vec<(String, Vec<String>)>,
     /// The first bad `chunk_transforms_json`, reported by `build`.
@@ -754,6 +756,20 @@ impl DatasetBuilder {
         self
     }
 
+    /// Makes the variable `label` (added before, by any method) read sample `index[anchor]` of
+    /// its array's sample axis at each anchor, instead of the anchor's own: a climatology of
+    /// 366 days read at each sample's day of year (`index[a]` = day of year of anchor `a`,
+    /// from 0), a monthly mean at its month, a diurnal cycle at its hour. One entry per anchor
+    /// (each sample of the manifest's array), each below the array's length. It takes no part
+    /// in which anchors are valid or in the equal-length rule; each of its chunks is read once a
+    /// pass and kept from its first use to its last (the pool counts it in the working set).
+    /// Refused when the dataset is built: an index of another length, an entry past the
+    /// array, a label that is not a variable, a static field, a window offset.
+    pub fn index(mut self, label: impl Into<String>, index: impl Into<Arc<[u64]>>) -> Self {
+        self.indexes.push((label.into(), index.into()));
+        self
+    }
+
     /// Appends a chunk transform for every array: it runs on each decoded chunk before the pool
     /// holds it, so it is paid once per chunk and cached with it (see
     /// [`insitubatch_actors::transform`]). Transforms run in the order they were added.
@@ -970,8 +986,30 @@ impl DatasetBuilder {
                 ));
             }
         }
-        // Static fields have no sample axis: the sampled variables set its length.
-        let sampled: Vec<&Variable> = variables.iter().filter(|v| !v.geom.static_field).collect();
+        for (label, index) in &self.indexes {
+            let Some(v) = variables.iter_mut().find(|v| &v.label == label) else {
+                return Err(EngineError::arg(
+                    "indexes",
+                    label,
+                    "an index names no variable; add the variable first, then its index",
+                ));
+            };
+            if v.index.is_some() || v.geom.static_field || v.geom.offset != 0 {
+                return Err(EngineError::arg(
+                    "indexes",
+                    label,
+                    "an indexed variable reads its index's sample at each anchor: it cannot \
+                     also be a static field, be shifted by a window offset, or be indexed twice",
+                ));
+            }
+            v.index = Some(Arc::clone(index));
+        }
+        // Static fields have no sample axis, and indexed variables read their own: the other
+        // sampled variables set its length.
+        let sampled: Vec<&Variable> = variables
+            .iter()
+            .filter(|v| !v.reads_every_anchor())
+            .collect();
         let Some(&first) = sampled.first() else {
             return Err(EngineError::arg(
                 "variables",
@@ -980,8 +1018,8 @@ impl DatasetBuilder {
                     .map(|v| v.label.as_str())
                     .collect::<Vec<_>>()
                     .join(", "),
-                "every variable is a static field; a dataset needs one sampled along its sample \
-                 axis, which sets the samples its batches draw",
+                "every variable is a static field or indexed; a dataset needs one sampled along \
+                 its sample axis, which sets the samples its batches draw",
             ));
         };
         // Where each aligned mount starts on the root's sample axis; the arrays of one store
@@ -1048,6 +1086,10 @@ impl DatasetBuilder {
             }
             None => split_by_chunk(&first.geom, &[1.0], self.seed, true, None)?,
         };
+        // An index has one entry per anchor, each a sample of its array.
+        for v in variables.iter().filter(|v| v.index.is_some()) {
+            check_index(v, manifest.n_samples())?;
+        }
         // Anchors are samples of the manifest's array: every other store is read where it sits
         // against that array's store.
         if !starts.is_empty() {
@@ -1279,6 +1321,7 @@ impl InSituDataset {
             storage_options: Vec::new(),
             mounts: Vec::new(),
             alignments: Vec::new(),
+            indexes: Vec::new(),
             chunk_transforms: ChunkTransforms::default(),
             stacks: Vec::new(),
             chunk_transforms_error: None,
@@ -1675,6 +1718,29 @@ fn geometry_of(
     })
 }
 
+/// Refuses the index of variable `v` unless it has one entry per anchor (`anchors`), each a
+/// sample of its array.
+fn check_index(v: &Variable, anchors: u64) -> Result<(), EngineError> {
+    let Some(index) = &v.index else { return Ok(()) };
+    let n = v.geom.n_samples();
+    let why = if index.len() as u64 != anchors {
+        format!(
+            "the index has {} entries, but the dataset draws {anchors} anchors (samples of the \
+             manifest's array): give one entry per anchor",
+            index.len()
+        )
+    } else if let Some((a, s)) = index.iter().enumerate().find(|(_, s)| **s >= n) {
+        format!(
+            "the index reads sample {s} at anchor {a}, but `{}` has {n} samples along its \
+             sample axis",
+            v.geom.path
+        )
+    } else {
+        return Ok(());
+    };
+    Err(EngineError::arg("indexes", &v.label, why))
+}
+
 /// Places each sampled variable's store against the anchors (samples of the manifest's
 /// array), given where each aligned store sits on the root's axis; refuses placements under
 /// which no anchor reads inside every array, or the anchors the sample stride draws fall
@@ -1687,7 +1753,7 @@ fn place_on_anchors(
     aligned: &str,
 ) -> Result<(), EngineError> {
     let reference = axis_of(&manifest.array).unwrap_or(StoreAxis::ROOT);
-    for v in variables.iter_mut().filter(|v| !v.geom.static_field) {
+    for v in variables.iter_mut().filter(|v| !v.reads_every_anchor()) {
         let axis = axis_of(&v.geom.path).unwrap_or(StoreAxis::ROOT);
         v.placement = Placement::between(reference, axis).ok_or_else(|| {
             EngineError::arg(
@@ -1732,7 +1798,7 @@ fn place_on_anchors(
     if valid.is_empty() {
         let spans: Vec<String> = variables
             .iter()
-            .filter(|v| !v.geom.static_field)
+            .filter(|v| !v.reads_every_anchor())
             .map(|v| {
                 let r = v.reach().map.within(v.geom.n_samples());
                 format!("`{}` {}..{}", v.label, r.start, r.end)

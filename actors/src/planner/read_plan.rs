@@ -8,7 +8,7 @@ use insitubatch_store::ArrayGeometry;
 
 use crate::error::EngineError;
 use crate::planner::order::EpochOrder;
-use crate::sample_map::SampleMap;
+use crate::sample_map::AnchorMap;
 use crate::variable::Variable;
 
 /// One array read by the pass (labels that share a path share it).
@@ -33,7 +33,7 @@ pub struct PathInfo {
 impl PathInfo {
     /// The sample of this array that anchor `anchor` reads through a label of map `map` (none
     /// below 0): the one sample of a static field, whatever the anchor.
-    pub fn sample_of(&self, anchor: u64, map: &SampleMap) -> u64 {
+    pub fn sample_of(&self, anchor: u64, map: &AnchorMap) -> u64 {
         if self.geom.static_field {
             0
         } else {
@@ -49,8 +49,9 @@ pub struct LabelInfo {
     pub label: String,
     /// Index into [`ReadPlan::paths`].
     pub path: usize,
-    /// Anchor to sample: the window offset, and the placement of the array's store.
-    pub map: SampleMap,
+    /// Anchor to sample: the window offset and the placement of the array's store, or an
+    /// indexed variable's table.
+    pub map: AnchorMap,
     /// Bytes per sample.
     pub sample_bytes: u64,
     /// Index into [`ReadPlan::outputs`]: the batch array this label's rows go to.
@@ -264,7 +265,7 @@ pub fn read_plan(
         labels.push(LabelInfo {
             label: v.label.clone(),
             path: idx,
-            map: v.map(),
+            map: v.anchor_map(),
             sample_bytes: v.sample_bytes(),
             output: 0,
             output_at: 0,
@@ -289,7 +290,13 @@ pub fn read_plan(
         let Some((lo, hi)) = anchor_span else { break };
         let p = &paths[l.path];
         let chunk = |a: u64| p.sample_of(a, &l.map) / p.samples_per_chunk;
-        let (lo, hi) = (chunk(lo), chunk(hi));
+        let (lo, hi) = match &l.map {
+            // A placement rises with the anchor: its ends are the span's.
+            AnchorMap::Affine(_) => (chunk(lo), chunk(hi)),
+            AnchorMap::Table(_) => (0..order.rows.len())
+                .map(|i| chunk(order.anchor(i)))
+                .fold((u64::MAX, 0), |(a, b), c| (a.min(c), b.max(c))),
+        };
         let span = &mut spans[l.path];
         *span = Some(span.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
     }

@@ -446,8 +446,10 @@ IsbStatus isb_split_by_chunk(const char *store,
  a periodic axis, as `start < 0` or `end` past the axis length; `"static": true` (ABI 16)
  makes the view a static field, the array whole (or its region, one range per axis of the
  array) in every row, read once a pass, for orography or a land-sea mask beside sampled
- variables (no offset; a dataset needs one sampled variable); default every data
- variable), `sample_axis`, `manifest`
+ variables (no offset; a dataset needs one sampled variable); `"index": [...]` (ABI 17)
+ makes the view read sample `index[anchor]` of its array at each anchor (one entry per
+ anchor: a climatology read at each sample's day of year; no offset, not static); default
+ every data variable), `sample_axis`, `manifest`
  (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
  `fast_first_batch` (ABI 10, default false: each shuffled epoch's blocks ramp up from the
  chunks of one batch, doubling up to `block_chunks`, so the first batch waits for those
@@ -650,7 +652,8 @@ void isb_statistics_free(struct IsbStatistics *stats);
 
 /*
  Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
- (label, path, offset, placement (ABI 17), region, shape, dtype, sample_shape), `arrays` (ABI
+ (label, path, offset, placement and indexed (ABI 17), region, shape, dtype, sample_shape),
+ `arrays` (ABI
  14: what each batch holds, in order: name, labels, shape of a row, dtype, stacked),
  `manifest`, `anchor_range` (ABI 17: `[start, end)`, the anchors every variable reads inside
  its array), `pool` (budget, resident and peak bytes,

@@ -477,6 +477,9 @@ enum VarConfig {
         /// ABI 16: a static field (the array whole in every row).
         #[serde(default, rename = "static")]
         is_static: bool,
+        /// ABI 17: the sample read at each anchor (an indexed variable).
+        #[serde(default)]
+        index: Option<Vec<u64>>,
     },
 }
 
@@ -501,7 +504,8 @@ fn var_config(v: serde_json::Value) -> Result<VarConfig, insitubatch::EngineErro
             "each entry is an array path (a string) or an object {\"label\": ..., \"path\": ..., \
              \"offset\": <integer>, \"region\": [[start, end], ...] (optional, one pair per field \
              axis), \"wrap\": <bool> (optional: ranges may wrap around the end of an axis), \
-             \"static\": <bool> (optional: the array whole in every row)}",
+             \"static\": <bool> (optional: the array whole in every row), \"index\": [<integer>, \
+             ...] (optional: the sample read at each anchor)}",
         )
     })
 }
@@ -699,7 +703,16 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
         .into());
     }
     for v in c.variables.unwrap_or_default() {
-        b = match var_config(v)? {
+        let mut view = var_config(v)?;
+        if let VarConfig::View {
+            label,
+            index: index @ Some(_),
+            ..
+        } = &mut view
+        {
+            b = b.index(label.clone(), index.take().unwrap_or_default());
+        }
+        b = match view {
             VarConfig::Path(p) => b.variable(p.clone(), p),
             VarConfig::View {
                 label,
@@ -708,6 +721,7 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
                 region,
                 wrap,
                 is_static: true,
+                ..
             } => {
                 if offset != 0 {
                     return Err(insitubatch::EngineError::arg(
@@ -882,8 +896,10 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// a periodic axis, as `start < 0` or `end` past the axis length; `"static": true` (ABI 16)
 /// makes the view a static field, the array whole (or its region, one range per axis of the
 /// array) in every row, read once a pass, for orography or a land-sea mask beside sampled
-/// variables (no offset; a dataset needs one sampled variable); default every data
-/// variable), `sample_axis`, `manifest`
+/// variables (no offset; a dataset needs one sampled variable); `"index": [...]` (ABI 17)
+/// makes the view read sample `index[anchor]` of its array at each anchor (one entry per
+/// anchor: a climatology read at each sample's day of year; no offset, not static); default
+/// every data variable), `sample_axis`, `manifest`
 /// (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
 /// `fast_first_batch` (ABI 10, default false: each shuffled epoch's blocks ramp up from the
 /// chunks of one batch, doubling up to `block_chunks`, so the first batch waits for those
@@ -1312,7 +1328,8 @@ pub unsafe extern "C" fn isb_statistics_free(stats: *mut IsbStatistics) {
 }
 
 /// Dataset facts and pool counters as JSON: `epoch`, `batch_size`, `io_backend`, `variables`
-/// (label, path, offset, placement (ABI 17), region, shape, dtype, sample_shape), `arrays` (ABI
+/// (label, path, offset, placement and indexed (ABI 17), region, shape, dtype, sample_shape),
+/// `arrays` (ABI
 /// 14: what each batch holds, in order: name, labels, shape of a row, dtype, stacked),
 /// `manifest`, `anchor_range` (ABI 17: `[start, end)`, the anchors every variable reads inside
 /// its array), `pool` (budget, resident and peak bytes,
@@ -1344,6 +1361,8 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
                 // ABI 17: where the variable's store sits against the anchors (a store mounted
                 // with an alignment): the sample a row reads is (anchor * mul + add) / div +
                 // offset; {1, 0, 1} for the anchors' own store.
+                // ABI 17: read through an index (one sample per anchor), not the placement.
+                g["indexed"] = v.index.is_some().into();
                 g["placement"] = serde_json::json!({
                     "mul": v.placement.mul,
                     "add": v.placement.add,
