@@ -73,6 +73,34 @@ fn an_indexed_climatology_is_zarr_pythons_sample_at_each_anchors_index() {
 }
 
 #[test]
+fn a_sample_several_anchors_read_is_copied_into_each_of_their_rows() {
+    // Each of x's chunks of four samples is one "day": its four anchors read one climatology
+    // sample, in one block (decoding straight into a row would give it one row only).
+    let x = fixture("climatology", "x");
+    let clim = fixture("climatology", "clim");
+    let refs = [("x", &x, 0), ("c", &clim, 0)];
+    for (into_rows, block_chunks) in [(IntoRows::Always, 1), (IntoRows::Always, 16)] {
+        let ds = InSituDataset::builder(fixture("climatology", "x").store)
+            .variable("x", "x")
+            .variable("c", "clim")
+            .index("c", (0..20).map(|a| a / 4).collect::<Vec<u64>>())
+            .decode_into_batches(into_rows)
+            .block_chunks(block_chunks)
+            .batch_size(4)
+            .build()
+            .unwrap();
+        for split in ["train", "all"] {
+            let anchors = check_epoch(&ds, split, &refs);
+            assert_eq!(
+                sorted(anchors),
+                (0..20).collect::<Vec<_>>(),
+                "{into_rows:?}"
+            );
+        }
+    }
+}
+
+#[test]
 fn an_indexed_variable_stacks_beside_the_field_it_describes() {
     let x = fixture("climatology", "x");
     let clim = fixture("climatology", "clim");

@@ -810,6 +810,36 @@ def _mounts(mounts) -> dict[str, tuple[str, dict[str, Any] | None, str | int | N
     return out
 
 
+def _indexes(indexes, views: list | None) -> dict[str, np.ndarray]:
+    """`indexes` as int64 arrays by label, each added to its view of `views` (the config's
+    variables); a TypeError or InvalidArgument saying what it takes."""
+    if indexes is None:
+        return {}
+    if not isinstance(indexes, Mapping):
+        raise TypeError(f"`indexes` must map labels to sequences of sample indices, not "
+                        f"{type(indexes).__name__}")
+    by_label = {v["label"]: v for v in views or []}
+    out = {}
+    for label, index in indexes.items():
+        if label not in by_label:
+            raise errors.InvalidArgument(
+                f"invalid argument `indexes` = {label!r}: not a label of `geometries` "
+                f"({list(by_label)}); an index belongs to one of the dataset's variables"
+            )
+        array = np.asarray(index)
+        if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.size == 0):
+            raise TypeError(f"indexes[{label!r}] must be a 1-D sequence of ints, not "
+                            f"{array.dtype} of shape {array.shape}")
+        if array.size and array.min() < 0:
+            raise errors.InvalidArgument(
+                f"invalid argument `indexes` = {label!r}: entry {int(array.argmin())} is "
+                f"{int(array.min())}; sample indices are at least 0"
+            )
+        out[label] = array.astype(np.int64)
+        by_label[label]["index"] = out[label].tolist()
+    return out
+
+
 def _same_store(a: str, b: str) -> bool:
     """Whether two store locations name one store: URLs compared as text (a trailing `/` aside),
     local paths after resolving links and `..`."""
@@ -880,12 +910,15 @@ class Batch:
 
     def __init__(self, arrays: dict, sample_indices: np.ndarray, offsets: Mapping[str, int],
                  epoch: int = 0, index: int = 0,
-                 placements: Mapping[str, tuple[int, int, int]] | None = None):
+                 placements: Mapping[str, tuple[int, int, int]] | None = None,
+                 indexes: Mapping[str, np.ndarray] | None = None):
         self.arrays = arrays
         self.sample_indices = sample_indices
         self._offsets = dict(offsets)
         # (mul, add, div) of the labels read from a store mounted with an alignment.
         self._placements = dict(placements or {})
+        # The sample each anchor reads, for indexed labels.
+        self._indexes = dict(indexes or {})
         self.epoch = epoch
         self.index = index
 
@@ -899,9 +932,12 @@ class Batch:
     def read_indices(self, label: str) -> np.ndarray:
         """The sample index `label` read for each row, in its own array: anchor + the label's
         offset; for a store mounted with an alignment, that store's sample at the anchor's
-        time, `(anchor * mul + add) // div`, then the offset."""
+        time, `(anchor * mul + add) // div`, then the offset; for an indexed label, its
+        index's entry for the anchor."""
         if label not in self._offsets:
             raise KeyError(f"no label {label!r}; the batch has {list(self._offsets)}")
+        if label in self._indexes:
+            return self._indexes[label][self.sample_indices]
         at = self.sample_indices
         if label in self._placements:
             mul, add, div = (np.int64(x) for x in self._placements[label])
@@ -936,13 +972,15 @@ class _BatchReader:
     and no ctypes structure traversal."""
 
     def __init__(self, formats: Mapping[str, tuple], offsets: Mapping[str, int],
-                 placements: Mapping[str, tuple[int, int, int]]):
+                 placements: Mapping[str, tuple[int, int, int]],
+                 indexes: Mapping[str, np.ndarray]):
         self.labels = [
             (label, label.encode(), tuple(shape), dtype.str)
             for label, (shape, dtype) in formats.items()
         ]
         self.offsets = dict(offsets)
         self.placements = dict(placements)
+        self.indexes = dict(indexes)
         self.err = ctypes.c_void_p()
         self.tensor = ctypes.c_void_p()
         self.idx = ctypes.c_void_p()
@@ -971,7 +1009,7 @@ class _BatchReader:
         finally:
             lib.isb_batch_free(handle)
         return Batch(arrays, sample_indices, self.offsets, self.epoch.value, self.index.value,
-                     self.placements)
+                     self.placements, self.indexes)
 
 
 class _Epoch:
@@ -986,7 +1024,7 @@ class _Epoch:
         self._on_handle = on_handle
         self._it: ctypes.c_void_p | None = it
         self._len = n_batches
-        self._reader = _BatchReader(ds.array_formats, ds._offsets, ds._placements)
+        self._reader = _BatchReader(ds.array_formats, ds._offsets, ds._placements, ds._indexes)
         self._b = ctypes.c_void_p()
         self._err = ctypes.c_void_p()
         self._refs = (ctypes.byref(self._b), ctypes.byref(self._err))
@@ -1240,6 +1278,7 @@ class InSituDataset:
         storage_options: Mapping[str, Any] | None = None,
         stacks: Mapping[str, Sequence[str]] | None = None,
         mounts: Mapping[str, Any] | None = None,
+        indexes: Mapping[str, Any] | None = None,
     ):
         self._handle = None
         config: dict[str, Any] = {
@@ -1356,6 +1395,7 @@ class InSituDataset:
                     view["wrap"] = g.wraps
                 views.append(view)
             config["variables"] = views
+        self._indexes = _indexes(indexes, config.get("variables"))
         self._transforms = list(batch_transforms)
         for t in self._transforms:
             if not callable(t):
