@@ -1241,6 +1241,11 @@ class InSituDataset:
     `store`); each anchor then reads both at the same time, `Batch.read_indices` gives each
     label's own index, and the anchors outside what every variable covers are dropped:
     `anchor_range` is the rest, a `sample_range` for `split_by_chunk`.
+
+    `indexes={"c": day_of_year}` makes label `c` read sample `day_of_year[anchor]` of its
+    array at each anchor (one entry per anchor): a climatology at each sample's day of year,
+    a monthly mean at its month. It takes no part in which anchors are valid, and each of its
+    chunks is read once a pass.
     """
 
     def __init__(
