@@ -609,6 +609,78 @@ fn duration(micros: i64) -> String {
     }
 }
 
+/// A calendar cycle a field may vary over rather than along the archive: which part of each
+/// time a climatology is indexed by ([`cycle_index`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cycle {
+    /// The day of the year, 0 for January 1 (365 for December 31 of a leap year): 366 entries.
+    DayOfYear,
+    /// The month, 0 for January: 12 entries.
+    Month,
+    /// The hour of the day (UTC), 0 to 23: 24 entries.
+    HourOfDay,
+}
+
+impl std::str::FromStr for Cycle {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "dayofyear" => Ok(Self::DayOfYear),
+            "month" => Ok(Self::Month),
+            "hour" => Ok(Self::HourOfDay),
+            other => Err(format!(
+                "`{other}` is not a cycle: use dayofyear, month or hour"
+            )),
+        }
+    }
+}
+
+/// Each value of the CF time coordinate `coord` as its place in `cycle`, from 0: the index a
+/// climatology by that cycle is read at for each sample (`DatasetBuilder::index`). The
+/// coordinate must be in CF time units of a Gregorian calendar; a value that is not finite is
+/// refused naming its index.
+pub fn cycle_index(coord: &CoordinateValues, cycle: Cycle) -> Result<Vec<u64>, EngineError> {
+    let attr = |k: &str| coord.attributes.get(k).and_then(|v| v.as_str());
+    let (step, origin) = attr("units")
+        .and_then(|u| cf_units(u, attr("calendar")))
+        .ok_or_else(|| {
+            EngineError::arg(
+                "index",
+                &coord.path,
+                format!(
+                    "a cycle index needs CF time units (\"hours since 1979-01-01\") in a \
+                     Gregorian calendar; `{}` has units {:?} and calendar {:?}",
+                    coord.path,
+                    attr("units").unwrap_or("(none)"),
+                    attr("calendar").unwrap_or("(none)")
+                ),
+            )
+        })?;
+    let values = numbers(coord.dtype, &coord.bytes).unwrap_or_default();
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            if !v.is_finite() {
+                return Err(EngineError::arg(
+                    "index",
+                    &coord.path,
+                    format!("its value {i} is {v}, not a time"),
+                ));
+            }
+            let t = origin + (v * step).round() as i64;
+            let days = t.div_euclid(86_400);
+            let (y, m, _) = civil_from_days(days);
+            Ok(match cycle {
+                Cycle::DayOfYear => (days - days_from_civil(y, 1, 1)) as u64,
+                Cycle::Month => (m - 1) as u64,
+                Cycle::HourOfDay => (t.rem_euclid(86_400) / 3_600) as u64,
+            })
+        })
+        .collect()
+}
+
 /// One end of a split's range of samples: a sample index, or a date on the time coordinate of
 /// the array (the first sample at or after it).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -958,6 +1030,86 @@ fn index_range(
 #[cfg(test)]
 mod cf_tests {
     use super::*;
+
+    /// A coordinate of `values` in `units` (float64).
+    fn times(values: &[f64], units: &str) -> CoordinateValues {
+        let mut attributes = serde_json::Map::new();
+        attributes.insert("units".into(), units.into());
+        CoordinateValues {
+            dim: "time".into(),
+            path: "time".into(),
+            dtype: DType::Float64,
+            bytes: values.iter().flat_map(|v| v.to_ne_bytes()).collect(),
+            attributes,
+        }
+    }
+
+    #[test]
+    fn cycle_indexes_are_each_times_day_month_and_hour_against_the_calendar() {
+        // Hours since 1979-01-01: its first hour, 06:00, March 1 of a common year (day 59),
+        // December 31 of a leap year at 18:00 (day 365), 2000-02-29 (day 59 of a leap year),
+        // and a day before the reference (1978-12-31, day 364).
+        let hours = [
+            0.0,
+            6.0,
+            59.0 * 24.0,
+            (365.0 + 365.0) * 24.0 + 18.0,
+            24.0 * (365.0 * 21.0 + 5.0 + 31.0 + 28.0),
+            -24.0,
+        ];
+        let t = times(&hours, "hours since 1979-01-01");
+        for (i, h) in hours.iter().enumerate() {
+            let shown = cf_time(*h, "hours since 1979-01-01", None).unwrap();
+            assert!(
+                [
+                    "1979-01-01T00:00",
+                    "1979-01-01T06:00",
+                    "1979-03-01T00:00",
+                    "1980-12-31T18:00",
+                    "2000-02-29T00:00",
+                    "1978-12-31T00:00"
+                ][i] == shown,
+                "{i}: {shown}"
+            );
+        }
+        assert_eq!(
+            cycle_index(&t, Cycle::DayOfYear).unwrap(),
+            [0, 0, 59, 365, 59, 364]
+        );
+        assert_eq!(cycle_index(&t, Cycle::Month).unwrap(), [0, 0, 2, 11, 1, 11]);
+        assert_eq!(
+            cycle_index(&t, Cycle::HourOfDay).unwrap(),
+            [0, 6, 0, 18, 0, 0]
+        );
+        // Days as floats give the same.
+        let days: Vec<f64> = hours.iter().map(|h| h / 24.0).collect();
+        let d = times(&days, "days since 1979-01-01 00:00");
+        assert_eq!(
+            cycle_index(&d, Cycle::DayOfYear).unwrap(),
+            [0, 0, 59, 365, 59, 364]
+        );
+        assert_eq!(
+            cycle_index(&d, Cycle::HourOfDay).unwrap(),
+            [0, 6, 0, 18, 0, 0]
+        );
+        // Not CF, or not a time: refused naming the coordinate.
+        let e = cycle_index(&times(&[0.0], "steps"), Cycle::Month)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`index` = time") && e.contains("CF time units"),
+            "{e}"
+        );
+        let e = cycle_index(
+            &times(&[0.0, f64::NAN], "hours since 1979-01-01"),
+            Cycle::Month,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("its value 1 is NaN"), "{e}");
+        assert_eq!("DayOfYear".parse::<Cycle>(), Ok(Cycle::DayOfYear));
+        assert!("week".parse::<Cycle>().is_err());
+    }
 
     #[test]
     fn cf_times_are_gregorian_dates_and_other_calendars_are_none() {

@@ -759,7 +759,9 @@ impl DatasetBuilder {
     /// Makes the variable `label` (added before, by any method) read sample `index[anchor]` of
     /// its array's sample axis at each anchor, instead of the anchor's own: a climatology of
     /// 366 days read at each sample's day of year (`index[a]` = day of year of anchor `a`,
-    /// from 0), a monthly mean at its month, a diurnal cycle at its hour. One entry per anchor
+    /// from 0), a monthly mean at its month, a diurnal cycle at its hour
+    /// ([`cycle_index`](crate::cycle_index) makes such an index from a CF time coordinate,
+    /// [`coordinate_values`](crate::coordinate_values)). One entry per anchor
     /// (each sample of the manifest's array), each below the array's length. It takes no part
     /// in which anchors are valid or in the equal-length rule; each of its chunks is read once a
     /// pass and kept from its first use to its last (the pool counts it in the working set).

@@ -16,8 +16,8 @@ mod statistics;
 pub mod synth;
 
 pub use coords::{
-    CoordinateBounds, CoordinateRegion, CoordinateValues, SampleBound, cf_time, coordinate_region,
-    coordinate_values, sample_ranges, time_index,
+    CoordinateBounds, CoordinateRegion, CoordinateValues, Cycle, SampleBound, cf_time,
+    coordinate_region, coordinate_values, cycle_index, sample_ranges, time_index,
 };
 pub use dataset::{
     BatchArraySpec, DEFAULT_BATCH_SIZE, DEFAULT_BLOCK_CHUNKS, DEFAULT_INFLIGHT_PER_EXECUTOR,

@@ -65,6 +65,52 @@ fn with_statics(
     Ok(b)
 }
 
+/// `LABEL=ARRAY:CYCLE` (`clim=t2m_clim:dayofyear`).
+fn parse_cycle(s: &str) -> Result<(String, String, insitubatch::Cycle), String> {
+    let form = "LABEL=ARRAY:CYCLE (clim=t2m_clim:dayofyear)";
+    let (label, rest) = split_dim(s, form)?;
+    let (array, cycle) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| format!("`{s}` is not {form}"))?;
+    Ok((label, array.trim().to_string(), cycle.parse()?))
+}
+
+/// Adds the variables of `--cycle`, each indexed by its cycle of the time coordinate of the
+/// anchors' array (the manifest's, else the first of `variables`).
+fn with_cycles(
+    mut b: DatasetBuilder,
+    cycles: &[(String, String, insitubatch::Cycle)],
+    at: &StoreAt,
+    variables: Option<&[String]>,
+    manifest: Option<&SplitManifest>,
+) -> Result<DatasetBuilder, Box<dyn std::error::Error>> {
+    if cycles.is_empty() {
+        return Ok(b);
+    }
+    // Without --variables the dataset would read every data variable, but a --cycle variable
+    // makes the list: the sampled ones must be named too (as for --static).
+    let Some(first) = variables.and_then(|v| v.first()) else {
+        return Err(
+            "--cycle needs --variables: the sampled variables whose time coordinate \
+                    indexes the cycle"
+                .into(),
+        );
+    };
+    let reference = manifest.map_or_else(|| first.clone(), |m| m.array.clone());
+    let times = insitubatch::coordinate_values(
+        at.path,
+        &reference,
+        None,
+        at.sample_axis,
+        at.storage_options,
+    )?;
+    for (label, array, cycle) in cycles {
+        let index = insitubatch::cycle_index(&times, *cycle)?;
+        b = b.variable(label, array).index(label, index);
+    }
+    Ok(b)
+}
+
 /// `insitubatch warm`'s arguments.
 #[derive(clap::Args)]
 struct WarmArgs {
@@ -101,6 +147,12 @@ struct WarmArgs {
     /// `bench --static` takes them): a readonly reader's miss is an error.
     #[arg(long = "static", value_name = "LABEL=ARRAY", value_parser = key_value)]
     statics: Vec<(String, String)>,
+    /// A variable read at each sample's place in a calendar cycle, `LABEL=ARRAY:CYCLE`
+    /// (`clim=t2m_clim:dayofyear`; cycles `dayofyear`, `month`, `hour`): a climatology beside
+    /// the sampled variables, indexed by the time coordinate of the first of --variables (or of
+    /// the manifest's array); it may be a label of a --stack. Repeat it for several.
+    #[arg(long = "cycle", value_name = "LABEL=ARRAY:CYCLE", value_parser = parse_cycle)]
+    cycles: Vec<(String, String, insitubatch::Cycle)>,
     #[command(flatten)]
     mounts: MountArgs,
     #[command(flatten)]
@@ -265,6 +317,12 @@ struct PassArgs {
     /// the sampled variables (it may be a label of a --stack); repeat it for several.
     #[arg(long = "static", value_name = "LABEL=ARRAY", value_parser = key_value)]
     statics: Vec<(String, String)>,
+    /// A variable read at each sample's place in a calendar cycle, `LABEL=ARRAY:CYCLE`
+    /// (`clim=t2m_clim:dayofyear`; cycles `dayofyear`, `month`, `hour`): a climatology beside
+    /// the sampled variables, indexed by the time coordinate of the first of --variables (or of
+    /// the manifest's array); it may be a label of a --stack. Repeat it for several.
+    #[arg(long = "cycle", value_name = "LABEL=ARRAY:CYCLE", value_parser = parse_cycle)]
+    cycles: Vec<(String, String, insitubatch::Cycle)>,
     #[command(flatten)]
     mounts: MountArgs,
     #[command(flatten)]
@@ -340,8 +398,20 @@ impl PassArgs {
             b = self.region.view(b, &at, v)?;
         }
         b = with_statics(b, &self.statics, self.variables.is_some(), &self.region)?;
-        if let Some(m) = &self.manifest {
-            b = b.manifest(SplitManifest::load(m)?);
+        let manifest = self
+            .manifest
+            .as_ref()
+            .map(|m| SplitManifest::load(m))
+            .transpose()?;
+        b = with_cycles(
+            b,
+            &self.cycles,
+            &at,
+            self.variables.as_deref(),
+            manifest.as_ref(),
+        )?;
+        if let Some(m) = manifest {
+            b = b.manifest(m);
         }
         if let Some(bytes) = budget {
             b = b.cache_budget_bytes(bytes);
@@ -863,6 +933,7 @@ fn warm(args: &WarmArgs) -> CliResult {
         reset_stale_cache,
         chunk_transforms,
         statics,
+        cycles,
         mounts,
         store,
         ranks,
@@ -889,8 +960,13 @@ fn warm(args: &WarmArgs) -> CliResult {
         b = region.view(b, &at, v)?;
     }
     b = with_statics(b, statics, variables.is_some(), region)?;
+    let manifest = manifest
+        .as_ref()
+        .map(|m| SplitManifest::load(m))
+        .transpose()?;
+    b = with_cycles(b, cycles, &at, variables.as_deref(), manifest.as_ref())?;
     if let Some(m) = manifest {
-        b = b.manifest(SplitManifest::load(m)?);
+        b = b.manifest(m);
     }
     let ds = b.build()?;
     let start = Instant::now();

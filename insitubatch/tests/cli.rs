@@ -527,6 +527,48 @@ fn bench_reads_variables_of_a_mounted_store_and_refuses_a_name_the_store_uses() 
 }
 
 #[test]
+fn bench_reads_a_climatology_at_each_samples_day_of_year() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, manifest, _) = store_and_split(tmp.path(), &[]);
+    let clim = tmp.path().join("clim.zarr");
+    run_ok(
+        cli()
+            .args(["make-dataset", "--samples", "366", "--grid", "6x8"])
+            .args(["--sample-chunk", "1"])
+            .arg(&clim),
+    );
+    let mount = format!("clim={}", clim.display());
+    let out = run_ok(bench_with(&store, &manifest).args([
+        "--mount",
+        &mount,
+        "--variables",
+        "t2m",
+        "--cycle",
+        "c=clim/t2m:dayofyear",
+        "--stack",
+        "x=t2m,c",
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let stats = &v["epochs"][0]["stats"];
+    // The train split's 24 samples, 6-hourly from 1979-01-01: six days, so six of the
+    // climatology's one-day chunks beside t2m's six chunks, each read once.
+    assert_eq!(
+        (&stats["samples"], &stats["tiles_read"]),
+        (&24.into(), &12.into()),
+        "{stats}"
+    );
+    fails_with(
+        bench_with(&store, &manifest).args(["--cycle", "c=clim/t2m:week"]),
+        &["`week` is not a cycle", "dayofyear, month or hour"],
+    );
+    fails_with(
+        bench_with(&store, &manifest).args(["--cycle", "c=t2m:month"]),
+        &["--cycle needs --variables"],
+    );
+}
+
+#[test]
 fn bench_reads_a_static_field_once_a_pass_beside_the_sampled_variables() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, manifest, _) = store_and_split(tmp.path(), &[]);
