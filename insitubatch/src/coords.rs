@@ -1031,19 +1031,6 @@ fn index_range(
 mod cf_tests {
     use super::*;
 
-    /// A coordinate of `values` in `units` (float64).
-    fn times(values: &[f64], units: &str) -> CoordinateValues {
-        let mut attributes = serde_json::Map::new();
-        attributes.insert("units".into(), units.into());
-        CoordinateValues {
-            dim: "time".into(),
-            path: "time".into(),
-            dtype: DType::Float64,
-            bytes: values.iter().flat_map(|v| v.to_ne_bytes()).collect(),
-            attributes,
-        }
-    }
-
     #[test]
     fn cycle_indexes_are_each_times_day_month_and_hour_against_the_calendar() {
         // Hours since 1979-01-01: its first hour, 06:00, March 1 of a common year (day 59),
@@ -1057,7 +1044,7 @@ mod cf_tests {
             24.0 * (365.0 * 21.0 + 5.0 + 31.0 + 28.0),
             -24.0,
         ];
-        let t = times(&hours, "hours since 1979-01-01");
+        let t = time_coord(&hours, "hours since 1979-01-01", None);
         for (i, h) in hours.iter().enumerate() {
             let shown = cf_time(*h, "hours since 1979-01-01", None).unwrap();
             assert!(
@@ -1083,7 +1070,7 @@ mod cf_tests {
         );
         // Days as floats give the same.
         let days: Vec<f64> = hours.iter().map(|h| h / 24.0).collect();
-        let d = times(&days, "days since 1979-01-01 00:00");
+        let d = time_coord(&days, "days since 1979-01-01 00:00", None);
         assert_eq!(
             cycle_index(&d, Cycle::DayOfYear).unwrap(),
             [0, 0, 59, 365, 59, 364]
@@ -1093,7 +1080,7 @@ mod cf_tests {
             [0, 6, 0, 18, 0, 0]
         );
         // Not CF, or not a time: refused naming the coordinate.
-        let e = cycle_index(&times(&[0.0], "steps"), Cycle::Month)
+        let e = cycle_index(&time_coord(&[0.0], "steps", None), Cycle::Month)
             .unwrap_err()
             .to_string();
         assert!(
@@ -1101,7 +1088,7 @@ mod cf_tests {
             "{e}"
         );
         let e = cycle_index(
-            &times(&[0.0, f64::NAN], "hours since 1979-01-01"),
+            &time_coord(&[0.0, f64::NAN], "hours since 1979-01-01", None),
             Cycle::Month,
         )
         .unwrap_err()
