@@ -447,7 +447,8 @@ pub(crate) fn mount_start(
             && coord.shape() != [n]
         {
             return Err(refuse(format!(
-                "cannot align on `{dim}`: the coordinate `{path}` has shape {:?} but `{array}`                  has {n} samples along its sample axis",
+                "cannot align on `{dim}`: the coordinate `{path}` has shape {:?} but \
+                 `{array}` has {n} samples along its sample axis",
                 coord.shape()
             )));
         }

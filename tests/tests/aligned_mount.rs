@@ -190,6 +190,10 @@ fn stores_that_do_not_align_are_refused_saying_why() {
             "untimed",
             "no coordinate array `m/untimed/time` beside `m/untimed/tp`",
         ),
+        (
+            "short",
+            "the coordinate `m/short/time` has shape [5] but `m/short/tp` has 8 samples",
+        ),
     ];
     for (group, needle) in cases {
         let e = refusal(misaligned(group));
