@@ -330,3 +330,57 @@ fn a_three_hourly_store_beside_six_hourly_inputs_is_read_at_every_second_sample(
     let anchors = sorted(check_epoch(&ds, "train", &refs));
     assert_eq!(anchors, (1..30).step_by(2).collect::<Vec<_>>());
 }
+
+#[test]
+fn ranks_share_the_anchors_an_aligned_mount_covers_once() {
+    // Two and three ranks of the later targets' dataset: together every shared anchor once,
+    // each rank's rows equal zarr-python's.
+    let x = fixture("aligned", "x");
+    let tp = targets();
+    let refs = [("x", &x, 0), ("y", &tp, 0)];
+    for world_size in [2, 3] {
+        let mut all = Vec::new();
+        for rank in 0..world_size {
+            let ds = builder("aligned_targets.zarr", on_time())
+                .shard(rank, world_size)
+                .even_train(false)
+                .build()
+                .unwrap();
+            all.extend(check_epoch(&ds, "train", &refs));
+        }
+        assert_eq!(
+            sorted(all),
+            (7..20).collect::<Vec<_>>(),
+            "{world_size} ranks"
+        );
+    }
+}
+
+#[test]
+fn a_cache_directory_revives_an_aligned_mount_with_nothing_decoded() {
+    // The cache keys on array path and chunk: an aligned mount's chunks are cached and revived
+    // like any, and the revived rows are still each anchor's time.
+    let x = fixture("aligned", "x");
+    let daily = fixture("aligned_daily", "tp");
+    let cache = tempfile::tempdir().unwrap();
+    let b = || {
+        builder("aligned_daily.zarr", on_time())
+            .sample_stride(4, 0)
+            .cache_dir(cache.path())
+            .persist(true)
+    };
+    let refs = [("x", &x, 0), ("y", &daily, 0)];
+    {
+        let ds = b().build().unwrap();
+        assert_eq!(sorted(check_epoch(&ds, "train", &refs)), [4, 8, 12, 16]);
+    }
+    let ds = b().readonly_cache(true).build().unwrap();
+    let s = run(&ds, "train");
+    // x's chunks 1..5 (anchors 4..16) and the daily store's chunks 0 and 1 (days 0..4).
+    assert_eq!(
+        (s.tiles_read, s.bytes_decoded, s.cache_hits),
+        (0, 0, 6),
+        "{s:?}"
+    );
+    assert_eq!(sorted(check_epoch(&ds, "train", &refs)), [4, 8, 12, 16]);
+}
