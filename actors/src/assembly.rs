@@ -40,7 +40,6 @@ use insitubatch_pool::{BufferPool, ChunkPool, PooledBuf};
 use crate::error::EngineError;
 use crate::pass::{IntoRows, lock};
 use crate::planner::{EpochOrder, PathInfo, ReadPlan};
-use crate::sample_map::AnchorMap;
 use crate::tile::TileLayout;
 use crate::transform::Pipeline;
 
@@ -104,10 +103,10 @@ impl DirectRows {
             return Self::none();
         }
         let mut labels_of = vec![0usize; plan.paths.len()];
-        let mut indexed = vec![false; plan.paths.len()];
+        let mut shared = vec![false; plan.paths.len()];
         for l in &plan.labels {
             labels_of[l.path] += 1;
-            indexed[l.path] |= matches!(l.map, AnchorMap::Table(_));
+            shared[l.path] |= l.map.shares_samples();
         }
         // A chunk read by two labels (a window beside its array) is a slot both copy from; a
         // chunk read from blocks far apart (an array chunked coarser than the order's grid)
@@ -115,13 +114,14 @@ impl DirectRows {
         let mut eligible: Vec<bool> = plan
             .paths
             .iter()
-            .zip(labels_of.iter().zip(&indexed))
-            .map(|(p, (&labels, &indexed))| {
-                // A static field's one slot is every row's; an indexed array's sample may be
-                // several rows' (a day's climatology for each of its hours).
+            .zip(labels_of.iter().zip(&shared))
+            .map(|(p, (&labels, &shared))| {
+                // A static field's one slot is every row's; an indexed array's sample, or a
+                // coarser store's read by every anchor its period contains, may be several
+                // rows' (a day's for each of its hours).
                 labels == 1
                     && !p.geom.static_field
-                    && !indexed
+                    && !shared
                     && transforms.get(&*p.path).is_none_or(Pipeline::is_empty)
             })
             .collect();

@@ -42,7 +42,9 @@ impl StoreAxis {
 
 /// Where a variable's store sits against the anchors: before its window offset, anchor `a`
 /// reads sample `(a * mul + add) / div`, at the anchors where the division is exact (the
-/// others fall between two of its samples). `{1, 0, 1}` for the anchors' own store.
+/// others fall between two of its samples), or with `containing` at every anchor, rounded
+/// down (the sample whose period holds the anchor's time: a day's for each of its hours).
+/// `{1, 0, 1}` for the anchors' own store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Placement {
     /// Multiplies the anchor.
@@ -51,6 +53,8 @@ pub struct Placement {
     pub add: i64,
     /// Divides the sum.
     pub div: u64,
+    /// Anchors between two samples read the one before, instead of none.
+    pub containing: bool,
 }
 
 fn gcd(a: u128, b: u128) -> u128 {
@@ -63,6 +67,7 @@ impl Placement {
         mul: 1,
         add: 0,
         div: 1,
+        containing: false,
     };
 
     /// Anchor `a` reads sample `a + add` (a store of the anchors' rate, started elsewhere).
@@ -71,6 +76,7 @@ impl Placement {
             mul: 1,
             add,
             div: 1,
+            containing: false,
         }
     }
 
@@ -90,7 +96,14 @@ impl Placement {
             mul: u64::try_from(mul / g).ok()?,
             add: i64::try_from(add / g as i128).ok()?,
             div: u64::try_from(div / g).ok()?,
+            containing: false,
         })
+    }
+
+    /// Whether several anchors may read one sample (a containing placement of a coarser
+    /// store): then a sample is not one row's.
+    pub fn shares_samples(&self) -> bool {
+        self.containing && self.div > 1
     }
 
     /// The anchors that land exactly on a sample: those `a` with `a % modulus == residue`
@@ -151,8 +164,9 @@ impl SampleMap {
         at + i128::from(self.offset)
     }
 
-    /// The anchors of those that land on a sample whose sample lies in an array of `len`:
-    /// `(a * mul + add) / div + offset` in `0..len` (possibly negative or empty).
+    /// The anchors of those that land on a sample (every anchor for a containing placement)
+    /// whose sample lies in an array of `len`: `(a * mul + add) / div + offset` in `0..len`
+    /// (possibly negative or empty).
     pub fn within(&self, len: u64) -> Range<i128> {
         let p = self.placement;
         let (mul, add, div) = (i128::from(p.mul), i128::from(p.add), i128::from(p.div));
@@ -160,8 +174,14 @@ impl SampleMap {
         // j + offset >= 0 with a mul + add = j div: a >= ceil((-offset div - add) / mul).
         let lo = (-offset * div - add).div_euclid(mul)
             + i128::from((-offset * div - add).rem_euclid(mul) != 0);
-        // j + offset <= len - 1: a <= floor(((len - 1 - offset) div - add) / mul).
-        let hi = ((i128::from(len) - 1 - offset) * div - add).div_euclid(mul) + 1;
+        let hi = if p.containing {
+            // floor((a mul + add) / div) + offset < len: a mul + add < (len - offset) div.
+            let top = (i128::from(len) - offset) * div - add;
+            top.div_euclid(mul) + i128::from(top.rem_euclid(mul) != 0)
+        } else {
+            // j + offset <= len - 1: a <= floor(((len - 1 - offset) div - add) / mul).
+            ((i128::from(len) - 1 - offset) * div - add).div_euclid(mul) + 1
+        };
         lo..hi.max(lo)
     }
 }
@@ -186,6 +206,15 @@ impl AnchorMap {
                 .ok()
                 .and_then(|a| t.get(a))
                 .map_or(-1, |&s| i128::from(s)),
+        }
+    }
+
+    /// Whether several anchors may read one sample of the array: a table, or a containing
+    /// placement of a coarser store.
+    pub fn shares_samples(&self) -> bool {
+        match self {
+            Self::Affine(m) => m.placement.shares_samples(),
+            Self::Table(_) => true,
         }
     }
 
@@ -288,6 +317,33 @@ mod tests {
                                 (0..i128::from(len)).contains(&j),
                                 "{r:?} {v:?} offset {offset} len {len} anchor {a}"
                             );
+                        }
+                    }
+                }
+            }
+        }
+        // Containing: every anchor reads the sample before it; `within` holds exactly those
+        // whose sample is in the array.
+        for r in axes {
+            for v in axes {
+                let mut placement = Placement::between(r, v).unwrap();
+                placement.containing = true;
+                for offset in [-2i64, 0, 1] {
+                    let map = SampleMap { placement, offset };
+                    for len in [0u64, 1, 5, 40] {
+                        let range = map.within(len);
+                        for a in 0..120u64 {
+                            let j = map.sample(a);
+                            assert_eq!(
+                                range.contains(&i128::from(a)),
+                                (0..i128::from(len)).contains(&j),
+                                "{r:?} {v:?} containing, offset {offset} len {len} anchor {a}"
+                            );
+                            // The sample before the anchor's time, and the next one after it.
+                            let (an, ad) = time(r, i128::from(a));
+                            let (vn, vd) = time(v, j - i128::from(offset));
+                            let (wn, wd) = time(v, j - i128::from(offset) + 1);
+                            assert!(vn * ad <= an * vd && an * wd < wn * ad, "{r:?} {v:?} {a}");
                         }
                     }
                 }

@@ -418,7 +418,8 @@ impl CoordinateKeys {
 /// coordinate equal to the mount's first value (or minus the index of the mount's value equal
 /// to the root's first, when it starts earlier), and every value the two share a place for
 /// must match. Stepping at different rates: both must be CF times stepping evenly, and the
-/// mount's sample `j` is at the root's `(start + j step) / per`. Each coordinate must rise
+/// mount's sample `j` is at the root's `(start + j step) / per`, as it is for `containing` (each
+/// anchor reads the sample before it, so the times need not meet). Each coordinate must rise
 /// strictly and be as long as its array along the sample axis.
 pub(crate) fn mount_start(
     runtime: &insitubatch_runtime::Runtime,
@@ -427,6 +428,7 @@ pub(crate) fn mount_start(
     (mount, dim): (&str, &str),
     root_array: Option<(&str, u64)>,
     mount_array: (&str, u64),
+    containing: bool,
 ) -> Result<StoreAxis, EngineError> {
     use std::cmp::Ordering::{Equal, Greater, Less};
     let refuse = |why: String| EngineError::arg("mounts", mount, why);
@@ -515,12 +517,18 @@ pub(crate) fn mount_start(
         _ => None,
     };
     if let (Some(dr), Some(dm)) = (steps(&root), steps(&mounted))
-        && dr != dm
+        && (dr != dm || containing)
     {
         let (CoordinateKeys::Instants(r), CoordinateKeys::Instants(m)) = (&root, &mounted) else {
+            let what = if containing {
+                "a containing alignment reads".to_string()
+            } else {
+                format!(
+                    "`{root_path}` steps by {dr} and `{mount_path}` by {dm}: stores at different rates align"
+                )
+            };
             return Err(refuse(format!(
-                "`{root_path}` steps by {dr} and `{mount_path}` by {dm}: stores at different \
-                 rates align only on CF times (units such as \"hours since 1979-01-01\")"
+                "{what} only on CF times (units such as \"hours since 1979-01-01\")"
             )));
         };
         let even =

@@ -521,7 +521,7 @@ impl DatasetBuilder {
             }
             let start = match alignment {
                 MountAlignment::Samples(k) => StoreAxis::starting_at(*k),
-                MountAlignment::Coordinate(dim) => {
+                MountAlignment::Coordinate(dim) | MountAlignment::Containing(dim) => {
                     // Its first variable's coordinate against the root's first variable's.
                     let Some(mounted) = sampled.iter().find(|v| mount_of(v).as_ref() == Some(name))
                     else {
@@ -539,6 +539,7 @@ impl DatasetBuilder {
                         (name, dim),
                         root,
                         (&mounted.geom.path, mounted.geom.n_samples()),
+                        matches!(alignment, MountAlignment::Containing(_)),
                     )?
                 }
             };
@@ -746,7 +747,9 @@ impl DatasetBuilder {
     /// To leave the rest out of the splits, give `split_by_chunk` that range as its
     /// `sample_range`. On a coordinate, the mounted store may step at another rate (both CF
     /// times stepping evenly): daily targets beside 6-hourly inputs are read at every fourth
-    /// anchor, and the [`sample_stride`](Self::sample_stride) must draw just those. Refused
+    /// anchor, and the [`sample_stride`](Self::sample_stride) must draw just those; with
+    /// [`MountAlignment::Containing`] every anchor reads the day holding its time instead.
+    /// Refused
     /// when the dataset is built: a name that is not mounted, a coordinate missing or not
     /// rising in either store, stores that share no value, part somewhere or step unevenly at
     /// different rates, a stride that draws anchors between two samples of a store, and an
@@ -1096,11 +1099,19 @@ impl DatasetBuilder {
         // against that array's store.
         if !starts.is_empty() {
             let aligned: Vec<&str> = self.alignments.iter().map(|(n, _)| n.as_str()).collect();
+            let containing = |path: &str| {
+                path.split_once('/').is_some_and(|(m, _)| {
+                    self.alignments
+                        .iter()
+                        .any(|(n, a)| n == m && matches!(a, MountAlignment::Containing(_)))
+                })
+            };
             place_on_anchors(
                 &mut variables,
                 &manifest,
                 stride,
                 &start_of,
+                &containing,
                 &aligned.join(", "),
             )?;
         }
@@ -1752,12 +1763,13 @@ fn place_on_anchors(
     manifest: &SplitManifest,
     stride: Stride,
     axis_of: &dyn Fn(&str) -> Option<StoreAxis>,
+    containing: &dyn Fn(&str) -> bool,
     aligned: &str,
 ) -> Result<(), EngineError> {
     let reference = axis_of(&manifest.array).unwrap_or(StoreAxis::ROOT);
     for v in variables.iter_mut().filter(|v| !v.reads_every_anchor()) {
         let axis = axis_of(&v.geom.path).unwrap_or(StoreAxis::ROOT);
-        v.placement = Placement::between(reference, axis).ok_or_else(|| {
+        let mut placement = Placement::between(reference, axis).ok_or_else(|| {
             EngineError::arg(
                 "mounts",
                 aligned,
@@ -1767,6 +1779,11 @@ fn place_on_anchors(
                 ),
             )
         })?;
+        placement.containing = containing(&v.geom.path);
+        v.placement = placement;
+        if placement.containing {
+            continue; // every anchor reads a sample
+        }
         let every = stride.every;
         match v.placement.congruence() {
             None => {
@@ -1833,6 +1850,11 @@ pub enum MountAlignment {
     /// `units`. Both must rise strictly, meet at a shared value and agree wherever both have
     /// one; CF times that each step evenly may step at different rates.
     Coordinate(String),
+    /// As [`Coordinate`](Self::Coordinate), but every anchor reads the mounted store's last
+    /// sample at or before its time (the day holding each hour, for days labelled at their
+    /// start), not only the anchors whose time it has: no sample stride is needed. Both must be
+    /// CF times stepping evenly; the times need not meet.
+    Containing(String),
 }
 
 /// A store mounted as a group of the dataset's store ([`DatasetBuilder::mount`]).

@@ -339,8 +339,10 @@ struct MountArgs {
     #[arg(long = "mount", value_name = "NAME=STORE", value_parser = key_value)]
     mounts: Vec<(String, String)>,
     /// Place a mounted store that covers other times on this store's sample axis: `NAME=time`
-    /// matches the two stores' `time` coordinates, `NAME=K` says it starts at this store's
-    /// sample K (negative: before it); the anchors outside what both cover are dropped.
+    /// matches the two stores' `time` coordinates, `NAME=containing:time` has every sample read
+    /// the mounted store's last sample at or before its time (a day's for each hour), `NAME=K`
+    /// says it starts at this store's sample K (negative: before it); the anchors outside what
+    /// both cover are dropped.
     #[arg(long = "align-mount", value_name = "NAME=DIM|K", value_parser = key_value)]
     aligns: Vec<(String, String)>,
 }
@@ -351,9 +353,10 @@ impl MountArgs {
             b = b.mount(name, store);
         }
         for (name, at) in &self.aligns {
-            let alignment = match at.parse::<i64>() {
-                Ok(k) => MountAlignment::Samples(k),
-                Err(_) => MountAlignment::Coordinate(at.clone()),
+            let alignment = match (at.parse::<i64>(), at.strip_prefix("containing:")) {
+                (Ok(k), _) => MountAlignment::Samples(k),
+                (_, Some(dim)) => MountAlignment::Containing(dim.to_string()),
+                _ => MountAlignment::Coordinate(at.clone()),
             };
             b = b.align_mount(name, alignment);
         }

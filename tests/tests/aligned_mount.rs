@@ -5,7 +5,7 @@
 //! are dropped and counted; and coordinates that do not align are refused naming why.
 
 use insitubatch::actors::Placement;
-use insitubatch::{EngineError, InSituDataset, MountAlignment};
+use insitubatch::{EngineError, InSituDataset, IntoRows, MountAlignment};
 use insitubatch_tests::{FixtureArray, fixtures_dir};
 
 mod common;
@@ -265,6 +265,7 @@ fn a_daily_store_beside_six_hourly_inputs_is_read_at_every_fourth_anchor() {
         mul: 1,
         add: -4,
         div: 4,
+        containing: false,
     };
     let placements: Vec<Placement> = ds.variables().iter().map(|v| v.placement).collect();
     assert_eq!(placements, [Placement::SAME, placement, placement]);
@@ -301,7 +302,8 @@ fn a_three_hourly_store_beside_six_hourly_inputs_is_read_at_every_second_sample(
         Placement {
             mul: 2,
             add: -1,
-            div: 1
+            div: 1,
+            containing: false,
         }
     );
     assert_eq!(ds.anchor_range(), 1..16);
@@ -383,4 +385,51 @@ fn a_cache_directory_revives_an_aligned_mount_with_nothing_decoded() {
         "{s:?}"
     );
     assert_eq!(sorted(check_epoch(&ds, "train", &refs)), [4, 8, 12, 16]);
+}
+
+#[test]
+fn a_containing_alignment_reads_each_anchors_day_with_no_stride() {
+    // Daily targets from 1979-01-02 beside 6-hourly inputs: every anchor from the fourth reads
+    // the day holding its time, (a - 4) / 4, through the sixth day's last hours (anchor 19 is
+    // the inputs' last); each day's sample is copied into its four rows, in every into-rows
+    // mode (decoding it straight into one row would give it one).
+    let x = fixture("aligned", "x");
+    let daily = fixture("aligned_daily", "tp");
+    let refs = [("x", &x, 0), ("y", &daily, 0)];
+    for (into_rows, block_chunks) in [(IntoRows::Always, 16), (IntoRows::Never, 1)] {
+        let ds = builder(
+            "aligned_daily.zarr",
+            MountAlignment::Containing("time".into()),
+        )
+        .decode_into_batches(into_rows)
+        .block_chunks(block_chunks)
+        .build()
+        .unwrap();
+        let p = ds.variables()[1].placement;
+        assert!(p.containing && (p.mul, p.add, p.div) == (1, -4, 4), "{p:?}");
+        assert_eq!(ds.anchor_range(), 4..20);
+        for split in ["train", "all"] {
+            let anchors = check_epoch(&ds, split, &refs);
+            assert_eq!(
+                sorted(anchors),
+                (4..20).collect::<Vec<_>>(),
+                "{into_rows:?}"
+            );
+        }
+        for b in ds.iter("all").unwrap() {
+            let b = b.unwrap();
+            let days: Vec<u64> = b.sample_indices().iter().map(|a| (a - 4) / 4).collect();
+            assert_eq!(b.read_indices("y").unwrap(), days);
+        }
+        assert_eq!(run(&ds, "all").dropped_anchors, 4);
+    }
+    // Numbers that are not CF times cannot say which period holds a time.
+    let e = refusal(
+        InSituDataset::builder(fixture("aligned", "x").store)
+            .mount("m", fixtures_dir().join("misaligned.zarr"))
+            .align_mount("m", MountAlignment::Containing("time".into()))
+            .variable("x", "x")
+            .variable("y", "m/steps/tp"),
+    );
+    assert!(e.contains("`mounts` = m"), "{e}");
 }

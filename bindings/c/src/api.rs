@@ -581,7 +581,8 @@ fn mounts(v: serde_json::Value) -> Result<Vec<MountConfig>, insitubatch::EngineE
             "is an object mapping each mount's name to a store location (a path or URL), or to \
              {\"store\": location, \"storage_options\": {...}, \"align\": ...}, such as \
              {\"targets\": \"/data/targets.zarr\"}; `align` (ABI 17) is the name of a \
-             coordinate both stores have (\"time\") or the root's sample index where the \
+             coordinate both stores have (\"time\"), {\"containing\": \"time\"} (every \
+             anchor reads the sample before its time), or the root's sample index where the \
              mounted store starts (an integer, negative when it starts earlier)",
         )
     };
@@ -604,6 +605,12 @@ fn mounts(v: serde_json::Value) -> Result<Vec<MountConfig>, insitubatch::EngineE
                         Some(serde_json::Value::String(dim)) if !dim.is_empty() => {
                             Some(insitubatch::MountAlignment::Coordinate(dim.clone()))
                         }
+                        Some(serde_json::Value::Object(c)) => match c.get("containing") {
+                            Some(serde_json::Value::String(dim)) if c.len() == 1 => {
+                                Some(insitubatch::MountAlignment::Containing(dim.clone()))
+                            }
+                            _ => return Err(bad(entry)),
+                        },
                         Some(n) => match n.as_i64() {
                             Some(k) => Some(insitubatch::MountAlignment::Samples(k)),
                             None => return Err(bad(entry)),
@@ -1367,6 +1374,7 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
                     "mul": v.placement.mul,
                     "add": v.placement.add,
                     "div": v.placement.div,
+                    "containing": v.placement.containing,
                 });
                 // A sample as batches hold it (after the array's chunk transforms).
                 g["sample_shape"] = v.sample_inner.clone().into();

@@ -221,6 +221,8 @@ int main(int argc, char **argv) {
      * over the 9 anchors both cover; aligned on `time` it reads the same samples. */
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"mounts\": {\"again\": {\"store\": \"%s\", \"align\": true}}}", store, store);
     CHECK("align neither a name nor an integer", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "`align` (ABI 17)");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"mounts\": {\"again\": {\"store\": \"%s\", \"align\": {\"containing\": 3}}}}", store, store);
+    CHECK("containing not a name", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "{\"containing\": \"time\"}");
     snprintf(config, sizeof config,
              "{\"store\": \"%s\", \"mounts\": {\"again\": {\"store\": \"%s\", \"align\": \"level\"}}, "
              "\"variables\": [\"station\", {\"label\": \"s\", \"path\": \"again/station\"}]}",
@@ -237,7 +239,7 @@ int main(int argc, char **argv) {
         int behind = k == 0 ? 3 : 0;
         char *facts = NULL, want_range[64], want_alignment[64];
         snprintf(want_range, sizeof want_range, "\"anchor_range\":[%d,12]", behind);
-        snprintf(want_alignment, sizeof want_alignment, "\"placement\":{\"mul\":1,\"add\":%d,\"div\":1}", -behind);
+        snprintf(want_alignment, sizeof want_alignment, "\"placement\":{\"mul\":1,\"add\":%d,\"div\":1,\"containing\":false}", -behind);
         CHECK("aligned facts", isb_dataset_stats_json(aligned, &facts, &err), ISB_OK, NULL);
         if (!facts || !strstr(facts, want_range) || !strstr(facts, want_alignment)) {
             fprintf(stderr, "FAIL aligned facts (%s, %s): %s\n", want_range, want_alignment, facts ? facts : "(null)");

@@ -773,7 +773,7 @@ def _stacks(stacks) -> dict[str, list[str]]:
     return out
 
 
-def _mounts(mounts) -> dict[str, tuple[str, dict[str, Any] | None, str | int | None]]:
+def _mounts(mounts) -> dict[str, tuple[str, dict[str, Any] | None, Any]]:
     """`mounts` as (location, storage options, alignment) by name, or a TypeError saying what it
     takes."""
     what = ("`mounts` must map each mount's name to a store (a path or URL), to (store, "
@@ -781,7 +781,7 @@ def _mounts(mounts) -> dict[str, tuple[str, dict[str, Any] | None, str | int | N
             "an int}, such as {'targets': '/data/targets.zarr'}")
     if not isinstance(mounts, Mapping):
         raise TypeError(f"{what}, not {type(mounts).__name__}")
-    out: dict[str, tuple[str, dict[str, Any] | None, str | int | None]] = {}
+    out: dict[str, tuple[str, dict[str, Any] | None, Any]] = {}
     for name, value in mounts.items():
         if not isinstance(name, str):
             raise TypeError(f"{what}; got the name {name!r}")
@@ -792,11 +792,18 @@ def _mounts(mounts) -> dict[str, tuple[str, dict[str, Any] | None, str | int | N
                 raise TypeError(f"{what}; got {name!r}: {dict(value)!r}")
             location, options, align = (value["store"], value.get("storage_options"),
                                         value.get("align"))
-            if align is not None and (isinstance(align, bool) or not isinstance(
-                    align, (str, numbers.Integral)) or align == ""):
+            if isinstance(align, Mapping):
+                dim = align.get("containing")
+                good = set(align) == {"containing"} and isinstance(dim, str) and dim != ""
+                align = {"containing": dim}
+            else:
+                good = align is None or (isinstance(align, (str, numbers.Integral))
+                                         and not isinstance(align, bool) and align != "")
+            if not good:
                 raise TypeError(f"{what}; the `align` of {name!r} is {align!r}: the name of a "
-                                "coordinate both stores have, or the sample of this dataset's "
-                                "store where the mounted one starts")
+                                "coordinate both stores have, {'containing': that name}, or "
+                                "the sample of this dataset's store where the mounted one "
+                                "starts")
             if isinstance(align, numbers.Integral):
                 align = int(align)
         elif isinstance(value, tuple) and len(value) == 2:
@@ -1429,7 +1436,7 @@ class InSituDataset:
         self._placements = {
             v["label"]: (p["mul"], p["add"], p["div"])
             for v in info["variables"]
-            if (p := v["placement"]) != {"mul": 1, "add": 0, "div": 1}
+            if ((p := v["placement"])["mul"], p["add"], p["div"]) != (1, 0, 1)
         }
         self.anchor_range = range(*info["anchor_range"])
         # What one sample of each label is in a batch: after the chunk transforms (a cast or a

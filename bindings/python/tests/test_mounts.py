@@ -204,6 +204,23 @@ def test_a_mount_at_another_rate_is_read_where_its_times_meet_the_anchors(tmp_pa
                                   ds.coordinates("y")[batch.read_indices("y")])
 
 
+def test_a_containing_mount_is_read_at_every_anchor_its_periods_hold(tmp_path):
+    # 12-hourly targets from the inputs' tenth sample: every anchor from the tenth reads the
+    # target whose twelve hours hold its time, (anchor - 10) // 2, with no sample stride.
+    inputs, targets, t2m, tp = write_timed_stores(tmp_path, step_hours=12)
+    variables = {"x": isb.open_geometries(inputs)["t2m"], "y": isb.open_geometries(targets)["tp"]}
+    ds = isb.InSituDataset(inputs, None, variables, batch_size=4,
+                           mounts={"t": {"store": targets, "align": {"containing": "time"}}})
+    assert ds.anchor_range == range(10, 30)
+    anchors = check(ds, "all", {"x": t2m, "y": tp})
+    assert sorted(anchors) == list(range(10, 30))
+    batch = next(iter(ds.all))
+    np.testing.assert_array_equal(batch.read_indices("y"), (batch.sample_indices - 10) // 2)
+    for bad in ({"containing": 3}, {"containing": "time", "x": 1}, {"nearest": "time"}):
+        with pytest.raises(TypeError, match="the `align` of 't'"):
+            isb.InSituDataset(inputs, mounts={"t": {"store": targets, "align": bad}})
+
+
 def test_mounts_that_do_not_align_are_refused_saying_why(tmp_path):
     inputs, targets, *_ = write_timed_stores(tmp_path, step_hours=12)
     variables = {"x": isb.open_geometries(inputs)["t2m"], "y": isb.open_geometries(targets)["tp"]}
