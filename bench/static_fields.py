@@ -7,18 +7,11 @@ holding the split), best of `--rounds` alternated rounds, samples/s.
 """
 
 import argparse
-import time
 
 import numpy as np
 
 import insitubatch as isb
-
-
-def epoch_rate(ds) -> float:
-    n, start = 0, time.perf_counter()
-    for b in ds.train:
-        n += len(b)
-    return n / (time.perf_counter() - start)
+from timing import epoch_rate
 
 
 def main() -> None:

@@ -38,6 +38,22 @@ impl StoreAxis {
             per: 1,
         }
     }
+
+    /// A store whose sample 0 comes `start` time units after the root's and which steps by
+    /// `step` where the root steps by `root_step` (both positive, in one unit: microseconds),
+    /// in lowest terms.
+    pub fn from_times(start: i64, step: u64, root_step: u64) -> Self {
+        let g = gcd(
+            gcd(u128::from(step), u128::from(root_step)),
+            u128::from(start.unsigned_abs()),
+        )
+        .max(1);
+        Self {
+            start: (i128::from(start) / g as i128) as i64,
+            step: (u128::from(step) / g) as u64,
+            per: (u128::from(root_step) / g) as u64,
+        }
+    }
 }
 
 /// Where a variable's store sits against the anchors: before its window offset, anchor `a`

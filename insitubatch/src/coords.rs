@@ -544,13 +544,12 @@ pub(crate) fn mount_start(
                 ))),
             };
         let (dr, dm) = (even(r, &root_path)?, even(m, &mount_path)?);
-        let d = m[0] - r[0];
-        let g = gcd(gcd(dr.unsigned_abs(), dm.unsigned_abs()), d.unsigned_abs()).max(1) as i64;
-        return Ok(StoreAxis {
-            start: d / g,
-            step: (dm / g) as u64,
-            per: (dr / g) as u64,
-        });
+        // Both rise strictly, so both steps are positive.
+        return Ok(StoreAxis::from_times(
+            m[0] - r[0],
+            dm.unsigned_abs(),
+            dr.unsigned_abs(),
+        ));
     }
     // The first shared value: the mount's first in the root, or the root's first in the mount.
     let find = |within: &CoordinateKeys, of: &CoordinateKeys, i: usize| {
@@ -598,10 +597,6 @@ pub(crate) fn mount_start(
         }
     }
     Ok(StoreAxis::starting_at(k))
-}
-
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// A time step in microseconds, for a message: `6 h`, `30 min`, `90 s`.

@@ -491,7 +491,7 @@ impl DatasetBuilder {
         store: &MountedStore,
         hierarchy: &Hierarchy,
         sampled: &[&Variable],
-    ) -> Result<HashMap<String, StoreAxis>, EngineError> {
+    ) -> Result<HashMap<String, (StoreAxis, bool)>, EngineError> {
         let mount_of = |v: &Variable| -> Option<String> {
             let (m, _) = v.geom.path.split_once('/')?;
             self.mounts
@@ -525,7 +525,8 @@ impl DatasetBuilder {
                     // Its first variable's coordinate against the root's first variable's.
                     let Some(mounted) = sampled.iter().find(|v| mount_of(v).as_ref() == Some(name))
                     else {
-                        starts.insert(name.clone(), StoreAxis::ROOT); // nothing is read from it
+                        // Nothing is read from it.
+                        starts.insert(name.clone(), (StoreAxis::ROOT, false));
                         continue;
                     };
                     let root = sampled
@@ -543,7 +544,8 @@ impl DatasetBuilder {
                     )?
                 }
             };
-            starts.insert(name.clone(), start);
+            let containing = matches!(alignment, MountAlignment::Containing(_));
+            starts.insert(name.clone(), (start, containing));
         }
         Ok(starts)
     }
@@ -1027,10 +1029,11 @@ impl DatasetBuilder {
                  its sample axis, which sets the samples its batches draw",
             ));
         };
-        // Where each aligned mount starts on the root's sample axis; the arrays of one store
-        // (of the root and the mounts without an alignment together) share a length.
+        // Where each aligned mount sits on the root's sample axis (and whether it is read
+        // `Containing`); the arrays of one store (of the root and the mounts without an
+        // alignment together) share a length.
         let starts = self.mount_starts(&runtime, &store, &hierarchy, &sampled)?;
-        let start_of = |path: &str| -> Option<StoreAxis> {
+        let start_of = |path: &str| -> Option<(StoreAxis, bool)> {
             let (mount, _) = path.split_once('/')?;
             starts.get(mount).copied()
         };
@@ -1099,19 +1102,11 @@ impl DatasetBuilder {
         // against that array's store.
         if !starts.is_empty() {
             let aligned: Vec<&str> = self.alignments.iter().map(|(n, _)| n.as_str()).collect();
-            let containing = |path: &str| {
-                path.split_once('/').is_some_and(|(m, _)| {
-                    self.alignments
-                        .iter()
-                        .any(|(n, a)| n == m && matches!(a, MountAlignment::Containing(_)))
-                })
-            };
             place_on_anchors(
                 &mut variables,
                 &manifest,
                 stride,
                 &start_of,
-                &containing,
                 &aligned.join(", "),
             )?;
         }
@@ -1755,20 +1750,20 @@ fn check_index(v: &Variable, anchors: u64) -> Result<(), EngineError> {
 }
 
 /// Places each sampled variable's store against the anchors (samples of the manifest's
-/// array), given where each aligned store sits on the root's axis; refuses placements under
+/// array), given where each aligned store sits on the root's axis and whether its anchors read
+/// the sample whose period holds them (`place_of`, by array path); refuses placements under
 /// which no anchor reads inside every array, or the anchors the sample stride draws fall
 /// between two samples of a store at another rate.
 fn place_on_anchors(
     variables: &mut [Variable],
     manifest: &SplitManifest,
     stride: Stride,
-    axis_of: &dyn Fn(&str) -> Option<StoreAxis>,
-    containing: &dyn Fn(&str) -> bool,
+    place_of: &dyn Fn(&str) -> Option<(StoreAxis, bool)>,
     aligned: &str,
 ) -> Result<(), EngineError> {
-    let reference = axis_of(&manifest.array).unwrap_or(StoreAxis::ROOT);
+    let (reference, _) = place_of(&manifest.array).unwrap_or((StoreAxis::ROOT, false));
     for v in variables.iter_mut().filter(|v| !v.reads_every_anchor()) {
-        let axis = axis_of(&v.geom.path).unwrap_or(StoreAxis::ROOT);
+        let (axis, containing) = place_of(&v.geom.path).unwrap_or((StoreAxis::ROOT, false));
         let mut placement = Placement::between(reference, axis).ok_or_else(|| {
             EngineError::arg(
                 "mounts",
@@ -1779,7 +1774,7 @@ fn place_on_anchors(
                 ),
             )
         })?;
-        placement.containing = containing(&v.geom.path);
+        placement.containing = containing;
         v.placement = placement;
         if placement.containing {
             continue; // every anchor reads a sample

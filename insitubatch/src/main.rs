@@ -36,33 +36,78 @@ struct Cli {
     command: Command,
 }
 
-/// `b` with the static fields `--static` names, after the sampled `--variables` (which it
-/// needs: without them the dataset would read every data variable, the static arrays too).
-fn with_statics(
-    mut b: insitubatch::DatasetBuilder,
-    statics: &[(String, String)],
-    has_variables: bool,
-    region: &RegionArgs,
-) -> Result<insitubatch::DatasetBuilder, Box<dyn std::error::Error>> {
-    if statics.is_empty() {
-        return Ok(b);
+/// Arrays read beside the sampled `--variables` other than at each anchor: static fields and
+/// cycle-indexed climatologies.
+#[derive(clap::Args, Debug)]
+struct FieldArgs {
+    /// A static field, `LABEL=ARRAY` (`orog=orography`): the array whole in every row, beside
+    /// the sampled variables (it may be a label of a --stack); repeat it for several. `warm`
+    /// caches the ones the readers will read (a readonly reader's miss is an error).
+    #[arg(long = "static", value_name = "LABEL=ARRAY", value_parser = key_value)]
+    statics: Vec<(String, String)>,
+    /// A variable read at each sample's place in a calendar cycle, `LABEL=ARRAY:CYCLE`
+    /// (`clim=t2m_clim:dayofyear`; cycles `dayofyear`, `month`, `hour`): a climatology beside
+    /// the sampled variables, indexed by the time coordinate of the first of --variables (or of
+    /// the manifest's array); it may be a label of a --stack. Repeat it for several.
+    #[arg(long = "cycle", value_name = "LABEL=ARRAY:CYCLE", value_parser = parse_cycle)]
+    cycles: Vec<(String, String, insitubatch::Cycle)>,
+}
+
+impl FieldArgs {
+    /// `b` with these fields, after the sampled `variables` (which they need: without them the
+    /// dataset would read every data variable, these arrays too).
+    fn apply(
+        &self,
+        mut b: DatasetBuilder,
+        at: &StoreAt,
+        variables: Option<&[String]>,
+        region: &RegionArgs,
+        manifest: Option<&SplitManifest>,
+    ) -> Result<DatasetBuilder, Box<dyn std::error::Error>> {
+        if !self.statics.is_empty() {
+            if variables.is_none() {
+                return Err(
+                    "--static needs --variables: the sampled variables beside the static fields"
+                        .into(),
+                );
+            }
+            if region.region.is_some() || region.coords.is_some() {
+                return Err(
+                    "--static reads whole arrays; with --region or --coords, crop static fields \
+                     through the library (cropped_static)"
+                        .into(),
+                );
+            }
+            for (label, path) in &self.statics {
+                b = b.static_variable(label, path);
+            }
+        }
+        if self.cycles.is_empty() {
+            return Ok(b);
+        }
+        let Some(first) = variables.and_then(|v| v.first()) else {
+            return Err(
+                "--cycle needs --variables: the sampled variables whose time coordinate \
+                        indexes the cycle"
+                    .into(),
+            );
+        };
+        // Each cycle of the time coordinate of the anchors' array: the manifest's, else the
+        // first of `variables`.
+        let reference = manifest.map_or_else(|| first.clone(), |m| m.array.clone());
+        let times = insitubatch::coordinate_values(
+            at.path,
+            &reference,
+            None,
+            at.sample_axis,
+            at.storage_options,
+        )?;
+        for (label, array, cycle) in &self.cycles {
+            let index = insitubatch::cycle_index(&times, *cycle)?;
+            b = b.variable(label, array).index(label, index);
+        }
+        Ok(b)
     }
-    if !has_variables {
-        return Err(
-            "--static needs --variables: the sampled variables beside the static fields".into(),
-        );
-    }
-    if region.region.is_some() || region.coords.is_some() {
-        return Err(
-            "--static reads whole arrays; with --region or --coords, crop static fields \
-                    through the library (cropped_static)"
-                .into(),
-        );
-    }
-    for (label, path) in statics {
-        b = b.static_variable(label, path);
-    }
-    Ok(b)
 }
 
 /// `LABEL=ARRAY:CYCLE` (`clim=t2m_clim:dayofyear`).
@@ -73,42 +118,6 @@ fn parse_cycle(s: &str) -> Result<(String, String, insitubatch::Cycle), String> 
         .rsplit_once(':')
         .ok_or_else(|| format!("`{s}` is not {form}"))?;
     Ok((label, array.trim().to_string(), cycle.parse()?))
-}
-
-/// Adds the variables of `--cycle`, each indexed by its cycle of the time coordinate of the
-/// anchors' array (the manifest's, else the first of `variables`).
-fn with_cycles(
-    mut b: DatasetBuilder,
-    cycles: &[(String, String, insitubatch::Cycle)],
-    at: &StoreAt,
-    variables: Option<&[String]>,
-    manifest: Option<&SplitManifest>,
-) -> Result<DatasetBuilder, Box<dyn std::error::Error>> {
-    if cycles.is_empty() {
-        return Ok(b);
-    }
-    // Without --variables the dataset would read every data variable, but a --cycle variable
-    // makes the list: the sampled ones must be named too (as for --static).
-    let Some(first) = variables.and_then(|v| v.first()) else {
-        return Err(
-            "--cycle needs --variables: the sampled variables whose time coordinate \
-                    indexes the cycle"
-                .into(),
-        );
-    };
-    let reference = manifest.map_or_else(|| first.clone(), |m| m.array.clone());
-    let times = insitubatch::coordinate_values(
-        at.path,
-        &reference,
-        None,
-        at.sample_axis,
-        at.storage_options,
-    )?;
-    for (label, array, cycle) in cycles {
-        let index = insitubatch::cycle_index(&times, *cycle)?;
-        b = b.variable(label, array).index(label, index);
-    }
-    Ok(b)
 }
 
 /// `insitubatch warm`'s arguments.
@@ -143,16 +152,8 @@ struct WarmArgs {
     /// readers will pass (the cache fingerprint must match theirs).
     #[arg(long, value_name = "JSON")]
     chunk_transforms: Option<String>,
-    /// Warm the static fields the readers will read beside the variables (`LABEL=ARRAY`, as
-    /// `bench --static` takes them): a readonly reader's miss is an error.
-    #[arg(long = "static", value_name = "LABEL=ARRAY", value_parser = key_value)]
-    statics: Vec<(String, String)>,
-    /// A variable read at each sample's place in a calendar cycle, `LABEL=ARRAY:CYCLE`
-    /// (`clim=t2m_clim:dayofyear`; cycles `dayofyear`, `month`, `hour`): a climatology beside
-    /// the sampled variables, indexed by the time coordinate of the first of --variables (or of
-    /// the manifest's array); it may be a label of a --stack. Repeat it for several.
-    #[arg(long = "cycle", value_name = "LABEL=ARRAY:CYCLE", value_parser = parse_cycle)]
-    cycles: Vec<(String, String, insitubatch::Cycle)>,
+    #[command(flatten)]
+    fields: FieldArgs,
     #[command(flatten)]
     mounts: MountArgs,
     #[command(flatten)]
@@ -313,16 +314,8 @@ struct PassArgs {
     /// batches hold `x` shaped (batch, 2, *field)); repeat it for several stacks.
     #[arg(long = "stack", value_name = "NAME=LABELS", value_parser = parse_stack)]
     stacks: Vec<(String, Vec<String>)>,
-    /// A static field, `LABEL=ARRAY` (`orog=orography`): the array whole in every row, beside
-    /// the sampled variables (it may be a label of a --stack); repeat it for several.
-    #[arg(long = "static", value_name = "LABEL=ARRAY", value_parser = key_value)]
-    statics: Vec<(String, String)>,
-    /// A variable read at each sample's place in a calendar cycle, `LABEL=ARRAY:CYCLE`
-    /// (`clim=t2m_clim:dayofyear`; cycles `dayofyear`, `month`, `hour`): a climatology beside
-    /// the sampled variables, indexed by the time coordinate of the first of --variables (or of
-    /// the manifest's array); it may be a label of a --stack. Repeat it for several.
-    #[arg(long = "cycle", value_name = "LABEL=ARRAY:CYCLE", value_parser = parse_cycle)]
-    cycles: Vec<(String, String, insitubatch::Cycle)>,
+    #[command(flatten)]
+    fields: FieldArgs,
     #[command(flatten)]
     mounts: MountArgs,
     #[command(flatten)]
@@ -400,17 +393,16 @@ impl PassArgs {
         for v in self.variables.iter().flatten() {
             b = self.region.view(b, &at, v)?;
         }
-        b = with_statics(b, &self.statics, self.variables.is_some(), &self.region)?;
         let manifest = self
             .manifest
             .as_ref()
             .map(|m| SplitManifest::load(m))
             .transpose()?;
-        b = with_cycles(
+        b = self.fields.apply(
             b,
-            &self.cycles,
             &at,
             self.variables.as_deref(),
+            &self.region,
             manifest.as_ref(),
         )?;
         if let Some(m) = manifest {
@@ -935,8 +927,7 @@ fn warm(args: &WarmArgs) -> CliResult {
         region,
         reset_stale_cache,
         chunk_transforms,
-        statics,
-        cycles,
+        fields,
         mounts,
         store,
         ranks,
@@ -962,12 +953,11 @@ fn warm(args: &WarmArgs) -> CliResult {
     for v in variables.iter().flatten() {
         b = region.view(b, &at, v)?;
     }
-    b = with_statics(b, statics, variables.is_some(), region)?;
     let manifest = manifest
         .as_ref()
         .map(|m| SplitManifest::load(m))
         .transpose()?;
-    b = with_cycles(b, cycles, &at, variables.as_deref(), manifest.as_ref())?;
+    b = fields.apply(b, &at, variables.as_deref(), region, manifest.as_ref())?;
     if let Some(m) = manifest {
         b = b.manifest(m);
     }

@@ -177,9 +177,10 @@ pub struct Reach {
     pub len: u64,
 }
 
+#[cfg(test)]
 impl Reach {
     /// Views at `offsets` of arrays of the anchors' store, all of the reference's `n` samples.
-    pub fn same_length(n: u64, offsets: &[i64]) -> Vec<Reach> {
+    pub(crate) fn same_length(n: u64, offsets: &[i64]) -> Vec<Reach> {
         offsets
             .iter()
             .map(|&offset| Reach {
