@@ -5,7 +5,9 @@
 //! backend emit the same order. Each case also drops a pass part way, zips train with val,
 //! waits for batches with timeouts, revives a persisted cache in a fresh dataset (or spills into
 //! an ephemeral one, which must be empty once the dataset is gone), and meets a corrupt chunk
-//! under both `on_bad_chunk` policies (what a case draws: `random_case/`).
+//! under both `on_bad_chunk` policies. Cases also draw an array mounted from a second store of
+//! another length at another place on the axis, a view read through an index, and an array read
+//! as a region of its field (what a case draws: `random_case/`).
 //!
 //! The stores are written by the test (by hand when uncompressed, through zarrs when compressed
 //! or sharded) rather than by zarr-python: this test is about the planner, fetcher, decoder and
@@ -37,14 +39,7 @@ fn expected_anchors(case: &Case, reference_chunk: u64, chunks: &[u64]) -> Vec<u6
     let mut out = Vec::new();
     for c in chunks {
         for a in c * reference_chunk..((c + 1) * reference_chunk).min(case.n_samples) {
-            if !case.on_stride(a) {
-                continue;
-            }
-            let inside = case.views.iter().all(|v| {
-                let s = a as i64 + v.offset;
-                s >= 0 && (s as u64) < case.n_samples
-            });
-            if inside {
+            if case.on_stride(a) && case.valid(a) {
                 out.push(a);
             }
         }
@@ -99,9 +94,10 @@ fn check_batch(case: &Case, batch: &Batch) {
     for (i, v) in case.views.iter().enumerate() {
         let a = &case.arrays[v.array];
         let got = case.view_rows(batch, i);
-        let inner: Vec<usize> = (0..a.shape.len())
-            .filter(|x| *x != case.axis)
-            .map(|x| a.shape[x] as usize)
+        let inner: Vec<usize> = a
+            .inner_shape(case.axis)
+            .iter()
+            .map(|&n| n as usize)
             .collect();
         if let Some(own) = batch.array(&v.label) {
             let mut shape = vec![batch.len()];
@@ -113,7 +109,12 @@ fn check_batch(case: &Case, batch: &Batch) {
         let sample_bytes = got.len() / batch.len();
         let reads = batch.read_indices(&v.label).unwrap();
         for (row, (anchor, read)) in batch.sample_indices().iter().zip(&reads).enumerate() {
-            assert_eq!(*read as i64, *anchor as i64 + v.offset, "read index");
+            assert_eq!(
+                Some(*read),
+                case.read(i, *anchor),
+                "read index of {}",
+                v.label
+            );
             let want_row = a.sample(case.axis, *read);
             assert!(
                 got[row * sample_bytes..(row + 1) * sample_bytes] == want_row[..],
@@ -211,13 +212,11 @@ fn check_pass(
     // block's slots back as it drains and admits them again (from the pool or the cache file)
     // when a later block needs them.
     let mut slots = HashSet::new();
-    for v in &case.views {
+    for (i, v) in case.views.iter().enumerate() {
         let a = &case.arrays[v.array];
         for anchor in &anchors {
-            slots.insert((
-                v.array,
-                (*anchor as i64 + v.offset) as u64 / a.chunks[case.axis],
-            ));
+            let s = case.read(i, *anchor).unwrap();
+            slots.insert((v.array, s / a.chunks[case.axis]));
         }
     }
     let stats = pass.stats();
@@ -232,13 +231,13 @@ fn check_pass(
     // The bad reads of the pass: corrupt stored chunks it needed, each once, and all of them
     // when it hit nothing (a stand-in kept from an earlier pass is a hit, not a read).
     let mut bad_needed = BTreeSet::new();
-    for v in &case.views {
+    for (i, v) in case.views.iter().enumerate() {
         let a = &case.arrays[v.array];
         for anchor in &anchors {
-            let s = (*anchor as i64 + v.offset) as u64;
+            let s = case.read(i, *anchor).unwrap();
             for c in a.chunks_of_sample(case.axis, s) {
                 if a.corrupt.contains(&c) {
-                    bad_needed.insert((a.name.clone(), c));
+                    bad_needed.insert((a.path(), c));
                 }
             }
         }
@@ -296,6 +295,7 @@ fn corrupt_a_chunk(case: &mut Case, root: &Path, n: u64) {
     let (v3, sep) = (case.v3, case.sep);
     let which = r.range(0, case.arrays.len() as u64 - 1) as usize;
     let a = &mut case.arrays[which];
+    let root = &a.store_root(root);
     let mut stored = Vec::new();
     for_each_index(&a.grid(), false, |c| {
         if a.chunk_file(root, v3, sep, c).exists() {
@@ -341,12 +341,25 @@ struct Coverage {
     into_rows: u64,
     ramped: u64,
     strided: u64,
+    mounted: u64,
+    mount_refused: u64,
+    indexed: u64,
+    cropped: u64,
+    wrapped: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
     let mut case = Case::draw(n);
     cov.windows += case.views.iter().any(|v| v.offset != 0) as u64;
     cov.strided += (case.stride.0 > 1) as u64;
+    cov.mounted += case.mounted().is_some() as u64;
+    cov.indexed += case.views.iter().any(|v| v.index.is_some()) as u64;
+    cov.cropped += case.arrays.iter().any(|a| a.region.is_some()) as u64;
+    cov.wrapped += case
+        .arrays
+        .iter()
+        .flat_map(|a| a.region.iter().flatten())
+        .any(|(start, _)| *start < 0) as u64;
     cov.stacks += case.stack.as_ref().is_some_and(|s| s.len() > 1) as u64;
     cov.sample_ranges += case
         .split
@@ -375,8 +388,13 @@ fn run_case(n: u64, cov: &mut Coverage) {
         (".zgroup", json!({"zarr_format": 2}))
     };
     std::fs::write(root.join(group.0), group.1.to_string()).unwrap();
+    if let Some(m) = case.mounted() {
+        let mount = m.store_root(&root);
+        std::fs::create_dir_all(&mount).unwrap();
+        std::fs::write(mount.join(group.0), group.1.to_string()).unwrap();
+    }
     for a in &case.arrays {
-        a.write(&root, case.v3, case.sep);
+        a.write(&a.store_root(&root), case.v3, case.sep);
     }
     if case.corrupt {
         corrupt_a_chunk(&mut case, &root, n);
@@ -420,10 +438,35 @@ fn run_case(n: u64, cov: &mut Coverage) {
         builder = builder.cache_dir(&cache);
         cov.spilled += 1;
     }
-    let ds = builder
-        .executor_threads(case.executor_threads)
-        .build()
-        .unwrap();
+    // The anchors at which every view reads inside its array: one run (each view's are), all
+    // of them unless windows or a mount reach past an end.
+    let valid: Vec<u64> = (0..case.n_samples).filter(|&a| case.valid(a)).collect();
+    let built = builder.executor_threads(case.executor_threads).build();
+    if valid.is_empty() && case.mounted().is_some() {
+        // A mount placed where no anchor reads inside every array is refused when built,
+        // naming the mount.
+        let Err(e) = built else {
+            panic!("a mount that leaves no valid anchor is refused")
+        };
+        assert!(e.to_string().contains("`mounts` = m"), "{e}");
+        cov.mount_refused += 1;
+        return;
+    }
+    let ds = built.unwrap();
+    let range = ds.anchor_range();
+    if let (Some(first), Some(last)) = (valid.first(), valid.last()) {
+        assert_eq!(range, *first..last + 1, "anchor_range");
+        assert_eq!(
+            valid.len() as u64,
+            range.end - range.start,
+            "valid anchors are one run"
+        );
+    } else {
+        assert!(
+            range.is_empty(),
+            "anchor_range {range:?} with no valid anchor"
+        );
+    }
     let m = ds.manifest().clone();
     assert_eq!(m.samples_per_chunk(), reference.chunks[case.axis]);
     let train_orders = run_epochs(&case, &ds, 0..2, Reads::Some, cov);
@@ -466,8 +509,8 @@ fn run_case(n: u64, cov: &mut Coverage) {
             .io_backend(other_backend)
             .build()
             .unwrap();
-        for (epoch, want) in train_orders.iter().enumerate() {
-            ds2.set_epoch(epoch as u64);
+        for (epoch, want) in &train_orders {
+            ds2.set_epoch(*epoch);
             let got: Vec<u64> = ds2
                 .train()
                 .unwrap()
@@ -721,12 +764,7 @@ fn rows_equal_pool(case: &Case, root: &Path, m: &SplitManifest, cov: &mut Covera
 /// The fewest and most stored chunks a sample-axis chunk's field is cut into, over the case's
 /// arrays.
 fn stored_chunks_per_field(case: &Case) -> (u64, u64) {
-    let per_field = case.arrays.iter().map(|a| {
-        (0..a.shape.len())
-            .filter(|&d| d != case.axis)
-            .map(|d| a.shape[d].div_ceil(a.chunks[d]))
-            .product::<u64>()
-    });
+    let per_field = case.arrays.iter().map(|a| a.chunks_per_sample(case.axis));
     (
         per_field.clone().min().unwrap_or(1),
         per_field.max().unwrap_or(1),
@@ -737,10 +775,10 @@ fn stored_chunks_per_field(case: &Case) -> (u64, u64) {
 /// chunk.
 fn slots_with_a_corrupt_chunk(case: &Case, anchors: &[u64]) -> u64 {
     let mut slots = HashSet::new();
-    for v in &case.views {
+    for (i, v) in case.views.iter().enumerate() {
         let a = &case.arrays[v.array];
         for anchor in anchors {
-            let s = (*anchor as i64 + v.offset) as u64;
+            let s = case.read(i, *anchor).unwrap();
             if a.chunks_of_sample(case.axis, s)
                 .iter()
                 .any(|c| a.corrupt.contains(c))
@@ -840,14 +878,15 @@ enum Reads {
 }
 
 /// Runs `epochs` over every split, checking each pass (an empty split must refuse to start);
-/// returns the train orders.
+/// returns the train orders, each with its epoch (an epoch whose train pass was refused for
+/// its budget has none).
 fn run_epochs(
     case: &Case,
     ds: &InSituDataset,
     epochs: std::ops::Range<u64>,
     reads: Reads,
     cov: &mut Coverage,
-) -> Vec<Vec<u64>> {
+) -> Vec<(u64, Vec<u64>)> {
     let m = ds.manifest();
     let spc = m.samples_per_chunk();
     let mut train_orders = Vec::new();
@@ -912,7 +951,7 @@ fn run_epochs(
                 }
             }
             if split == "train" {
-                train_orders.push(anchors);
+                train_orders.push((epoch, anchors));
             }
         }
     }
@@ -980,6 +1019,10 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("passes with chunks decoded into batch rows", c.into_rows),
             ("blocks ramped up from one batch", c.ramped),
             ("a sample stride", c.strided),
+            ("a mounted store", c.mounted),
+            ("an indexed view", c.indexed),
+            ("a cropped array", c.cropped),
+            ("a crop wrapping an axis", c.wrapped),
         ] {
             assert!(count >= 10, "only {count} cases with {what}: {cov:?}");
         }

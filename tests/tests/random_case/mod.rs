@@ -11,6 +11,9 @@ use serde_json::json;
 use zarrs::array::{Array, ArrayMetadata};
 use zarrs::filesystem::FilesystemStore;
 
+/// The name the second store is mounted under.
+pub const MOUNT: &str = "m";
+
 /// SplitMix64: small, seedable, and good enough to pick test shapes.
 pub struct Rng(u64);
 
@@ -131,9 +134,32 @@ pub struct ArrayCase {
     /// Stored chunks (shards) overwritten with garbage after writing: with `on_bad_chunk =
     /// nan` an integer array delivers its fill value there.
     pub corrupt: HashSet<Vec<u64>>,
+    /// In a second store mounted as `m`, its sample 0 at the root's sample `k`
+    /// (`MountAlignment::Samples(k)`), with a length of its own along the sample axis.
+    pub mounted_at: Option<i64>,
+    /// The region of the field every view of the array reads
+    /// (`DatasetBuilder::cropped_window_wrapping`): one `(start, end)` per field axis in
+    /// physical order, a negative `start` wrapping around the axis's end.
+    pub region: Option<Vec<(i64, i64)>>,
 }
 
 impl ArrayCase {
+    /// The array's path in the dataset's store (a mounted one's under its mount).
+    pub fn path(&self) -> String {
+        match self.mounted_at {
+            Some(_) => format!("{MOUNT}/{}", self.name),
+            None => self.name.clone(),
+        }
+    }
+
+    /// The directory of the store holding the array, given the root store's.
+    pub fn store_root(&self, root: &Path) -> std::path::PathBuf {
+        match self.mounted_at {
+            Some(_) => root.with_file_name("mount.zarr"),
+            None => root.to_path_buf(),
+        }
+    }
+
     /// The unit a never-written region covers: the inner chunk of a shard, else the chunk.
     pub fn unit(&self) -> &[u64] {
         self.inner.as_deref().unwrap_or(&self.chunks)
@@ -197,27 +223,101 @@ impl ArrayCase {
         root.join(&self.name).join(key)
     }
 
-    /// The stored chunks holding sample `s` along `axis`.
+    /// The indices a sample reads along physical axis `d` (not `axis`, the sample axis), in
+    /// order: the region's (wrapped around the axis's end), or all of them.
+    pub fn field_indices(&self, axis: usize, d: usize) -> Vec<u64> {
+        let n = self.shape[d] as i64;
+        match &self.region {
+            Some(region) => {
+                let (start, end) = region[if d < axis { d } else { d - 1 }];
+                (start..end).map(|i| i.rem_euclid(n) as u64).collect()
+            }
+            None => (0..self.shape[d]).collect(),
+        }
+    }
+
+    /// A sample's shape: the region's lengths, or the field's.
+    pub fn inner_shape(&self, axis: usize) -> Vec<u64> {
+        (0..self.shape.len())
+            .filter(|&d| d != axis)
+            .map(|d| self.field_indices(axis, d).len() as u64)
+            .collect()
+    }
+
+    /// Per physical axis, the chunk indices a sample's region touches (the sample axis: none).
+    fn touched(&self, axis: usize) -> Vec<Vec<u64>> {
+        (0..self.shape.len())
+            .map(|d| {
+                if d == axis {
+                    return Vec::new();
+                }
+                let mut c: Vec<u64> = self
+                    .field_indices(axis, d)
+                    .iter()
+                    .map(|i| i / self.chunks[d])
+                    .collect();
+                c.sort_unstable();
+                c.dedup();
+                c
+            })
+            .collect()
+    }
+
+    /// How many stored chunks a sample's region spans.
+    pub fn chunks_per_sample(&self, axis: usize) -> u64 {
+        let touched = self.touched(axis);
+        (0..self.shape.len())
+            .filter(|&d| d != axis)
+            .map(|d| touched[d].len() as u64)
+            .product()
+    }
+
+    /// The stored chunks a reader of sample `s` along `axis` reads: those its region touches.
     pub fn chunks_of_sample(&self, axis: usize, s: u64) -> Vec<Vec<u64>> {
-        let mut grid = self.grid();
-        grid[axis] = 1;
+        let touched = self.touched(axis);
+        let counts: Vec<u64> = (0..self.shape.len())
+            .map(|d| {
+                if d == axis {
+                    1
+                } else {
+                    touched[d].len() as u64
+                }
+            })
+            .collect();
         let mut out = Vec::new();
-        for_each_index(&grid, false, |c| {
-            let mut c = c.to_vec();
-            c[axis] = s / self.chunks[axis];
+        for_each_index(&counts, false, |k| {
+            let c = (0..k.len())
+                .map(|d| {
+                    if d == axis {
+                        s / self.chunks[axis]
+                    } else {
+                        touched[d][k[d] as usize]
+                    }
+                })
+                .collect();
             out.push(c);
         });
         out
     }
 
-    /// The sample at index `s` along `axis`, C order over the other axes, native-endian bytes.
+    /// The sample at index `s` along `axis` (its region, when cropped), C order over the other
+    /// axes, native-endian bytes.
     pub fn sample(&self, axis: usize, s: u64) -> Vec<u8> {
+        let lists: Vec<Vec<u64>> = (0..self.shape.len())
+            .map(|d| {
+                if d == axis {
+                    vec![s]
+                } else {
+                    self.field_indices(axis, d)
+                }
+            })
+            .collect();
+        let counts: Vec<u64> = lists.iter().map(|l| l.len() as u64).collect();
         let mut out = Vec::new();
-        for_each_index(&self.shape, false, |idx| {
-            if idx[axis] == s {
-                let v = self.delivered(idx);
-                out.extend_from_slice(&v.to_ne_bytes()[..self.dt.size()]);
-            }
+        for_each_index(&counts, false, |k| {
+            let idx: Vec<u64> = k.iter().zip(&lists).map(|(i, l)| l[*i as usize]).collect();
+            let v = self.delivered(&idx);
+            out.extend_from_slice(&v.to_ne_bytes()[..self.dt.size()]);
         });
         out
     }
@@ -352,12 +452,14 @@ pub fn for_each_index(shape: &[u64], f_order: bool, mut f: impl FnMut(&[u64])) {
     }
 }
 
-/// A view the dataset reads: a label over an array at a sample offset.
+/// A view the dataset reads: a label over an array at a sample offset, or through an index.
 #[derive(Debug)]
 pub struct View {
     pub label: String,
     pub array: usize,
     pub offset: i64,
+    /// Sample `index[anchor]` of the array at each anchor (`DatasetBuilder::index`).
+    pub index: Option<Vec<u64>>,
 }
 
 /// The arguments of `split_by_chunk` a case draws.
@@ -445,6 +547,8 @@ impl Case {
                     inner: None,
                     unwritten: HashSet::new(),
                     corrupt: HashSet::new(),
+                    mounted_at: None,
+                    region: None,
                 };
                 if r.chance(0.4) {
                     a.codec = [Codec::Zstd, Codec::Gzip, Codec::BloscLz4][r.range(0, 2) as usize];
@@ -470,6 +574,7 @@ impl Case {
                 label: format!("v{i}"),
                 array: i,
                 offset: 0,
+                index: None,
             })
             .collect();
         for w in 0..r.range(0, 2) {
@@ -478,6 +583,7 @@ impl Case {
                 label: format!("w{w}"),
                 array: r.range(0, arrays.len() as u64 - 1) as usize,
                 offset,
+                index: None,
             });
         }
         if r.chance(0.3) {
@@ -539,6 +645,105 @@ impl Case {
         }
         .with_stack(&mut r)
         .with_stride(&mut r)
+        .with_mount(&mut r)
+        .with_index(&mut r)
+        .with_crop(&mut r)
+    }
+
+    /// The case with, a third of the time, one array outside the stack read as a region of its
+    /// field, wrapping around some axes' ends (drawn after the index, for the same reason).
+    fn with_crop(mut self, r: &mut Rng) -> Case {
+        if !r.chance(0.35) {
+            return self;
+        }
+        let stacked: HashSet<usize> = self
+            .stack
+            .iter()
+            .flatten()
+            .map(|&v| self.views[v].array)
+            .collect();
+        let free: Vec<usize> = (0..self.arrays.len())
+            .filter(|i| !stacked.contains(i))
+            .collect();
+        if free.is_empty() {
+            return self;
+        }
+        let i = free[r.range(0, free.len() as u64 - 1) as usize];
+        let a = &mut self.arrays[i];
+        let region = (0..a.shape.len())
+            .filter(|&d| d != self.axis)
+            .map(|d| {
+                let n = a.shape[d] as i64;
+                if n >= 2 && r.chance(0.3) {
+                    let start = -(r.range(1, n as u64 - 1) as i64);
+                    (start, r.range(1, (start + n) as u64) as i64)
+                } else {
+                    let start = r.range(0, n as u64 - 1) as i64;
+                    (start, r.range(start as u64 + 1, n as u64) as i64)
+                }
+            })
+            .collect();
+        a.region = Some(region);
+        self
+    }
+
+    /// The case with, often when it has two arrays or more, one of them (not the first view's,
+    /// whose samples are the anchors) in a second store of another length along the sample
+    /// axis, placed 5 samples before to 5 after the root's first (drawn after the stride, so
+    /// the cases drawn before mounts were added are unchanged).
+    fn with_mount(mut self, r: &mut Rng) -> Case {
+        let reference = self.views[0].array;
+        if self.arrays.len() < 2 || !r.chance(0.4) {
+            return self;
+        }
+        let others: Vec<usize> = (0..self.arrays.len()).filter(|&i| i != reference).collect();
+        let i = others[r.range(0, others.len() as u64 - 1) as usize];
+        let n = r.range(1, 40);
+        let k = r.range(0, 10) as i64 - 5;
+        let a = &mut self.arrays[i];
+        a.shape[self.axis] = n;
+        a.mounted_at = Some(k);
+        self
+    }
+
+    /// The case with, sometimes, a view `i0` that reads a random array through a random index
+    /// (drawn after the mount, for the same reason).
+    fn with_index(mut self, r: &mut Rng) -> Case {
+        if !r.chance(0.3) {
+            return self;
+        }
+        let array = r.range(0, self.arrays.len() as u64 - 1) as usize;
+        let len = self.arrays[array].shape[self.axis];
+        let index = (0..self.n_samples).map(|_| r.range(0, len - 1)).collect();
+        self.views.push(View {
+            label: "i0".into(),
+            array,
+            offset: 0,
+            index: Some(index),
+        });
+        self
+    }
+
+    /// The sample view `v` reads at `anchor` along its array's sample axis: `None` outside the
+    /// array (the anchor is then not valid).
+    pub fn read(&self, v: usize, anchor: u64) -> Option<u64> {
+        let view = &self.views[v];
+        let a = &self.arrays[view.array];
+        if let Some(index) = &view.index {
+            return Some(index[anchor as usize]);
+        }
+        let s = anchor as i64 + view.offset - a.mounted_at.unwrap_or(0);
+        (s >= 0 && (s as u64) < a.shape[self.axis]).then_some(s as u64)
+    }
+
+    /// Whether every view reads inside its array at `anchor` (an indexed one always does).
+    pub fn valid(&self, anchor: u64) -> bool {
+        (0..self.views.len()).all(|v| self.read(v, anchor).is_some())
+    }
+
+    /// The array mounted from the second store, if any.
+    pub fn mounted(&self) -> Option<&ArrayCase> {
+        self.arrays.iter().find(|a| a.mounted_at.is_some())
     }
 
     /// The case with, a quarter of the time, a sample stride of 2 to 5 at a random phase
@@ -621,8 +826,23 @@ impl Case {
             .decode_into_batches(self.into_rows)
             .fast_first_batch(self.fast_first_batch)
             .sample_stride(self.stride.0, self.stride.1);
+        if let Some(m) = self.mounted() {
+            b = b.mount(MOUNT, m.store_root(root)).align_mount(
+                MOUNT,
+                insitubatch::MountAlignment::Samples(m.mounted_at.unwrap()),
+            );
+        }
         for v in &self.views {
-            b = b.window(v.label.clone(), self.arrays[v.array].name.clone(), v.offset);
+            let a = &self.arrays[v.array];
+            b = match &a.region {
+                Some(region) => {
+                    b.cropped_window_wrapping(v.label.clone(), a.path(), v.offset, region)
+                }
+                None => b.window(v.label.clone(), a.path(), v.offset),
+            };
+            if let Some(index) = &v.index {
+                b = b.index(v.label.clone(), index.clone());
+            }
         }
         if let Some(stack) = &self.stack {
             b = b.stack("s", stack.iter().map(|&v| self.views[v].label.clone()));
