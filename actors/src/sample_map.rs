@@ -54,6 +54,22 @@ impl StoreAxis {
             per: (u128::from(root_step) / g) as u64,
         }
     }
+
+    /// The same store as a containing placement reads it to give each anchor its nearest
+    /// sample, the later on a tie: each sample's period is taken to begin half a step before
+    /// it (a daily mean stamped at noon holds the hours from midnight to midnight), so the
+    /// sample before an anchor's time on this axis is the nearest on the store's own. In half
+    /// steps, so that it stays exact; `None` when a number does not fit.
+    pub fn nearest_as_before(self) -> Option<Self> {
+        Some(Self {
+            start: self
+                .start
+                .checked_mul(2)?
+                .checked_sub(i64::try_from(self.step).ok()?)?,
+            step: self.step.checked_mul(2)?,
+            per: self.per.checked_mul(2)?,
+        })
+    }
 }
 
 /// Where a variable's store sits against the anchors: before its window offset, anchor `a`
@@ -362,6 +378,29 @@ mod tests {
                             assert!(vn * ad <= an * vd && an * wd < wn * ad, "{r:?} {v:?} {a}");
                         }
                     }
+                }
+            }
+        }
+        // Nearest: the containing placement on the shifted axis reads the sample nearest the
+        // anchor's time, the later of two equally near.
+        for r in axes {
+            for v in axes {
+                let mut placement = Placement::between(r, v.nearest_as_before().unwrap()).unwrap();
+                placement.containing = true;
+                let map = SampleMap {
+                    placement,
+                    offset: 0,
+                };
+                for a in 0..120u64 {
+                    let j = map.sample(a);
+                    // |time(v, k) - time(r, a)| as a fraction over per_v * per_r.
+                    let (an, ad) = time(r, i128::from(a));
+                    let gap = |k: i128| {
+                        let (vn, vd) = time(v, k);
+                        (vn * ad - an * vd).abs()
+                    };
+                    let nearest = (j - 3..=j + 3).min_by_key(|&k| (gap(k), -k)).unwrap();
+                    assert_eq!(j, nearest, "{r:?} {v:?} nearest, anchor {a}");
                 }
             }
         }

@@ -521,7 +521,7 @@ pub(crate) fn mount_start(
     {
         let (CoordinateKeys::Instants(r), CoordinateKeys::Instants(m)) = (&root, &mounted) else {
             let what = if containing {
-                "a containing alignment reads".to_string()
+                "a containing or nearest alignment reads".to_string()
             } else {
                 format!(
                     "`{root_path}` steps by {dr} and `{mount_path}` by {dm}: stores at different rates align"

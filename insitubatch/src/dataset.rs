@@ -491,7 +491,7 @@ impl DatasetBuilder {
         store: &MountedStore,
         hierarchy: &Hierarchy,
         sampled: &[&Variable],
-    ) -> Result<HashMap<String, (StoreAxis, bool)>, EngineError> {
+    ) -> Result<HashMap<String, (StoreAxis, Between)>, EngineError> {
         let mount_of = |v: &Variable| -> Option<String> {
             let (m, _) = v.geom.path.split_once('/')?;
             self.mounts
@@ -521,12 +521,14 @@ impl DatasetBuilder {
             }
             let start = match alignment {
                 MountAlignment::Samples(k) => StoreAxis::starting_at(*k),
-                MountAlignment::Coordinate(dim) | MountAlignment::Containing(dim) => {
+                MountAlignment::Coordinate(dim)
+                | MountAlignment::Containing(dim)
+                | MountAlignment::Nearest(dim) => {
                     // Its first variable's coordinate against the root's first variable's.
                     let Some(mounted) = sampled.iter().find(|v| mount_of(v).as_ref() == Some(name))
                     else {
                         // Nothing is read from it.
-                        starts.insert(name.clone(), (StoreAxis::ROOT, false));
+                        starts.insert(name.clone(), (StoreAxis::ROOT, Between::Skipped));
                         continue;
                     };
                     let root = sampled
@@ -540,12 +542,19 @@ impl DatasetBuilder {
                         (name, dim),
                         root,
                         (&mounted.geom.path, mounted.geom.n_samples()),
-                        matches!(alignment, MountAlignment::Containing(_)),
+                        matches!(
+                            alignment,
+                            MountAlignment::Containing(_) | MountAlignment::Nearest(_)
+                        ),
                     )?
                 }
             };
-            let containing = matches!(alignment, MountAlignment::Containing(_));
-            starts.insert(name.clone(), (start, containing));
+            let between = match alignment {
+                MountAlignment::Containing(_) => Between::Before,
+                MountAlignment::Nearest(_) => Between::Nearest,
+                _ => Between::Skipped,
+            };
+            starts.insert(name.clone(), (start, between));
         }
         Ok(starts)
     }
@@ -1033,7 +1042,7 @@ impl DatasetBuilder {
         // `Containing`); the arrays of one store (of the root and the mounts without an
         // alignment together) share a length.
         let starts = self.mount_starts(&runtime, &store, &hierarchy, &sampled)?;
-        let start_of = |path: &str| -> Option<(StoreAxis, bool)> {
+        let start_of = |path: &str| -> Option<(StoreAxis, Between)> {
             let (mount, _) = path.split_once('/')?;
             starts.get(mount).copied()
         };
@@ -1758,13 +1767,13 @@ fn place_on_anchors(
     variables: &mut [Variable],
     manifest: &SplitManifest,
     stride: Stride,
-    place_of: &dyn Fn(&str) -> Option<(StoreAxis, bool)>,
+    place_of: &dyn Fn(&str) -> Option<(StoreAxis, Between)>,
     aligned: &str,
 ) -> Result<(), EngineError> {
-    let (reference, _) = place_of(&manifest.array).unwrap_or((StoreAxis::ROOT, false));
+    let (reference, _) = place_of(&manifest.array).unwrap_or((StoreAxis::ROOT, Between::Skipped));
     for v in variables.iter_mut().filter(|v| !v.reads_every_anchor()) {
-        let (axis, containing) = place_of(&v.geom.path).unwrap_or((StoreAxis::ROOT, false));
-        let mut placement = Placement::between(reference, axis).ok_or_else(|| {
+        let (axis, between) = place_of(&v.geom.path).unwrap_or((StoreAxis::ROOT, Between::Skipped));
+        let too_large = || {
             EngineError::arg(
                 "mounts",
                 aligned,
@@ -1773,8 +1782,23 @@ fn place_on_anchors(
                     v.label
                 ),
             )
-        })?;
-        placement.containing = containing;
+        };
+        let axis = match between {
+            Between::Nearest => axis.nearest_as_before().ok_or_else(too_large)?,
+            _ => axis,
+        };
+        let mut placement = Placement::between(reference, axis).ok_or_else(too_large)?;
+        placement.containing = between != Between::Skipped;
+        if placement.containing && placement.mul.is_multiple_of(placement.div) {
+            // Every anchor on a sample (a store as fine as the anchors, read nearest): rounding
+            // down is exact, `a mul / div + add / div` (the sample each anchor reads is its own).
+            placement = Placement {
+                mul: placement.mul / placement.div,
+                add: placement.add.div_euclid(placement.div as i64),
+                div: 1,
+                containing: true,
+            };
+        }
         v.placement = placement;
         if placement.containing {
             continue; // every anchor reads a sample
@@ -1850,6 +1874,22 @@ pub enum MountAlignment {
     /// start), not only the anchors whose time it has: no sample stride is needed. Both must be
     /// CF times stepping evenly; the times need not meet.
     Containing(String),
+    /// As [`Containing`](Self::Containing), but every anchor reads the mounted store's sample
+    /// nearest its time, the later of two equally near: for periods labelled at their middle
+    /// (a daily mean stamped at noon is read at each hour from midnight to midnight). Both
+    /// must be CF times stepping evenly; the times need not meet.
+    Nearest(String),
+}
+
+/// What an anchor between two samples of an aligned mount reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Between {
+    /// Nothing: only the anchors on a sample read it (the stride must draw just those).
+    Skipped,
+    /// The sample before it ([`MountAlignment::Containing`]).
+    Before,
+    /// The nearest sample, the later on a tie ([`MountAlignment::Nearest`]).
+    Nearest,
 }
 
 /// A store mounted as a group of the dataset's store ([`DatasetBuilder::mount`]).

@@ -333,7 +333,8 @@ struct MountArgs {
     mounts: Vec<(String, String)>,
     /// Place a mounted store that covers other times on this store's sample axis: `NAME=time`
     /// matches the two stores' `time` coordinates, `NAME=containing:time` has every sample read
-    /// the mounted store's last sample at or before its time (a day's for each hour), `NAME=K`
+    /// the mounted store's last sample at or before its time (a day's for each hour),
+    /// `NAME=nearest:time` the sample nearest its time (the later on a tie), `NAME=K`
     /// says it starts at this store's sample K (negative: before it); the anchors outside what
     /// both cover are dropped.
     #[arg(long = "align-mount", value_name = "NAME=DIM|K", value_parser = key_value)]
@@ -346,10 +347,14 @@ impl MountArgs {
             b = b.mount(name, store);
         }
         for (name, at) in &self.aligns {
-            let alignment = match (at.parse::<i64>(), at.strip_prefix("containing:")) {
-                (Ok(k), _) => MountAlignment::Samples(k),
-                (_, Some(dim)) => MountAlignment::Containing(dim.to_string()),
-                _ => MountAlignment::Coordinate(at.clone()),
+            let alignment = if let Ok(k) = at.parse::<i64>() {
+                MountAlignment::Samples(k)
+            } else if let Some(dim) = at.strip_prefix("containing:") {
+                MountAlignment::Containing(dim.to_string())
+            } else if let Some(dim) = at.strip_prefix("nearest:") {
+                MountAlignment::Nearest(dim.to_string())
+            } else {
+                MountAlignment::Coordinate(at.clone())
             };
             b = b.align_mount(name, alignment);
         }

@@ -514,7 +514,7 @@ fn bench_reads_variables_of_a_mounted_store_and_refuses_a_name_the_store_uses() 
         (&20.into(), &4.into(), &8.into()),
         "{stats}"
     );
-    for on_time in ["more=time", "more=containing:time"] {
+    for on_time in ["more=time", "more=containing:time", "more=nearest:time"] {
         let stats = aligned(on_time);
         assert_eq!(
             (&stats["samples"], &stats["tiles_read"]),

@@ -387,49 +387,74 @@ fn a_cache_directory_revives_an_aligned_mount_with_nothing_decoded() {
     assert_eq!(sorted(check_epoch(&ds, "train", &refs)), [4, 8, 12, 16]);
 }
 
+/// The day (sample of the daily store, midnight of 1979-01-02 on) anchor `a` (6a hours) reads,
+/// by brute force: the last at or before its time, or the nearest (the later on a tie).
+fn day_of(alignment: &MountAlignment, a: u64) -> Option<u64> {
+    let gap = |j: u64| 6 * a as i64 - 24 * (1 + j) as i64;
+    match alignment {
+        MountAlignment::Containing(_) => (0..6u64).rev().find(|&j| gap(j) >= 0),
+        _ => (0..6u64).min_by_key(|&j| (gap(j).abs(), std::cmp::Reverse(j))),
+    }
+}
+
 #[test]
-fn a_containing_alignment_reads_each_anchors_day_with_no_stride() {
-    // Daily targets from 1979-01-02 beside 6-hourly inputs: every anchor from the fourth reads
-    // the day holding its time, (a - 4) / 4, through the sixth day's last hours (anchor 19 is
-    // the inputs' last); each day's sample is copied into its four rows, in every into-rows
-    // mode (decoding it straight into one row would give it one).
+fn rounding_alignments_read_a_day_at_every_anchor_with_no_stride() {
+    // Daily targets from 1979-01-02 beside 6-hourly inputs. Containing: every anchor from the
+    // fourth reads the day holding its time, (a - 4) / 4, through the sixth day's last hours
+    // (anchor 19 is the inputs' last). Nearest: (a - 2) / 4, a day's sample read from 12:00 the
+    // day before (a tie, which goes to the later day) through 06:00 of its day; anchors 0 and 1
+    // are nearer a day before the store's first. Each day's sample is copied into its four
+    // rows, in every into-rows mode (decoding it straight into one row would give it one).
     let x = fixture("aligned", "x");
     let daily = fixture("aligned_daily", "tp");
     let refs = [("x", &x, 0), ("y", &daily, 0)];
-    for (into_rows, block_chunks) in [(IntoRows::Always, 16), (IntoRows::Never, 1)] {
-        let ds = builder(
-            "aligned_daily.zarr",
-            MountAlignment::Containing("time".into()),
-        )
-        .decode_into_batches(into_rows)
-        .block_chunks(block_chunks)
-        .build()
-        .unwrap();
-        let p = ds.variables()[1].placement;
-        assert!(p.containing && (p.mul, p.add, p.div) == (1, -4, 4), "{p:?}");
-        assert_eq!(ds.anchor_range(), 4..20);
-        for split in ["train", "all"] {
-            let anchors = check_epoch(&ds, split, &refs);
-            assert_eq!(
-                sorted(anchors),
-                (4..20).collect::<Vec<_>>(),
-                "{into_rows:?}"
+    let cases = [
+        (MountAlignment::Containing("time".into()), -4, 4..20),
+        (MountAlignment::Nearest("time".into()), -2, 2..20),
+    ];
+    for (alignment, add, valid) in cases {
+        for (into_rows, block_chunks) in [(IntoRows::Always, 16), (IntoRows::Never, 1)] {
+            let ds = builder("aligned_daily.zarr", alignment.clone())
+                .decode_into_batches(into_rows)
+                .block_chunks(block_chunks)
+                .build()
+                .unwrap();
+            let p = ds.variables()[1].placement;
+            assert!(
+                p.containing && (p.mul, p.add, p.div) == (1, add, 4),
+                "{p:?}"
             );
+            assert_eq!(ds.anchor_range(), valid);
+            for split in ["train", "all"] {
+                let anchors = check_epoch(&ds, split, &refs);
+                assert_eq!(
+                    sorted(anchors),
+                    valid.clone().collect::<Vec<_>>(),
+                    "{alignment:?} {into_rows:?}"
+                );
+            }
+            for b in ds.iter("all").unwrap() {
+                let b = b.unwrap();
+                let days: Vec<u64> = b
+                    .sample_indices()
+                    .iter()
+                    .map(|&a| day_of(&alignment, a).unwrap())
+                    .collect();
+                assert_eq!(b.read_indices("y").unwrap(), days, "{alignment:?}");
+            }
+            assert_eq!(run(&ds, "all").dropped_anchors, valid.start);
         }
-        for b in ds.iter("all").unwrap() {
-            let b = b.unwrap();
-            let days: Vec<u64> = b.sample_indices().iter().map(|a| (a - 4) / 4).collect();
-            assert_eq!(b.read_indices("y").unwrap(), days);
-        }
-        assert_eq!(run(&ds, "all").dropped_anchors, 4);
+        // Steps that are not CF times cannot be set against the inputs' times.
+        let e = refusal(
+            InSituDataset::builder(fixture("aligned", "x").store)
+                .mount("m", fixtures_dir().join("misaligned.zarr"))
+                .align_mount("m", alignment.clone())
+                .variable("x", "x")
+                .variable("y", "m/steps/tp"),
+        );
+        assert!(
+            e.contains("`mounts` = m") && e.contains("cannot align"),
+            "{e}"
+        );
     }
-    // Numbers that are not CF times cannot say which period holds a time.
-    let e = refusal(
-        InSituDataset::builder(fixture("aligned", "x").store)
-            .mount("m", fixtures_dir().join("misaligned.zarr"))
-            .align_mount("m", MountAlignment::Containing("time".into()))
-            .variable("x", "x")
-            .variable("y", "m/steps/tp"),
-    );
-    assert!(e.contains("`mounts` = m"), "{e}");
 }

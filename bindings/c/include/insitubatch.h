@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 17
+#define ISB_ABI_VERSION 18
 
 /*
  DLPack version of the exported structs.
@@ -477,8 +477,10 @@ IsbStatus isb_split_by_chunk(const char *store,
  its array `tp` is the variable path `"targets/tp"`; a value may also be `{"store":
  location, "storage_options": {...}}`, the options that store's alone; for variables from
  two stores on one sample axis, whose lengths along it must be equal unless the entry has
- `"align"` (ABI 17): `"time"` matches the two stores' `time` coordinates, an integer `k`
- says the mounted store starts at the root's sample `k`; see `align_mount`).
+ `"align"` (ABI 17): `"time"` matches the two stores' `time` coordinates, `{"containing":
+ "time"}` reads at every anchor the sample before its time, `{"nearest": "time"}` (ABI 18)
+ the sample nearest it, an integer `k` says the mounted store starts at the root's sample
+ `k`; see `align_mount`).
  An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 
  # Safety

@@ -15,7 +15,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 17;
+pub const ISB_ABI_VERSION: u32 = 18;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -582,8 +582,9 @@ fn mounts(v: serde_json::Value) -> Result<Vec<MountConfig>, insitubatch::EngineE
              {\"store\": location, \"storage_options\": {...}, \"align\": ...}, such as \
              {\"targets\": \"/data/targets.zarr\"}; `align` (ABI 17) is the name of a \
              coordinate both stores have (\"time\"), {\"containing\": \"time\"} (every \
-             anchor reads the sample before its time), or the root's sample index where the \
-             mounted store starts (an integer, negative when it starts earlier)",
+             anchor reads the sample before its time), {\"nearest\": \"time\"} (ABI 18: the \
+             sample nearest its time), or the root's sample index where the mounted store \
+             starts (an integer, negative when it starts earlier)",
         )
     };
     let serde_json::Value::Object(map) = &v else {
@@ -605,12 +606,22 @@ fn mounts(v: serde_json::Value) -> Result<Vec<MountConfig>, insitubatch::EngineE
                         Some(serde_json::Value::String(dim)) if !dim.is_empty() => {
                             Some(insitubatch::MountAlignment::Coordinate(dim.clone()))
                         }
-                        Some(serde_json::Value::Object(c)) => match c.get("containing") {
-                            Some(serde_json::Value::String(dim)) if c.len() == 1 => {
-                                Some(insitubatch::MountAlignment::Containing(dim.clone()))
+                        Some(serde_json::Value::Object(c)) if c.len() == 1 => {
+                            match c.iter().next() {
+                                Some((how, serde_json::Value::String(dim))) if !dim.is_empty() => {
+                                    match how.as_str() {
+                                        "containing" => Some(
+                                            insitubatch::MountAlignment::Containing(dim.clone()),
+                                        ),
+                                        "nearest" => {
+                                            Some(insitubatch::MountAlignment::Nearest(dim.clone()))
+                                        }
+                                        _ => return Err(bad(entry)),
+                                    }
+                                }
+                                _ => return Err(bad(entry)),
                             }
-                            _ => return Err(bad(entry)),
-                        },
+                        }
                         Some(n) => match n.as_i64() {
                             Some(k) => Some(insitubatch::MountAlignment::Samples(k)),
                             None => return Err(bad(entry)),
@@ -934,8 +945,10 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// its array `tp` is the variable path `"targets/tp"`; a value may also be `{"store":
 /// location, "storage_options": {...}}`, the options that store's alone; for variables from
 /// two stores on one sample axis, whose lengths along it must be equal unless the entry has
-/// `"align"` (ABI 17): `"time"` matches the two stores' `time` coordinates, an integer `k`
-/// says the mounted store starts at the root's sample `k`; see `align_mount`).
+/// `"align"` (ABI 17): `"time"` matches the two stores' `time` coordinates, `{"containing":
+/// "time"}` reads at every anchor the sample before its time, `{"nearest": "time"}` (ABI 18)
+/// the sample nearest it, an integer `k` says the mounted store starts at the root's sample
+/// `k`; see `align_mount`).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 ///
 /// # Safety

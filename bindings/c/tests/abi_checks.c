@@ -218,23 +218,32 @@ int main(int argc, char **argv) {
     }
     /* An aligned mount (ABI 17): the store mounted in itself starting at the root's sample 3
      * reads `again/station` three samples behind `station` (whose values are their indices),
-     * over the 9 anchors both cover; aligned on `time` it reads the same samples. */
+     * over the 9 anchors both cover; aligned on `time` it reads the same samples. The nearest
+     * sample (ABI 18) is found on CF times only, which this store's `time` is not. */
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"mounts\": {\"again\": {\"store\": \"%s\", \"align\": true}}}", store, store);
     CHECK("align neither a name nor an integer", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "`align` (ABI 17)");
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"mounts\": {\"again\": {\"store\": \"%s\", \"align\": {\"containing\": 3}}}}", store, store);
     CHECK("containing not a name", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "{\"containing\": \"time\"}");
+    snprintf(config, sizeof config, "{\"store\": \"%s\", \"mounts\": {\"again\": {\"store\": \"%s\", \"align\": {\"nearer\": \"time\"}}}}", store, store);
+    CHECK("an unknown way to align", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "{\"nearest\": \"time\"} (ABI 18");
     snprintf(config, sizeof config,
              "{\"store\": \"%s\", \"mounts\": {\"again\": {\"store\": \"%s\", \"align\": \"level\"}}, "
              "\"variables\": [\"station\", {\"label\": \"s\", \"path\": \"again/station\"}]}",
              store, store);
     CHECK("align on a missing coordinate", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "cannot align on `level`");
+    snprintf(config, sizeof config,
+             "{\"store\": \"%s\", \"mounts\": {\"again\": {\"store\": \"%s\", \"align\": {\"nearest\": \"time\"}}}, "
+             "\"variables\": [\"station\", {\"label\": \"s\", \"path\": \"again/station\"}]}",
+             store, store);
+    CHECK("nearest on a time that is not CF", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "nearest alignment reads only on CF times");
+    const char *alignments[] = {"3", "\"time\""};
     for (int k = 0; k < 2; k++) {
         IsbDataset *aligned = NULL;
         snprintf(config, sizeof config,
                  "{\"store\": \"%s\", \"mounts\": {\"again\": {\"store\": \"%s\", \"align\": %s}}, "
                  "\"shuffle\": false, \"batch_size\": 12, "
                  "\"variables\": [\"station\", {\"label\": \"s\", \"path\": \"again/station\"}]}",
-                 store, store, k == 0 ? "3" : "\"time\"");
+                 store, store, alignments[k]);
         CHECK("open aligned", isb_dataset_open(config, &aligned, &err), ISB_OK, NULL);
         int behind = k == 0 ? 3 : 0;
         char *facts = NULL, want_range[64], want_alignment[64];

@@ -793,17 +793,18 @@ def _mounts(mounts) -> dict[str, tuple[str, dict[str, Any] | None, Any]]:
             location, options, align = (value["store"], value.get("storage_options"),
                                         value.get("align"))
             if isinstance(align, Mapping):
-                dim = align.get("containing")
-                good = set(align) == {"containing"} and isinstance(dim, str) and dim != ""
-                align = {"containing": dim}
+                how, dim = next(iter(align.items())) if len(align) == 1 else (None, None)
+                good = how in ("containing", "nearest") and isinstance(dim, str) and dim != ""
+                if good:
+                    align = {how: dim}
             else:
                 good = align is None or (isinstance(align, (str, numbers.Integral))
                                          and not isinstance(align, bool) and align != "")
             if not good:
                 raise TypeError(f"{what}; the `align` of {name!r} is {align!r}: the name of a "
-                                "coordinate both stores have, {'containing': that name}, or "
-                                "the sample of this dataset's store where the mounted one "
-                                "starts")
+                                "coordinate both stores have, {'containing': that name}, "
+                                "{'nearest': that name}, or the sample of this dataset's store "
+                                "where the mounted one starts")
             if isinstance(align, numbers.Integral):
                 align = int(align)
         elif isinstance(value, tuple) and len(value) == 2:

@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 17
+ABI_VERSION = 18
 _LIB_NAME = "libinsitubatch.so"
 
 

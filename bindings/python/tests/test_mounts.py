@@ -216,9 +216,30 @@ def test_a_containing_mount_is_read_at_every_anchor_its_periods_hold(tmp_path):
     assert sorted(anchors) == list(range(10, 30))
     batch = next(iter(ds.all))
     np.testing.assert_array_equal(batch.read_indices("y"), (batch.sample_indices - 10) // 2)
-    for bad in ({"containing": 3}, {"containing": "time", "x": 1}, {"nearest": "time"}):
+    for bad in ({"containing": 3}, {"containing": "time", "x": 1}, {"near": "time"}, {}):
         with pytest.raises(TypeError, match="the `align` of 't'"):
             isb.InSituDataset(inputs, mounts={"t": {"store": targets, "align": bad}})
+
+
+def test_a_nearest_mount_is_read_at_the_sample_nearest_each_anchor(tmp_path):
+    # 12-hourly targets from the inputs' tenth sample, read nearest: anchor a (6a hours) reads
+    # the target nearest its time, the later of two equally near, so anchor 9 (6 hours before
+    # the first target) reads it too; the last, at the inputs' 28th sample, is read through
+    # anchor 28 (anchor 29 is as near the target after it, which the store lacks).
+    inputs, targets, t2m, tp = write_timed_stores(tmp_path, step_hours=12, n_targets=10)
+    variables = {"x": isb.open_geometries(inputs)["t2m"], "y": isb.open_geometries(targets)["tp"]}
+    ds = isb.InSituDataset(inputs, None, variables, batch_size=4,
+                           mounts={"t": {"store": targets, "align": {"nearest": "time"}}})
+    assert ds.anchor_range == range(9, 29)
+    anchors = check(ds, "all", {"x": t2m, "y": tp})
+    assert sorted(anchors) == list(range(9, 29))
+    times_x = ds.coordinates("x").astype("datetime64[h]").astype("i8")
+    times_y = ds.coordinates("y").astype("datetime64[h]").astype("i8")
+    for batch in ds.all:
+        for a, j in zip(batch.sample_indices, batch.read_indices("y")):
+            gaps = np.abs(times_y - times_x[a])
+            nearest = np.flatnonzero(gaps == gaps.min()).max()  # the later on a tie
+            assert j == nearest, (a, j, nearest)
 
 
 def test_mounts_that_do_not_align_are_refused_saying_why(tmp_path):
