@@ -777,8 +777,9 @@ def _mounts(mounts) -> dict[str, tuple[str, dict[str, Any] | None, Any]]:
     """`mounts` as (location, storage options, alignment) by name, or a TypeError saying what it
     takes."""
     what = ("`mounts` must map each mount's name to a store (a path or URL), to (store, "
-            "storage_options), or to {'store': ..., 'storage_options': {...}, 'align': 'time' or "
-            "an int}, such as {'targets': '/data/targets.zarr'}")
+            "storage_options), or to {'store': ..., 'storage_options': {...}, 'align': 'time', "
+            "{'containing': 'time'}, {'nearest': 'time'} or an int}, such as "
+            "{'targets': '/data/targets.zarr'}")
     if not isinstance(mounts, Mapping):
         raise TypeError(f"{what}, not {type(mounts).__name__}")
     out: dict[str, tuple[str, dict[str, Any] | None, Any]] = {}
@@ -1245,8 +1246,10 @@ class InSituDataset:
     an array of `store`). A mounted store that covers other times than `store` (targets from
     2000 on, inputs from 1979 on) is placed on its sample axis with
     `{"store": ..., "align": "time"}` (the two stores' `time` coordinates matched value for
-    value, CF units of either kind) or `"align": k` (the mounted store starts at sample `k` of
-    `store`); each anchor then reads both at the same time, `Batch.read_indices` gives each
+    value, CF units of either kind), `{"containing": "time"}` (every anchor reads the sample
+    whose period holds its time), `{"nearest": "time"}` (the sample nearest its time, the
+    later on a tie) or `"align": k` (the mounted store starts at sample `k` of `store`); each
+    anchor then reads both at the same time, `Batch.read_indices` gives each
     label's own index, and the anchors outside what every variable covers are dropped:
     `anchor_range` is the rest, a `sample_range` for `split_by_chunk`.
 
