@@ -772,7 +772,9 @@ impl Pass {
             trimmed_rows: order.trimmed_rows,
             ..PassStats::default()
         };
-        let prefetch_depth = config.prefetch_depth;
+        // The channel never holds more than the epoch's batches (the memory need counts no
+        // more), and a depth of `usize::MAX` would overflow its capacity.
+        let prefetch_depth = config.prefetch_depth.min(plan.n_batches.max(1));
         let shared = Arc::new(PassShared {
             readahead: Semaphore::new(
                 format!("read-ahead of {}", config.split),

@@ -623,6 +623,18 @@ impl DatasetBuilder {
                 format!("must be below world_size = {world_size} (ranks count from 0)"),
             ));
         }
+        if self
+            .cache_dir
+            .as_ref()
+            .is_some_and(|d| d.as_os_str().is_empty())
+        {
+            // An empty path would put the cache in the working directory, where nobody meant it.
+            return Err(EngineError::arg(
+                "cache_dir",
+                "\"\"",
+                "is empty; give a directory on local NVMe (or no cache_dir for none)",
+            ));
+        }
         if self.cache_dir.is_none() {
             let needs_dir = [
                 ("persist", self.persist),

@@ -561,6 +561,12 @@ fn an_unwritable_cache_dir_is_a_clear_error() {
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("needs a cache_dir"), "{err}");
+    // An empty path would be the working directory: refused, naming the argument.
+    let msg = build_err(era5(Path::new("")));
+    assert!(
+        msg.contains("`cache_dir`") && msg.contains("is empty"),
+        "{msg}"
+    );
     // A file where the directory should be, or on its path.
     let file = parent.path().join("a-file");
     std::fs::write(&file, b"x").unwrap();

@@ -9,6 +9,8 @@
 
 mod api;
 mod callback;
+#[cfg(test)]
+mod config_fuzz;
 mod dlpack;
 mod status;
 
