@@ -1350,7 +1350,7 @@ class InSituDataset:
             config[name] = flag
         if cache_dir is not None:
             config["cache_dir"] = os.fspath(cache_dir)
-        if storage_options is None and geometries is not None:
+        if storage_options is None and isinstance(geometries, Mapping):
             # Geometries from open_geometries(url, storage_options=...) carry their options.
             carried = [g.storage_options for g in geometries.values()
                        if isinstance(g, ArrayGeometry) and g.storage_options
@@ -1385,7 +1385,8 @@ class InSituDataset:
             config["manifest"] = manifest.data
         if geometries is not None:
             if not isinstance(geometries, Mapping):
-                raise TypeError("`geometries` must map labels to ArrayGeometry")
+                raise TypeError("`geometries` must map labels to ArrayGeometry, not "
+                                f"{type(geometries).__name__}")
             if not geometries:
                 raise errors.InvalidArgument(
                     "`geometries` is empty: map at least one label to an ArrayGeometry, or pass "

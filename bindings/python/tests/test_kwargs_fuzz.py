@@ -1,0 +1,107 @@
+"""`InSituDataset` over random keyword arguments: a valid set using most of them, with one to
+three replaced by values of other types, ranges and shapes. Whatever they are, the constructor
+and a few batches of each split either work or raise `TypeError`, `ValueError` or an
+`insitubatch.Error` that is not an `InternalError` (a panic or a bug), with a message; never
+another exception, a crash or a hang (a watchdog dumps the threads after 120 s).
+`ISB_PY_KWARGS_CASES=n` draws more cases than the 150 of a run."""
+
+import faulthandler
+import os
+import random
+
+import numpy as np
+import pytest
+import zarr
+
+import insitubatch as isb
+from insitubatch import errors, transforms
+
+ODD = [None, True, False, 0, 1, -1, 2**63, 2**64, 2**70, -(2**63) - 1, 2.5, float("nan"),
+       float("inf"), "", "x", "..", "t2m", "time", "1979-01-01", [], [1, "a"], (0, 1), {},
+       {"a": 1}, {"nearest": 3}, {"x": ["t2m", "t2m"]}, b"bytes", object(), np.int64(3),
+       np.float32(1.5), np.arange(3), np.arange(24) * 5, ["train", "bogus"], "threads",
+       "uring", "nan", "raise"]
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kwargs_fuzz")
+    g = zarr.open_group(root / "era5.zarr", mode="w")
+    rng = np.random.default_rng(3)
+    g.create_array("t2m", data=rng.normal(size=(24, 3, 4)).astype("f4"), chunks=(4, 3, 4),
+                   dimension_names=("time", "y", "x"))
+    g.create_array("u10", data=rng.normal(size=(24, 3, 4)).astype("f4"), chunks=(3, 3, 4),
+                   dimension_names=("time", "y", "x"))
+    time = g.create_array("time", data=np.arange(24, dtype="i8") * 6, dimension_names=("time",))
+    time.attrs["units"] = "hours since 2000-01-01"
+    g.create_array("orog", data=rng.normal(size=(3, 4)).astype("f4"), chunks=(2, 4),
+                   dimension_names=("y", "x"))
+    g.create_array("clim", data=rng.normal(size=(7, 3, 4)).astype("f4"), chunks=(2, 3, 4),
+                   dimension_names=("time", "y", "x"))
+    return root
+
+
+def base_kwargs(root):
+    store = root / "era5.zarr"
+    geoms = isb.open_geometries(store, variables=["t2m", "u10", "orog", "clim"])
+    mounted = isb.open_geometries(store, variables=["t2m"])["t2m"]
+    variables = {"t2m": geoms["t2m"], "y": geoms["t2m"].shift(2),
+                 "u": geoms["u10"].crop((0, 2), (-1, 3), wrap=True),
+                 "o": geoms["orog"].as_static(), "c": geoms["clim"], "m": mounted}
+    return store, dict(
+        geometries=variables, batch_size=5, block_chunks=2, fast_first_batch=True,
+        sample_stride=2, sample_phase=1, max_inflight=3, seed=4, shuffle=True,
+        prefetch_depth=2, cache_dir=root / "cache", cache_budget_bytes=1 << 20,
+        on_bad_chunk="nan", chunk_transforms=[transforms.Affine(2.0, 1.0)],
+        executor_threads=1, io_backend="threads", drop_last=["train"],
+        stacks={"x": ["t2m", "y"]},
+        mounts={"again": {"store": store, "align": {"nearest": "time"}}},
+        indexes={"c": np.arange(24) % 7}, manifest=None, rank=0, world_size=1,
+        even_train=True, persist=False, reset_stale_cache=False, readonly_cache=False,
+        cache_direct_io=False, memory_limit_bytes=1 << 34, batch_transforms=(lambda b: b,),
+        sample_axis=0, storage_options=None)
+
+
+def exercise(store, kwargs, case):
+    """Builds the dataset and reads a few batches of each split; returns whether it opened."""
+    try:
+        ds = isb.InSituDataset(store, **kwargs)
+    except errors.InternalError as e:
+        pytest.fail(f"case {case}: {e!r}\n{kwargs}")
+    except (TypeError, ValueError, errors.Error) as e:
+        assert str(e), f"case {case}: {type(e).__name__} without a message"
+        return False
+    with ds:
+        for split in ("train", "val", "all"):
+            try:
+                for _, batch in zip(range(3), getattr(ds, split)):
+                    assert len(batch) > 0
+            except errors.InternalError as e:
+                pytest.fail(f"case {case}, {split}: {e!r}\n{kwargs}")
+            except (TypeError, ValueError, errors.Error) as e:
+                assert str(e), f"case {case}: {type(e).__name__} without a message"
+    return True
+
+
+def test_random_keyword_arguments_raise_clear_errors_or_work(stores):
+    store, base = base_kwargs(stores)
+    faulthandler.dump_traceback_later(120, exit=True)
+    try:
+        assert exercise(store, base, "base")
+        cases = int(os.environ.get("ISB_PY_KWARGS_CASES", "150"))
+        opened = 0
+        for case in range(cases):
+            r = random.Random(case)
+            kwargs = dict(base)
+            for _ in range(r.randint(1, 3)):
+                key = r.choice(sorted(kwargs))
+                if key == "cache_dir":
+                    # A relative odd path would land in the working directory.
+                    kwargs[key] = stores / "odd" / str(case) if r.random() < 0.5 else ""
+                else:
+                    kwargs[key] = r.choice(ODD)
+            opened += exercise(store, kwargs, case)
+        print(f"{opened} of {cases} cases opened")
+        assert opened >= 1, f"none of {cases} cases opened"
+    finally:
+        faulthandler.cancel_dump_traceback_later()
