@@ -1711,10 +1711,16 @@ class InSituDataset:
 def shuffle_quality(order, samples_per_chunk: int) -> float:
     """How close an emitted order (sample indices) is to a perfect global shuffle: 1.0 is
     indistinguishable from one, 0.0 is sequential (the same score as the Rust engine's)."""
-    o = np.asarray(order, dtype=np.int64)
+    # (Sample indices are int64: a larger chunk holds every one of them alike.)
+    spc = min(_check_int("samples_per_chunk", samples_per_chunk), 2**63 - 1)
+    o = np.asarray(order)
+    if o.ndim != 1 or not (o.size == 0 or np.issubdtype(o.dtype, np.integer)):
+        raise TypeError("`order` must be a 1-D sequence of sample indices "
+                        f"(ds.order().sample_indices), not {type(order).__name__} "
+                        f"of {o.dtype} shaped {o.shape}")
+    o = o.astype(np.int64)
     n = len(o)
-    spc = int(samples_per_chunk)
-    if n < 3 or spc <= 0:
+    if n < 3:
         return 1.0
     same = float(np.mean(o[1:] // spc == o[:-1] // spc))
     expected = min((min(spc, n) - 1) / (n - 1), 1.0)

@@ -34,6 +34,8 @@ def stores(tmp_path_factory):
                    dimension_names=("time", "y", "x"))
     time = g.create_array("time", data=np.arange(24, dtype="i8") * 6, dimension_names=("time",))
     time.attrs["units"] = "hours since 2000-01-01"
+    g.create_array("y", data=np.linspace(0.0, 2.0, 3), dimension_names=("y",))
+    g.create_array("x", data=np.linspace(0.0, 3.0, 4), dimension_names=("x",))
     g.create_array("orog", data=rng.normal(size=(3, 4)).astype("f4"), chunks=(2, 4),
                    dimension_names=("y", "x"))
     g.create_array("clim", data=rng.normal(size=(7, 3, 4)).astype("f4"), chunks=(2, 3, 4),
@@ -105,3 +107,73 @@ def test_random_keyword_arguments_raise_clear_errors_or_work(stores):
         assert opened >= 1, f"none of {cases} cases opened"
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+def calls(root, ds):
+    """(name, function, positional arguments, keyword arguments) of the library's other entry
+    points, each valid as given."""
+    store = root / "era5.zarr"
+    g = isb.open_geometries(store, variables=["t2m"])["t2m"]
+    lat = np.linspace(0.0, 2.0, 3)
+    lon = np.linspace(0.0, 3.0, 4)
+    return [
+        ("open_geometries", isb.open_geometries, [store], {"variables": ["t2m"], "sample_axis": 0,
+                                                           "storage_options": None}),
+        ("split_by_chunk", isb.split_by_chunk, [g, (0.5, 0.25, 0.25)],
+         {"seed": 1, "contiguous": True, "sample_range": range(0, 24)}),
+        ("split_by_ranges", isb.split_by_ranges, [g, {"train": (0, 12), "val": ("2000-01-04", 24)}],
+         {"snap": "exact"}),
+        ("coordinate_values", isb.coordinate_values, [store, "t2m"],
+         {"dimension": "time", "sample_axis": 0, "decode_times": True}),
+        ("coordinate_region", isb.coordinate_region, [store, "t2m", {"y": (0, 2)}], {}),
+        ("shift", g.shift, [2], {}),
+        ("crop", g.crop, [(0, 2), (1, 3)], {"wrap": False}),
+        ("crop_coords", g.crop_coords, [{"y": (0, 1)}], {}),
+        ("from_batch", lambda k: list(ds.train.from_batch(k)), [1], {}),
+        ("order", ds.order, ["train"], {}),
+        ("memory_need", ds.memory_need, ["all"], {}),
+        ("statistics", ds.statistics, ["train"], {"axis": None}),
+        ("coordinates", ds.coordinates, ["t2m"], {"dimension": "time"}),
+        ("shuffle_quality", isb.shuffle_quality, [np.arange(24), 4], {}),
+        ("Affine", transforms.Affine, [2.0, 1.0], {"axis": None}),
+        ("Standardize", transforms.Standardize, [[1.0, 2.0, 3.0], [1.0, 1.0, 2.0]], {"axis": 0}),
+        ("Clip", transforms.Clip, [0.0, 1.0], {}),
+        ("Cast", transforms.Cast, ["float64"], {}),
+        ("Coarsen", transforms.Coarsen, [(1, 2)], {}),
+        ("Regrid", transforms.Regrid, [(0, 1), (lat, lon), (lat[:2], lon[:3])],
+         {"method": "linear", "sphere": False}),
+        ("preview", transforms.preview, [store, "t2m", [transforms.Affine(2.0)]], {"chunk": 1}),
+    ]
+
+
+def test_random_arguments_to_the_other_entry_points_raise_clear_errors_or_work(stores):
+    store, base = base_kwargs(stores)
+    ds = isb.InSituDataset(store, batch_size=4, seed=1,
+                           geometries={"t2m": isb.open_geometries(store)["t2m"]})
+    faulthandler.dump_traceback_later(120, exit=True)
+    try:
+        entries = calls(stores, ds)
+        for name, fn, args, kwargs in entries:
+            fn(*args, **kwargs)  # valid as given
+        cases = int(os.environ.get("ISB_PY_KWARGS_CASES", "150")) * 2
+        for case in range(cases):
+            r = random.Random(10_000 + case)
+            name, fn, args, kwargs = entries[case % len(entries)]
+            args, kwargs = list(args), dict(kwargs)
+            for _ in range(r.randint(1, 2)):
+                if kwargs and (not args or r.random() < 0.5):
+                    kwargs[r.choice(sorted(kwargs))] = r.choice(ODD)
+                elif args:
+                    args[r.randrange(len(args))] = r.choice(ODD)
+            try:
+                fn(*args, **kwargs)
+            except errors.InternalError as e:
+                pytest.fail(f"case {case}, {name}: {e!r}\n{args} {kwargs}")
+            except (TypeError, ValueError, KeyError, errors.Error) as e:
+                # (KeyError: a label the dataset does not have, as `batch.arrays[label]`.)
+                assert str(e), f"case {case}, {name}: {type(e).__name__} without a message"
+            except Exception as e:  # noqa: BLE001 - the point: nothing else may escape
+                pytest.fail(f"case {case}, {name}: {type(e).__name__}: {e}\n{args} {kwargs}")
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        ds.close()
