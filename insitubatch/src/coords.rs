@@ -500,8 +500,22 @@ pub(crate) fn mount_start(
     let range = |k: &CoordinateKeys, path: &str, last: usize| {
         format!("`{path}` runs from {} to {}", k.show(0), k.show(last))
     };
-    if mounted.cmp_at(0, &root, last_r) == Some(Greater)
-        || mounted.cmp_at(last_m, &root, 0) == Some(Less)
+    if containing {
+        // The period a sample stands for is its step: one time has none.
+        for (k, path) in [(&root, &root_path), (&mounted, &mount_path)] {
+            if k.len() < 2 {
+                return Err(refuse(format!(
+                    "a containing or nearest alignment needs each store's time step, and \
+                     `{path}` holds one time; align on `{dim}` or give a sample offset instead"
+                )));
+            }
+        }
+    }
+    // (Read at the sample before or nearest each time, stores that do not overlap may still
+    // have anchors to read, within a step of either end: left to the anchor check.)
+    if !containing
+        && (mounted.cmp_at(0, &root, last_r) == Some(Greater)
+            || mounted.cmp_at(last_m, &root, 0) == Some(Less))
     {
         return Err(refuse(format!(
             "the stores share no `{dim}`: {} and {}",

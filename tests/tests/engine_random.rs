@@ -28,10 +28,10 @@ use insitubatch::{
 use serde_json::json;
 
 mod random_case;
-use random_case::{ArrayCase, Case, CaseBudget, Codec, Rng, for_each_index};
+use random_case::{ArrayCase, Case, CaseBudget, Codec, How, Rng, Times, for_each_index};
 
 /// Number of random cases per run (each a store and two epochs over every split).
-const CASES: u64 = 200;
+const CASES: u64 = 250;
 
 /// The anchors a split of `chunks` on the reference grid must emit: every sample of those
 /// chunks on the stride, inside the array, whose every view reads inside it too.
@@ -343,6 +343,8 @@ struct Coverage {
     strided: u64,
     mounted: u64,
     mount_refused: u64,
+    timed: u64,
+    between: u64,
     indexed: u64,
     cropped: u64,
     wrapped: u64,
@@ -353,6 +355,8 @@ fn run_case(n: u64, cov: &mut Coverage) {
     cov.windows += case.views.iter().any(|v| v.offset != 0) as u64;
     cov.strided += (case.stride.0 > 1) as u64;
     cov.mounted += case.mounted().is_some() as u64;
+    cov.timed += case.times.is_some() as u64;
+    cov.between += case.times.as_ref().is_some_and(|t| t.how != How::Exact) as u64;
     cov.indexed += case.views.iter().any(|v| v.index.is_some()) as u64;
     cov.cropped += case.arrays.iter().any(|a| a.region.is_some()) as u64;
     cov.wrapped += case
@@ -396,6 +400,17 @@ fn run_case(n: u64, cov: &mut Coverage) {
     for a in &case.arrays {
         a.write(&a.store_root(&root), case.v3, case.sep);
     }
+    if let (Some(t), Some(m)) = (&case.times, case.mounted()) {
+        Times::write_coordinate(&root, case.v3, case.n_samples, 0, t.root_step);
+        let n = m.shape[case.axis];
+        Times::write_coordinate(
+            &m.store_root(&root),
+            case.v3,
+            n,
+            t.mount_start,
+            t.mount_step,
+        );
+    }
     if case.corrupt {
         corrupt_a_chunk(&mut case, &root, n);
         cov.corrupt += case.arrays.iter().any(|a| !a.corrupt.is_empty()) as u64;
@@ -438,33 +453,53 @@ fn run_case(n: u64, cov: &mut Coverage) {
         builder = builder.cache_dir(&cache);
         cov.spilled += 1;
     }
-    // The anchors at which every view reads inside its array: one run (each view's are), all
-    // of them unless windows or a mount reach past an end.
+    // The anchors at which every view reads inside its array (all of them unless windows or a
+    // mount reach past an end), and those of them the stride draws.
     let valid: Vec<u64> = (0..case.n_samples).filter(|&a| case.valid(a)).collect();
+    let drawn = valid.iter().any(|&a| case.on_stride(a));
+    // Where times meet at another rate, anchors between two of the mount's samples read
+    // nothing, and the anchor range may hold only such anchors: then it is not refused.
+    let between = case
+        .times
+        .as_ref()
+        .is_some_and(|t| t.how == How::Exact && t.every() > 1);
     let built = builder.executor_threads(case.executor_threads).build();
-    if valid.is_empty() && case.mounted().is_some() {
-        // A mount placed where no anchor reads inside every array is refused when built,
-        // naming the mount.
-        let Err(e) = built else {
-            panic!("a mount that leaves no valid anchor is refused")
-        };
-        assert!(e.to_string().contains("`mounts` = m"), "{e}");
-        cov.mount_refused += 1;
-        return;
-    }
-    let ds = built.unwrap();
-    let range = ds.anchor_range();
-    if let (Some(first), Some(last)) = (valid.first(), valid.last()) {
-        assert_eq!(range, *first..last + 1, "anchor_range");
-        assert_eq!(
-            valid.len() as u64,
-            range.end - range.start,
-            "valid anchors are one run"
-        );
-    } else {
+    let ds = match built {
+        Err(e) if case.one_time() => {
+            // A period needs a step: a store of one time is refused, naming the mount.
+            assert!(
+                e.to_string().contains("`mounts` = m") && e.to_string().contains("one time"),
+                "{e}"
+            );
+            cov.mount_refused += 1;
+            return;
+        }
+        Err(e) if case.mounted().is_some() && !drawn && (valid.is_empty() || between) => {
+            // A mount placed where no anchor reads inside every array is refused when built,
+            // naming the mount.
+            assert!(e.to_string().contains("`mounts` = m"), "{e}");
+            cov.mount_refused += 1;
+            return;
+        }
+        Err(e) => panic!("refused: {e}"),
+        Ok(ds) => ds,
+    };
+    assert!(!case.one_time(), "a store of one time gave a period");
+    if case.mounted().is_some() && !between {
         assert!(
-            range.is_empty(),
-            "anchor_range {range:?} with no valid anchor"
+            !valid.is_empty(),
+            "a mount that leaves no valid anchor is refused"
+        );
+    }
+    // Every anchor the stride draws is in the anchor range exactly when every view reads
+    // inside its array there.
+    let range = ds.anchor_range();
+    assert!(range.is_empty() || range.end <= case.n_samples, "{range:?}");
+    for a in (0..case.n_samples).filter(|&a| case.on_stride(a)) {
+        assert_eq!(
+            range.contains(&a),
+            case.valid(a),
+            "anchor {a}, anchor_range {range:?}"
         );
     }
     let m = ds.manifest().clone();
@@ -1020,6 +1055,8 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("blocks ramped up from one batch", c.ramped),
             ("a sample stride", c.strided),
             ("a mounted store", c.mounted),
+            ("a mount aligned on time", c.timed),
+            ("a containing or nearest mount", c.between),
             ("an indexed view", c.indexed),
             ("a cropped array", c.cropped),
             ("a crop wrapping an axis", c.wrapped),

@@ -288,3 +288,26 @@ def test_the_different_times_example_in_the_python_docs_reads_what_it_says(tmp_p
             seen += t.tolist()
     assert sorted(seen) == list(range(100, 300))
     ds.close()
+
+
+def test_rounding_mounts_read_a_store_that_ends_before_the_inputs_start(tmp_path):
+    # Daily targets at 1999-12-30T18 and 1999-12-31T18, both before the 6-hourly inputs' first
+    # time: the second one's day holds the inputs' first three times (containing), and is the
+    # nearest sample to the first only (nearest); the stores share no time, which an exact
+    # alignment refuses.
+    inputs, targets, t2m, tp = write_timed_stores(tmp_path, start=-5, n_targets=2, step_hours=24)
+    variables = {"x": isb.open_geometries(inputs)["t2m"], "y": isb.open_geometries(targets)["tp"]}
+    for align, anchors in (({"containing": "time"}, range(0, 3)), ({"nearest": "time"}, range(0, 1))):
+        ds = isb.InSituDataset(inputs, None, variables, batch_size=4,
+                               mounts={"t": {"store": targets, "align": align}})
+        assert ds.anchor_range == anchors, align
+        assert sorted(check(ds, "all", {"x": t2m, "y": tp})) == list(anchors)
+        assert all((b.read_indices("y") == 1).all() for b in ds.all)
+    with pytest.raises(errors.InvalidArgument, match="share no `time`"):
+        isb.InSituDataset(inputs, None, variables, mounts={"t": {"store": targets, "align": "time"}})
+    # One time says no period: refused for a rounding alignment, naming the store.
+    inputs, targets, *_ = write_timed_stores(tmp_path, n_targets=1, step_hours=24)
+    variables = {"x": isb.open_geometries(inputs)["t2m"], "y": isb.open_geometries(targets)["tp"]}
+    with pytest.raises(errors.InvalidArgument, match="`mounts` = t.*holds one time"):
+        isb.InSituDataset(inputs, None, variables,
+                          mounts={"t": {"store": targets, "align": {"nearest": "time"}}})

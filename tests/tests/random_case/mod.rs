@@ -14,6 +14,83 @@ use zarrs::filesystem::FilesystemStore;
 /// The name the second store is mounted under.
 pub const MOUNT: &str = "m";
 
+/// How a mounted store's `time` is matched with the root's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum How {
+    /// `MountAlignment::Coordinate`: read where the times meet.
+    Exact,
+    /// `MountAlignment::Containing`: the last sample at or before each anchor's time.
+    Containing,
+    /// `MountAlignment::Nearest`: the nearest sample, the later on a tie.
+    Nearest,
+}
+
+/// The `time` coordinates of a case whose mount is aligned on them, in hours since
+/// 2000-01-01: the root's sample `i` at `i * root_step`, the mount's `j` at `mount_start + j *
+/// mount_step`.
+#[derive(Debug)]
+pub struct Times {
+    pub root_step: i64,
+    pub mount_start: i64,
+    pub mount_step: i64,
+    pub how: How,
+}
+
+impl Times {
+    /// One anchor in this many lands on a sample of the mount (`Exact`; at another rate the
+    /// others fall between two).
+    pub fn every(&self) -> i64 {
+        self.mount_step / gcd(self.root_step, self.mount_step)
+    }
+
+    /// The mount's sample at the root's anchor `a`, before any window, from the two times:
+    /// `None` where the anchor falls between two of its samples and `how` is `Exact`.
+    pub fn sample_at(&self, a: u64) -> Option<i64> {
+        let (d, step) = (
+            a as i64 * self.root_step - self.mount_start,
+            self.mount_step,
+        );
+        match self.how {
+            How::Exact => (d.rem_euclid(step) == 0).then(|| d.div_euclid(step)),
+            How::Containing => Some(d.div_euclid(step)),
+            How::Nearest => Some((2 * d + step).div_euclid(2 * step)),
+        }
+    }
+
+    /// Writes the `time` array of a store whose sample `j` is at `start + j * step` hours.
+    pub fn write_coordinate(root: &Path, v3: bool, n: u64, start: i64, step: i64) {
+        let dir = root.join("time");
+        std::fs::create_dir_all(&dir).unwrap();
+        let units = "hours since 2000-01-01 00:00";
+        let (meta, file, key) = if v3 {
+            let meta = json!({"zarr_format": 3, "node_type": "array", "shape": [n],
+                "data_type": "int64", "chunk_grid": {"name": "regular", "configuration":
+                {"chunk_shape": [n]}}, "chunk_key_encoding": {"name": "default"},
+                "fill_value": 0, "codecs": [{"name": "bytes", "configuration":
+                {"endian": "little"}}], "dimension_names": ["time"],
+                "attributes": {"units": units}});
+            (meta, "zarr.json", "c/0")
+        } else {
+            let attrs = json!({"_ARRAY_DIMENSIONS": ["time"], "units": units});
+            std::fs::write(dir.join(".zattrs"), attrs.to_string()).unwrap();
+            let meta = json!({"zarr_format": 2, "shape": [n], "chunks": [n], "dtype": "<i8",
+                "compressor": null, "fill_value": 0, "order": "C", "filters": null});
+            (meta, ".zarray", "0")
+        };
+        std::fs::write(dir.join(file), meta.to_string()).unwrap();
+        let bytes: Vec<u8> = (0..n as i64)
+            .flat_map(|j| (start + j * step).to_le_bytes())
+            .collect();
+        let chunk = dir.join(key);
+        std::fs::create_dir_all(chunk.parent().unwrap()).unwrap();
+        std::fs::write(chunk, bytes).unwrap();
+    }
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
 /// SplitMix64: small, seedable, and good enough to pick test shapes.
 pub struct Rng(u64);
 
@@ -141,6 +218,9 @@ pub struct ArrayCase {
     /// (`DatasetBuilder::cropped_window_wrapping`): one `(start, end)` per field axis in
     /// physical order, a negative `start` wrapping around the axis's end.
     pub region: Option<Vec<(i64, i64)>>,
+    /// Its dimension names (the sample axis's is `time`), when its store has a `time`
+    /// coordinate.
+    pub dims: Option<Vec<String>>,
 }
 
 impl ArrayCase {
@@ -350,11 +430,15 @@ impl ArrayCase {
                     {"name": "crc32c"}],
                 "index_location": if self.id.is_multiple_of(2) { "end" } else { "start" }}})];
         }
-        json!({"zarr_format": 3, "node_type": "array", "shape": self.shape,
+        let mut meta = json!({"zarr_format": 3, "node_type": "array", "shape": self.shape,
             "data_type": self.dt.v3_name(),
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": self.chunks}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": sep}},
-            "fill_value": self.fill, "codecs": codecs, "attributes": {}})
+            "fill_value": self.fill, "codecs": codecs, "attributes": {}});
+        if let Some(dims) = &self.dims {
+            meta["dimension_names"] = json!(dims);
+        }
+        meta
     }
 
     pub fn write(&self, root: &Path, v3: bool, sep: &str) {
@@ -362,6 +446,10 @@ impl ArrayCase {
             self.write_by_hand(root, v3, sep);
         } else {
             self.write_with_zarrs(root, v3, sep);
+        }
+        if let (Some(dims), false) = (&self.dims, v3) {
+            let attrs = json!({"_ARRAY_DIMENSIONS": dims});
+            std::fs::write(root.join(&self.name).join(".zattrs"), attrs.to_string()).unwrap();
         }
     }
 
@@ -517,6 +605,8 @@ pub struct Case {
     pub stack: Option<Vec<usize>>,
     /// Every `.0`-th sample from `.1` (`(1, 0)`: every sample).
     pub stride: (u64, u64),
+    /// The mount aligned on `time` coordinates instead of a sample offset.
+    pub times: Option<Times>,
 }
 
 impl Case {
@@ -549,6 +639,7 @@ impl Case {
                     corrupt: HashSet::new(),
                     mounted_at: None,
                     region: None,
+                    dims: None,
                 };
                 if r.chance(0.4) {
                     a.codec = [Codec::Zstd, Codec::Gzip, Codec::BloscLz4][r.range(0, 2) as usize];
@@ -642,12 +733,69 @@ impl Case {
             spill: r.chance(0.25),
             stack: None,
             stride: (1, 0),
+            times: None,
         }
         .with_stack(&mut r)
         .with_stride(&mut r)
         .with_mount(&mut r)
         .with_index(&mut r)
         .with_crop(&mut r)
+        .with_times(&mut r)
+    }
+
+    /// The case with, often when it has a mount, both stores given CF `time` coordinates that
+    /// step at rates of their own, and the mount aligned on them: where the times meet (the
+    /// stride then draws only those anchors), or at the sample before or nearest each anchor's
+    /// time (drawn after the crop, for the same reason).
+    fn with_times(mut self, r: &mut Rng) -> Case {
+        if self.mounted().is_none() || !r.chance(0.6) {
+            return self;
+        }
+        let root_step = [1, 2, 3, 6][r.range(0, 3) as usize];
+        let mount_step = [1, 2, 3, 4, 6, 12][r.range(0, 5) as usize];
+        let how = [How::Exact, How::Containing, How::Nearest][r.range(0, 2) as usize];
+        let g = gcd(root_step, mount_step);
+        let mount_start = match how {
+            // On one grid: the mount's times fall on the root's wherever both have one.
+            How::Exact => g * (r.range(0, 16) as i64 - 8),
+            _ => r.range(0, 40) as i64 - 20,
+        };
+        let times = Times {
+            root_step,
+            mount_start,
+            mount_step,
+            how,
+        };
+        let every = times.every();
+        if how == How::Exact && every > 1 {
+            // Only the anchors on one of the mount's samples can be drawn.
+            let phase = (0..every)
+                .find(|a| (a * root_step - mount_start).rem_euclid(mount_step) == 0)
+                .unwrap();
+            self.stride = (every as u64, phase as u64);
+        }
+        let axis = self.axis;
+        for a in &mut self.arrays {
+            let dims = (0..a.shape.len())
+                .map(|d| {
+                    if d == axis {
+                        "time".into()
+                    } else {
+                        format!("d{d}")
+                    }
+                })
+                .collect();
+            a.dims = Some(dims);
+        }
+        self.times = Some(times);
+        self
+    }
+
+    /// Whether the times cannot say a store's period: a containing or nearest alignment with
+    /// a store of one sample, refused when built.
+    pub fn one_time(&self) -> bool {
+        let m = self.mounted().map_or(0, |a| a.shape[self.axis]);
+        self.times.as_ref().is_some_and(|t| t.how != How::Exact) && (self.n_samples < 2 || m < 2)
     }
 
     /// The case with, a third of the time, one array outside the stack read as a region of its
@@ -732,7 +880,11 @@ impl Case {
         if let Some(index) = &view.index {
             return Some(index[anchor as usize]);
         }
-        let s = anchor as i64 + view.offset - a.mounted_at.unwrap_or(0);
+        let at = match (&self.times, a.mounted_at) {
+            (Some(t), Some(_)) => t.sample_at(anchor)?,
+            (_, k) => anchor as i64 - k.unwrap_or(0),
+        };
+        let s = at + view.offset;
         (s >= 0 && (s as u64) < a.shape[self.axis]).then_some(s as u64)
     }
 
@@ -827,10 +979,16 @@ impl Case {
             .fast_first_batch(self.fast_first_batch)
             .sample_stride(self.stride.0, self.stride.1);
         if let Some(m) = self.mounted() {
-            b = b.mount(MOUNT, m.store_root(root)).align_mount(
-                MOUNT,
-                insitubatch::MountAlignment::Samples(m.mounted_at.unwrap()),
-            );
+            use insitubatch::MountAlignment as A;
+            let alignment = match self.times.as_ref().map(|t| t.how) {
+                None => A::Samples(m.mounted_at.unwrap()),
+                Some(How::Exact) => A::Coordinate("time".into()),
+                Some(How::Containing) => A::Containing("time".into()),
+                Some(How::Nearest) => A::Nearest("time".into()),
+            };
+            b = b
+                .mount(MOUNT, m.store_root(root))
+                .align_mount(MOUNT, alignment);
         }
         for v in &self.views {
             let a = &self.arrays[v.array];
