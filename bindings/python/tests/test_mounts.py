@@ -311,3 +311,28 @@ def test_rounding_mounts_read_a_store_that_ends_before_the_inputs_start(tmp_path
     with pytest.raises(errors.InvalidArgument, match="`mounts` = t.*holds one time"):
         isb.InSituDataset(inputs, None, variables,
                           mounts={"t": {"store": targets, "align": {"nearest": "time"}}})
+
+
+def test_the_nearest_example_in_the_python_docs_reads_each_samples_own_day(tmp_path,
+                                                                           python_docs_example):
+    """docs/python-api.md, "The nearest time": its example as printed, over 6-hourly inputs
+    from 2000-01-01T00 and daily values stamped at noon from the same day: every sample reads
+    its own day (at 00:00 the day before's noon is as near, and the later wins)."""
+    inputs, targets, t2m, tp = write_timed_stores(tmp_path, n=30, start=2, n_targets=7,
+                                                  step_hours=24)
+    code = python_docs_example("**The nearest time.**")
+    code = (code.replace("/data/era5_6h.zarr", str(inputs))
+            .replace("/data/daily_noon.zarr", str(targets)))
+    scope = {"isb": isb}
+    exec(code, scope)
+    ds = scope["ds"]
+    assert ds.anchor_range == range(0, 28)  # seven days of four samples
+    seen = []
+    for batch in ds.all:
+        t = batch.sample_indices
+        np.testing.assert_array_equal(batch.read_indices("y"), t // 4)
+        np.testing.assert_array_equal(batch.arrays["y"], tp[t // 4])
+        np.testing.assert_array_equal(batch.arrays["x"], t2m[t])
+        seen += t.tolist()
+    assert sorted(seen) == list(range(28))
+    ds.close()
