@@ -418,9 +418,10 @@ impl CoordinateKeys {
 /// coordinate equal to the mount's first value (or minus the index of the mount's value equal
 /// to the root's first, when it starts earlier), and every value the two share a place for
 /// must match. Stepping at different rates: both must be CF times stepping evenly, and the
-/// mount's sample `j` is at the root's `(start + j step) / per`, as it is for `containing` (each
-/// anchor reads the sample before it, so the times need not meet). Each coordinate must rise
-/// strictly and be as long as its array along the sample axis.
+/// mount's sample `j` is at the root's `(start + j step) / per`, as it is when `rounds` (a
+/// containing or nearest alignment: each anchor reads the sample before or nearest it, so the
+/// times need not meet, nor the stores overlap, but each needs two times for a step). Each
+/// coordinate must rise strictly and be as long as its array along the sample axis.
 pub(crate) fn mount_start(
     runtime: &insitubatch_runtime::Runtime,
     store: &insitubatch_store::MountedStore,
@@ -428,7 +429,7 @@ pub(crate) fn mount_start(
     (mount, dim): (&str, &str),
     root_array: Option<(&str, u64)>,
     mount_array: (&str, u64),
-    containing: bool,
+    rounds: bool,
 ) -> Result<StoreAxis, EngineError> {
     use std::cmp::Ordering::{Equal, Greater, Less};
     let refuse = |why: String| EngineError::arg("mounts", mount, why);
@@ -500,7 +501,7 @@ pub(crate) fn mount_start(
     let range = |k: &CoordinateKeys, path: &str, last: usize| {
         format!("`{path}` runs from {} to {}", k.show(0), k.show(last))
     };
-    if containing {
+    if rounds {
         // The period a sample stands for is its step: one time has none.
         for (k, path) in [(&root, &root_path), (&mounted, &mount_path)] {
             if k.len() < 2 {
@@ -513,7 +514,7 @@ pub(crate) fn mount_start(
     }
     // (Read at the sample before or nearest each time, stores that do not overlap may still
     // have anchors to read, within a step of either end: left to the anchor check.)
-    if !containing
+    if !rounds
         && (mounted.cmp_at(0, &root, last_r) == Some(Greater)
             || mounted.cmp_at(last_m, &root, 0) == Some(Less))
     {
@@ -531,10 +532,10 @@ pub(crate) fn mount_start(
         _ => None,
     };
     if let (Some(dr), Some(dm)) = (steps(&root), steps(&mounted))
-        && (dr != dm || containing)
+        && (dr != dm || rounds)
     {
         let (CoordinateKeys::Instants(r), CoordinateKeys::Instants(m)) = (&root, &mounted) else {
-            let what = if containing {
+            let what = if rounds {
                 "a containing or nearest alignment reads".to_string()
             } else {
                 format!(
