@@ -519,6 +519,7 @@ impl DatasetBuilder {
                     "this mount is aligned twice; give it one alignment",
                 ));
             }
+            let between = Between::of(alignment);
             let start = match alignment {
                 MountAlignment::Samples(k) => StoreAxis::starting_at(*k),
                 MountAlignment::Coordinate(dim)
@@ -542,17 +543,9 @@ impl DatasetBuilder {
                         (name, dim),
                         root,
                         (&mounted.geom.path, mounted.geom.n_samples()),
-                        matches!(
-                            alignment,
-                            MountAlignment::Containing(_) | MountAlignment::Nearest(_)
-                        ),
+                        between != Between::Skipped,
                     )?
                 }
-            };
-            let between = match alignment {
-                MountAlignment::Containing(_) => Between::Before,
-                MountAlignment::Nearest(_) => Between::Nearest,
-                _ => Between::Skipped,
             };
             starts.insert(name.clone(), (start, between));
         }
@@ -1050,9 +1043,9 @@ impl DatasetBuilder {
                  its sample axis, which sets the samples its batches draw",
             ));
         };
-        // Where each aligned mount sits on the root's sample axis (and whether it is read
-        // `Containing`); the arrays of one store (of the root and the mounts without an
-        // alignment together) share a length.
+        // Where each aligned mount sits on the root's sample axis (and what an anchor between
+        // two of its samples reads); the arrays of one store (of the root and the mounts
+        // without an alignment together) share a length.
         let starts = self.mount_starts(&runtime, &store, &hierarchy, &sampled)?;
         let start_of = |path: &str| -> Option<(StoreAxis, Between)> {
             let (mount, _) = path.split_once('/')?;
@@ -1802,8 +1795,9 @@ fn place_on_anchors(
         let mut placement = Placement::between(reference, axis).ok_or_else(too_large)?;
         placement.containing = between != Between::Skipped;
         if placement.containing && placement.mul.is_multiple_of(placement.div) {
-            // Every anchor on a sample (a store as fine as the anchors, read nearest): rounding
-            // down is exact, `a mul / div + add / div` (the sample each anchor reads is its own).
+            // A store at least as fine as the anchors (read nearest, say): every anchor lands on
+            // a sample, so rounding down is exact, `a (mul / div) + floor(add / div)`, and each
+            // sample is one row's again (`shares_samples` is false).
             placement = Placement {
                 mul: placement.mul / placement.div,
                 add: placement.add.div_euclid(placement.div as i64),
@@ -1902,6 +1896,16 @@ enum Between {
     Before,
     /// The nearest sample, the later on a tie ([`MountAlignment::Nearest`]).
     Nearest,
+}
+
+impl Between {
+    fn of(alignment: &MountAlignment) -> Self {
+        match alignment {
+            MountAlignment::Containing(_) => Self::Before,
+            MountAlignment::Nearest(_) => Self::Nearest,
+            MountAlignment::Samples(_) | MountAlignment::Coordinate(_) => Self::Skipped,
+        }
+    }
 }
 
 /// A store mounted as a group of the dataset's store ([`DatasetBuilder::mount`]).
