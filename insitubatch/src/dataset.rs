@@ -1025,6 +1025,19 @@ impl DatasetBuilder {
             }
             v.index = Some(Arc::clone(index));
         }
+        // A sample of an array with an empty field axis holds nothing (and has no stored chunk
+        // to wait for, so a pass would never fill a batch).
+        if let Some(v) = variables.iter().find(|v| v.geom.inner_shape().contains(&0)) {
+            return Err(EngineError::arg(
+                "variables",
+                &v.label,
+                format!(
+                    "array `{}` has shape {:?}: an axis other than the sample axis is empty, so \
+                     a sample holds nothing; leave it out of the variables",
+                    v.geom.path, v.geom.shape
+                ),
+            ));
+        }
         // Static fields have no sample axis, and indexed variables read their own: the other
         // sampled variables set its length.
         let sampled: Vec<&Variable> = variables

@@ -225,6 +225,20 @@ impl ZarrArray {
                 ));
             }
         }
+        // Every size the engine counts in bytes (the array, a chunk, a sample) fits 64 bits.
+        let item = dtype.size_bytes() as u64;
+        let fits = |dims: &[u64]| {
+            dims.iter()
+                .try_fold(item, |n, &d| n.checked_mul(d))
+                .is_some()
+        };
+        if !fits(inner.shape()) || !fits(&chunk_shape) {
+            return Err(bad(format!(
+                "shape {:?} with chunks {:?} of {item}-byte elements is more than 2^64 bytes",
+                inner.shape(),
+                chunk_shape
+            )));
+        }
         let shard = crate::shard::ShardLayout::of(&inner.codecs(), &chunk_shape).map(Arc::new);
         let chain =
             crate::zstd::reuse_contexts(&inner.codecs()).map_or_else(|| inner.codecs(), Arc::new);

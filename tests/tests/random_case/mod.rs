@@ -91,31 +91,7 @@ fn gcd(a: i64, b: i64) -> i64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
 
-/// SplitMix64: small, seedable, and good enough to pick test shapes.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `lo..=hi`.
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-
-    pub fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-}
+pub use insitubatch_tests::Rng;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dt {
@@ -630,7 +606,7 @@ impl Case {
                     shape,
                     chunks,
                     dt,
-                    fill: r.next() & dt.mask(),
+                    fill: r.next_u64() & dt.mask(),
                     big_endian: r.chance(0.3),
                     f_order: r.chance(0.3),
                     codec: Codec::None,
@@ -711,7 +687,7 @@ impl Case {
             max_inflight: r.range(1, 5) as usize,
             prefetch_depth: r.range(1, 3) as usize,
             shuffle: r.chance(0.7),
-            seed: r.next() % 1000,
+            seed: r.next_u64() % 1000,
             executor_threads: r.range(1, 2) as usize,
             budget: match r.range(0, 7) {
                 0 | 1 => CaseBudget::Everything,
