@@ -277,7 +277,7 @@ pub fn cf_time(value: f64, units: &str, calendar: Option<&str>) -> Option<String
         return None;
     }
     let (step, origin) = cf_units(units, calendar)?;
-    let t = origin + (value * step).round() as i64;
+    let t = origin.checked_add(whole_seconds(value * step)?)?;
     let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
     let (y, m, d) = civil_from_days(days);
     let (hh, mm, ss) = (secs / 3600, secs / 60 % 60, secs % 60);
@@ -286,6 +286,12 @@ pub fn cf_time(value: f64, units: &str, calendar: Option<&str>) -> Option<String
     } else {
         format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}")
     })
+}
+
+/// `seconds` rounded to a whole number, when it is one an `i64` holds.
+fn whole_seconds(seconds: f64) -> Option<i64> {
+    let s = seconds.round();
+    (s.is_finite() && s.abs() < 9.0e18).then_some(s as i64)
 }
 
 /// CF time `units` (`"hours since 1900-01-01"`) in a Gregorian `calendar` (`standard`,
@@ -371,10 +377,14 @@ impl CoordinateKeys {
         let values = numbers(coord.dtype(), bytes)?;
         Some(
             match attr("units").and_then(|u| cf_units(u, attr("calendar"))) {
+                // (Saturating: a time past the year 292,000 is not one, and shows as a
+                // coordinate that does not rise strictly.)
                 Some((step, origin)) => Self::Instants(
                     values
                         .iter()
-                        .map(|v| origin * 1_000_000 + (v * step * 1e6).round() as i64)
+                        .map(|v| {
+                            (origin * 1_000_000).saturating_add((v * step * 1e6).round() as i64)
+                        })
                         .collect(),
                 ),
                 None => Self::Numbers(values, attr("units").map(str::to_string)),
@@ -688,7 +698,13 @@ pub fn cycle_index(coord: &CoordinateValues, cycle: Cycle) -> Result<Vec<u64>, E
                     format!("its value {i} is {v}, not a time"),
                 ));
             }
-            let t = origin + (v * step).round() as i64;
+            let Some(t) = whole_seconds(v * step).and_then(|s| origin.checked_add(s)) else {
+                return Err(EngineError::arg(
+                    "index",
+                    &coord.path,
+                    format!("its value {i} is {v}, past any date its units can say"),
+                ));
+            };
             let days = t.div_euclid(86_400);
             let (y, m, _) = civil_from_days(days);
             Ok(match cycle {
@@ -763,7 +779,8 @@ fn reference_seconds(text: &str) -> Option<i64> {
         ymd.next().flatten().unwrap_or(1),
         ymd.next().flatten().unwrap_or(1),
     );
-    if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+    // (Years within 100,000 of year 0, so that every instant in microseconds fits 64 bits.)
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || !(-100_000..=100_000).contains(&y) {
         return None;
     }
     let mut hms = clock
@@ -775,6 +792,9 @@ fn reference_seconds(text: &str) -> Option<i64> {
         hms.next().map_or(Some(0.0), |v| v)?,
         hms.next().map_or(Some(0.0), |v| v)?,
     );
+    if !((0.0..=24.0).contains(&h) && (0.0..60.0).contains(&mi) && (0.0..61.0).contains(&sec)) {
+        return None;
+    }
     Some(days_from_civil(y, m, d) * 86_400 + (h * 3600.0 + mi * 60.0 + sec).round() as i64)
 }
 
@@ -1049,6 +1069,42 @@ fn index_range(
 #[cfg(test)]
 mod cf_tests {
     use super::*;
+
+    #[test]
+    fn times_past_what_64_bits_hold_are_no_date_rather_than_an_overflow() {
+        // (Each once overflowed an `i64`: the first found by the metadata fuzz, the others by
+        // reading the code around it.)
+        assert_eq!(
+            cf_time(i64::MAX as f64, "hours since 2000-01-01", None),
+            None
+        );
+        assert_eq!(cf_time(1e300, "seconds since 1970-01-01", None), None);
+        assert_eq!(reference_seconds("292277026596-12-04"), None);
+        assert_eq!(reference_seconds("2000-01-01 1e300:00"), None);
+        assert_eq!(reference_seconds("1979-01-01 25:00"), None);
+        assert_eq!(reference_seconds("1970-01-01 06:00"), Some(21_600));
+        assert_eq!(
+            cf_time(6.0, "hours since 1979-01-01 00:00:00", None).as_deref(),
+            Some("1979-01-01T06:00")
+        );
+        let coord = CoordinateValues {
+            dim: "time".into(),
+            path: "time".into(),
+            dtype: DType::Float64,
+            bytes: [0.0f64, 1e18]
+                .iter()
+                .flat_map(|v| v.to_ne_bytes())
+                .collect(),
+            attributes: serde_json::from_str(r#"{"units": "days since 2000-01-01"}"#).unwrap(),
+        };
+        let e = cycle_index(&coord, Cycle::DayOfYear)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("value 1 is 1000000000000000000") && e.contains("past any date"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn cycle_indexes_are_each_times_day_month_and_hour_against_the_calendar() {

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use insitubatch::{EngineError, InSituDataset, TimedOut};
+use insitubatch::{Cycle, EngineError, InSituDataset, MountAlignment, SampleBound, TimedOut};
 use insitubatch_tests::{Rng, copy_dir, fixture_arrays};
 use serde_json::{Value, json};
 
@@ -227,5 +227,168 @@ fn arrays_whose_field_is_empty_or_too_large_are_refused_naming_them() {
         };
         let msg = e.to_string();
         assert!(want.iter().all(|w| msg.contains(w)), "{msg}");
+    }
+}
+
+/// A `units` a time coordinate might wrongly (or oddly but rightly) carry.
+const UNITS: [&str; 27] = [
+    "hours since 1979-01-01 00:00:00",
+    "days since 1979-01-01",
+    "seconds since 1970-01-01T00:00:00Z",
+    "minutes since 9999-12-31T23:59:59",
+    "hours since 0001-01-01",
+    "days since -4713-01-01",
+    "hours since",
+    "since 1979-01-01",
+    "hours",
+    "",
+    "hours since 1979-13-45",
+    "hours since 1979-01-01 25:61:61",
+    "years since 2000-01-01",
+    "months since 2000-01-01",
+    "microseconds since 1970-01-01",
+    "nanoseconds since 1970-01-01",
+    "weeks since 2000-01-01",
+    "hours since 1979-01-01 00:00:00 +05:00",
+    "hours since 1979-01-01T00:00:00.123456789",
+    "hours since 1e300",
+    "hours since 292277026596-12-04",
+    "days since 2000-02-30",
+    "h since 2000-01-01",
+    "hours  since  2000-01-01",
+    "HOURS SINCE 2000-01-01",
+    "days since 1979-1-1",
+    "hours since 1979-01-01 00:00:00 UTC",
+];
+
+/// Reads the time coordinate every way the library does: its values and dates, a cycle index,
+/// a split by dates, and the store mounted in itself aligned on it three ways.
+fn exercise_times(case: u64, store: &Path, meta: &str) {
+    let fail = |what: &str, e: EngineError| check(case, what, &e, meta);
+    match insitubatch::coordinate_values(store, "x", Some("time"), 0, &[]) {
+        Ok(cv) => {
+            let n = cv.as_f64().map_or(0, |v| v.len());
+            for i in 0..n {
+                let _ = cv.time_at(i);
+            }
+            let _ = cv.to_json();
+            for cycle in [Cycle::DayOfYear, Cycle::Month, Cycle::HourOfDay] {
+                if let Err(e) = insitubatch::cycle_index(&cv, cycle) {
+                    fail("cycle", e);
+                }
+            }
+        }
+        Err(e) => fail("coordinate_values", e),
+    }
+    let ds = match InSituDataset::builder(store).variable("x", "x").build() {
+        Ok(ds) => ds,
+        Err(e) => return fail("build", e),
+    };
+    let ranges = [(
+        "train".to_string(),
+        SampleBound::Time("1979-01-02".into()),
+        SampleBound::Time("1979-01-04T06:00".into()),
+    )];
+    if let Err(e) = insitubatch::sample_ranges(store, &ds.variables()[0].geom, &ranges, &[]) {
+        fail("sample_ranges", e);
+    }
+    for alignment in [
+        MountAlignment::Coordinate("time".into()),
+        MountAlignment::Containing("time".into()),
+        MountAlignment::Nearest("time".into()),
+    ] {
+        let built = InSituDataset::builder(store)
+            .mount("m", store)
+            .align_mount("m", alignment)
+            .variable("x", "x")
+            .variable("y", "m/x")
+            .batch_size(4)
+            .build();
+        let ds = match built {
+            Ok(ds) => ds,
+            Err(e) => {
+                fail("build aligned", e);
+                continue;
+            }
+        };
+        match ds.all() {
+            Ok(pass) => {
+                for b in pass.take(5) {
+                    if let Err(e) = b {
+                        fail("next aligned", e);
+                        break;
+                    }
+                }
+            }
+            Err(e) => fail("start aligned", e),
+        }
+    }
+}
+
+#[test]
+fn damaged_time_coordinates_are_a_clear_error_never_a_panic() {
+    let cases: u64 = std::env::var("ISB_METADATA_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(300);
+    let fx = fixture_arrays()
+        .into_iter()
+        .find(|f| f.case == "aligned")
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let odd_fill = [
+        json!(i64::MAX),
+        json!(i64::MIN),
+        json!(-1),
+        json!(1e300),
+        json!("NaN"),
+    ];
+    let calendars = [
+        json!("standard"),
+        json!("proleptic_gregorian"),
+        json!("noleap"),
+        json!("360_day"),
+        json!("julian"),
+        json!("none"),
+        json!(""),
+        json!(7),
+    ];
+    for case in 0..cases {
+        let mut r = Rng::new(case ^ 0x7153);
+        let store = tmp.path().join(format!("{case}.zarr"));
+        copy_dir(&fx.store, &store);
+        let root = store.join("zarr.json");
+        let mut doc: Value = serde_json::from_slice(&std::fs::read(&root).unwrap()).unwrap();
+        let time = &mut doc["consolidated_metadata"]["metadata"]["time"];
+        let pick = |r: &mut Rng, n: usize| r.range(0, n as u64 - 1) as usize;
+        if r.chance(0.8) {
+            time["attributes"]["units"] = json!(UNITS[pick(&mut r, UNITS.len())]);
+        }
+        if r.chance(0.3) {
+            time["attributes"]["calendar"] = calendars[pick(&mut r, calendars.len())].clone();
+        }
+        if r.chance(0.3) {
+            // Every time the fill value: the chunks are gone.
+            time["fill_value"] = odd_fill[pick(&mut r, odd_fill.len())].clone();
+            std::fs::remove_dir_all(store.join("time/c")).unwrap();
+        }
+        if r.chance(0.2) {
+            let types = ["float64", "float32", "int32", "uint8", "bool"];
+            time["data_type"] = json!(types[pick(&mut r, types.len())]);
+        }
+        if r.chance(0.2) {
+            mutate(&mut r, time);
+        }
+        let text = time.to_string();
+        std::fs::write(&root, doc.to_string()).unwrap();
+        if let Err(e) = std::panic::catch_unwind(|| exercise_times(case, &store, &text)) {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panic!("time case {case}: {msg}\ntime: {text}");
+        }
+        std::fs::remove_dir_all(&store).unwrap();
     }
 }
