@@ -434,14 +434,23 @@ def _cf_times(values: np.ndarray, attributes: Mapping[str, Any], path: str) -> n
             f"coordinate {path!r}: cannot read the reference date of units {units!r} (a time "
             "zone other than UTC?): pass decode_times=False for the stored numbers"
         )
-    if values.dtype.kind in "iu":
-        return origin + values.astype(np.int64).astype(f"timedelta64[{step}]")
-    # Fractional steps: to the nanosecond where that reaches (1678 to 2262, as xarray), else to
-    # the microsecond (NaN becomes NaT).
     floats = values.astype(np.float64)
     missing = ~np.isfinite(floats)
     seconds_per_step = _ticks(step, "us") / 1e6
     epoch_seconds = origin.astype("datetime64[s]").astype(np.int64) + floats[~missing] * seconds_per_step
+    # numpy adds times without checking: past what microseconds in 64 bits hold (292,000 years
+    # from 1970) a date would wrap into a wrong one.
+    past = np.abs(epoch_seconds) >= 9.2e12
+    if np.any(past):
+        value = floats[~missing][np.argmax(past)]
+        raise errors.BadData(
+            f"coordinate {path!r} holds {value:g} {unit} since {since}, past any date numpy can "
+            "hold: pass decode_times=False for the stored numbers"
+        )
+    if values.dtype.kind in "iu":
+        return origin + values.astype(np.int64).astype(f"timedelta64[{step}]")
+    # Fractional steps: to the nanosecond where that reaches (1678 to 2262, as xarray), else to
+    # the microsecond (NaN becomes NaT).
     fine = "ns" if np.all(np.abs(epoch_seconds) < 9.2e9) else "us"
     per_step = _ticks(step, fine)
     ticks = np.round(np.where(missing, 0, floats) * per_step)

@@ -4,6 +4,7 @@ lifetimes under adversarial drop orders, errors, fork."""
 import contextlib
 import gc
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -1104,6 +1105,18 @@ def test_coordinate_values_give_each_rows_time_and_decode_cf_times(fixtures, tmp
     with pytest.raises(isb.Unsupported, match="decode_times=False"):
         isb.coordinate_values(path, "vn")
     np.testing.assert_array_equal(isb.coordinate_values(path, "vn", decode_times=False), np.arange(n))
+    # Times past what numpy holds would wrap into wrong dates (numpy adds without checking):
+    # refused naming the value, for integer and float steps alike.
+    for name, dtype, stored in (("hi", "int64", [0, 2**62]), ("hf", "float64", [0.0, 1e300])):
+        c = root.create_array(name, shape=(2,), chunks=(2,), dtype=dtype, dimension_names=[name])
+        c[...] = stored
+        c.attrs.update({"units": "hours since 2000-01-01"})
+        root.create_array(f"v{name}", shape=(2,), chunks=(2,), dtype="float32",
+                          dimension_names=[name])[...] = 0
+        with pytest.raises(isb.BadData, match=re.escape(f"holds {stored[1]:g} hours since 2000")):
+            isb.coordinate_values(path, f"v{name}")
+        np.testing.assert_array_equal(isb.coordinate_values(path, f"v{name}", decode_times=False),
+                                      np.asarray(stored, dtype=dtype))
     # `insitubatch make-dataset` writes ERA5's CF attributes: 6-hourly times from 1979 (v3
     # and v2), which xarray decodes to the same dates.
     exe = Path(__file__).resolve().parents[3] / "target" / "release" / "insitubatch"
