@@ -392,3 +392,78 @@ fn damaged_time_coordinates_are_a_clear_error_never_a_panic() {
         std::fs::remove_dir_all(&store).unwrap();
     }
 }
+
+#[test]
+fn damaged_group_metadata_is_a_clear_error_never_a_panic() {
+    // A consolidated v3 group (its `zarr.json` holds every array's document) and a listed v2
+    // group (`.zgroup`, `.zattrs` and each array's `.zattrs`, with `_ARRAY_DIMENSIONS`), one
+    // document damaged per case; the data variables are then found, opened and read.
+    let cases: u64 = std::env::var("ISB_METADATA_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(300);
+    let fixtures = fixture_arrays();
+    let tmp = tempfile::tempdir().unwrap();
+    let documents: [(&str, &[&str]); 2] = [
+        ("era5_v3", &["zarr.json"]),
+        (
+            "era5_v2",
+            &[
+                ".zgroup",
+                ".zattrs",
+                "t2m/.zattrs",
+                "time/.zattrs",
+                "station/.zattrs",
+            ],
+        ),
+    ];
+    for case in 0..cases {
+        let mut r = Rng::new(case ^ 0x6709);
+        let (name, files) = documents[(case % 2) as usize];
+        let fx = fixtures.iter().find(|f| f.case == name).unwrap();
+        let store = tmp.path().join(format!("{case}.zarr"));
+        copy_dir(&fx.store, &store);
+        let file = store.join(files[r.range(0, files.len() as u64 - 1) as usize]);
+        let mut doc: Value = std::fs::read(&file)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(json!({}));
+        for _ in 0..r.range(1, 3) {
+            mutate(&mut r, &mut doc);
+        }
+        let text = doc.to_string();
+        std::fs::write(&file, &text).unwrap();
+        let outcome = std::panic::catch_unwind(|| {
+            if let Err(e) = insitubatch::geometries(&store, None, 0) {
+                check(case, "geometries", &e, &text);
+            }
+            let ds = match InSituDataset::builder(&store).batch_size(4).build() {
+                Ok(ds) => ds,
+                Err(e) => return check(case, "build", &e, &text),
+            };
+            match ds.all() {
+                Ok(pass) => {
+                    for b in pass.take(10) {
+                        if let Err(e) = b {
+                            check(case, "next", &e, &text);
+                            break;
+                        }
+                    }
+                }
+                Err(e) => check(case, "start", &e, &text),
+            }
+        });
+        if let Err(e) = outcome {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panic!(
+                "group case {case} ({name}, {}): {msg}\n{text}",
+                file.display()
+            );
+        }
+        std::fs::remove_dir_all(&store).unwrap();
+    }
+}
