@@ -436,7 +436,7 @@ def _cf_times(values: np.ndarray, attributes: Mapping[str, Any], path: str) -> n
         )
     floats = values.astype(np.float64)
     missing = ~np.isfinite(floats)
-    seconds_per_step = _ticks(step, "us") / 1e6
+    seconds_per_step = _ticks(step, "ns") / 1e9
     epoch_seconds = origin.astype("datetime64[s]").astype(np.int64) + floats[~missing] * seconds_per_step
     # numpy adds times without checking: past what microseconds in 64 bits hold (292,000 years
     # from 1970) a date would wrap into a wrong one.
@@ -447,12 +447,18 @@ def _cf_times(values: np.ndarray, attributes: Mapping[str, Any], path: str) -> n
             f"coordinate {path!r} holds {value:g} {unit} since {since}, past any date numpy can "
             "hold: pass decode_times=False for the stored numbers"
         )
-    if values.dtype.kind in "iu":
+    if values.dtype.kind == "u" and values.size and values.max() > np.iinfo(np.int64).max:
+        raise errors.BadData(
+            f"coordinate {path!r} holds {values.max()} {unit} since {since}, past any date numpy "
+            "can hold: pass decode_times=False for the stored numbers"
+        )
+    within_ns = bool(np.all(np.abs(epoch_seconds) < 9.2e9))
+    if values.dtype.kind in "iu" and (step != "ns" or within_ns):
         return origin + values.astype(np.int64).astype(f"timedelta64[{step}]")
-    # Fractional steps: to the nanosecond where that reaches (1678 to 2262, as xarray), else to
-    # the microsecond (NaN becomes NaT).
-    fine = "ns" if np.all(np.abs(epoch_seconds) < 9.2e9) else "us"
-    per_step = _ticks(step, fine)
+    # Fractional steps (and nanoseconds past 2262): to the nanosecond where that reaches (1678
+    # to 2262, as xarray), else to the microsecond (NaN becomes NaT).
+    fine = "ns" if within_ns else "us"
+    per_step = _ticks(step, "ns") / _ticks(fine, "ns")
     ticks = np.round(np.where(missing, 0, floats) * per_step)
     out = origin.astype(f"datetime64[{fine}]") + ticks.astype(f"timedelta64[{fine}]")
     out[missing] = np.datetime64("NaT")

@@ -1117,6 +1117,20 @@ def test_coordinate_values_give_each_rows_time_and_decode_cf_times(fixtures, tmp
             isb.coordinate_values(path, f"v{name}")
         np.testing.assert_array_equal(isb.coordinate_values(path, f"v{name}", decode_times=False),
                                       np.asarray(stored, dtype=dtype))
+    # Unsigned times past int64, and nanoseconds from a date past 2262 (numpy's nanosecond
+    # dates end there; such times are read to the microsecond), the probe's two finds.
+    for name, dtype, stored, units in (("hu", "uint64", [0, 2**63 + 5], "nanoseconds since 2000-01-01"),
+                                       ("hn", "int64", [0, 5_000], "nanoseconds since 3000-01-01")):
+        c = root.create_array(name, shape=(2,), chunks=(2,), dtype=dtype, dimension_names=[name])
+        c[...] = stored
+        c.attrs.update({"units": units})
+        root.create_array(f"v{name}", shape=(2,), chunks=(2,), dtype="float32",
+                          dimension_names=[name])[...] = 0
+    with pytest.raises(isb.BadData, match=str(2**63 + 5)):
+        isb.coordinate_values(path, "vhu")
+    np.testing.assert_array_equal(
+        isb.coordinate_values(path, "vhn"),
+        np.array(["3000-01-01T00:00:00.000000", "3000-01-01T00:00:00.000005"], dtype="datetime64[us]"))
     # `insitubatch make-dataset` writes ERA5's CF attributes: 6-hourly times from 1979 (v3
     # and v2), which xarray decodes to the same dates.
     exe = Path(__file__).resolve().parents[3] / "target" / "release" / "insitubatch"
