@@ -3,7 +3,9 @@ three replaced by values of other types, ranges and shapes. Whatever they are, t
 and a few batches of each split either work or raise `TypeError`, `ValueError` or an
 `insitubatch.Error` that is not an `InternalError` (a panic or a bug), with a message; never
 another exception, a crash or a hang (a watchdog dumps the threads after 120 s).
-`ISB_PY_KWARGS_CASES=n` draws more cases than the 150 of a run."""
+The other entry points get random arguments the same way, and odd CF time coordinates are
+decoded every way the shim decodes times. `ISB_PY_KWARGS_CASES=n` draws more cases than the
+150 of a run."""
 
 import faulthandler
 import os
@@ -177,3 +179,45 @@ def test_random_arguments_to_the_other_entry_points_raise_clear_errors_or_work(s
     finally:
         faulthandler.cancel_dump_traceback_later()
         ds.close()
+
+
+UNITS = ["hours since 1979-01-01 00:00:00", "days since 1979-01-01", "hours since",
+         "seconds since 1970-01-01T00:00:00Z", "minutes since 9999-12-31T23:59:59",
+         "nanoseconds since 3000-01-01", "microseconds since 1970-01-01", "since 1979-01-01",
+         "hours since 1979-13-45", "hours since 1979-01-01 25:61:61", "months since 2000-01-01",
+         "hours since 1979-01-01 00:00:00 +05:00", "hours since 1e300", "hours", "",
+         "hours since 292277026596-12-04", "days since 2000-02-30", "HOURS SINCE 2000-01-01",
+         "hours since 1979-01-01T00:00:00.123456789", "days since 1979-1-1"]
+TIMES = [np.arange(6, dtype="i8"), np.array([0, 2**62, 3, 4, 5, 6], dtype="i8"),
+         np.array([0.5, 1e300, np.nan, 3, 4, 5]), np.array([-2**63, 0, 1, 2, 3, 4], dtype="i8"),
+         np.arange(6, dtype="u8") + np.uint64(2**63), np.arange(6, dtype="f4")]
+
+
+def test_odd_time_coordinates_decode_or_raise_clear_errors(tmp_path):
+    """CF time coordinates with odd units, calendars and values, read as dates by
+    `coordinate_values`, a dataset's `coordinates` and a split by dates: each works or raises
+    one of the errors above, with a message, and no numpy warning (a cast that loses a value)."""
+    import warnings
+    for case in range(int(os.environ.get("ISB_PY_KWARGS_CASES", "150")) // 3):
+        r = random.Random(20_000 + case)
+        path = tmp_path / f"{case}.zarr"
+        g = zarr.open_group(path, mode="w")
+        t = g.create_array("time", data=r.choice(TIMES), dimension_names=("time",))
+        t.attrs["units"] = r.choice(UNITS)
+        if r.random() < 0.3:
+            t.attrs["calendar"] = r.choice(["noleap", "360_day", "julian", "", "standard"])
+        g.create_array("x", data=np.zeros((6, 2), "f4"), chunks=(2, 2),
+                       dimension_names=("time", "y"))
+        calls = [lambda: isb.coordinate_values(path, "x"),
+                 lambda: isb.InSituDataset(path).coordinates("x"),
+                 lambda: isb.split_by_ranges(isb.open_geometries(path)["x"],
+                                             {"train": ("1979-01-01", "2000-01-01")})]
+        for call in calls:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                try:
+                    call()
+                except errors.InternalError as e:
+                    pytest.fail(f"case {case}: {e!r} ({dict(t.attrs)})")
+                except (TypeError, ValueError, errors.Error) as e:
+                    assert str(e), f"case {case}: {type(e).__name__} without a message"
