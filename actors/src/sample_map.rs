@@ -132,6 +132,26 @@ impl Placement {
         })
     }
 
+    /// The same placement read at every anchor, rounding down between two samples (a
+    /// containing or nearest alignment). A store at least as fine as the anchors (read nearest,
+    /// say) has every anchor on a sample: the division is then exact, `a (mul / div) +
+    /// floor(add / div)`, and each sample is one row's again.
+    pub fn rounding_down(self) -> Self {
+        if self.mul.is_multiple_of(self.div) {
+            Self {
+                mul: self.mul / self.div,
+                add: self.add.div_euclid(self.div as i64),
+                div: 1,
+                containing: true,
+            }
+        } else {
+            Self {
+                containing: true,
+                ..self
+            }
+        }
+    }
+
     /// Whether several anchors may read one sample (a containing placement of a coarser
     /// store): then a sample is not one row's.
     pub fn shares_samples(&self) -> bool {

@@ -273,11 +273,8 @@ pub fn coordinate_values(
 /// `None` for other units or calendars, a reference date it cannot read, or a value that is
 /// not finite. What `insitubatch inspect` shows a time axis in.
 pub fn cf_time(value: f64, units: &str, calendar: Option<&str>) -> Option<String> {
-    if !value.is_finite() {
-        return None;
-    }
     let (step, origin) = cf_units(units, calendar)?;
-    let t = origin.checked_add(whole_seconds(value * step)?)?;
+    let t = instant(value, step, origin)?;
     let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
     let (y, m, d) = civil_from_days(days);
     let (hh, mm, ss) = (secs / 3600, secs / 60 % 60, secs % 60);
@@ -288,10 +285,12 @@ pub fn cf_time(value: f64, units: &str, calendar: Option<&str>) -> Option<String
     })
 }
 
-/// `seconds` rounded to a whole number, when it is one an `i64` holds.
-fn whole_seconds(seconds: f64) -> Option<i64> {
-    let s = seconds.round();
-    (s.is_finite() && s.abs() < 9.0e18).then_some(s as i64)
+/// Seconds from 1970-01-01T00:00 to `value` units of `step` seconds after `origin` (as
+/// [`cf_units`] gives them), rounded to the second; `None` when it is not finite or an `i64`
+/// does not hold it.
+fn instant(value: f64, step: f64, origin: i64) -> Option<i64> {
+    let s = (value * step).round();
+    (s.is_finite() && s.abs() < 9.0e18).then(|| origin.checked_add(s as i64))?
 }
 
 /// CF time `units` (`"hours since 1900-01-01"`) in a Gregorian `calendar` (`standard`,
@@ -698,7 +697,7 @@ pub fn cycle_index(coord: &CoordinateValues, cycle: Cycle) -> Result<Vec<u64>, E
                     format!("its value {i} is {v}, not a time"),
                 ));
             }
-            let Some(t) = whole_seconds(v * step).and_then(|s| origin.checked_add(s)) else {
+            let Some(t) = instant(*v, step, origin) else {
                 return Err(EngineError::arg(
                     "index",
                     &coord.path,

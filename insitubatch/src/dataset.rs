@@ -1805,19 +1805,11 @@ fn place_on_anchors(
             Between::Nearest => axis.nearest_as_before().ok_or_else(too_large)?,
             _ => axis,
         };
-        let mut placement = Placement::between(reference, axis).ok_or_else(too_large)?;
-        placement.containing = between != Between::Skipped;
-        if placement.containing && placement.mul.is_multiple_of(placement.div) {
-            // A store at least as fine as the anchors (read nearest, say): every anchor lands on
-            // a sample, so rounding down is exact, `a (mul / div) + floor(add / div)`, and each
-            // sample is one row's again (`shares_samples` is false).
-            placement = Placement {
-                mul: placement.mul / placement.div,
-                add: placement.add.div_euclid(placement.div as i64),
-                div: 1,
-                containing: true,
-            };
-        }
+        let placement = Placement::between(reference, axis).ok_or_else(too_large)?;
+        let placement = match between {
+            Between::Skipped => placement,
+            Between::Before | Between::Nearest => placement.rounding_down(),
+        };
         v.placement = placement;
         if placement.containing {
             continue; // every anchor reads a sample

@@ -6,6 +6,16 @@ use std::process::Command;
 
 use serde_json::Value;
 
+/// The message a panic carried (its `String` or `&str` payload; empty for another), for a
+/// test that catches a case's panic to name the case.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
 /// SplitMix64: small, seedable, and good enough to pick test shapes (the random engine cases,
 /// the metadata fuzz).
 pub struct Rng(u64);

@@ -25,6 +25,7 @@ use insitubatch::{
     Batch, EngineError, InSituDataset, IntoRows, IoBackendChoice, OnBadChunk, PassStats,
     SplitManifest, TimedOut, split_by_chunk,
 };
+use insitubatch_tests::panic_message;
 use serde_json::json;
 
 mod random_case;
@@ -1012,11 +1013,7 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
         let result =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(n, &mut cov)));
         if let Err(e) = result {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let msg = panic_message(&*e);
             panic!(
                 "case {n} failed (rerun alone with ISB_RANDOM_CASE={n}): {msg}\n{:#?}",
                 Case::draw(n)

@@ -10,8 +10,16 @@ use std::path::Path;
 use std::time::Duration;
 
 use insitubatch::{Cycle, EngineError, InSituDataset, MountAlignment, SampleBound, TimedOut};
-use insitubatch_tests::{Rng, copy_dir, fixture_arrays};
+use insitubatch_tests::{Rng, copy_dir, fixture_arrays, panic_message};
 use serde_json::{Value, json};
+
+/// Cases per test: 300, or `ISB_METADATA_CASES`.
+fn cases() -> u64 {
+    std::env::var("ISB_METADATA_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(300)
+}
 
 /// Array-root fixtures, one of each layout.
 const STORES: [&str; 10] = [
@@ -154,10 +162,7 @@ fn exercise(case: u64, store: &Path, meta: &str) -> usize {
 
 #[test]
 fn damaged_array_metadata_is_a_clear_error_or_reads_never_a_panic() {
-    let cases: u64 = std::env::var("ISB_METADATA_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(300);
+    let cases = cases();
     let tmp = tempfile::tempdir().unwrap();
     let fixtures = fixture_arrays();
     let mut read = 0;
@@ -185,11 +190,7 @@ fn damaged_array_metadata_is_a_clear_error_or_reads_never_a_panic() {
         match std::panic::catch_unwind(|| exercise(case, &store, &text)) {
             Ok(batches) => read += (batches > 0) as u64,
             Err(e) => {
-                let msg = e
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
+                let msg = panic_message(&*e);
                 panic!("case {case} ({}): {msg}\nmetadata: {text}", fx.case);
             }
         }
@@ -327,10 +328,7 @@ fn exercise_times(case: u64, store: &Path, meta: &str) {
 
 #[test]
 fn damaged_time_coordinates_are_a_clear_error_never_a_panic() {
-    let cases: u64 = std::env::var("ISB_METADATA_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(300);
+    let cases = cases();
     let fx = fixture_arrays()
         .into_iter()
         .find(|f| f.case == "aligned")
@@ -382,11 +380,7 @@ fn damaged_time_coordinates_are_a_clear_error_never_a_panic() {
         let text = time.to_string();
         std::fs::write(&root, doc.to_string()).unwrap();
         if let Err(e) = std::panic::catch_unwind(|| exercise_times(case, &store, &text)) {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let msg = panic_message(&*e);
             panic!("time case {case}: {msg}\ntime: {text}");
         }
         std::fs::remove_dir_all(&store).unwrap();
@@ -398,10 +392,7 @@ fn damaged_group_metadata_is_a_clear_error_never_a_panic() {
     // A consolidated v3 group (its `zarr.json` holds every array's document) and a listed v2
     // group (`.zgroup`, `.zattrs` and each array's `.zattrs`, with `_ARRAY_DIMENSIONS`), one
     // document damaged per case; the data variables are then found, opened and read.
-    let cases: u64 = std::env::var("ISB_METADATA_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(300);
+    let cases = cases();
     let fixtures = fixture_arrays();
     let tmp = tempfile::tempdir().unwrap();
     let documents: [(&str, &[&str]); 2] = [
@@ -454,11 +445,7 @@ fn damaged_group_metadata_is_a_clear_error_never_a_panic() {
             }
         });
         if let Err(e) = outcome {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let msg = panic_message(&*e);
             panic!(
                 "group case {case} ({name}, {}): {msg}\n{text}",
                 file.display()

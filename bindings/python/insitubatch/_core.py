@@ -440,17 +440,14 @@ def _cf_times(values: np.ndarray, attributes: Mapping[str, Any], path: str) -> n
     epoch_seconds = origin.astype("datetime64[s]").astype(np.int64) + floats[~missing] * seconds_per_step
     # numpy adds times without checking: past what microseconds in 64 bits hold (292,000 years
     # from 1970) a date would wrap into a wrong one.
+    # (Unsigned times past int64 would wrap on the way too: shown exactly.)
     past = np.abs(epoch_seconds) >= 9.2e12
-    if np.any(past):
-        value = floats[~missing][np.argmax(past)]
+    past_int64 = values.dtype.kind == "u" and values.size and values.max() > np.iinfo(np.int64).max
+    if past_int64 or np.any(past):
+        shown = str(values.max()) if past_int64 else f"{floats[~missing][np.argmax(past)]:g}"
         raise errors.BadData(
-            f"coordinate {path!r} holds {value:g} {unit} since {since}, past any date numpy can "
+            f"coordinate {path!r} holds {shown} {unit} since {since}, past any date numpy can "
             "hold: pass decode_times=False for the stored numbers"
-        )
-    if values.dtype.kind == "u" and values.size and values.max() > np.iinfo(np.int64).max:
-        raise errors.BadData(
-            f"coordinate {path!r} holds {values.max()} {unit} since {since}, past any date numpy "
-            "can hold: pass decode_times=False for the stored numbers"
         )
     within_ns = bool(np.all(np.abs(epoch_seconds) < 9.2e9))
     if values.dtype.kind in "iu" and (step != "ns" or within_ns):
