@@ -94,9 +94,10 @@ impl DirectRows {
             IntoRows::Always => false,
             IntoRows::Auto => budget.saturating_mul(4) > pass_bytes,
         };
-        // A cache directory writes slots to files.
+        // A cache directory writes slots to files; a patch is cut from a whole sample.
         if pool_keeps
             || pool.disk().is_some()
+            || plan.patch.is_some()
             || release_each_block
             || u32::try_from(n_rows).is_err()
         {

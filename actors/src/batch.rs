@@ -97,6 +97,8 @@ pub struct Batch {
     pub(crate) names: Arc<[String]>,
     pub(crate) arrays: Vec<BatchArray>,
     pub(crate) sample_indices: Vec<u64>,
+    /// Each row's patch origin, row-major (`None`: whole samples).
+    pub(crate) patch_origins: Option<Vec<u64>>,
 }
 
 impl Batch {
@@ -150,6 +152,13 @@ impl Batch {
     /// The anchor (reference sample index) of each row.
     pub fn sample_indices(&self) -> &[u64] {
         &self.sample_indices
+    }
+
+    /// Where each row's patch was cut (a dataset with a patch): row-major, one index per
+    /// patched axis (the samples' last axes) per row, the same for every label of the row.
+    /// `None` when rows hold whole samples.
+    pub fn patch_origins(&self) -> Option<&[u64]> {
+        self.patch_origins.as_deref()
     }
 
     /// The window offset of `label` (0 for an indexed variable).

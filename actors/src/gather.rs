@@ -23,6 +23,7 @@ use crate::assembly::batch_buffers;
 use crate::batch::{Batch, BatchArray};
 use crate::error::EngineError;
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, lock};
+use crate::patch::origin_key;
 use crate::planner::row_runs;
 use crate::sample_map::AnchorMap;
 use crate::stats::Counters;
@@ -251,9 +252,16 @@ async fn run<S: Store>(
         } else {
             batch_buffers(&ctx.buffers, plan, j, n_rows)?
         };
+        // A patch's origin per row, the same for every label of the row.
+        let origins: Option<Vec<u64>> = plan.patch.as_ref().map(|p| {
+            let key = origin_key(&shared.config.split, shared.config.epoch);
+            rows.clone()
+                .flat_map(|i| p.origin(shared.config.seed, key, order.anchor(i)))
+                .collect()
+        });
         // The copy plan: one run per stretch of consecutive rows of one slot (sequential passes
-        // coalesce whole slots; a stacked label's rows are apart, one run each), then the copy
-        // itself, split across cores when it is large.
+        // coalesce whole slots; a stacked label's rows are apart, one run each; a patch is a run
+        // per line of it), then the copy itself, split across cores when it is large.
         let mut slot_ids: Vec<u32> = Vec::new();
         let mut runs = Vec::new();
         for (l, info) in plan.labels.iter().enumerate() {
@@ -272,7 +280,20 @@ async fn run<S: Store>(
                 };
                 let (buf, dst) = plan.row_at(l, r);
                 let src = w as usize * sb;
-                if contiguous {
+                if let (Some(cut), Some(origins)) = (&info.cut, &origins) {
+                    let k = origins.len() / n;
+                    for i in 0..run {
+                        let at = src + i * sb + cut.offset(&origins[(r + i) * k..(r + i + 1) * k]);
+                        let row = plan.row_at(l, r + i).1;
+                        runs.extend(cut.src.iter().zip(&cut.dst).map(|(&s, &d)| CopyRun {
+                            buf,
+                            dst: row + d,
+                            slot,
+                            src: at + s,
+                            len: cut.line_len,
+                        }));
+                    }
+                } else if contiguous {
                     runs.push(CopyRun {
                         buf,
                         dst,
@@ -319,6 +340,7 @@ async fn run<S: Store>(
             names: Arc::clone(&names),
             arrays,
             sample_indices: rows.clone().map(|i| order.anchor(i)).collect(),
+            patch_origins: origins,
         };
         if tx.send_async(Ok(batch)).await.is_err() {
             return Ok(()); // the consumer is gone

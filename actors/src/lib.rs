@@ -21,6 +21,7 @@ pub mod error;
 pub mod fetcher;
 pub mod gather;
 pub mod pass;
+pub mod patch;
 pub mod planner;
 pub mod rng;
 pub mod sample_map;
@@ -36,6 +37,7 @@ pub use pass::{
     DECODE_INTO_BATCHES_ENV, EngineContext, IntoRows, OnBadChunk, Pass, PassConfig, TimedOut,
     count_order_rows, plan_order, rank_share, reaches,
 };
+pub use patch::PatchDraw;
 pub use planner::{
     EpochOrder, MemoryLimit, MemoryNeed, MemorySource, Reach, ReadPlan, Shard, Snap, SplitManifest,
     Stride, batch_outputs, epoch_order, memory_limit, read_plan, shuffle_quality, split_by_chunk,

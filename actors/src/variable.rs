@@ -29,6 +29,9 @@ pub struct Variable {
     /// For an indexed variable, the sample of its array each anchor reads (`index[anchor]`,
     /// one per anchor), in place of the placement and offset.
     pub index: Option<Arc<[u64]>>,
+    /// The window cut from each sample over its last axes (a patch; `None`: the whole
+    /// sample). Rows hold [`Variable::row_inner`].
+    pub patch: Option<Arc<[u64]>>,
 }
 
 /// Where a stacked label goes: channel `channel` of the `channels` of the batch array `name`,
@@ -54,6 +57,7 @@ impl Variable {
             stack: None,
             placement: Placement::SAME,
             index: None,
+            patch: None,
         }
     }
 
@@ -103,8 +107,32 @@ impl Variable {
         self
     }
 
-    /// Bytes of one sample as batches hold it.
+    /// The same view cut to a `patch` over its samples' last axes.
+    pub fn patched(mut self, patch: Arc<[u64]>) -> Self {
+        self.patch = Some(patch);
+        self
+    }
+
+    /// Bytes of one sample as the pool and the cache hold it (whole, after the transforms).
     pub fn sample_bytes(&self) -> u64 {
         self.sample_inner.iter().product::<u64>() * self.sample_dtype.size_bytes() as u64
+    }
+
+    /// A row's shape in its batch array: the sample's, with the patched axes cut to the patch.
+    pub fn row_inner(&self) -> Vec<u64> {
+        let Some(patch) = &self.patch else {
+            return self.sample_inner.clone();
+        };
+        let lead = self.sample_inner.len() - patch.len();
+        self.sample_inner[..lead]
+            .iter()
+            .chain(patch.iter())
+            .copied()
+            .collect()
+    }
+
+    /// Bytes of one row of this label in its batch array.
+    pub fn row_bytes(&self) -> u64 {
+        self.row_inner().iter().product::<u64>() * self.sample_dtype.size_bytes() as u64
     }
 }

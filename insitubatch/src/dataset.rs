@@ -158,6 +158,60 @@ fn stacked(
     Ok(variables)
 }
 
+/// `variables` cut to `patch` (see [`DatasetBuilder::patch`]), or an error naming the label
+/// whose samples it does not fit.
+fn patched(variables: Vec<Variable>, patch: Option<&[u64]>) -> Result<Vec<Variable>, EngineError> {
+    let Some(shape) = patch else {
+        return Ok(variables);
+    };
+    let bad = |why: String| EngineError::arg("patch", format!("{shape:?}"), why);
+    if shape.is_empty() || shape.contains(&0) {
+        return Err(bad(
+            "give the patch's extent along each of the samples' last axes, each at least 1 \
+             (for example [64, 64])"
+                .into(),
+        ));
+    }
+    let k = shape.len();
+    let mut field: Option<(&Variable, &[u64])> = None;
+    for v in &variables {
+        let inner = &v.sample_inner;
+        if inner.len() < k {
+            return Err(bad(format!(
+                "`{}` has samples of {} axes {inner:?} (after its chunk transforms), fewer than \
+                 the patch's {k}",
+                v.label,
+                inner.len()
+            )));
+        }
+        let last = &inner[inner.len() - k..];
+        if let Some((first, grid)) = field {
+            if grid != last {
+                return Err(bad(format!(
+                    "every label is cut at one origin, so their last {k} axes must have one \
+                     extent: `{}` has {grid:?}, `{}` has {last:?} (after their chunk \
+                     transforms); regrid one onto the other, or patch a dataset without one",
+                    first.label, v.label
+                )));
+            }
+        } else {
+            if let Some(d) = (0..k).find(|&d| shape[d] > last[d]) {
+                return Err(bad(format!(
+                    "the patch is larger than the field along its axis {d}: {} against {} \
+                     (`{}` has samples {inner:?} after its chunk transforms)",
+                    shape[d], last[d], v.label
+                )));
+            }
+            field = Some((v, last));
+        }
+    }
+    let shape: Arc<[u64]> = shape.into();
+    Ok(variables
+        .into_iter()
+        .map(|v| v.patched(Arc::clone(&shape)))
+        .collect())
+}
+
 /// What a batch holds under one name: a label's own array, or a stack of labels.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BatchArraySpec {
@@ -214,6 +268,8 @@ pub struct DatasetBuilder {
     indexes: Vec<(String, Arc<[u64]>)>,
     chunk_transforms: ChunkTransforms,
     stacks: Vec<(String, Vec<String>)>,
+    /// The window cut from every row ([`DatasetBuilder::patch`]).
+    patch: Option<Vec<u64>>,
     /// The first bad `chunk_transforms_json`, reported by `build`.
     chunk_transforms_error: Option<EngineError>,
 }
@@ -886,6 +942,53 @@ impl DatasetBuilder {
         self
     }
 
+    /// Cut a patch of `shape` from every sample instead of carrying it whole: a window over
+    /// the samples' last `shape.len()` axes (the axes before them stay whole), at an origin
+    /// drawn per row, the same for every label of the row (inputs, targets, windows, static
+    /// fields and stacks stay co-registered). Rows are shaped `(*leading axes, *shape)`, and
+    /// [`Batch::patch_origins`](insitubatch_actors::Batch::patch_origins) says where each was
+    /// cut. Origins are uniform over every place the window fits, drawn from (seed, epoch,
+    /// anchor) for the train split (so they move every epoch) and from (seed, anchor) for the
+    /// others (a validation patch is the same every epoch). The stored chunks read and cached
+    /// are those of the whole sample; the patch is cut when a row is copied into its batch.
+    /// Checked when the dataset is built: every label's last `shape.len()` axes (after their
+    /// chunk transforms) must have one extent, at least the patch's.
+    ///
+    /// ```
+    /// use insitubatch::synth::{SynthSpec, field_value, make_dataset};
+    /// use insitubatch::InSituDataset;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("isb-patch-doc-{}", std::process::id()));
+    /// # let store = dir.join("era5.zarr");
+    /// # make_dataset(&store, &SynthSpec { samples: 24, grid: (18, 36), sample_chunk: 4,
+    /// #     ..Default::default() }, true, &|_, _| {})?;
+    /// // 8 × 8 patches of the 18 × 36 field, the target cut where its input was.
+    /// let ds = InSituDataset::builder(&store)
+    ///     .variable("t2m", "t2m")
+    ///     .window("target", "t2m", 1)
+    ///     .patch([8, 8])
+    ///     .batch_size(4)
+    ///     .build()?;
+    /// for batch in ds.train()? {
+    ///     let batch = batch?;
+    ///     let x = batch.array("t2m").unwrap();
+    ///     assert_eq!(x.shape(), [batch.len(), 8, 8]);
+    ///     // Row 0's patch starts at (i0, j0) of its sample's field.
+    ///     let (s, origin) = (batch.sample_indices()[0], &batch.patch_origins().unwrap()[..2]);
+    ///     let (i0, j0) = (origin[0], origin[1]);
+    ///     let values: &[f32] = x.values().unwrap();
+    ///     assert_eq!(values[8 + 3], field_value(0, s, i0 + 1, j0 + 3, (18, 36)));
+    ///     let target: &[f32] = batch.array("target").unwrap().values().unwrap();
+    ///     assert_eq!(target[8 + 3], field_value(0, s + 1, i0 + 1, j0 + 3, (18, 36)));
+    /// }
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn patch(mut self, shape: impl Into<Vec<u64>>) -> Self {
+        self.patch = Some(shape.into());
+        self
+    }
+
     /// Opens the store, resolves the variables and validates everything.
     pub fn build(self) -> Result<InSituDataset, EngineError> {
         self.check_knobs()?;
@@ -1159,6 +1262,7 @@ impl DatasetBuilder {
                 v.with_sample(inner, dtype)
             })
             .collect();
+        let variables = patched(variables, self.patch.as_deref())?;
         let variables = stacked(variables, &self.stacks)?;
         let per_executor = if store.is_remote() {
             DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR
@@ -1359,6 +1463,7 @@ impl InSituDataset {
             indexes: Vec::new(),
             chunk_transforms: ChunkTransforms::default(),
             stacks: Vec::new(),
+            patch: None,
             chunk_transforms_error: None,
         }
     }
@@ -1401,6 +1506,12 @@ impl InSituDataset {
                 }
             })
             .collect()
+    }
+
+    /// The patch cut from every row ([`DatasetBuilder::patch`]); `None`: rows hold whole
+    /// samples.
+    pub fn patch(&self) -> Option<&[u64]> {
+        self.variables.first().and_then(|v| v.patch.as_deref())
     }
 
     /// Counters of the cache directory (`None` without `cache_dir`).

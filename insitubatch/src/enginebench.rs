@@ -123,6 +123,13 @@ pub fn gather_ceiling(
              their shape or dtype; measure the ceilings without transforms",
         ));
     }
+    if let Some(patch) = ds.patch() {
+        return Err(EngineError::arg(
+            "patch",
+            format!("{patch:?}"),
+            "the gather ceiling copies whole samples; measure the ceilings without a patch",
+        ));
+    }
     ds.set_epoch(epoch);
     let order = ds.order(split)?;
     let plan = read_plan(&order, ds.variables(), ds.batch_size(), false)?;

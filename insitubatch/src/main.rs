@@ -314,6 +314,10 @@ struct PassArgs {
     /// batches hold `x` shaped (batch, 2, *field)); repeat it for several stacks.
     #[arg(long = "stack", value_name = "NAME=LABELS", value_parser = parse_stack)]
     stacks: Vec<(String, Vec<String>)>,
+    /// Cut a patch of this shape from the last axes of every sample, `64x64` (one extent per
+    /// patched axis), at an origin drawn per row (new every epoch in train).
+    #[arg(long, value_name = "NxM", value_parser = parse_patch)]
+    patch: Option<PatchShape>,
     #[command(flatten)]
     fields: FieldArgs,
     #[command(flatten)]
@@ -371,6 +375,19 @@ fn parse_stack(s: &str) -> Result<(String, Vec<String>), String> {
     ))
 }
 
+/// A patch's extents (`--patch`; a type of its own, so that clap takes it as one value).
+#[derive(Clone, Debug)]
+struct PatchShape(Vec<u64>);
+
+/// `64x64` (one extent per patched axis, `x`-separated).
+fn parse_patch(s: &str) -> Result<PatchShape, String> {
+    s.split('x')
+        .map(|d| d.trim().parse::<u64>())
+        .collect::<Result<_, _>>()
+        .map(PatchShape)
+        .map_err(|_| format!("`{s}` is not a patch shape such as 64x64"))
+}
+
 impl PassArgs {
     /// The dataset with pool budget `budget` (default: the working set).
     fn dataset(&self, budget: Option<u64>) -> Result<InSituDataset, Box<dyn std::error::Error>> {
@@ -424,6 +441,9 @@ impl PassArgs {
         }
         for (name, labels) in &self.stacks {
             b = b.stack(name, labels);
+        }
+        if let Some(patch) = &self.patch {
+            b = b.patch(patch.0.clone());
         }
         if let Some(dir) = &self.cache_dir {
             b = b

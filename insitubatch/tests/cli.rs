@@ -324,7 +324,7 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
         let [samples, tiles_read, _] = stats(coords);
         assert_eq!((samples, tiles_read), (24, tiles), "{coords:?}");
     }
-    let refused: [(&[&str], &[&str]); 5] = [
+    let refused: [(&[&str], &[&str]); 7] = [
         (
             &["--coords", "level=0:1"],
             &["`level` is not a dimension", "latitude"],
@@ -336,6 +336,11 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
         ),
         (&["--stack", "x=t2m,v10"], &["`stacks`", "no label `v10`"]),
         (&["--stack", "t2m"], &["--stack", "NAME=LABEL"]),
+        (&["--patch", "3xa"], &["--patch", "64x64"]),
+        (
+            &["--patch", "30x4"],
+            &["`patch`", "larger than the field along its axis 0"],
+        ),
     ];
     for (args, needles) in refused {
         fails_with(
@@ -349,6 +354,8 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
     let own = stats(&[]);
     assert_eq!(own[0], 24);
     assert_eq!(stats(&["--stack", "x=u10,t2m"]), own);
+    // A patch reads what the whole field does and delivers 3 x 4 of it per row and variable.
+    assert_eq!(stats(&["--patch", "3x4"]), [24, own[1], 24 * 2 * 3 * 4 * 4]);
     fails_with(
         bench_with(&store, &manifest).args(["--variables", "t2m", "--region", "3-6"]),
         &["--region", "START:STOP"],

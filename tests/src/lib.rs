@@ -185,6 +185,33 @@ pub fn sample_of(reference: &[u8], shape: &[u64], axis: usize, index: u64, item:
     out
 }
 
+/// The window of `patch` over the last axes of a sample shaped `inner`, at `origin`, walked
+/// element by element (the reference a patched row is checked against).
+pub fn window_of(
+    sample: &[u8],
+    inner: &[usize],
+    patch: &[usize],
+    origin: &[usize],
+    item: usize,
+) -> Vec<u8> {
+    let lead = inner.len() - patch.len();
+    let row: Vec<usize> = inner[..lead].iter().chain(patch).copied().collect();
+    let n: usize = row.iter().product();
+    let mut out = Vec::with_capacity(n * item);
+    for flat in 0..n {
+        let (mut rem, mut at, mut stride) = (flat, 0, 1);
+        for d in (0..row.len()).rev() {
+            let k = rem % row[d];
+            rem /= row[d];
+            let o = if d >= lead { origin[d - lead] } else { 0 };
+            at += (k + o) * stride;
+            stride *= inner[d];
+        }
+        out.extend_from_slice(&sample[at * item..(at + 1) * item]);
+    }
+    out
+}
+
 /// Item size of a numpy dtype name used by the fixtures.
 pub fn item_size(dtype: &str) -> usize {
     match dtype {

@@ -7,7 +7,7 @@
 //! an ephemeral one, which must be empty once the dataset is gone), and meets a corrupt chunk
 //! under both `on_bad_chunk` policies. Cases also draw an array mounted from a second store of
 //! another length at another place on the axis, a view read through an index, and an array read
-//! as a region of its field (what a case draws: `random_case/`).
+//! as a region of its field, and a patch cut from every row (what a case draws: `random_case/`).
 //!
 //! The stores are written by the test (by hand when uncompressed, through zarrs when compressed
 //! or sharded) rather than by zarr-python: this test is about the planner, fetcher, decoder and
@@ -25,7 +25,7 @@ use insitubatch::{
     Batch, EngineError, InSituDataset, IntoRows, IoBackendChoice, OnBadChunk, PassStats,
     SplitManifest, TimedOut, split_by_chunk,
 };
-use insitubatch_tests::panic_message;
+use insitubatch_tests::{panic_message, window_of};
 use serde_json::json;
 
 mod random_case;
@@ -100,13 +100,21 @@ fn check_batch(case: &Case, batch: &Batch) {
             .iter()
             .map(|&n| n as usize)
             .collect();
+        let row_shape = case.row_shape(i);
         if let Some(own) = batch.array(&v.label) {
             let mut shape = vec![batch.len()];
-            shape.extend(&inner);
+            shape.extend(&row_shape);
             assert_eq!(own.shape(), &shape[..], "label {}", v.label);
         } else {
-            assert_eq!(batch.array("s").unwrap().shape()[2..], inner[..], "stack");
+            assert_eq!(
+                batch.array("s").unwrap().shape()[2..],
+                row_shape[..],
+                "stack"
+            );
         }
+        let origins = batch.patch_origins();
+        assert_eq!(origins.is_some(), case.patch.is_some(), "patch origins");
+        let k = case.patch.as_ref().map_or(0, Vec::len);
         let sample_bytes = got.len() / batch.len();
         let reads = batch.read_indices(&v.label).unwrap();
         for (row, (anchor, read)) in batch.sample_indices().iter().zip(&reads).enumerate() {
@@ -116,7 +124,15 @@ fn check_batch(case: &Case, batch: &Batch) {
                 "read index of {}",
                 v.label
             );
-            let want_row = a.sample(case.axis, *read);
+            let mut want_row = a.sample(case.axis, *read);
+            if let (Some(patch), Some(origins)) = (&case.patch, origins) {
+                let origin: Vec<usize> = origins[row * k..(row + 1) * k]
+                    .iter()
+                    .map(|&o| o as usize)
+                    .collect();
+                let patch: Vec<usize> = patch.iter().map(|&n| n as usize).collect();
+                want_row = window_of(&want_row, &inner, &patch, &origin, a.dt.size());
+            }
             assert!(
                 got[row * sample_bytes..(row + 1) * sample_bytes] == want_row[..],
                 "label {} ({}) anchor {anchor}: row differs from the array at {read}",
@@ -349,6 +365,7 @@ struct Coverage {
     indexed: u64,
     cropped: u64,
     wrapped: u64,
+    patched: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
@@ -365,6 +382,7 @@ fn run_case(n: u64, cov: &mut Coverage) {
         .iter()
         .flat_map(|a| a.region.iter().flatten())
         .any(|(start, _)| *start < 0) as u64;
+    cov.patched += case.patch.is_some() as u64;
     cov.stacks += case.stack.as_ref().is_some_and(|s| s.len() > 1) as u64;
     cov.sample_ranges += case
         .split
@@ -1028,6 +1046,7 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("empty splits", c.empty_splits),
             ("windows", c.windows),
             ("stacks of two labels or more", c.stacks),
+            ("patches", c.patched),
             ("manifests", c.manifests),
             ("sample ranges", c.sample_ranges),
             ("unwritten chunks", c.unwritten_chunks),

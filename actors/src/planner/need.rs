@@ -69,7 +69,7 @@ impl MemoryNeed {
     ) -> Self {
         let rows = batch_size.min(n_rows) as u64;
         let batch_bytes = plan.labels.iter().fold(0u64, |acc, l| {
-            acc.saturating_add(l.sample_bytes.saturating_mul(rows))
+            acc.saturating_add(l.row_bytes.saturating_mul(rows))
         });
         let batches = (prefetch_depth as u64)
             .saturating_add(2)

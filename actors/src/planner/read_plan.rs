@@ -7,6 +7,7 @@ use std::sync::Arc;
 use insitubatch_store::ArrayGeometry;
 
 use crate::error::EngineError;
+use crate::patch::{Cut, PatchDraw};
 use crate::planner::order::EpochOrder;
 use crate::sample_map::AnchorMap;
 use crate::variable::Variable;
@@ -52,12 +53,16 @@ pub struct LabelInfo {
     /// Anchor to sample: the window offset and the placement of the array's store, or an
     /// indexed variable's table.
     pub map: AnchorMap,
-    /// Bytes per sample.
+    /// Bytes per sample in a slot.
     pub sample_bytes: u64,
+    /// Bytes this label writes per batch row: `sample_bytes`, or its patch's.
+    pub row_bytes: u64,
+    /// How its patch is cut from a sample (`None`: the sample is copied whole).
+    pub cut: Option<Cut>,
     /// Index into [`ReadPlan::outputs`]: the batch array this label's rows go to.
     pub output: usize,
     /// Where this label's sample starts within a row of that array, in bytes (its channel
-    /// times `sample_bytes` in a stacked array, else 0).
+    /// times `row_bytes` in a stacked array, else 0).
     pub output_at: u64,
 }
 
@@ -119,6 +124,8 @@ pub struct ReadPlan {
     pub batch_blocks: Vec<(u32, u32)>,
     /// The read-ahead bound: the most bytes the pass ever needs pinned at once.
     pub read_ahead_bytes: u64,
+    /// The patch cut from every row, and the field it is drawn in (`None`: whole samples).
+    pub patch: Option<PatchDraw>,
 }
 
 /// A dense map from the chunks of one array that a pass spans to plan slots: sized by the
@@ -267,16 +274,30 @@ pub fn read_plan(
             path: idx,
             map: v.anchor_map(),
             sample_bytes: v.sample_bytes(),
+            row_bytes: v.row_bytes(),
+            cut: v
+                .patch
+                .as_ref()
+                .map(|p| Cut::new(&v.sample_inner, p, v.sample_dtype.size_bytes())),
             output: 0,
             output_at: 0,
         });
     }
+    // Every label is cut at one origin, drawn in the extent of the patched axes (which the
+    // dataset checked is the same for all).
+    let patch = variables.iter().find_map(|v| {
+        let shape = v.patch.as_ref()?;
+        Some(PatchDraw {
+            shape: shape.to_vec(),
+            field: v.sample_inner[v.sample_inner.len() - shape.len()..].to_vec(),
+        })
+    });
     let outputs = batch_outputs(variables);
     // Each label's place: its array, and its channel's offset in a row.
     for (o, out) in outputs.iter().enumerate() {
         for (channel, &l) in out.labels.iter().enumerate() {
             labels[l].output = o;
-            labels[l].output_at = channel as u64 * labels[l].sample_bytes;
+            labels[l].output_at = channel as u64 * labels[l].row_bytes;
         }
     }
     // The chunks each path's labels read: the anchors' span shifted by each label's offset.
@@ -371,6 +392,7 @@ pub fn read_plan(
         n_batches,
         batch_blocks,
         read_ahead_bytes,
+        patch,
     })
 }
 
@@ -380,12 +402,12 @@ pub fn read_plan(
 pub fn batch_outputs(variables: &[Variable]) -> Vec<OutputInfo> {
     let mut outputs: Vec<OutputInfo> = Vec::new();
     for (i, v) in variables.iter().enumerate() {
-        let inner = v.sample_inner.iter().map(|&d| d as usize);
+        let inner = v.row_inner().into_iter().map(|d| d as usize);
         let Some(stack) = &v.stack else {
             outputs.push(OutputInfo {
                 name: v.label.clone(),
                 labels: vec![i],
-                row_bytes: v.sample_bytes(),
+                row_bytes: v.row_bytes(),
                 row_shape: inner.collect(),
             });
             continue;
@@ -396,7 +418,7 @@ pub fn batch_outputs(variables: &[Variable]) -> Vec<OutputInfo> {
                 outputs.push(OutputInfo {
                     name: stack.name.clone(),
                     labels: vec![usize::MAX; stack.channels],
-                    row_bytes: stack.channels as u64 * v.sample_bytes(),
+                    row_bytes: stack.channels as u64 * v.row_bytes(),
                     row_shape: std::iter::once(stack.channels).chain(inner).collect(),
                 });
                 outputs.len() - 1

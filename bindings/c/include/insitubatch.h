@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 18
+#define ISB_ABI_VERSION 19
 
 /*
  DLPack version of the exported structs.
@@ -480,7 +480,11 @@ IsbStatus isb_split_by_chunk(const char *store,
  `"align"` (ABI 17): `"time"` matches the two stores' `time` coordinates, `{"containing":
  "time"}` reads at every anchor the sample before its time, `{"nearest": "time"}` (ABI 18)
  the sample nearest it, an integer `k` says the mounted store starts at the root's sample
- `k`; see `align_mount`).
+ `k`; see `align_mount`), and `patch` (ABI 19: `[64, 64]` cuts a window of that shape from
+ the last axes of every sample, at an origin drawn per row and shared by every label of the
+ row, so batch arrays are `(batch, *leading axes, 64, 64)`; origins move every epoch in
+ `train` and stay in the other splits; `isb_batch_patch_origins` says where each row was
+ cut).
  An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 
  # Safety
@@ -776,6 +780,19 @@ IsbStatus isb_batch_sample_indices(const struct IsbBatch *b,
                                    const uint64_t **out,
                                    size_t *len,
                                    struct IsbError **err);
+
+/*
+ Where each row's patch was cut (a dataset with `patch`, ABI 19): `*len` values at `*out`,
+ row-major, one index per patched axis per row (`*len` = rows × patched axes), valid while
+ the batch lives. Without a patch, `*out` is NULL and `*len` 0.
+
+ # Safety
+ `b` is NULL or a live batch; `out` and `len` are writable; `err` is NULL or writable.
+ */
+IsbStatus isb_batch_patch_origins(const struct IsbBatch *b,
+                                  const uint64_t **out,
+                                  size_t *len,
+                                  struct IsbError **err);
 
 /*
  Number of arrays in the batch: each label's own, and one per stack (`stacks`) in place of

@@ -298,6 +298,17 @@ class Batch : public detail::Handle<IsbBatch, isb_batch_free> {
     return Span<std::uint64_t>(indices, n);
   }
 
+  // Where each row's patch was cut (a dataset with "patch"): row-major, one index per patched
+  // axis per row; empty without a patch. Valid while this batch lives.
+  Span<std::uint64_t> patch_origins() const {
+    const std::uint64_t *origins = nullptr;
+    std::size_t n = 0;
+    detail::check("isb_batch_patch_origins", [&](IsbError **err) {
+      return isb_batch_patch_origins(h_, &origins, &n, err);
+    });
+    return Span<std::uint64_t>(origins, n);
+  }
+
   // Where the batch sits: its epoch, and its index in that whole epoch (also when the iteration
   // was resumed part-way). A checkpoint saving {epoch, index + 1} resumes after this batch with
   // set_epoch(epoch) and iter(split, index + 1).

@@ -15,7 +15,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 18;
+pub const ISB_ABI_VERSION: u32 = 19;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -559,6 +559,9 @@ struct DatasetConfig {
     /// ABI 16: stores mounted as groups, `{"targets": "path"}` (checked by `mounts`).
     #[serde(default)]
     mounts: Option<serde_json::Value>,
+    /// ABI 19: a patch cut from every row, `[64, 64]` (checked by the builder).
+    #[serde(default)]
+    patch: Option<Vec<u64>>,
 }
 
 /// One store of the config's `mounts`: its location, its own object-store options, and where
@@ -875,6 +878,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
             b = b.stack(name, labels);
         }
     }
+    if let Some(shape) = c.patch {
+        b = b.patch(shape);
+    }
     if let Some(v) = c.mounts {
         for m in mounts(v)? {
             if let Some(align) = m.align {
@@ -948,7 +954,11 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// `"align"` (ABI 17): `"time"` matches the two stores' `time` coordinates, `{"containing":
 /// "time"}` reads at every anchor the sample before its time, `{"nearest": "time"}` (ABI 18)
 /// the sample nearest it, an integer `k` says the mounted store starts at the root's sample
-/// `k`; see `align_mount`).
+/// `k`; see `align_mount`), and `patch` (ABI 19: `[64, 64]` cuts a window of that shape from
+/// the last axes of every sample, at an origin drawn per row and shared by every label of the
+/// row, so batch arrays are `(batch, *leading axes, 64, 64)`; origins move every epoch in
+/// `train` and stay in the other splits; `isb_batch_patch_origins` says where each row was
+/// cut).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 ///
 /// # Safety
@@ -1420,6 +1430,7 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
             "arrays": arrays,
             "manifest": manifest,
             "anchor_range": [d.anchor_range().start, d.anchor_range().end],
+            "patch": d.patch(),
             "pool": {
                 "budget_bytes": p.budget_bytes,
                 "resident_bytes": p.resident_bytes,
@@ -1714,18 +1725,53 @@ pub unsafe extern "C" fn isb_batch_sample_indices(
     boundary(err, || {
         // SAFETY: forwarded contract.
         let s = unsafe { batch(b) }?.batch.sample_indices();
-        if out.is_null() {
-            return Err(null("out"));
-        }
-        if len.is_null() {
-            return Err(null("len"));
-        }
-        // SAFETY: checked non-NULL.
-        unsafe {
-            *out = s.as_ptr();
-            *len = s.len();
-        }
-        Ok(IsbStatus::IsbOk)
+        // SAFETY: forwarded contract.
+        unsafe { hand_out(Some(s), out, len) }
+    })
+}
+
+/// Points `*out` at `values` and sets `*len` to their count (NULL and 0 for none), after
+/// checking both out-parameters.
+///
+/// # Safety
+/// `out` and `len` are NULL or writable.
+unsafe fn hand_out(
+    values: Option<&[u64]>,
+    out: *mut *const u64,
+    len: *mut usize,
+) -> Result<IsbStatus, IsbError> {
+    if out.is_null() {
+        return Err(null("out"));
+    }
+    if len.is_null() {
+        return Err(null("len"));
+    }
+    // SAFETY: checked non-NULL; writable by the caller's contract.
+    unsafe {
+        *out = values.map_or(std::ptr::null(), <[u64]>::as_ptr);
+        *len = values.map_or(0, <[u64]>::len);
+    }
+    Ok(IsbStatus::IsbOk)
+}
+
+/// Where each row's patch was cut (a dataset with `patch`, ABI 19): `*len` values at `*out`,
+/// row-major, one index per patched axis per row (`*len` = rows × patched axes), valid while
+/// the batch lives. Without a patch, `*out` is NULL and `*len` 0.
+///
+/// # Safety
+/// `b` is NULL or a live batch; `out` and `len` are writable; `err` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn isb_batch_patch_origins(
+    b: *const IsbBatch,
+    out: *mut *const u64,
+    len: *mut usize,
+    err: *mut *mut IsbError,
+) -> IsbStatus {
+    boundary(err, || {
+        // SAFETY: forwarded contract.
+        let origins = unsafe { batch(b) }?.batch.patch_origins();
+        // SAFETY: forwarded contract.
+        unsafe { hand_out(origins, out, len) }
     })
 }
 

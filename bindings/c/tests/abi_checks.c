@@ -471,6 +471,91 @@ int main(int argc, char **argv) {
         isb_dataset_free(stacked);
         ds = NULL;
     }
+    /* A patch (ABI 19): 4 x 5 windows of t2m's 9 x 16 field, each the whole field's values at
+     * the row's origin; the facts give the patch and the arrays' patched shape; a patch larger
+     * than the field is refused naming `patch`. */
+    {
+        IsbDataset *whole = NULL, *patched = NULL;
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"shuffle\": false, \"batch_size\": 5, \"patch\": [10, 5]}", store);
+        CHECK("a patch larger than the field", isb_dataset_open(config, &patched, &err), ISB_INVALID_ARGUMENT, "`patch`");
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"shuffle\": false, \"batch_size\": 5, \"patch\": [4, 5]}", store);
+        CHECK("open patched", isb_dataset_open(config, &patched, &err), ISB_OK, NULL);
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"shuffle\": false, \"batch_size\": 5}", store);
+        CHECK("open whole", isb_dataset_open(config, &whole, &err), ISB_OK, NULL);
+        char *facts = NULL;
+        CHECK("patched facts", isb_dataset_stats_json(patched, &facts, &err), ISB_OK, NULL);
+        if (!facts || !strstr(facts, "\"patch\":[4,5]") || !strstr(facts, "\"shape\":[4,5]")) {
+            fprintf(stderr, "FAIL patch in the facts: %s\n", facts ? facts : "(null)");
+            failures++;
+        }
+        isb_string_free(facts);
+        IsbIter *ip = NULL, *iw = NULL;
+        IsbBatch *bp = NULL, *bw = NULL;
+        if (!patched || !whole || isb_iter_start(patched, "all", &ip, NULL) != ISB_OK ||
+            isb_iter_start(whole, "all", &iw, NULL) != ISB_OK) {
+            fprintf(stderr, "FAIL iterations of the patched and whole datasets\n");
+            return 1;
+        }
+        size_t rows_seen = 0;
+        while (isb_iter_next(ip, &bp, NULL) == ISB_OK) {
+            const uint64_t *origins = NULL;
+            size_t n_origins = 0, rows = 0;
+            DLManagedTensorVersioned *p = NULL, *w = NULL;
+            if (isb_iter_next(iw, &bw, NULL) != ISB_OK || isb_batch_len(bp, &rows, NULL) != ISB_OK ||
+                isb_batch_patch_origins(bp, &origins, &n_origins, NULL) != ISB_OK || n_origins != 2 * rows ||
+                isb_batch_export(bp, "t2m", &p, NULL) != ISB_OK || isb_batch_export(bw, "t2m", &w, NULL) != ISB_OK ||
+                p->dl_tensor.ndim != 3 || p->dl_tensor.shape[1] != 4 || p->dl_tensor.shape[2] != 5) {
+                fprintf(stderr, "FAIL a patched batch: %zu origins for %zu rows\n", n_origins, rows);
+                failures++;
+                break;
+            }
+            const float *ps = p->dl_tensor.data, *ws = w->dl_tensor.data;
+            for (size_t r = 0; r < rows; r++) {
+                uint64_t i0 = origins[2 * r], j0 = origins[2 * r + 1];
+                if (i0 > 9 - 4 || j0 > 16 - 5) {
+                    fprintf(stderr, "FAIL origin (%llu, %llu) past the field\n", (unsigned long long)i0, (unsigned long long)j0);
+                    failures++;
+                    break;
+                }
+                for (size_t i = 0; i < 4; i++)
+                    if (memcmp(ps + (r * 4 + i) * 5, ws + r * 9 * 16 + (i0 + i) * 16 + j0, 5 * sizeof(float)) != 0) {
+                        fprintf(stderr, "FAIL row %zu of the patch at (%llu, %llu) differs from the field\n", r,
+                                (unsigned long long)i0, (unsigned long long)j0);
+                        failures++;
+                        r = rows;
+                        break;
+                    }
+            }
+            rows_seen += rows;
+            p->deleter(p);
+            w->deleter(w);
+            isb_batch_free(bp);
+            isb_batch_free(bw);
+        }
+        if (rows_seen != 12) {
+            fprintf(stderr, "FAIL the patched epoch gave %zu rows, want 12\n", rows_seen);
+            failures++;
+        }
+        isb_iter_free(iw);
+        iw = NULL;
+        /* Without a patch: no origins. */
+        const uint64_t *none = (const uint64_t *)1;
+        size_t n_none = 9;
+        if (isb_iter_start(whole, "all", &iw, NULL) == ISB_OK && isb_iter_next(iw, &bw, NULL) == ISB_OK) {
+            CHECK("no patch origins", isb_batch_patch_origins(bw, &none, &n_none, &err), ISB_OK, NULL);
+            if (none != NULL || n_none != 0) {
+                fprintf(stderr, "FAIL a batch without a patch has %zu origins\n", n_none);
+                failures++;
+            }
+            CHECK("patch origins, NULL len", isb_batch_patch_origins(bw, &none, NULL, &err), ISB_NULL_POINTER, "`len`");
+            isb_batch_free(bw);
+        }
+        CHECK("patch origins, NULL batch", isb_batch_patch_origins(NULL, &none, &n_none, &err), ISB_NULL_POINTER, "`b`");
+        isb_iter_free(ip);
+        isb_iter_free(iw);
+        isb_dataset_free(patched);
+        isb_dataset_free(whole);
+    }
     CHECK("split, options for a directory", isb_split_by_chunk(store, NULL, "{\"fractions\": [1.0], \"storage_options\": {\"aws_region\": \"x\"}}", &out, &err), ISB_INVALID_ARGUMENT, "aws_region");
     CHECK("bad fractions", isb_split_by_chunk(store, NULL, "{\"fractions\": [0.9, 0.3]}", &out, &err), ISB_INVALID_ARGUMENT, "fractions");
     /* A sample stride (ABI 15): t2m's 12 samples, every 5th from 1 (1, 6, 11). */

@@ -190,6 +190,35 @@ int main(int argc, char **argv) {
       EXPECT(delivered == order.samples, "the batches did not deliver the planned order");
       EXPECT((rows == std::vector<size_t>{5, 5, 2}), "rows per batch");
 
+      // A patch: each row's 3 x 4 window is the plain pass's field at the row's origin.
+      {
+        const isb::Dataset patched = isb::Dataset::open(t2m_config(store, R"(, "patch": [3, 4])"));
+        isb::Iter it = patched.iter("train");
+        size_t seen = 0;
+        for (isb::Batch &b : it) {
+          isb::Tensor t = b.tensor("t2m");
+          EXPECT((t.shape() == std::vector<int64_t>{int64_t(b.size()), 3, 4}), "patched shape");
+          const auto origins = b.patch_origins();
+          const auto indices = b.sample_indices();
+          EXPECT(origins.size() == 2 * b.size(), "%zu origins", origins.size());
+          const float *v = t.data<float>();
+          for (size_t r = 0; r < indices.size() && 2 * r + 1 < origins.size(); r++) {
+            for (size_t i = 0; i < 3; i++)
+              for (size_t j = 0; j < 4; j++) {
+                const size_t at = (origins[2 * r] + i) * 16 + origins[2 * r + 1] + j;
+                if (double(v[(r * 3 + i) * 4 + j]) != plain[indices[r] * kSampleValues + at]) {
+                  EXPECT(false, "patch of sample %llu differs at (%zu, %zu)",
+                         (unsigned long long)indices[r], i, j);
+                  i = 3;
+                  break;
+                }
+              }
+          }
+          seen += b.size();
+        }
+        EXPECT(seen == 12, "the patched epoch gave %zu rows", seen);
+      }
+
       // Iterators are input iterators (copies share the iteration): std::distance counts the
       // batches left.
       {

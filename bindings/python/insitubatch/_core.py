@@ -927,14 +927,18 @@ class Batch:
     `sample_indices`, the anchor of each row; `epoch`, the epoch it was drawn in (what a
     per-sample random augmentation keys on with the sample index, `insitubatch.augment`);
     `index`, its place in that whole epoch, also when the epoch was resumed with `from_batch`
-    (a checkpoint that saves `(epoch, index + 1)` resumes right after it)."""
+    (a checkpoint that saves `(epoch, index + 1)` resumes right after it); `patch_origins`,
+    for a dataset with a `patch`, where each row's patch was cut: shaped (batch, patched
+    axes), the same for every label of the row (None without a patch)."""
 
     def __init__(self, arrays: dict, sample_indices: np.ndarray, offsets: Mapping[str, int],
                  epoch: int = 0, index: int = 0,
                  placements: Mapping[str, tuple[int, int, int]] | None = None,
-                 indexes: Mapping[str, np.ndarray] | None = None):
+                 indexes: Mapping[str, np.ndarray] | None = None,
+                 patch_origins: np.ndarray | None = None):
         self.arrays = arrays
         self.sample_indices = sample_indices
+        self.patch_origins = patch_origins
         self._offsets = dict(offsets)
         # (mul, add, div) of the labels read from a store mounted with an alignment.
         self._placements = dict(placements or {})
@@ -994,7 +998,9 @@ class _BatchReader:
 
     def __init__(self, formats: Mapping[str, tuple], offsets: Mapping[str, int],
                  placements: Mapping[str, tuple[int, int, int]],
-                 indexes: Mapping[str, np.ndarray]):
+                 indexes: Mapping[str, np.ndarray], patch: tuple[int, ...] | None = None):
+        # The patched axes per row (0: rows hold whole samples).
+        self.patch_axes = len(patch) if patch else 0
         self.labels = [
             (label, label.encode(), tuple(shape), dtype.str)
             for label, (shape, dtype) in formats.items()
@@ -1021,6 +1027,13 @@ class _BatchReader:
             n = self.len.value
             raw = ctypes.string_at(_address(self.idx, "sample index array"), n * 8) if n else b""
             sample_indices = np.frombuffer(raw, dtype=np.uint64).astype(np.int64)
+            origins = None
+            if self.patch_axes:
+                _check(lib.isb_batch_patch_origins(handle, self.idx_ref, self.len_ref, self.err_ref),
+                       self.err)
+                k = self.patch_axes
+                raw = ctypes.string_at(_address(self.idx, "patch origins"), n * k * 8) if n else b""
+                origins = np.frombuffer(raw, dtype=np.uint64).astype(np.int64).reshape(n, k)
             arrays = {}
             for label, raw_label, inner, typestr in self.labels:
                 _check(lib.isb_batch_export(handle, raw_label, self.tensor_ref, self.err_ref), self.err)
@@ -1030,7 +1043,7 @@ class _BatchReader:
         finally:
             lib.isb_batch_free(handle)
         return Batch(arrays, sample_indices, self.offsets, self.epoch.value, self.index.value,
-                     self.placements, self.indexes)
+                     self.placements, self.indexes, origins)
 
 
 class _Epoch:
@@ -1045,7 +1058,8 @@ class _Epoch:
         self._on_handle = on_handle
         self._it: ctypes.c_void_p | None = it
         self._len = n_batches
-        self._reader = _BatchReader(ds.array_formats, ds._offsets, ds._placements, ds._indexes)
+        self._reader = _BatchReader(ds.array_formats, ds._offsets, ds._placements, ds._indexes,
+                                    ds.patch)
         self._b = ctypes.c_void_p()
         self._err = ctypes.c_void_p()
         self._refs = (ctypes.byref(self._b), ctypes.byref(self._err))
@@ -1269,6 +1283,14 @@ class InSituDataset:
     array at each anchor (one entry per anchor): a climatology at each sample's day of year,
     a monthly mean at its month. It takes no part in which anchors are valid, and each of its
     chunks is read once a pass.
+
+    `patch=(64, 64)` cuts a window of that shape from the last axes of every sample instead of
+    delivering it whole (axes before them stay whole): batch arrays are
+    (batch, *leading axes, 64, 64), every label of a row cut at the same origin (inputs,
+    targets, static fields and stacks stay co-registered), `Batch.patch_origins` says where.
+    Origins are uniform over the places the window fits, drawn again every epoch in `train`
+    and the same every epoch in the other splits, from (seed, epoch, anchor) alone. Stored
+    chunks are read, decoded and cached whole: the patch is cut as each row is copied.
     """
 
     def __init__(
@@ -1307,6 +1329,7 @@ class InSituDataset:
         stacks: Mapping[str, Sequence[str]] | None = None,
         mounts: Mapping[str, Any] | None = None,
         indexes: Mapping[str, Any] | None = None,
+        patch: Sequence[int] | None = None,
     ):
         self._handle = None
         config: dict[str, Any] = {
@@ -1376,6 +1399,10 @@ class InSituDataset:
             config["chunk_transforms"] = chunk_transforms
         if stacks is not None:
             config["stacks"] = _stacks(stacks)
+        if patch is not None:
+            if isinstance(patch, (str, bytes)) or not isinstance(patch, Sequence):
+                raise TypeError(f"`patch` must be a sequence of ints such as (64, 64), not {patch!r}")
+            config["patch"] = [_check_int(f"patch[{i}]", p) for i, p in enumerate(patch)]
         given = _mounts(mounts) if mounts is not None else {}
         if given:
             config["mounts"] = {
@@ -1456,6 +1483,8 @@ class InSituDataset:
             if ((p := v["placement"])["mul"], p["add"], p["div"]) != (1, 0, 1)
         }
         self.anchor_range = range(*info["anchor_range"])
+        # The window cut from every row, or None.
+        self.patch = tuple(info["patch"]) if info.get("patch") else None
         # What one sample of each label is in a batch: after the chunk transforms (a cast or a
         # coarsen changes it), the geometry's inner shape and dtype without any.
         self.sample_formats = {

@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 18
+ABI_VERSION = 19
 _LIB_NAME = "libinsitubatch.so"
 
 
@@ -128,6 +128,10 @@ def _load() -> ctypes.CDLL:
             U32, [P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ERR],
         ),
         "isb_batch_sample_indices": (
+            U32,
+            [P, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ERR],
+        ),
+        "isb_batch_patch_origins": (
             U32,
             [P, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t), ERR],
         ),

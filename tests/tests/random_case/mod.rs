@@ -583,6 +583,8 @@ pub struct Case {
     pub stride: (u64, u64),
     /// The mount aligned on `time` coordinates instead of a sample offset.
     pub times: Option<Times>,
+    /// A patch cut from every row, over the samples' last axes.
+    pub patch: Option<Vec<u64>>,
 }
 
 impl Case {
@@ -710,6 +712,7 @@ impl Case {
             stack: None,
             stride: (1, 0),
             times: None,
+            patch: None,
         }
         .with_stack(&mut r)
         .with_stride(&mut r)
@@ -717,6 +720,42 @@ impl Case {
         .with_index(&mut r)
         .with_crop(&mut r)
         .with_times(&mut r)
+        .with_patch(&mut r)
+    }
+
+    /// The case with, a third of the time, a patch over the last one or two axes of every
+    /// view's samples, when those axes have one extent in all of them (drawn last, for the
+    /// same reason as the others).
+    fn with_patch(mut self, r: &mut Rng) -> Case {
+        if !r.chance(0.35) {
+            return self;
+        }
+        let inners: Vec<Vec<u64>> = self
+            .views
+            .iter()
+            .map(|v| self.arrays[v.array].inner_shape(self.axis))
+            .collect();
+        let last = |i: &Vec<u64>, k: usize| i[i.len() - k..].to_vec();
+        let rank = inners.iter().map(Vec::len).min().unwrap_or(0);
+        let Some(k) = (1..=rank.min(2))
+            .rev()
+            .find(|&k| inners.iter().all(|i| last(i, k) == last(&inners[0], k)))
+        else {
+            return self;
+        };
+        self.patch = Some(last(&inners[0], k).iter().map(|&n| r.range(1, n)).collect());
+        self
+    }
+
+    /// The row shape of view `v`: its samples' inner shape, cut to the patch.
+    pub fn row_shape(&self, v: usize) -> Vec<usize> {
+        let inner = self.arrays[self.views[v].array].inner_shape(self.axis);
+        let k = self.patch.as_ref().map_or(0, Vec::len);
+        inner[..inner.len() - k]
+            .iter()
+            .chain(self.patch.iter().flatten())
+            .map(|&n| n as usize)
+            .collect()
     }
 
     /// The case with, often when it has a mount, both stores given CF `time` coordinates that
@@ -980,6 +1019,9 @@ impl Case {
         }
         if let Some(stack) = &self.stack {
             b = b.stack("s", stack.iter().map(|&v| self.views[v].label.clone()));
+        }
+        if let Some(patch) = &self.patch {
+            b = b.patch(patch.clone());
         }
         match self.budget {
             CaseBudget::Auto => {}

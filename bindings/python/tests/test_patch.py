@@ -1,0 +1,91 @@
+"""Patches (`patch=`): every row of every label is zarr-python's sample cut at the row's
+origin (`Batch.patch_origins`), static fields and stacks cut at the same place; origins move
+every train epoch and stay in the other splits; a bad patch is refused by name."""
+
+import numpy as np
+import pytest
+import zarr
+
+import insitubatch as isb
+from insitubatch import errors
+
+
+def stores(fixtures):
+    out, _ = fixtures
+    store = out / "statics.zarr"
+    g = isb.open_geometries(store, ["field", "orog"])
+    ref = {name: zarr.open_array(store / name, mode="r")[...] for name in g}
+    return store, g, ref
+
+
+def cut(a, origin, shape):
+    """The window of `shape` over the last axes of `a` at `origin`."""
+    lead = a.ndim - len(shape)
+    return a[(slice(None),) * lead + tuple(slice(o, o + s) for o, s in zip(origin, shape))]
+
+
+def test_every_row_is_zarr_python_cut_at_its_origin_for_every_label(fixtures):
+    store, g, ref = stores(fixtures)
+    views = {"x": g["field"], "x_next": g["field"].shift(1), "orog": g["orog"].as_static()}
+    with isb.InSituDataset(store, None, views, stacks={"s": ["orog", "x"]}, patch=(4, 6),
+                           batch_size=3, block_chunks=2, seed=5) as ds:
+        assert ds.patch == (4, 6)
+        assert ds.array_formats["s"][0] == (2, 4, 6)
+        assert ds.array_formats["x_next"][0] == (4, 6)
+        # What the pool holds is still the whole sample.
+        assert ds.sample_formats["x"][0] == (9, 16)
+        anchors = []
+        for b in ds.train:
+            o = b.patch_origins
+            assert o.shape == (len(b), 2) and o.dtype == np.int64
+            assert (o >= 0).all() and (o[:, 0] <= 9 - 4).all() and (o[:, 1] <= 16 - 6).all()
+            for r, (i, a) in enumerate(zip(b.read_indices("x"), b.sample_indices)):
+                np.testing.assert_array_equal(b.arrays["s"][r, 0], cut(ref["orog"], o[r], (4, 6)))
+                np.testing.assert_array_equal(b.arrays["s"][r, 1], cut(ref["field"][i], o[r], (4, 6)))
+                np.testing.assert_array_equal(b.arrays["x_next"][r], cut(ref["field"][i + 1], o[r], (4, 6)))
+            anchors += b.sample_indices.tolist()
+        assert sorted(anchors) == list(range(9))
+
+
+def test_a_one_axis_patch_keeps_the_leading_axes_whole(fixtures):
+    store, g, ref = stores(fixtures)
+    with isb.InSituDataset(store, None, {"x": g["field"]}, patch=[5], batch_size=4,
+                           shuffle=False) as ds:
+        for b in ds.all:
+            assert b.arrays["x"].shape == (len(b), 9, 5)
+            for r, i in enumerate(b.sample_indices):
+                np.testing.assert_array_equal(b.arrays["x"][r], cut(ref["field"][i], b.patch_origins[r], (5,)))
+
+
+def origins(ds, view):
+    return {int(a): tuple(o) for b in view for a, o in zip(b.sample_indices, b.patch_origins)}
+
+
+def test_origins_move_every_train_epoch_and_stay_in_other_splits(fixtures):
+    store, g, _ = stores(fixtures)
+    with isb.InSituDataset(store, None, {"x": g["field"]}, patch=(2, 2), seed=1) as ds:
+        first_train, first_all = origins(ds, ds.train), origins(ds, ds.all)
+        assert first_train == origins(ds, ds.train), "an epoch's origins are fixed"
+        ds.set_epoch(1)
+        second_train, second_all = origins(ds, ds.train), origins(ds, ds.all)
+        assert sum(first_train[a] != second_train[a] for a in first_train) >= 5
+        assert first_all == second_all
+    with isb.InSituDataset(store, None, {"x": g["field"]}, seed=1) as whole:
+        assert next(iter(whole.train)).patch_origins is None
+
+
+def test_a_bad_patch_is_refused_naming_it(fixtures):
+    store, g, _ = stores(fixtures)
+    views = {"x": g["field"]}
+    with pytest.raises(TypeError, match="`patch` must be a sequence of ints"):
+        isb.InSituDataset(store, None, views, patch="64")
+    with pytest.raises(TypeError, match="`patch\\[1\\]` must be an int"):
+        isb.InSituDataset(store, None, views, patch=(3, 2.5))
+    with pytest.raises(errors.InvalidArgument, match="`patch\\[0\\]` = 0"):
+        isb.InSituDataset(store, None, views, patch=(0, 3))
+    with pytest.raises(errors.InvalidArgument, match="`patch`.*larger than the field along its axis 1: 17 against 16"):
+        isb.InSituDataset(store, None, views, patch=(3, 17))
+    with pytest.raises(errors.InvalidArgument, match="`patch`.*`x` has \\[9, 16\\], `o` has \\[5, 7\\]"):
+        isb.InSituDataset(store, None,
+                          {"x": g["field"], "o": g["orog"].as_static().crop((2, 7), (3, 10))},
+                          patch=(3, 3))

@@ -1,0 +1,413 @@
+//! Patches (`DatasetBuilder::patch`): every row of every label is zarr-python's sample at its
+//! read index, cut at the row's origin; each valid anchor once per epoch; origins keyed on
+//! (seed, epoch, anchor) for train and (seed, anchor) otherwise, whatever the thread count;
+//! a revived cache file cut like memory; bad patches are errors naming `patch`.
+
+use std::collections::HashMap;
+
+use insitubatch::{DatasetBuilder, EngineError, InSituDataset, IntoRows};
+use insitubatch_tests::{FixtureArray, item_size, sample_of, window_of};
+
+mod common;
+use common::{fixture, sorted};
+
+/// A label and what it reads: its fixture, sample axis, and whether it is a static field.
+struct Ref {
+    label: &'static str,
+    f: FixtureArray,
+    axis: usize,
+    static_field: bool,
+}
+
+impl Ref {
+    fn inner(&self) -> Vec<usize> {
+        if self.static_field {
+            return self.f.shape.iter().map(|&d| d as usize).collect();
+        }
+        (0..self.f.shape.len())
+            .filter(|&a| a != self.axis)
+            .map(|a| self.f.shape[a] as usize)
+            .collect()
+    }
+
+    /// The whole sample this label reads at index `idx`.
+    fn sample(&self, idx: u64) -> Vec<u8> {
+        if self.static_field {
+            return self.f.reference.clone();
+        }
+        sample_of(
+            &self.f.reference,
+            &self.f.shape,
+            self.axis,
+            idx,
+            item_size(&self.f.dtype),
+        )
+    }
+}
+
+/// Runs one epoch of `split` and checks every row of every label (in its own array or its
+/// channel of `stack`) against zarr-python's sample cut at the row's origin; returns the
+/// anchors and each anchor's origin.
+fn check_patched_epoch(
+    ds: &InSituDataset,
+    split: &str,
+    refs: &[Ref],
+    patch: &[usize],
+    stack: Option<(&str, &[&str])>,
+) -> (Vec<u64>, HashMap<u64, Vec<u64>>, insitubatch::PassStats) {
+    let mut anchors = Vec::new();
+    let mut origins = HashMap::new();
+    let mut pass = ds.iter(split).unwrap();
+    for batch in pass.by_ref() {
+        let batch = batch.unwrap();
+        let n = batch.len();
+        let k = patch.len();
+        let all = batch
+            .patch_origins()
+            .expect("a patched batch says its origins");
+        assert_eq!(all.len(), n * k);
+        for r in refs {
+            let item = item_size(&r.f.dtype);
+            let inner = r.inner();
+            let lead = inner.len() - k;
+            let row: Vec<usize> = inner[..lead].iter().chain(patch).copied().collect();
+            let rb = row.iter().product::<usize>() * item;
+            let mut shape = vec![n];
+            let (arr, channel, channels) = match stack {
+                Some((name, labels)) if labels.contains(&r.label) => {
+                    let c = labels.iter().position(|l| *l == r.label).unwrap();
+                    shape.push(labels.len());
+                    (batch.array(name).unwrap(), c, labels.len())
+                }
+                _ => (batch.array(r.label).unwrap(), 0, 1),
+            };
+            shape.extend(&row);
+            assert_eq!(arr.shape(), &shape[..], "{}", r.label);
+            for (i, idx) in batch.read_indices(r.label).unwrap().into_iter().enumerate() {
+                let origin: Vec<usize> = all[i * k..(i + 1) * k]
+                    .iter()
+                    .map(|&o| o as usize)
+                    .collect();
+                for d in 0..k {
+                    assert!(
+                        origin[d] + patch[d] <= inner[lead + d],
+                        "origin {origin:?} fits"
+                    );
+                }
+                let want = window_of(&r.sample(idx), &inner, patch, &origin, item);
+                let at = (i * channels + channel) * rb;
+                assert!(
+                    arr.bytes()[at..at + rb] == want[..],
+                    "{}/{} label {} sample {idx} at {origin:?} differs from zarr-python",
+                    r.f.case,
+                    r.f.array,
+                    r.label
+                );
+            }
+        }
+        for (i, &a) in batch.sample_indices().iter().enumerate() {
+            origins.insert(a, all[i * patch.len()..(i + 1) * patch.len()].to_vec());
+        }
+        anchors.extend_from_slice(batch.sample_indices());
+    }
+    let stats = pass.stats();
+    (anchors, origins, stats)
+}
+
+fn r(label: &'static str, f: FixtureArray) -> Ref {
+    Ref {
+        label,
+        axis: if f.case == "v3_tczyx" { 2 } else { 0 },
+        f,
+        static_field: false,
+    }
+}
+
+/// One case: a builder with its labels, the refs to check them by, the patch, a stack.
+struct Case {
+    name: &'static str,
+    build: Box<dyn Fn() -> DatasetBuilder>,
+    refs: Vec<Ref>,
+    patch: Vec<usize>,
+    stack: Option<(&'static str, &'static [&'static str])>,
+    /// The anchors of one epoch.
+    anchors: Vec<u64>,
+}
+
+fn cases() -> Vec<Case> {
+    let (t2m, u10) = (fixture("era5_v3", "t2m"), fixture("era5_v3", "u10"));
+    let era5 = t2m.store.clone();
+    let era5_builder = move || {
+        InSituDataset::builder(&era5)
+            .variable("t2m", "t2m")
+            .variable("u10", "u10")
+            .window("t2m_next", "t2m", 1)
+    };
+    let era5_refs = || {
+        vec![
+            r("t2m", t2m.clone()),
+            r("u10", u10.clone()),
+            r("t2m_next", t2m.clone()),
+        ]
+    };
+    let inner = fixture("v3_inner", "");
+    let tczyx = fixture("v3_tczyx", "");
+    let field = fixture("statics", "field");
+    let orog = fixture("statics", "orog");
+    let sharded = fixture("one_per_chunk_sharded", "");
+    let era5_b = era5_builder.clone();
+    vec![
+        Case {
+            name: "era5 2-D patch",
+            build: Box::new(era5_builder.clone()),
+            refs: era5_refs(),
+            patch: vec![4, 5],
+            stack: None,
+            anchors: (0..11).collect(),
+        },
+        Case {
+            name: "era5 stacked",
+            build: Box::new(move || era5_b().stack("x", ["u10", "t2m"])),
+            refs: era5_refs(),
+            patch: vec![9, 7],
+            stack: Some(("x", &["u10", "t2m"])),
+            anchors: (0..11).collect(),
+        },
+        Case {
+            name: "era5 1-D patch",
+            build: Box::new(era5_builder),
+            refs: era5_refs(),
+            patch: vec![16],
+            stack: None,
+            anchors: (0..11).collect(),
+        },
+        {
+            let store = inner.store.clone();
+            Case {
+                name: "inner chunks",
+                build: Box::new(move || InSituDataset::builder(&store).variable("v", "")),
+                refs: vec![r("v", inner.clone())],
+                patch: vec![5, 4],
+                stack: None,
+                anchors: (0..6).collect(),
+            }
+        },
+        {
+            let store = tczyx.store.clone();
+            Case {
+                name: "sample axis 2",
+                build: Box::new(move || {
+                    InSituDataset::builder(&store)
+                        .variable("v", "")
+                        .sample_axis(2)
+                }),
+                refs: vec![r("v", tczyx.clone())],
+                patch: vec![3, 4],
+                stack: None,
+                anchors: (0..9).collect(),
+            }
+        },
+        {
+            let store = field.store.clone();
+            Case {
+                name: "static field",
+                build: Box::new(move || {
+                    InSituDataset::builder(&store)
+                        .variable("field", "field")
+                        .static_variable("orog", "orog")
+                }),
+                refs: vec![
+                    r("field", field.clone()),
+                    Ref {
+                        static_field: true,
+                        ..r("orog", orog.clone())
+                    },
+                ],
+                patch: vec![4, 6],
+                stack: None,
+                anchors: (0..10).collect(),
+            }
+        },
+        {
+            let store = sharded.store.clone();
+            Case {
+                name: "one sample per chunk, sharded",
+                build: Box::new(move || InSituDataset::builder(&store).variable("v", "")),
+                refs: vec![r("v", sharded.clone())],
+                patch: vec![3, 5],
+                stack: None,
+                anchors: (0..10).collect(),
+            }
+        },
+    ]
+}
+
+#[test]
+fn every_patch_is_zarr_python_cut_at_its_origin_and_every_anchor_comes_once() {
+    for case in cases() {
+        for (shuffle, bs, mode) in [(true, 5, IntoRows::Always), (false, 4, IntoRows::Never)] {
+            let patch: Vec<u64> = case.patch.iter().map(|&d| d as u64).collect();
+            let ds = (case.build)()
+                .patch(patch.clone())
+                .batch_size(bs)
+                .block_chunks(2)
+                .shuffle(shuffle)
+                .decode_into_batches(mode)
+                .build()
+                .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            assert_eq!(ds.patch(), Some(&patch[..]));
+            for spec in ds.batch_arrays() {
+                assert_eq!(
+                    spec.row_shape[spec.row_shape.len() - patch.len()..],
+                    patch[..],
+                    "{}: {}",
+                    case.name,
+                    spec.name
+                );
+            }
+            for epoch in 0..2 {
+                ds.set_epoch(epoch);
+                let (anchors, _, stats) =
+                    check_patched_epoch(&ds, "train", &case.refs, &case.patch, case.stack);
+                assert_eq!(sorted(anchors), case.anchors, "{}", case.name);
+                // A patch is cut from a whole sample, so nothing is decoded into rows.
+                assert_eq!(stats.tiles_into_batches, 0, "{}: {stats:?}", case.name);
+                assert!(epoch > 0 || stats.tiles_read > 0, "{stats:?}");
+            }
+        }
+    }
+}
+
+/// Each anchor's origin in one epoch of `split`.
+fn origins(ds: &InSituDataset, split: &str, epoch: u64) -> HashMap<u64, Vec<u64>> {
+    ds.set_epoch(epoch);
+    let mut out = HashMap::new();
+    for b in ds.iter(split).unwrap() {
+        let b = b.unwrap();
+        let o = b.patch_origins().unwrap();
+        for (i, &a) in b.sample_indices().iter().enumerate() {
+            out.insert(a, o[2 * i..2 * i + 2].to_vec());
+        }
+    }
+    out
+}
+
+#[test]
+fn origins_move_every_train_epoch_stay_for_other_splits_and_ignore_the_thread_count() {
+    let f = fixture("era5_v3", "t2m");
+    let build = |threads: usize, bs: usize| {
+        InSituDataset::builder(&f.store)
+            .variable("t2m", "t2m")
+            .patch([3, 3])
+            .seed(11)
+            .batch_size(bs)
+            .executor_threads(threads)
+            .build()
+            .unwrap()
+    };
+    let (one, two) = (build(1, 5), build(2, 3));
+    for split in ["train", "all"] {
+        for epoch in 0..2 {
+            assert_eq!(
+                origins(&one, split, epoch),
+                origins(&two, split, epoch),
+                "{split} epoch {epoch}: the same origins on 1 and 2 threads, any batch size"
+            );
+        }
+    }
+    let moved = |split: &str| {
+        let (a, b) = (origins(&one, split, 0), origins(&one, split, 1));
+        a.keys().filter(|k| a[*k] != b[*k]).count()
+    };
+    assert!(
+        moved("train") >= 8,
+        "train origins are drawn again each epoch"
+    );
+    assert_eq!(moved("all"), 0, "other splits keep their origins");
+    // Another seed draws other origins.
+    let other = InSituDataset::builder(&f.store)
+        .variable("t2m", "t2m")
+        .patch([3, 3])
+        .seed(12)
+        .build()
+        .unwrap();
+    let (a, b) = (origins(&one, "all", 0), origins(&other, "all", 0));
+    assert!(a.keys().filter(|k| a[*k] != b[*k]).count() >= 8);
+}
+
+#[test]
+fn a_revived_cache_file_is_cut_like_memory() {
+    let (t2m, u10) = (fixture("era5_v3", "t2m"), fixture("era5_v3", "u10"));
+    let refs = [r("t2m", t2m.clone()), r("u10", u10)];
+    let cache = tempfile::tempdir().unwrap();
+    let build = || {
+        InSituDataset::builder(&t2m.store)
+            .variable("t2m", "t2m")
+            .variable("u10", "u10")
+            .patch([5, 6])
+            .batch_size(5)
+            .cache_dir(cache.path())
+            .persist(true)
+            .build()
+            .unwrap()
+    };
+    let (_, first, stats) = check_patched_epoch(&build(), "train", &refs, &[5, 6], None);
+    assert_eq!(stats.cache_misses, 6, "{stats:?}");
+    let ds = build();
+    let (anchors, again, stats) = check_patched_epoch(&ds, "train", &refs, &[5, 6], None);
+    assert_eq!(sorted(anchors), (0..12).collect::<Vec<_>>());
+    assert_eq!((stats.cache_revived, stats.tiles_read), (6, 0), "{stats:?}");
+    assert_eq!(stats.bytes_revived, stats.bytes_delivered, "{stats:?}");
+    assert_eq!(first, again, "the same epoch cuts the same origins");
+}
+
+#[test]
+fn a_batch_holds_patches_so_the_memory_need_counts_them() {
+    let f = fixture("era5_v3", "t2m");
+    let need = |patch: Option<[u64; 2]>| {
+        let mut b = InSituDataset::builder(&f.store)
+            .variable("t2m", "t2m")
+            .variable("u10", "u10")
+            .batch_size(4);
+        if let Some(p) = patch {
+            b = b.patch(p);
+        }
+        b.build().unwrap().memory_need("train").unwrap().batch_bytes
+    };
+    assert_eq!(need(None), 4 * 2 * 9 * 16 * 4);
+    assert_eq!(need(Some([3, 8])), 4 * 2 * 3 * 8 * 4);
+}
+
+#[test]
+fn a_patch_that_does_not_fit_every_label_is_an_error_naming_it() {
+    let f = fixture("era5_v3", "t2m");
+    let expect = |b: DatasetBuilder, needle: &str| match b.build() {
+        Err(EngineError::InvalidArgument { name, hint, .. }) => {
+            assert_eq!(name, "patch");
+            assert!(hint.contains(needle), "{hint}");
+        }
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("built with a bad patch ({needle})"),
+    };
+    let era5 = || InSituDataset::builder(&f.store).variable("t2m", "t2m");
+    expect(era5().patch([]), "each at least 1");
+    expect(era5().patch([0, 3]), "each at least 1");
+    expect(
+        era5().patch([10, 3]),
+        "larger than the field along its axis 0: 10 against 9",
+    );
+    expect(era5().patch([3, 17]), "axis 1: 17 against 16");
+    expect(era5().patch([1, 3, 3]), "fewer than the patch's 3");
+    expect(
+        era5().variable("station", "station").patch([3]),
+        "`station` has samples of 0 axes",
+    );
+    expect(
+        era5()
+            .cropped_window("crop", "u10", 0, &[(2, 7), (3, 11)])
+            .patch([3, 3]),
+        "`t2m` has [9, 16], `crop` has [5, 8]",
+    );
+    // The largest patch is the whole field.
+    era5().patch([9, 16]).build().unwrap();
+}
