@@ -283,15 +283,16 @@ async fn run<S: Store>(
                 if let (Some(cut), Some(origins)) = (&info.cut, &origins) {
                     let k = origins.len() / n;
                     for i in 0..run {
-                        let at = src + i * sb + cut.offset(&origins[(r + i) * k..(r + i + 1) * k]);
-                        let row = plan.row_at(l, r + i).1;
-                        runs.extend(cut.src.iter().zip(&cut.dst).map(|(&s, &d)| CopyRun {
-                            buf,
-                            dst: row + d,
-                            slot,
-                            src: at + s,
-                            len: cut.line_len,
-                        }));
+                        let (at, row) = (src + i * sb, plan.row_at(l, r + i).1);
+                        cut.runs(&origins[(r + i) * k..(r + i + 1) * k], |s, d, len| {
+                            runs.push(CopyRun {
+                                buf,
+                                dst: row + d,
+                                slot,
+                                src: at + s,
+                                len,
+                            });
+                        });
                     }
                 } else if contiguous {
                     runs.push(CopyRun {

@@ -18,62 +18,92 @@ pub fn origin_key(split: &str, epoch: u64) -> u64 {
     if split == "train" { epoch } else { u64::MAX }
 }
 
-/// The patch of a pass: its shape over the field's last axes, and that field's extent.
+/// A patch as a dataset asks for it: the window's extent along each of the samples' last
+/// axes, and which of those axes are periodic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Patch {
+    /// The window, one extent per patched axis.
+    pub shape: Vec<u64>,
+    /// Per patched axis, whether it is periodic (a window may run across its end).
+    pub wrap: Vec<bool>,
+}
+
+/// The patch of a pass: its shape over the field's last axes, that field's extent, and which
+/// of those axes are periodic.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PatchDraw {
     /// The window, one extent per patched axis (the sample's last axes).
     pub shape: Vec<u64>,
     /// The extent of those axes in every label's samples (the same for all).
     pub field: Vec<u64>,
+    /// Per patched axis, whether it is periodic (longitude): a window may then start anywhere
+    /// and run across the axis's end.
+    pub wrap: Vec<bool>,
 }
 
 impl PatchDraw {
     /// The origin of anchor `anchor`'s patch in a pass keyed `key` ([`origin_key`]): one
-    /// index per patched axis, each in `0..=field - shape`.
+    /// index per patched axis, in `0..=field - shape`, or `0..field` along a periodic axis.
     pub fn origin(&self, seed: u64, key: u64, anchor: u64) -> Vec<u64> {
         let mut rng = Rng::keyed(&[seed, key, anchor, PATCH_STREAM]);
-        self.field
-            .iter()
-            .zip(&self.shape)
-            .map(|(&n, &p)| rng.below(n - p + 1))
+        (0..self.shape.len())
+            .map(|d| {
+                let (n, p) = (self.field[d], self.shape[d]);
+                rng.below(if self.wrap[d] { n } else { n - p + 1 })
+            })
             .collect()
     }
 }
 
-/// How one label's patch lies in a sample of its slot: contiguous lines of `line_len` bytes,
-/// each at `src[i]` in the sample (for origin 0) and `dst[i]` in the row.
+/// How one label's patch lies in a sample of its slot: contiguous lines along its axis
+/// `first` (and every whole axis after it), `line_len` bytes each, line `i` at `src[i]` in the
+/// sample (for origin 0) and `dst[i]` in the row. A line that runs across the end of a periodic
+/// axis is two runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cut {
     /// Each line's start in a sample whose patch has origin 0, in bytes.
-    pub src: Vec<usize>,
+    src: Vec<usize>,
     /// Each line's start in the label's row, in bytes.
-    pub dst: Vec<usize>,
+    dst: Vec<usize>,
     /// Bytes per line.
-    pub line_len: usize,
-    /// Bytes between neighbours along each patched axis of the sample.
+    line_len: usize,
+    /// A row's shape: the sample's leading axes, then the patch.
+    row: Vec<usize>,
+    /// The sample's shape.
+    inner: Vec<usize>,
+    /// Bytes between neighbours along each axis of the sample.
     strides: Vec<usize>,
+    /// Whether each axis of the sample is periodic (leading axes never are).
+    wrap: Vec<bool>,
+    /// The axis lines run along.
+    first: usize,
 }
 
 impl Cut {
     /// The cut of a `shape` window over the last axes of samples shaped `inner` with elements
-    /// of `esize` bytes. The caller has checked `shape.len() <= inner.len()` and that the
-    /// window fits.
-    pub fn new(inner: &[u64], shape: &[u64], esize: usize) -> Self {
+    /// of `esize` bytes, periodic along the patched axes where `wrap` says. The caller has
+    /// checked `shape.len() <= inner.len()`, `wrap.len() == shape.len()` and that the window
+    /// fits.
+    pub fn new(inner: &[u64], shape: &[u64], wrap: &[bool], esize: usize) -> Self {
         let rank = inner.len();
         let lead = rank - shape.len();
+        let inner: Vec<usize> = inner.iter().map(|&d| d as usize).collect();
         let row: Vec<usize> = inner[..lead]
             .iter()
-            .chain(shape)
-            .map(|&d| d as usize)
+            .copied()
+            .chain(shape.iter().map(|&d| d as usize))
+            .collect();
+        let wrap: Vec<bool> = std::iter::repeat_n(false, lead)
+            .chain(wrap.iter().copied())
             .collect();
         let mut strides = vec![esize; rank];
         for d in (0..rank.saturating_sub(1)).rev() {
-            strides[d] = strides[d + 1] * inner[d + 1] as usize;
+            strides[d] = strides[d + 1] * inner[d + 1];
         }
-        // The lines: the longest run of axes at the end that the window spans whole, with the
-        // axis before them, is contiguous in the sample.
+        // The lines: the longest run of axes at the end that the window spans whole (and does
+        // not rotate, as a periodic axis may), with the axis before them, is contiguous.
         let mut first = rank.saturating_sub(1);
-        while first > 0 && row[first] == inner[first] as usize {
+        while first > 0 && row[first] == inner[first] && !wrap[first] {
             first -= 1;
         }
         let line_len = row[first..].iter().product::<usize>() * esize;
@@ -83,34 +113,79 @@ impl Cut {
         for i in 0..lines {
             src.push(index.iter().zip(&strides).map(|(&k, &s)| k * s).sum());
             dst.push(i * line_len);
-            for d in (0..first).rev() {
-                index[d] += 1;
-                if index[d] < row[d] {
-                    break;
-                }
-                index[d] = 0;
-            }
+            step(&mut index, &row);
         }
         Self {
             src,
             dst,
             line_len,
-            strides: strides[lead..].to_vec(),
+            row,
+            inner,
+            strides,
+            wrap,
+            first,
         }
     }
 
-    /// Where the patch at `origin` starts in a sample, in bytes.
-    pub fn offset(&self, origin: &[u64]) -> usize {
-        origin
-            .iter()
-            .zip(&self.strides)
-            .map(|(&o, &s)| o as usize * s)
-            .sum()
+    /// Calls `run(src, dst, len)` for each contiguous run of the patch at `origin` (one index
+    /// per patched axis): `len` bytes from `src` in the sample to `dst` in the row.
+    pub fn runs(&self, origin: &[u64], mut run: impl FnMut(usize, usize, usize)) {
+        let lead = self.inner.len() - origin.len();
+        let at = |d: usize| {
+            if d >= lead {
+                origin[d - lead] as usize
+            } else {
+                0
+            }
+        };
+        let crosses = (lead..self.inner.len()).any(|d| at(d) + self.row[d] > self.inner[d]);
+        if !crosses {
+            let base: usize = (lead..self.inner.len())
+                .map(|d| at(d) * self.strides[d])
+                .sum();
+            for (&s, &d) in self.src.iter().zip(&self.dst) {
+                run(base + s, d, self.line_len);
+            }
+            return;
+        }
+        // Across the end of a periodic axis: each line's place taken modulo the axis, and the
+        // line itself cut in two where it runs past the end of its own axis.
+        let f = self.first;
+        let unit = self.line_len / self.row[f];
+        let (o, p, n) = (at(f), self.row[f], self.inner[f]);
+        let head = p.min(n - o);
+        let mut index = vec![0usize; f];
+        for &dst in &self.dst {
+            let line: usize = (0..f)
+                .map(|d| (index[d] + at(d)) % self.inner[d] * self.strides[d])
+                .sum();
+            run(line + o * self.strides[f], dst, head * unit);
+            if head < p {
+                run(line, dst + head * unit, (p - head) * unit);
+            }
+            step(&mut index, &self.row);
+        }
     }
 
     /// Bytes of one patch.
     pub fn bytes(&self) -> usize {
-        self.src.len() * self.line_len
+        self.dst.len() * self.line_len
+    }
+
+    /// Whether the patch is periodic along any axis.
+    pub fn wraps(&self) -> bool {
+        self.wrap.contains(&true)
+    }
+}
+
+/// The next multi-index of `index` (its axes' extents in `shape`), in C order.
+fn step(index: &mut [usize], shape: &[usize]) {
+    for d in (0..index.len()).rev() {
+        index[d] += 1;
+        if index[d] < shape[d] {
+            return;
+        }
+        index[d] = 0;
     }
 }
 
@@ -118,7 +193,7 @@ impl Cut {
 mod tests {
     use super::*;
 
-    /// The patch cut by walking every element, as the reference.
+    /// The patch cut by walking every element (indices modulo the axis), as the reference.
     fn cut_by_element(
         inner: &[usize],
         shape: &[usize],
@@ -136,7 +211,7 @@ mod tests {
                     let k = flat % row[d];
                     flat /= row[d];
                     let o = if d >= lead { origin[d - lead] } else { 0 };
-                    at += (k + o) * stride;
+                    at += (k + o) % inner[d] * stride;
                     stride *= inner[d];
                 }
                 data[at]
@@ -145,37 +220,49 @@ mod tests {
     }
 
     #[test]
-    fn lines_cut_the_same_values_as_walking_every_element() {
-        let cases: &[(&[usize], &[usize])] = &[
-            (&[7, 9], &[3, 4]),
-            (&[7, 9], &[7, 9]),
-            (&[7, 9], &[2, 9]),
-            (&[7, 9], &[4]),
-            (&[3, 5, 6], &[2, 6]),
-            (&[3, 5, 6], &[5, 6]),
-            (&[3, 5, 6], &[1, 1]),
-            (&[3, 5, 6], &[3, 5, 6]),
-            (&[11], &[5]),
+    fn runs_cut_the_same_values_as_walking_every_element() {
+        let cases: &[(&[usize], &[usize], &[bool])] = &[
+            (&[7, 9], &[3, 4], &[false, false]),
+            (&[7, 9], &[7, 9], &[false, false]),
+            (&[7, 9], &[2, 9], &[false, false]),
+            (&[7, 9], &[4], &[false]),
+            (&[3, 5, 6], &[2, 6], &[false, false]),
+            (&[3, 5, 6], &[5, 6], &[false, false]),
+            (&[3, 5, 6], &[1, 1], &[false, false]),
+            (&[3, 5, 6], &[3, 5, 6], &[false, false, false]),
+            (&[11], &[5], &[false]),
+            // Periodic axes: a window across the end, a whole axis rotated, both axes.
+            (&[7, 9], &[3, 4], &[false, true]),
+            (&[7, 9], &[3, 9], &[false, true]),
+            (&[7, 9], &[3, 4], &[true, true]),
+            (&[7, 9], &[7, 4], &[true, false]),
+            (&[3, 5, 6], &[2, 6], &[true, false]),
+            (&[3, 5, 6], &[5, 6], &[false, true]),
+            (&[11], &[11], &[true]),
         ];
         let mut rng = Rng::keyed(&[1]);
-        for &(inner, shape) in cases {
+        for &(inner, shape, wrap) in cases {
             let n: usize = inner.iter().product();
             let data: Vec<u32> = (0..n as u32).collect();
             let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_ne_bytes()).collect();
             let inner64: Vec<u64> = inner.iter().map(|&d| d as u64).collect();
             let shape64: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
-            let cut = Cut::new(&inner64, &shape64, 4);
+            let cut = Cut::new(&inner64, &shape64, wrap, 4);
+            assert_eq!(cut.wraps(), wrap.contains(&true));
             let draw = PatchDraw {
                 shape: shape64.clone(),
                 field: inner64[inner.len() - shape.len()..].to_vec(),
+                wrap: wrap.to_vec(),
             };
-            for _ in 0..20 {
+            for _ in 0..40 {
                 let origin = draw.origin(rng.next_u64(), 0, 0);
-                let at = cut.offset(&origin);
                 let mut out = vec![0u8; cut.bytes()];
-                for (&s, &d) in cut.src.iter().zip(&cut.dst) {
-                    out[d..d + cut.line_len].copy_from_slice(&bytes[at + s..at + s + cut.line_len]);
-                }
+                let mut written = 0;
+                cut.runs(&origin, |s, d, len| {
+                    out[d..d + len].copy_from_slice(&bytes[s..s + len]);
+                    written += len;
+                });
+                assert_eq!(written, cut.bytes(), "every byte of the patch once");
                 let got: Vec<u32> = out
                     .chunks_exact(4)
                     .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
@@ -184,7 +271,7 @@ mod tests {
                 assert_eq!(
                     got,
                     cut_by_element(inner, shape, &origin, &data),
-                    "{inner:?} {shape:?} at {origin:?}"
+                    "{inner:?} {shape:?} {wrap:?} at {origin:?}"
                 );
             }
         }
@@ -192,10 +279,13 @@ mod tests {
 
     #[test]
     fn a_window_spanning_whole_trailing_axes_is_one_line_per_leading_index() {
-        let cut = Cut::new(&[3, 5, 6], &[2, 6], 4);
+        let cut = Cut::new(&[3, 5, 6], &[2, 6], &[false, false], 4);
         assert_eq!((cut.src.len(), cut.line_len), (3, 2 * 6 * 4));
-        let whole = Cut::new(&[3, 5, 6], &[5, 6], 4);
+        let whole = Cut::new(&[3, 5, 6], &[5, 6], &[false, false], 4);
         assert_eq!((whole.src.len(), whole.line_len), (1, 3 * 5 * 6 * 4));
+        // A periodic axis may be rotated, so it is not merged into the line before it.
+        let rotated = Cut::new(&[3, 5, 6], &[5, 6], &[false, true], 4);
+        assert_eq!((rotated.src.len(), rotated.line_len), (15, 6 * 4));
     }
 
     #[test]
@@ -203,6 +293,7 @@ mod tests {
         let draw = PatchDraw {
             shape: vec![3, 1],
             field: vec![5, 4],
+            wrap: vec![false, false],
         };
         let mut seen = std::collections::HashSet::new();
         for anchor in 0..400 {
@@ -216,5 +307,13 @@ mod tests {
         assert!(moved.count() > 25, "another epoch draws other origins");
         assert_eq!(origin_key("val", 3), origin_key("val", 9));
         assert_ne!(origin_key("train", 3), origin_key("train", 9));
+        // Along a periodic axis a window starts anywhere.
+        let periodic = PatchDraw {
+            wrap: vec![true, false],
+            ..draw
+        };
+        let starts: std::collections::HashSet<u64> =
+            (0..400).map(|a| periodic.origin(7, 0, a)[0]).collect();
+        assert_eq!(starts.len(), 5);
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use insitubatch_store::{ArrayGeometry, DType};
 
+use crate::patch::Patch;
 use crate::planner::Reach;
 use crate::sample_map::{AnchorMap, Placement, SampleMap};
 
@@ -31,7 +32,7 @@ pub struct Variable {
     pub index: Option<Arc<[u64]>>,
     /// The window cut from each sample over its last axes (a patch; `None`: the whole
     /// sample). Rows hold [`Variable::row_inner`].
-    pub patch: Option<Arc<[u64]>>,
+    pub patch: Option<Arc<Patch>>,
 }
 
 /// Where a stacked label goes: channel `channel` of the `channels` of the batch array `name`,
@@ -108,7 +109,7 @@ impl Variable {
     }
 
     /// The same view cut to a `patch` over its samples' last axes.
-    pub fn patched(mut self, patch: Arc<[u64]>) -> Self {
+    pub fn patched(mut self, patch: Arc<Patch>) -> Self {
         self.patch = Some(patch);
         self
     }
@@ -123,10 +124,10 @@ impl Variable {
         let Some(patch) = &self.patch else {
             return self.sample_inner.clone();
         };
-        let lead = self.sample_inner.len() - patch.len();
+        let lead = self.sample_inner.len() - patch.shape.len();
         self.sample_inner[..lead]
             .iter()
-            .chain(patch.iter())
+            .chain(&patch.shape)
             .copied()
             .collect()
     }

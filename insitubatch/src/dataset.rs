@@ -12,7 +12,7 @@ use insitubatch_actors::{
     SplitManifest, StackChannel, Stride, Variable, count_order_rows, memory_limit, plan_order,
     rank_share, reaches, split_by_chunk,
 };
-use insitubatch_actors::{Placement, StoreAxis};
+use insitubatch_actors::{Patch, Placement, StoreAxis};
 use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
 };
@@ -160,10 +160,11 @@ fn stacked(
 
 /// `variables` cut to `patch` (see [`DatasetBuilder::patch`]), or an error naming the label
 /// whose samples it does not fit.
-fn patched(variables: Vec<Variable>, patch: Option<&[u64]>) -> Result<Vec<Variable>, EngineError> {
-    let Some(shape) = patch else {
+fn patched(variables: Vec<Variable>, patch: Option<&Patch>) -> Result<Vec<Variable>, EngineError> {
+    let Some(patch) = patch else {
         return Ok(variables);
     };
+    let shape = &patch.shape;
     let bad = |why: String| EngineError::arg("patch", format!("{shape:?}"), why);
     if shape.is_empty() || shape.contains(&0) {
         return Err(bad(
@@ -171,6 +172,13 @@ fn patched(variables: Vec<Variable>, patch: Option<&[u64]>) -> Result<Vec<Variab
              (for example [64, 64])"
                 .into(),
         ));
+    }
+    if patch.wrap.len() != shape.len() {
+        return Err(bad(format!(
+            "give one wrap flag per patched axis: {} for a patch of {} axes",
+            patch.wrap.len(),
+            shape.len()
+        )));
     }
     let k = shape.len();
     let mut field: Option<(&Variable, &[u64])> = None;
@@ -205,10 +213,10 @@ fn patched(variables: Vec<Variable>, patch: Option<&[u64]>) -> Result<Vec<Variab
             field = Some((v, last));
         }
     }
-    let shape: Arc<[u64]> = shape.into();
+    let patch = Arc::new(patch.clone());
     Ok(variables
         .into_iter()
-        .map(|v| v.patched(Arc::clone(&shape)))
+        .map(|v| v.patched(Arc::clone(&patch)))
         .collect())
 }
 
@@ -269,7 +277,7 @@ pub struct DatasetBuilder {
     chunk_transforms: ChunkTransforms,
     stacks: Vec<(String, Vec<String>)>,
     /// The window cut from every row ([`DatasetBuilder::patch`]).
-    patch: Option<Vec<u64>>,
+    patch: Option<Patch>,
     /// The first bad `chunk_transforms_json`, reported by `build`.
     chunk_transforms_error: Option<EngineError>,
 }
@@ -984,8 +992,25 @@ impl DatasetBuilder {
     /// # std::fs::remove_dir_all(&dir)?;
     /// # Ok(()) }
     /// ```
-    pub fn patch(mut self, shape: impl Into<Vec<u64>>) -> Self {
-        self.patch = Some(shape.into());
+    pub fn patch(self, shape: impl Into<Vec<u64>>) -> Self {
+        let shape = shape.into();
+        let wrap = vec![false; shape.len()];
+        self.patch_wrapping(shape, wrap)
+    }
+
+    /// [`patch`](Self::patch) with periodic axes: where `wrap` (one flag per patched axis)
+    /// says an axis is periodic (longitude on a global grid), a window may start anywhere
+    /// along it and run across its end, continuing from its start. Checked when the dataset
+    /// is built (`wrap` has the patch's length).
+    pub fn patch_wrapping(
+        mut self,
+        shape: impl Into<Vec<u64>>,
+        wrap: impl Into<Vec<bool>>,
+    ) -> Self {
+        self.patch = Some(Patch {
+            shape: shape.into(),
+            wrap: wrap.into(),
+        });
         self
     }
 
@@ -1262,7 +1287,7 @@ impl DatasetBuilder {
                 v.with_sample(inner, dtype)
             })
             .collect();
-        let variables = patched(variables, self.patch.as_deref())?;
+        let variables = patched(variables, self.patch.as_ref())?;
         let variables = stacked(variables, &self.stacks)?;
         let per_executor = if store.is_remote() {
             DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR
@@ -1510,7 +1535,7 @@ impl InSituDataset {
 
     /// The patch cut from every row ([`DatasetBuilder::patch`]); `None`: rows hold whole
     /// samples.
-    pub fn patch(&self) -> Option<&[u64]> {
+    pub fn patch(&self) -> Option<&Patch> {
         self.variables.first().and_then(|v| v.patch.as_deref())
     }
 

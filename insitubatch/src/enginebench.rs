@@ -126,7 +126,7 @@ pub fn gather_ceiling(
     if let Some(patch) = ds.patch() {
         return Err(EngineError::arg(
             "patch",
-            format!("{patch:?}"),
+            format!("{:?}", patch.shape),
             "the gather ceiling copies whole samples; measure the ceilings without a patch",
         ));
     }

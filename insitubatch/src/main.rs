@@ -318,6 +318,10 @@ struct PassArgs {
     /// patched axis), at an origin drawn per row (new every epoch in train).
     #[arg(long, value_name = "NxM", value_parser = parse_patch)]
     patch: Option<PatchShape>,
+    /// The axes of --patch that are periodic (longitude on a global grid), comma-separated
+    /// from 0: a window may run across their end (`1` for the second of `64x64`).
+    #[arg(long, value_name = "AXES", requires = "patch", value_delimiter = ',')]
+    patch_wrap: Vec<usize>,
     #[command(flatten)]
     fields: FieldArgs,
     #[command(flatten)]
@@ -442,8 +446,17 @@ impl PassArgs {
         for (name, labels) in &self.stacks {
             b = b.stack(name, labels);
         }
-        if let Some(patch) = &self.patch {
-            b = b.patch(patch.0.clone());
+        if let Some(PatchShape(shape)) = &self.patch {
+            let mut wrap = vec![false; shape.len()];
+            for &a in &self.patch_wrap {
+                *wrap.get_mut(a).ok_or_else(|| {
+                    format!(
+                        "--patch-wrap {a}: the patch has axes 0 to {}",
+                        shape.len() - 1
+                    )
+                })? = true;
+            }
+            b = b.patch_wrapping(shape.clone(), wrap);
         }
         if let Some(dir) = &self.cache_dir {
             b = b

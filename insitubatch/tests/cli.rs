@@ -324,7 +324,7 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
         let [samples, tiles_read, _] = stats(coords);
         assert_eq!((samples, tiles_read), (24, tiles), "{coords:?}");
     }
-    let refused: [(&[&str], &[&str]); 7] = [
+    let refused: [(&[&str], &[&str]); 8] = [
         (
             &["--coords", "level=0:1"],
             &["`level` is not a dimension", "latitude"],
@@ -337,6 +337,10 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
         (&["--stack", "x=t2m,v10"], &["`stacks`", "no label `v10`"]),
         (&["--stack", "t2m"], &["--stack", "NAME=LABEL"]),
         (&["--patch", "3xa"], &["--patch", "64x64"]),
+        (
+            &["--patch", "3x4", "--patch-wrap", "2"],
+            &["--patch-wrap 2", "axes 0 to 1"],
+        ),
         (
             &["--patch", "30x4"],
             &["`patch`", "larger than the field along its axis 0"],
@@ -356,6 +360,8 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
     assert_eq!(stats(&["--stack", "x=u10,t2m"]), own);
     // A patch reads what the whole field does and delivers 3 x 4 of it per row and variable.
     assert_eq!(stats(&["--patch", "3x4"]), [24, own[1], 24 * 2 * 3 * 4 * 4]);
+    let periodic = ["--patch", "3x8", "--patch-wrap", "0,1"];
+    assert_eq!(stats(&periodic), [24, own[1], 24 * 2 * 3 * 8 * 4]);
     fails_with(
         bench_with(&store, &manifest).args(["--variables", "t2m", "--region", "3-6"]),
         &["--region", "START:STOP"],

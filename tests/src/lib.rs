@@ -186,7 +186,8 @@ pub fn sample_of(reference: &[u8], shape: &[u64], axis: usize, index: u64, item:
 }
 
 /// The window of `patch` over the last axes of a sample shaped `inner`, at `origin`, walked
-/// element by element (the reference a patched row is checked against).
+/// element by element, indices taken modulo their axis (a window across the end of a periodic
+/// axis continues from its start): the reference a patched row is checked against.
 pub fn window_of(
     sample: &[u8],
     inner: &[usize],
@@ -204,7 +205,7 @@ pub fn window_of(
             let k = rem % row[d];
             rem /= row[d];
             let o = if d >= lead { origin[d - lead] } else { 0 };
-            at += (k + o) * stride;
+            at += (k + o) % inner[d] * stride;
             stride *= inner[d];
         }
         out.extend_from_slice(&sample[at * item..(at + 1) * item]);

@@ -114,7 +114,7 @@ fn check_batch(case: &Case, batch: &Batch) {
         }
         let origins = batch.patch_origins();
         assert_eq!(origins.is_some(), case.patch.is_some(), "patch origins");
-        let k = case.patch.as_ref().map_or(0, Vec::len);
+        let k = case.patch.as_ref().map_or(0, |p| p.0.len());
         let sample_bytes = got.len() / batch.len();
         let reads = batch.read_indices(&v.label).unwrap();
         for (row, (anchor, read)) in batch.sample_indices().iter().zip(&reads).enumerate() {
@@ -125,11 +125,23 @@ fn check_batch(case: &Case, batch: &Batch) {
                 v.label
             );
             let mut want_row = a.sample(case.axis, *read);
-            if let (Some(patch), Some(origins)) = (&case.patch, origins) {
+            if let (Some((patch, wrap)), Some(origins)) = (&case.patch, origins) {
                 let origin: Vec<usize> = origins[row * k..(row + 1) * k]
                     .iter()
                     .map(|&o| o as usize)
                     .collect();
+                let field = &inner[inner.len() - k..];
+                for d in 0..k {
+                    let end = if wrap[d] {
+                        origin[d] + 1
+                    } else {
+                        origin[d] + patch[d] as usize
+                    };
+                    assert!(
+                        end <= field[d],
+                        "origin {origin:?} of {patch:?} in {field:?}"
+                    );
+                }
                 let patch: Vec<usize> = patch.iter().map(|&n| n as usize).collect();
                 want_row = window_of(&want_row, &inner, &patch, &origin, a.dt.size());
             }
@@ -366,6 +378,7 @@ struct Coverage {
     cropped: u64,
     wrapped: u64,
     patched: u64,
+    periodic_patches: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
@@ -383,6 +396,7 @@ fn run_case(n: u64, cov: &mut Coverage) {
         .flat_map(|a| a.region.iter().flatten())
         .any(|(start, _)| *start < 0) as u64;
     cov.patched += case.patch.is_some() as u64;
+    cov.periodic_patches += case.patch.as_ref().is_some_and(|p| p.1.contains(&true)) as u64;
     cov.stacks += case.stack.as_ref().is_some_and(|s| s.len() > 1) as u64;
     cov.sample_ranges += case
         .split
@@ -1047,6 +1061,7 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("windows", c.windows),
             ("stacks of two labels or more", c.stacks),
             ("patches", c.patched),
+            ("periodic patches", c.periodic_patches),
             ("manifests", c.manifests),
             ("sample ranges", c.sample_ranges),
             ("unwritten chunks", c.unwritten_chunks),

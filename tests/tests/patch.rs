@@ -57,6 +57,7 @@ fn check_patched_epoch(
 ) -> (Vec<u64>, HashMap<u64, Vec<u64>>, insitubatch::PassStats) {
     let mut anchors = Vec::new();
     let mut origins = HashMap::new();
+    let wrap = ds.patch().expect("a patched dataset").wrap.clone();
     let mut pass = ds.iter(split).unwrap();
     for batch in pass.by_ref() {
         let batch = batch.unwrap();
@@ -89,9 +90,10 @@ fn check_patched_epoch(
                     .map(|&o| o as usize)
                     .collect();
                 for d in 0..k {
+                    let reach = if wrap[d] { 1 } else { patch[d] };
                     assert!(
-                        origin[d] + patch[d] <= inner[lead + d],
-                        "origin {origin:?} fits"
+                        origin[d] + reach <= inner[lead + d],
+                        "origin {origin:?} in the field"
                     );
                 }
                 let want = window_of(&r.sample(idx), &inner, patch, &origin, item);
@@ -255,7 +257,7 @@ fn every_patch_is_zarr_python_cut_at_its_origin_and_every_anchor_comes_once() {
                 .decode_into_batches(mode)
                 .build()
                 .unwrap_or_else(|e| panic!("{}: {e}", case.name));
-            assert_eq!(ds.patch(), Some(&patch[..]));
+            assert_eq!(ds.patch().map(|p| &p.shape), Some(&patch));
             for spec in ds.batch_arrays() {
                 assert_eq!(
                     spec.row_shape[spec.row_shape.len() - patch.len()..],
@@ -362,6 +364,43 @@ fn a_revived_cache_file_is_cut_like_memory() {
 }
 
 #[test]
+fn a_periodic_axis_lets_a_patch_run_across_its_end() {
+    let (t2m, u10) = (fixture("era5_v3", "t2m"), fixture("era5_v3", "u10"));
+    let refs = [r("t2m", t2m.clone()), r("u10", u10)];
+    for (shape, wrap) in [
+        ([4, 10], [false, true]),
+        ([9, 16], [true, true]),
+        ([3, 16], [true, false]),
+    ] {
+        let ds = InSituDataset::builder(&t2m.store)
+            .variable("t2m", "t2m")
+            .variable("u10", "u10")
+            .patch_wrapping(shape, wrap)
+            .batch_size(4)
+            .build()
+            .unwrap();
+        let patch = shape.map(|d| d as usize);
+        let mut crossed = 0;
+        for epoch in 0..4 {
+            ds.set_epoch(epoch);
+            let (anchors, origins, _) = check_patched_epoch(&ds, "train", &refs, &patch, None);
+            assert_eq!(sorted(anchors), (0..12).collect::<Vec<_>>());
+            crossed += origins
+                .values()
+                .filter(|o| (0..2).any(|d| wrap[d] && o[d] as usize + patch[d] > [9, 16][d]))
+                .count();
+            for o in origins.values() {
+                assert!((0..2).all(|d| wrap[d] || o[d] as usize + patch[d] <= [9, 16][d]));
+            }
+        }
+        assert!(
+            crossed >= 8,
+            "{shape:?} {wrap:?}: {crossed} windows across the end"
+        );
+    }
+}
+
+#[test]
 fn a_batch_holds_patches_so_the_memory_need_counts_them() {
     let f = fixture("era5_v3", "t2m");
     let need = |patch: Option<[u64; 2]>| {
@@ -391,6 +430,10 @@ fn a_patch_that_does_not_fit_every_label_is_an_error_naming_it() {
     };
     let era5 = || InSituDataset::builder(&f.store).variable("t2m", "t2m");
     expect(era5().patch([]), "each at least 1");
+    expect(
+        era5().patch_wrapping([3, 3], [true]),
+        "one wrap flag per patched axis: 1 for a patch of 2",
+    );
     expect(era5().patch([0, 3]), "each at least 1");
     expect(
         era5().patch([10, 3]),

@@ -275,10 +275,14 @@ pub fn read_plan(
             map: v.anchor_map(),
             sample_bytes: v.sample_bytes(),
             row_bytes: v.row_bytes(),
-            cut: v
-                .patch
-                .as_ref()
-                .map(|p| Cut::new(&v.sample_inner, p, v.sample_dtype.size_bytes())),
+            cut: v.patch.as_ref().map(|p| {
+                Cut::new(
+                    &v.sample_inner,
+                    &p.shape,
+                    &p.wrap,
+                    v.sample_dtype.size_bytes(),
+                )
+            }),
             output: 0,
             output_at: 0,
         });
@@ -286,10 +290,11 @@ pub fn read_plan(
     // Every label is cut at one origin, drawn in the extent of the patched axes (which the
     // dataset checked is the same for all).
     let patch = variables.iter().find_map(|v| {
-        let shape = v.patch.as_ref()?;
+        let patch = v.patch.as_ref()?;
         Some(PatchDraw {
-            shape: shape.to_vec(),
-            field: v.sample_inner[v.sample_inner.len() - shape.len()..].to_vec(),
+            shape: patch.shape.clone(),
+            field: v.sample_inner[v.sample_inner.len() - patch.shape.len()..].to_vec(),
+            wrap: patch.wrap.clone(),
         })
     });
     let outputs = batch_outputs(variables);

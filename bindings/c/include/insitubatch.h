@@ -484,7 +484,8 @@ IsbStatus isb_split_by_chunk(const char *store,
  the last axes of every sample, at an origin drawn per row and shared by every label of the
  row, so batch arrays are `(batch, *leading axes, 64, 64)`; origins move every epoch in
  `train` and stay in the other splits; `isb_batch_patch_origins` says where each row was
- cut).
+ cut; `{"shape": [64, 64], "wrap": [false, true]}` makes the second patched axis periodic,
+ so that a window may run across its end).
  An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 
  # Safety

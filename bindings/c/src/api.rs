@@ -559,9 +559,10 @@ struct DatasetConfig {
     /// ABI 16: stores mounted as groups, `{"targets": "path"}` (checked by `mounts`).
     #[serde(default)]
     mounts: Option<serde_json::Value>,
-    /// ABI 19: a patch cut from every row, `[64, 64]` (checked by the builder).
+    /// ABI 19: a patch cut from every row, `[64, 64]` or `{"shape": [64, 64], "wrap": [false,
+    /// true]}` (checked by `patch`).
     #[serde(default)]
-    patch: Option<Vec<u64>>,
+    patch: Option<serde_json::Value>,
 }
 
 /// One store of the config's `mounts`: its location, its own object-store options, and where
@@ -651,6 +652,34 @@ fn mounts(v: serde_json::Value) -> Result<Vec<MountConfig>, insitubatch::EngineE
             })
         })
         .collect()
+}
+
+/// The config's `patch`: a list of extents (no axis periodic), or `{"shape": [...], "wrap":
+/// [...]}`; anything else is refused saying what it takes.
+fn patch(v: serde_json::Value) -> Result<(Vec<u64>, Vec<bool>), insitubatch::EngineError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Wrapping {
+        shape: Vec<u64>,
+        #[serde(default)]
+        wrap: Option<Vec<bool>>,
+    }
+    let bad = |v: &serde_json::Value| {
+        insitubatch::EngineError::arg(
+            "patch",
+            v,
+            "is a list of extents, one per patched axis (the samples' last axes), such as [64, \
+             64], or {\"shape\": [64, 64], \"wrap\": [false, true]} where a `wrap` flag makes \
+             its axis periodic",
+        )
+    };
+    if let Ok(shape) = serde_json::from_value::<Vec<u64>>(v.clone()) {
+        let wrap = vec![false; shape.len()];
+        return Ok((shape, wrap));
+    }
+    let w: Wrapping = serde_json::from_value(v.clone()).map_err(|_| bad(&v))?;
+    let wrap = w.wrap.unwrap_or_else(|| vec![false; w.shape.len()]);
+    Ok((w.shape, wrap))
 }
 
 /// The config's `stacks`: an object mapping each stacked array's name to its labels, by
@@ -878,8 +907,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
             b = b.stack(name, labels);
         }
     }
-    if let Some(shape) = c.patch {
-        b = b.patch(shape);
+    if let Some(v) = c.patch {
+        let (shape, wrap) = patch(v)?;
+        b = b.patch_wrapping(shape, wrap);
     }
     if let Some(v) = c.mounts {
         for m in mounts(v)? {
@@ -958,7 +988,8 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// the last axes of every sample, at an origin drawn per row and shared by every label of the
 /// row, so batch arrays are `(batch, *leading axes, 64, 64)`; origins move every epoch in
 /// `train` and stay in the other splits; `isb_batch_patch_origins` says where each row was
-/// cut).
+/// cut; `{"shape": [64, 64], "wrap": [false, true]}` makes the second patched axis periodic,
+/// so that a window may run across its end).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 ///
 /// # Safety
@@ -1430,7 +1461,8 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
             "arrays": arrays,
             "manifest": manifest,
             "anchor_range": [d.anchor_range().start, d.anchor_range().end],
-            "patch": d.patch(),
+            "patch": d.patch().map(|p| &p.shape),
+            "patch_wrap": d.patch().map(|p| &p.wrap),
             "pool": {
                 "budget_bytes": p.budget_bytes,
                 "resident_bytes": p.resident_bytes,

@@ -478,13 +478,27 @@ int main(int argc, char **argv) {
         IsbDataset *whole = NULL, *patched = NULL;
         snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"shuffle\": false, \"batch_size\": 5, \"patch\": [10, 5]}", store);
         CHECK("a patch larger than the field", isb_dataset_open(config, &patched, &err), ISB_INVALID_ARGUMENT, "`patch`");
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"patch\": {\"shape\": [4, 5], \"wrap\": true}}", store);
+        CHECK("a patch's wrap not a list", isb_dataset_open(config, &patched, &err), ISB_INVALID_ARGUMENT, "\"wrap\": [false, true]");
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"patch\": {\"shape\": [4, 5], \"wrap\": [false, true]}}", store);
+        CHECK("a periodic patch", isb_dataset_open(config, &patched, &err), ISB_OK, NULL);
+        char *wrapped = NULL;
+        CHECK("periodic patch facts", isb_dataset_stats_json(patched, &wrapped, &err), ISB_OK, NULL);
+        if (!wrapped || !strstr(wrapped, "\"patch_wrap\":[false,true]")) {
+            fprintf(stderr, "FAIL periodic patch in the facts: %s\n", wrapped ? wrapped : "(null)");
+            failures++;
+        }
+        isb_string_free(wrapped);
+        isb_dataset_free(patched);
+        patched = NULL;
         snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"shuffle\": false, \"batch_size\": 5, \"patch\": [4, 5]}", store);
         CHECK("open patched", isb_dataset_open(config, &patched, &err), ISB_OK, NULL);
         snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"shuffle\": false, \"batch_size\": 5}", store);
         CHECK("open whole", isb_dataset_open(config, &whole, &err), ISB_OK, NULL);
         char *facts = NULL;
         CHECK("patched facts", isb_dataset_stats_json(patched, &facts, &err), ISB_OK, NULL);
-        if (!facts || !strstr(facts, "\"patch\":[4,5]") || !strstr(facts, "\"shape\":[4,5]")) {
+        if (!facts || !strstr(facts, "\"patch\":[4,5]") || !strstr(facts, "\"shape\":[4,5]") ||
+            !strstr(facts, "\"patch_wrap\":[false,false]")) {
             fprintf(stderr, "FAIL patch in the facts: %s\n", facts ? facts : "(null)");
             failures++;
         }

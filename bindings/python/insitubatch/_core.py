@@ -1289,8 +1289,11 @@ class InSituDataset:
     (batch, *leading axes, 64, 64), every label of a row cut at the same origin (inputs,
     targets, static fields and stacks stay co-registered), `Batch.patch_origins` says where.
     Origins are uniform over the places the window fits, drawn again every epoch in `train`
-    and the same every epoch in the other splits, from (seed, epoch, anchor) alone. Stored
-    chunks are read, decoded and cached whole: the patch is cut as each row is copied.
+    and the same every epoch in the other splits, from (seed, epoch, anchor) alone.
+    `patch_wrap=(False, True)` (or one bool for every axis) makes patched axes periodic
+    (longitude on a global grid): a window may start anywhere along them and run across the
+    end. Stored chunks are read, decoded and cached whole: the patch is cut as each row is
+    copied.
     """
 
     def __init__(
@@ -1330,6 +1333,7 @@ class InSituDataset:
         mounts: Mapping[str, Any] | None = None,
         indexes: Mapping[str, Any] | None = None,
         patch: Sequence[int] | None = None,
+        patch_wrap: bool | Sequence[bool] = False,
     ):
         self._handle = None
         config: dict[str, Any] = {
@@ -1402,7 +1406,16 @@ class InSituDataset:
         if patch is not None:
             if isinstance(patch, (str, bytes)) or not isinstance(patch, Sequence):
                 raise TypeError(f"`patch` must be a sequence of ints such as (64, 64), not {patch!r}")
-            config["patch"] = [_check_int(f"patch[{i}]", p) for i, p in enumerate(patch)]
+            shape = [_check_int(f"patch[{i}]", p) for i, p in enumerate(patch)]
+            wrap = [patch_wrap] * len(shape) if isinstance(patch_wrap, bool) else patch_wrap
+            if (isinstance(wrap, (str, bytes)) or not isinstance(wrap, Sequence)
+                    or not all(isinstance(w, bool) for w in wrap)):
+                raise TypeError(
+                    f"`patch_wrap` must be a bool or one bool per patched axis, not {patch_wrap!r}"
+                )
+            config["patch"] = {"shape": shape, "wrap": list(wrap)}
+        elif patch_wrap is not False:
+            raise errors.InvalidArgument("`patch_wrap` needs a `patch` to make periodic")
         given = _mounts(mounts) if mounts is not None else {}
         if given:
             config["mounts"] = {
@@ -1483,8 +1496,9 @@ class InSituDataset:
             if ((p := v["placement"])["mul"], p["add"], p["div"]) != (1, 0, 1)
         }
         self.anchor_range = range(*info["anchor_range"])
-        # The window cut from every row, or None.
+        # The window cut from every row (or None), and which of its axes are periodic.
         self.patch = tuple(info["patch"]) if info.get("patch") else None
+        self.patch_wrap = tuple(info["patch_wrap"]) if self.patch else None
         # What one sample of each label is in a batch: after the chunk transforms (a cast or a
         # coarsen changes it), the geometry's inner shape and dtype without any.
         self.sample_formats = {

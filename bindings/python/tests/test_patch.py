@@ -57,6 +57,24 @@ def test_a_one_axis_patch_keeps_the_leading_axes_whole(fixtures):
                 np.testing.assert_array_equal(b.arrays["x"][r], cut(ref["field"][i], b.patch_origins[r], (5,)))
 
 
+def test_a_periodic_axis_lets_a_window_run_across_its_end(fixtures):
+    store, g, ref = stores(fixtures)
+    with isb.InSituDataset(store, None, {"x": g["field"]}, patch=(4, 10),
+                           patch_wrap=(False, True), batch_size=5) as ds:
+        assert ds.patch_wrap == (False, True)
+        crossed = 0
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            for b in ds.train:
+                for r, i in enumerate(b.sample_indices):
+                    i0, j0 = b.patch_origins[r]
+                    assert i0 + 4 <= 9 and j0 < 16
+                    want = ref["field"][i][i0:i0 + 4][:, (j0 + np.arange(10)) % 16]
+                    np.testing.assert_array_equal(b.arrays["x"][r], want)
+                    crossed += j0 + 10 > 16
+        assert crossed >= 5
+
+
 def origins(ds, view):
     return {int(a): tuple(o) for b in view for a, o in zip(b.sample_indices, b.patch_origins)}
 
@@ -81,6 +99,12 @@ def test_a_bad_patch_is_refused_naming_it(fixtures):
         isb.InSituDataset(store, None, views, patch="64")
     with pytest.raises(TypeError, match="`patch\\[1\\]` must be an int"):
         isb.InSituDataset(store, None, views, patch=(3, 2.5))
+    with pytest.raises(TypeError, match="`patch_wrap` must be a bool or one bool per patched axis"):
+        isb.InSituDataset(store, None, views, patch=(3, 3), patch_wrap=(1, 0))
+    with pytest.raises(errors.InvalidArgument, match="one wrap flag per patched axis"):
+        isb.InSituDataset(store, None, views, patch=(3, 3), patch_wrap=(True,))
+    with pytest.raises(errors.InvalidArgument, match="`patch_wrap` needs a `patch`"):
+        isb.InSituDataset(store, None, views, patch_wrap=True)
     with pytest.raises(errors.InvalidArgument, match="`patch\\[0\\]` = 0"):
         isb.InSituDataset(store, None, views, patch=(0, 3))
     with pytest.raises(errors.InvalidArgument, match="`patch`.*larger than the field along its axis 1: 17 against 16"):

@@ -583,8 +583,9 @@ pub struct Case {
     pub stride: (u64, u64),
     /// The mount aligned on `time` coordinates instead of a sample offset.
     pub times: Option<Times>,
-    /// A patch cut from every row, over the samples' last axes.
-    pub patch: Option<Vec<u64>>,
+    /// A patch cut from every row, over the samples' last axes, and which of them are
+    /// periodic.
+    pub patch: Option<(Vec<u64>, Vec<bool>)>,
 }
 
 impl Case {
@@ -743,17 +744,19 @@ impl Case {
         else {
             return self;
         };
-        self.patch = Some(last(&inners[0], k).iter().map(|&n| r.range(1, n)).collect());
+        let shape: Vec<u64> = last(&inners[0], k).iter().map(|&n| r.range(1, n)).collect();
+        let wrap = shape.iter().map(|_| r.chance(0.3)).collect();
+        self.patch = Some((shape, wrap));
         self
     }
 
     /// The row shape of view `v`: its samples' inner shape, cut to the patch.
     pub fn row_shape(&self, v: usize) -> Vec<usize> {
         let inner = self.arrays[self.views[v].array].inner_shape(self.axis);
-        let k = self.patch.as_ref().map_or(0, Vec::len);
-        inner[..inner.len() - k]
+        let shape = self.patch.as_ref().map(|p| &p.0[..]).unwrap_or_default();
+        inner[..inner.len() - shape.len()]
             .iter()
-            .chain(self.patch.iter().flatten())
+            .chain(shape)
             .map(|&n| n as usize)
             .collect()
     }
@@ -1020,8 +1023,8 @@ impl Case {
         if let Some(stack) = &self.stack {
             b = b.stack("s", stack.iter().map(|&v| self.views[v].label.clone()));
         }
-        if let Some(patch) = &self.patch {
-            b = b.patch(patch.clone());
+        if let Some((shape, wrap)) = &self.patch {
+            b = b.patch_wrapping(shape.clone(), wrap.clone());
         }
         match self.budget {
             CaseBudget::Auto => {}
