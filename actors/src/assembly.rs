@@ -9,7 +9,9 @@
 //! [`insitubatch_store::ZarrArray::decode_chunk_into`]); any other chunk (several samples, a
 //! cropped field, the sample axis not first) is decoded into the decoding thread's scratch
 //! buffer, which stays in its cache and is never freshly mapped, and each sample's part copied
-//! from there into its row ([`TileLayout::copy_into_rows`]).
+//! from there into its row ([`TileLayout::copy_into_rows`]). With a patch, a chunk that is its
+//! samples byte for byte is decoded into the scratch buffer and each row's patch cut from
+//! there ([`RowDest::write_sample`]); any other chunk goes through the pool.
 //!
 //! [`DirectRows::plan`] decides, when a pass starts, which of its slots go this way: a chunk
 //! (of one or several tiles, each a stored chunk copying its box of each sample in; a cropped
@@ -38,7 +40,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use insitubatch_pool::{BufferPool, ChunkPool, PooledBuf};
 
 use crate::error::EngineError;
+use crate::gather::stream::copy_to_batch;
 use crate::pass::{IntoRows, lock};
+use crate::patch::Cut;
 use crate::planner::{EpochOrder, PathInfo, ReadPlan};
 use crate::tile::TileLayout;
 use crate::transform::Pipeline;
@@ -94,10 +98,9 @@ impl DirectRows {
             IntoRows::Always => false,
             IntoRows::Auto => budget.saturating_mul(4) > pass_bytes,
         };
-        // A cache directory writes slots to files; a patch is cut from a whole sample.
+        // A cache directory writes slots to files.
         if pool_keeps
             || pool.disk().is_some()
-            || plan.patch.is_some()
             || release_each_block
             || u32::try_from(n_rows).is_err()
         {
@@ -134,8 +137,19 @@ impl DirectRows {
         let straight: Vec<bool> = plan
             .paths
             .iter()
-            .map(|p| p.samples_per_chunk == 1 && TileLayout::new(&p.geom).can_adopt())
+            .map(|p| {
+                plan.patch.is_none()
+                    && p.samples_per_chunk == 1
+                    && TileLayout::new(&p.geom).can_adopt()
+            })
             .collect();
+        // A patch is cut from a whole sample in the scratch buffer, so only a chunk that is
+        // its samples byte for byte (one tile, no region, the sample axis first) goes to rows.
+        if plan.patch.is_some() {
+            for (e, p) in eligible.iter_mut().zip(&plan.paths) {
+                *e &= TileLayout::new(&p.geom).can_adopt() && !reads_parts(p);
+            }
+        }
         for s in &plan.slots {
             if s.first_block != s.last_block {
                 eligible[s.path] = false;
@@ -382,6 +396,7 @@ impl Assembly {
             buf,
             at,
             len,
+            cut: None,
         }
     }
 
@@ -479,9 +494,26 @@ pub(crate) struct RowDest {
     buf: usize,
     at: usize,
     len: usize,
+    /// The patch this row holds of its sample, and the row's origin (`None`: the whole sample).
+    pub cut: Option<(Arc<Cut>, Vec<u64>)>,
 }
 
 impl RowDest {
+    /// Writes this row from `sample`, its whole sample: the patch at the row's origin, or all
+    /// of it.
+    pub fn write_sample(&mut self, sample: &[u8]) {
+        match self.cut.take() {
+            Some((cut, origin)) => {
+                let dst = self.bytes_mut();
+                cut.runs(&origin, |s, d, len| {
+                    copy_to_batch(&mut dst[d..d + len], &sample[s..s + len]);
+                });
+                self.cut = Some((cut, origin));
+            }
+            None => copy_to_batch(self.bytes_mut(), sample),
+        }
+    }
+
     /// The row's bytes.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         let (base, _) = self.batch.dst[self.buf];

@@ -20,7 +20,7 @@ use insitubatch_store::{DType, DecodedChunk, Store, StoreError, ZarrArray};
 use crate::assembly::{ChunkRows, RowDest};
 use crate::error::EngineError;
 use crate::fetcher::{Dest, TileJob};
-use crate::gather::stream::{copy_to_batch, stores_done};
+use crate::gather::stream::stores_done;
 use crate::pass::{EngineContext, OnBadChunk, PanicGuard, PassShared, lock};
 use crate::stats::{BadChunk, Counters};
 use crate::tile::TileLayout;
@@ -175,7 +175,7 @@ fn decode_whole_into_rows(
     // A one-tile chunk's rows are this job's alone, so decoding into them under their lock
     // holds nobody up.
     let straight = rows.write(|r| match r {
-        [Some(row)] if layout.can_adopt() => {
+        [Some(row)] if layout.can_adopt() && row.cut.is_none() => {
             Some(array.decode_chunk_into(index, bytes, row.bytes_mut(), &locate))
         }
         _ => None,
@@ -199,7 +199,8 @@ fn decode_whole_into_rows(
 
 /// Copies each sample of a decoded stored chunk (tile `tile` of `layout`) into its batch row
 /// (samples that no row of the pass reads are skipped): whole samples when the chunk is the
-/// slot byte for byte, else each sample's part of the view's region.
+/// slot byte for byte (or each row's patch of it), else each sample's part of the view's
+/// region.
 fn copy_rows(layout: &TileLayout, tile: u64, chunk: &[u8], rows: &mut [Option<RowDest>]) {
     if !layout.can_adopt() {
         let mut dsts: Vec<Option<&mut [u8]>> = rows
@@ -211,7 +212,7 @@ fn copy_rows(layout: &TileLayout, tile: u64, chunk: &[u8], rows: &mut [Option<Ro
     let sample = chunk.len() / rows.len().max(1);
     for (w, row) in rows.iter_mut().enumerate() {
         if let Some(row) = row {
-            copy_to_batch(row.bytes_mut(), &chunk[w * sample..(w + 1) * sample]);
+            row.write_sample(&chunk[w * sample..(w + 1) * sample]);
         }
     }
     stores_done();

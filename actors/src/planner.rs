@@ -76,6 +76,7 @@ use crate::assembly::ChunkRows;
 use crate::error::EngineError;
 use crate::fetcher::{Dest, TileJob};
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, decodes_in_parts, lock};
+use crate::patch::origin_key;
 use crate::unlink_gate::Gate;
 
 pub(crate) fn spawn<S: Store>(
@@ -130,13 +131,20 @@ fn row_dests<S: Store>(
 ) -> Result<Dest, EngineError> {
     let plan = &shared.plan;
     let (bs, n_rows) = (plan.batch_size, shared.order.rows.len());
-    let sample_bytes = plan.labels[label].sample_bytes as usize;
+    let info = &plan.labels[label];
+    let key = origin_key(&shared.config.split, shared.config.epoch);
     let mut dests = Vec::new();
     for row in rows {
         dests.push(match row {
             Some(r) => {
                 let batch = shared.assemblies.open(&ctx.buffers, plan, r / bs, n_rows)?;
-                Some(batch.row(label, r % bs, sample_bytes))
+                let mut dest = batch.row(label, r % bs, info.row_bytes as usize);
+                // A patch: the row's origin, as the gather would draw it.
+                if let (Some(cut), Some(patch)) = (&info.cut, &plan.patch) {
+                    let origin = patch.origin(shared.config.seed, key, shared.order.anchor(r));
+                    dest.cut = Some((Arc::clone(cut), origin));
+                }
+                Some(dest)
             }
             None => None,
         });

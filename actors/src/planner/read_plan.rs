@@ -58,7 +58,7 @@ pub struct LabelInfo {
     /// Bytes this label writes per batch row: `sample_bytes`, or its patch's.
     pub row_bytes: u64,
     /// How its patch is cut from a sample (`None`: the sample is copied whole).
-    pub cut: Option<Cut>,
+    pub cut: Option<Arc<Cut>>,
     /// Index into [`ReadPlan::outputs`]: the batch array this label's rows go to.
     pub output: usize,
     /// Where this label's sample starts within a row of that array, in bytes (its channel
@@ -276,12 +276,8 @@ pub fn read_plan(
             sample_bytes: v.sample_bytes(),
             row_bytes: v.row_bytes(),
             cut: v.patch.as_ref().map(|p| {
-                Cut::new(
-                    &v.sample_inner,
-                    &p.shape,
-                    &p.wrap,
-                    v.sample_dtype.size_bytes(),
-                )
+                let esize = v.sample_dtype.size_bytes();
+                Arc::new(Cut::new(&v.sample_inner, &p.shape, &p.wrap, esize))
             }),
             output: 0,
             output_at: 0,
