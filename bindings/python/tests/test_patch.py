@@ -2,6 +2,9 @@
 origin (`Batch.patch_origins`), static fields and stacks cut at the same place; origins move
 every train epoch and stay in the other splits; a bad patch is refused by name."""
 
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 import zarr
@@ -113,3 +116,27 @@ def test_a_bad_patch_is_refused_naming_it(fixtures):
         isb.InSituDataset(store, None,
                           {"x": g["field"], "o": g["orog"].as_static().crop((2, 7), (3, 10))},
                           patch=(3, 3))
+
+
+def test_the_patches_example_in_the_python_docs_gives_what_it_prints(tmp_path, python_docs_example):
+    """docs/python-api.md, "Patches": its example as printed, on a small ERA5-like store with an
+    orography added by zarr-python."""
+    code = python_docs_example("## Patches")
+    store = tmp_path / "era5.zarr"
+    exe = Path(__file__).resolve().parents[3] / "target" / "release" / "insitubatch"
+    subprocess.run([str(exe), "make-dataset", str(store), "--samples", "40", "--sample-chunk", "4"],
+                   check=True, capture_output=True)
+    orography = np.random.default_rng(0).normal(size=(181, 360)).astype("f4")
+    zarr.open_group(store, mode="a").create_array("orography", data=orography, chunks=(91, 180))
+    zarr.consolidate_metadata(store)
+    scope = {"isb": isb, "store": str(store)}
+    exec(code, scope)
+    b, x, y, i0, j0 = (scope[k] for k in ("b", "x", "y", "i0", "j0"))
+    assert x.shape == (32, 3, 64, 64) and y.shape == (32, 64, 64)
+    cols = (j0 + np.arange(64)) % 360
+    t2m = zarr.open_array(store / "t2m", mode="r")
+    i = b.read_indices("t2m")[0]
+    np.testing.assert_array_equal(x[0, 0], t2m[i][i0:i0 + 64][:, cols])
+    np.testing.assert_array_equal(x[0, 2], orography[i0:i0 + 64][:, cols])
+    np.testing.assert_array_equal(y[0], t2m[i + 1][i0:i0 + 64][:, cols])
+    scope["ds"].close()
