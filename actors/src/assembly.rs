@@ -143,11 +143,14 @@ impl DirectRows {
                     && TileLayout::new(&p.geom).can_adopt()
             })
             .collect();
-        // A patch is cut from a whole sample in the scratch buffer, so only a chunk that is
-        // its samples byte for byte (one tile, no region, the sample axis first) goes to rows.
+        // A patch is cut from a whole sample in the scratch buffer, so a chunk that is its
+        // samples byte for byte (one tile, no region, the sample axis first) goes to rows; so
+        // does a one-sample chunk of an uncropped field, read as the region its row's patch
+        // covers (`crate::planner`'s `patch_region`).
         if plan.patch.is_some() {
             for (e, p) in eligible.iter_mut().zip(&plan.paths) {
-                *e &= TileLayout::new(&p.geom).can_adopt() && !reads_parts(p);
+                let whole = TileLayout::new(&p.geom).can_adopt() && !reads_parts(p);
+                *e &= whole || (p.samples_per_chunk == 1 && p.geom.region.is_none());
             }
         }
         for s in &plan.slots {

@@ -130,7 +130,7 @@ async fn decode_into_rows<S: Store>(
         unreachable!("called for a job with rows")
     };
     let array = &shared.arrays[job.path];
-    let layout = &shared.layouts[job.path];
+    let layout = job.layout.as_deref().unwrap_or(&shared.layouts[job.path]);
     let (index, key, tile) = (&job.index, &job.key, job.tile);
     let locate = || ctx.store.locate(key);
     // Bytes decoded, and the read buffer to recycle.
@@ -277,7 +277,10 @@ pub(crate) async fn deliver<S: Store>(
         Dest::Slot(slot) => Arc::clone(slot),
         Dest::Rows(rows) => {
             // A stand-in for a bad chunk (a decoded chunk goes `decode_into_rows`).
-            let layout = &job.shared.layouts[job.path];
+            let layout = job
+                .layout
+                .as_deref()
+                .unwrap_or(&job.shared.layouts[job.path]);
             rows.write(|r| copy_rows(layout, job.tile, &bytes, r));
             return rows_filled(job, false);
         }

@@ -26,6 +26,7 @@ use crate::decoder::{self, DecodeJob};
 use crate::error::EngineError;
 use crate::pass::{EngineContext, PanicGuard, PassShared};
 use crate::stats::Counters;
+use crate::tile::TileLayout;
 use crate::unlink_gate::Gate;
 
 /// Mailbox capacity of a fetcher. The `max_inflight` permits bound the jobs in the system; this
@@ -62,6 +63,9 @@ pub struct TileJob {
     /// The chunk-local part of a shard the job needs (`None`: the whole stored chunk), set
     /// when a cropped view's region covers less of the shard.
     pub(crate) part: Option<Vec<Vec<std::ops::Range<u64>>>>,
+    /// The tiles of this job's chunk when they are not its path's: a patched row read as a
+    /// region of its own (`crate::planner`), whose tile `tile` this job copies.
+    pub(crate) layout: Option<Arc<TileLayout>>,
     pub(crate) ordinal: u64,
     #[allow(
         dead_code,

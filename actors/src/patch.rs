@@ -167,6 +167,11 @@ impl Cut {
         }
     }
 
+    /// A row's shape: the sample's leading axes, then the patch.
+    pub fn row_shape(&self) -> &[usize] {
+        &self.row
+    }
+
     /// Bytes of one patch.
     pub fn bytes(&self) -> usize {
         self.dst.len() * self.line_len

@@ -72,11 +72,12 @@ pub use split::{
     MANIFEST_FORMAT, SPLIT_NAMES, Snap, SplitManifest, split_by_chunk, split_by_ranges,
 };
 
-use crate::assembly::ChunkRows;
+use crate::assembly::{ChunkRows, RowDest};
 use crate::error::EngineError;
 use crate::fetcher::{Dest, TileJob};
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, decodes_in_parts, lock};
 use crate::patch::origin_key;
+use crate::tile::TileLayout;
 use crate::unlink_gate::Gate;
 
 pub(crate) fn spawn<S: Store>(
@@ -123,12 +124,15 @@ impl Drop for Announcer<'_> {
 
 /// The batch rows a chunk's samples go to, label `label`'s rows `rows` of the order (`None`
 /// for a sample no row reads): each row's batch is opened (its buffers taken) if it is not yet.
+/// With the tiles the chunk is read as when they are not its path's: a one-sample chunk whose
+/// row is a patch of a field of several stored chunks (or of a shard's inner chunks) is read as
+/// the region the patch covers, so only the stored (inner) chunks under the window are read.
 fn row_dests<S: Store>(
     ctx: &EngineContext<S>,
     shared: &PassShared,
     label: usize,
     rows: impl Iterator<Item = Option<usize>>,
-) -> Result<Dest, EngineError> {
+) -> Result<(Dest, Option<Arc<TileLayout>>), EngineError> {
     let plan = &shared.plan;
     let (bs, n_rows) = (plan.batch_size, shared.order.rows.len());
     let info = &plan.labels[label];
@@ -149,10 +153,47 @@ fn row_dests<S: Store>(
             None => None,
         });
     }
-    Ok(Dest::Rows(ChunkRows::new(
-        dests,
-        plan.paths[plan.labels[label].path].tiles,
-    )))
+    let path = &plan.paths[info.path];
+    let mut own = None;
+    if let [Some(row)] = &mut dests[..]
+        && let Some(layout) = patch_region(shared, info.path, row)?
+    {
+        own = Some(Arc::new(layout));
+    }
+    let tiles = own.as_ref().map_or(path.tiles, |l| l.tiles());
+    Ok((Dest::Rows(ChunkRows::new(dests, tiles)), own))
+}
+
+/// The tiles of the region a one-sample chunk's patched `row` covers, when reading that region
+/// reads less than the whole field (several stored chunks per field, or a shard's inner
+/// chunks); the row then takes the region's tiles' boxes as a cropped view's would, and its
+/// cut is dropped. `None` leaves the row to be cut from the whole decoded sample.
+fn patch_region(
+    shared: &PassShared,
+    p: usize,
+    row: &mut RowDest,
+) -> Result<Option<TileLayout>, EngineError> {
+    let path = &shared.plan.paths[p];
+    let g = &path.geom;
+    let inner_chunks = shared.arrays[p].inner_chunk_shape().is_some();
+    let Some((cut, origin)) = &row.cut else {
+        return Ok(None);
+    };
+    if path.samples_per_chunk != 1 || g.region.is_some() || (path.tiles == 1 && !inner_chunks) {
+        return Ok(None);
+    }
+    let inner = g.inner_shape();
+    let lead = inner.len() - origin.len();
+    let row_shape = cut.row_shape();
+    let region: Vec<(i64, i64)> = (0..inner.len())
+        .map(|d| {
+            let start = if d < lead { 0 } else { origin[d - lead] };
+            (start as i64, (start + row_shape[d] as u64) as i64)
+        })
+        .collect();
+    let layout = TileLayout::new(&g.crop_wrapping(&region)?);
+    row.cut = None;
+    Ok(Some(layout))
 }
 
 async fn drive<S: Store>(
@@ -202,9 +243,9 @@ async fn drive<S: Store>(
                     None
                 }
                 None => {
-                    let dest = row_dests(ctx, shared, label, rows)?;
+                    let (dest, layout) = row_dests(ctx, shared, label, rows)?;
                     lock(&shared.slots)[i] = SlotEntry::Direct(permit);
-                    Some(dest)
+                    Some((dest, layout))
                 }
             },
             None => {
@@ -245,7 +286,7 @@ async fn drive<S: Store>(
                     // `fail` may have swept the table before this entry was in it.
                     slot.fail(shared.cancel_failure());
                 }
-                miss.then_some(Dest::Slot(slot))
+                miss.then_some((Dest::Slot(slot), None))
             }
         };
         announce.pending = true;
@@ -256,12 +297,13 @@ async fn drive<S: Store>(
         {
             announce.flush();
         }
-        let Some(dest) = dest else {
+        let Some((dest, own_layout)) = dest else {
             continue;
         };
-        let layout = &shared.layouts[ps.path];
+        let layout = own_layout.as_deref().unwrap_or(&shared.layouts[ps.path]);
+        let geom = layout.geom();
         let array = &shared.arrays[ps.path];
-        for t in 0..path.tiles {
+        for t in 0..layout.tiles() {
             let inflight = match ctx.inflight.try_acquire(1) {
                 Some(p) => p,
                 None => {
@@ -277,18 +319,13 @@ async fn drive<S: Store>(
                 }
                 return Ok(());
             }
-            let index = path.geom.array_index(layout.chunk_index(ps.chunk, t));
+            let index = geom.array_index(layout.chunk_index(ps.chunk, t));
             // A cropped view of a sharded array reads and decodes only the inner chunks its
             // region touches in this tile; anything else is a whole stored chunk.
-            let part = decodes_in_parts(array, &path.geom)
+            let part = decodes_in_parts(array, geom)
                 .then(|| layout.tile_parts(t))
                 .flatten()
-                .map(|boxes| {
-                    boxes
-                        .into_iter()
-                        .map(|b| path.geom.array_index(b))
-                        .collect()
-                });
+                .map(|boxes| boxes.into_iter().map(|b| geom.array_index(b)).collect());
             // Each tile delivers into the slot, or copies its box of each sample into the rows.
             let dest = match &dest {
                 Dest::Slot(slot) => Dest::Slot(Arc::clone(slot)),
@@ -302,6 +339,7 @@ async fn drive<S: Store>(
                 index,
                 tile: t,
                 part,
+                layout: own_layout.clone(),
                 ordinal: tile_ordinal,
                 permit: inflight,
                 after: after.clone(),

@@ -65,6 +65,11 @@ impl TileLayout {
         }
     }
 
+    /// The geometry (and region) these tiles are of.
+    pub fn geom(&self) -> &ArrayGeometry {
+        &self.geom
+    }
+
     /// A whole decoded chunk's shape, sample-first: `[samples_per_chunk, *inner_shape]` (what
     /// the first chunk transform sees; the slot has it too unless a transform reshapes it).
     pub fn chunk_shape(&self) -> &[u64] {

@@ -471,3 +471,128 @@ fn a_patch_that_does_not_fit_every_label_is_an_error_naming_it() {
     // The largest patch is the whole field.
     era5().patch([9, 16]).build().unwrap();
 }
+
+#[test]
+fn a_one_sample_chunk_is_read_as_the_region_its_patch_covers() {
+    use insitubatch::synth::{SynthSpec, field_value};
+    let grid = (36u64, 72u64);
+    for sharded in [false, true] {
+        let (_dir, store) = common::synth_store(&SynthSpec {
+            samples: 20,
+            grid,
+            sample_chunk: 1,
+            inner_chunks: Some((9, 18)),
+            shard_samples: sharded.then_some(1),
+            variables: vec!["t".into(), "u".into()],
+            ..Default::default()
+        });
+        for wrap in [false, true] {
+            let what = format!("sharded {sharded}, periodic longitude {wrap}");
+            let ds = InSituDataset::builder(&store)
+                .variable("t", "t")
+                .variable("u", "u")
+                .patch_wrapping([8, 8], [false, wrap])
+                .decode_into_batches(IntoRows::Always)
+                .batch_size(4)
+                .build()
+                .unwrap();
+            let mut crossed = 0;
+            for epoch in 0..3 {
+                ds.set_epoch(epoch);
+                let mut pass = ds.train().unwrap();
+                let mut anchors = Vec::new();
+                for b in pass.by_ref() {
+                    let b = b.unwrap();
+                    let origins = b.patch_origins().unwrap();
+                    for (var, label) in ["t", "u"].into_iter().enumerate() {
+                        let v: &[f32] = b.array(label).unwrap().values().unwrap();
+                        for (r, &s) in b.sample_indices().iter().enumerate() {
+                            let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
+                            crossed += usize::from(j0 + 8 > grid.1);
+                            for (k, got) in v[r * 64..(r + 1) * 64].iter().enumerate() {
+                                let (i, j) = (i0 + k as u64 / 8, (j0 + k as u64 % 8) % grid.1);
+                                assert_eq!(
+                                    *got,
+                                    field_value(var, s, i, j, grid),
+                                    "{what}: {label} sample {s} at ({i0}, {j0}), element {k}"
+                                );
+                            }
+                        }
+                    }
+                    anchors.extend_from_slice(b.sample_indices());
+                }
+                assert_eq!(sorted(anchors), (0..20).collect::<Vec<_>>(), "{what}");
+                let s = pass.stats();
+                // Every chunk decoded into its row, and of each field only the stored (inner)
+                // chunks under the window: an 8 x 8 window over 9 x 18 chunks touches at most
+                // 2 x 2 of the 16.
+                assert_eq!(
+                    (s.tiles_into_batches, s.cache_misses),
+                    (40, 40),
+                    "{what}: {s:?}"
+                );
+                let tile_bytes = 9 * 18 * 4;
+                assert!(s.bytes_decoded <= 20 * 2 * 4 * tile_bytes, "{what}: {s:?}");
+                if !sharded {
+                    assert!(s.tiles_read <= 20 * 2 * 4, "{what}: {s:?}");
+                }
+            }
+            assert_eq!(crossed > 0, wrap, "{what}: windows across the seam");
+        }
+    }
+}
+
+#[test]
+fn a_bad_stored_chunk_under_a_patch_read_as_a_region_is_nan_where_the_window_meets_it() {
+    use insitubatch::OnBadChunk;
+    use insitubatch::synth::{SynthSpec, field_value};
+    let grid = (36u64, 72u64);
+    let (_dir, store) = common::synth_store(&SynthSpec {
+        samples: 8,
+        grid,
+        sample_chunk: 1,
+        inner_chunks: Some((9, 18)),
+        variables: vec!["t".into()],
+        ..Default::default()
+    });
+    // Sample 3's stored chunk of rows 0..9 and columns 0..18 decodes to nothing.
+    std::fs::write(store.join("t/c/3/0/0"), b"this is not zstd").unwrap();
+    let ds = InSituDataset::builder(&store)
+        .variable("t", "t")
+        .patch_wrapping([12, 24], [false, true])
+        .decode_into_batches(IntoRows::Always)
+        .on_bad_chunk(OnBadChunk::Nan)
+        .batch_size(3)
+        .build()
+        .unwrap();
+    let (mut bad_rows, mut good) = (0, 0);
+    for epoch in 0..6 {
+        ds.set_epoch(epoch);
+        let mut pass = ds.train().unwrap();
+        for b in pass.by_ref() {
+            let b = b.unwrap();
+            let origins = b.patch_origins().unwrap();
+            let v: &[f32] = b.array("t").unwrap().values().unwrap();
+            for (r, &s) in b.sample_indices().iter().enumerate() {
+                let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
+                for (k, got) in v[r * 288..(r + 1) * 288].iter().enumerate() {
+                    let (i, j) = (i0 + k as u64 / 24, (j0 + k as u64 % 24) % grid.1);
+                    if s == 3 && i < 9 && j < 18 {
+                        assert!(got.is_nan(), "sample 3 at ({i}, {j}) is the bad chunk's");
+                        bad_rows += 1;
+                    } else {
+                        assert_eq!(*got, field_value(0, s, i, j, grid), "sample {s} ({i}, {j})");
+                        good += 1;
+                    }
+                }
+            }
+        }
+        let s = pass.stats();
+        let bad: Vec<&str> = s.bad_chunks.iter().map(|b| b.key.as_str()).collect();
+        assert!(bad.iter().all(|k| k.ends_with("c/3/0/0")), "{bad:?}");
+    }
+    assert!(
+        bad_rows > 0 && good > 0,
+        "the window met the bad chunk in some epoch"
+    );
+}
