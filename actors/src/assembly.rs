@@ -42,7 +42,7 @@ use insitubatch_pool::{BufferPool, ChunkPool, PooledBuf};
 use crate::error::EngineError;
 use crate::gather::stream::copy_to_batch;
 use crate::pass::{IntoRows, lock};
-use crate::patch::Cut;
+use crate::patch::{Cut, reads_patch_region};
 use crate::planner::{EpochOrder, PathInfo, ReadPlan};
 use crate::tile::TileLayout;
 use crate::transform::Pipeline;
@@ -75,8 +75,9 @@ impl DirectRows {
     }
 
     /// The slots of a pass over `plan` and `order` whose chunks are decoded straight into
-    /// their batch rows (see the module's documentation for which), in `mode`; `reads_parts`
-    /// tells the arrays whose chunks are read and decoded in parts (a cropped shard).
+    /// their batch rows (see the module's documentation for which), in `mode`; `inner_chunked`
+    /// tells the arrays whose stored chunks are shards of inner chunks (a cropped view of one
+    /// reads and decodes its chunks in parts).
     pub fn plan(
         mode: IntoRows,
         pool: &ChunkPool,
@@ -84,8 +85,9 @@ impl DirectRows {
         plan: &ReadPlan,
         order: &EpochOrder,
         release_each_block: bool,
-        reads_parts: impl Fn(&PathInfo) -> bool,
+        inner_chunked: impl Fn(&PathInfo) -> bool,
     ) -> Self {
+        let reads_parts = |p: &PathInfo| p.geom.region.is_some() && inner_chunked(p);
         let n_rows = order.rows.len();
         // A chunk decoded into rows is not kept for a later epoch. Under LRU with each epoch's
         // order shuffled, a budget holding a quarter of the pass's chunks serves ~4 % of a later
@@ -98,8 +100,17 @@ impl DirectRows {
             IntoRows::Always => false,
             IntoRows::Auto => budget.saturating_mul(4) > pass_bytes,
         };
+        // A patched row read as the region its patch covers reads a small part of its field,
+        // which beats the hits a pool short of the whole pass serves: there the pool is worth
+        // it only when it keeps everything.
+        let regions_go_to_rows = plan.patch.is_some()
+            && match mode {
+                IntoRows::Never => false,
+                IntoRows::Always => true,
+                IntoRows::Auto => budget < pass_bytes,
+            };
         // A cache directory writes slots to files.
-        if pool_keeps
+        if (pool_keeps && !regions_go_to_rows)
             || pool.disk().is_some()
             || release_each_block
             || u32::try_from(n_rows).is_err()
@@ -150,7 +161,7 @@ impl DirectRows {
         if plan.patch.is_some() {
             for (e, p) in eligible.iter_mut().zip(&plan.paths) {
                 let whole = TileLayout::new(&p.geom).can_adopt() && !reads_parts(p);
-                *e &= whole || (p.samples_per_chunk == 1 && p.geom.region.is_none());
+                *e &= (whole && !pool_keeps) || reads_patch_region(p, inner_chunked(p));
             }
         }
         for s in &plan.slots {

@@ -529,7 +529,7 @@ fn direct_rows<S: Store>(
         |p| {
             ctx.arrays
                 .get(&*p.path)
-                .is_some_and(|a| decodes_in_parts(a, &p.geom))
+                .is_some_and(|a| a.inner_chunk_shape().is_some())
         },
     )
 }

@@ -8,6 +8,7 @@
 //! count, IO backend and batch order. The pool and the cache hold whole samples: the gather
 //! cuts the patch when it copies a row (the stored chunks read are those of the whole field).
 
+use crate::planner::PathInfo;
 use crate::rng::Rng;
 
 /// Keys the origins' random stream apart from the order's.
@@ -16,6 +17,13 @@ const PATCH_STREAM: u64 = 0x7061_7463_6800_0001;
 /// What keys a pass's origins: the epoch for train, one fixed key for every other split.
 pub fn origin_key(split: &str, epoch: u64) -> u64 {
     if split == "train" { epoch } else { u64::MAX }
+}
+
+/// Whether a patched row of `path` is read as the region its patch covers, so that only the
+/// stored chunks under the window are read: a one-sample chunk of an uncropped field of
+/// several stored chunks, or of a shard's inner chunks (`inner_chunked`).
+pub(crate) fn reads_patch_region(path: &PathInfo, inner_chunked: bool) -> bool {
+    path.samples_per_chunk == 1 && path.geom.region.is_none() && (path.tiles > 1 || inner_chunked)
 }
 
 /// A patch as a dataset asks for it: the window's extent along each of the samples' last

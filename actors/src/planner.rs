@@ -76,7 +76,7 @@ use crate::assembly::{ChunkRows, RowDest};
 use crate::error::EngineError;
 use crate::fetcher::{Dest, TileJob};
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, decodes_in_parts, lock};
-use crate::patch::origin_key;
+use crate::patch::{origin_key, reads_patch_region};
 use crate::tile::TileLayout;
 use crate::unlink_gate::Gate;
 
@@ -175,11 +175,10 @@ fn patch_region(
 ) -> Result<Option<TileLayout>, EngineError> {
     let path = &shared.plan.paths[p];
     let g = &path.geom;
-    let inner_chunks = shared.arrays[p].inner_chunk_shape().is_some();
     let Some((cut, origin)) = &row.cut else {
         return Ok(None);
     };
-    if path.samples_per_chunk != 1 || g.region.is_some() || (path.tiles == 1 && !inner_chunks) {
+    if !reads_patch_region(path, shared.arrays[p].inner_chunk_shape().is_some()) {
         return Ok(None);
     }
     let inner = g.inner_shape();

@@ -539,6 +539,23 @@ fn a_one_sample_chunk_is_read_as_the_region_its_patch_covers() {
             }
             assert_eq!(crossed > 0, wrap, "{what}: windows across the seam");
         }
+        // By default too, unless the pool's budget keeps every chunk the pass reads: then a
+        // later epoch is all hits, and the whole fields are worth reading once.
+        for (budget, region) in [(None, true), (Some(1u64 << 30), false)] {
+            let mut b = InSituDataset::builder(&store)
+                .variable("t", "t")
+                .patch([8, 8])
+                .batch_size(2)
+                .block_chunks(2);
+            if let Some(bytes) = budget {
+                b = b.cache_budget_bytes(bytes);
+            }
+            let s = common::run(&b.build().unwrap(), "train");
+            assert_eq!(s.tiles_into_batches == 20, region, "{budget:?}: {s:?}");
+            if !sharded {
+                assert_eq!(s.tiles_read < 20 * 16, region, "{budget:?}: {s:?}");
+            }
+        }
     }
 }
 
