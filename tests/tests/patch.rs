@@ -613,3 +613,62 @@ fn a_bad_stored_chunk_under_a_patch_read_as_a_region_is_nan_where_the_window_mee
         "the window met the bad chunk in some epoch"
     );
 }
+
+#[test]
+fn a_patch_is_cut_from_what_the_chunk_transforms_make() {
+    let f = fixture("era5_v3", "t2m");
+    let build = |patch: Option<[u64; 2]>| {
+        let mut b = InSituDataset::builder(&f.store)
+            .variable("t2m", "t2m")
+            .chunk_transforms_json(r#"[{"type": "coarsen", "factors": [2, 2]}]"#)
+            .shuffle(false)
+            .batch_size(5);
+        if let Some(p) = patch {
+            b = b.patch(p);
+        }
+        b.build().unwrap()
+    };
+    let (whole, patched) = (build(None), build(Some([3, 5])));
+    let inner: Vec<usize> = whole.batch_arrays()[0]
+        .row_shape
+        .iter()
+        .map(|&d| d as usize)
+        .collect();
+    assert_eq!(inner, [4, 8], "coarsened 9 x 16");
+    let (mut a, mut b) = (whole.all().unwrap(), patched.all().unwrap());
+    let mut rows = 0;
+    for (x, y) in a.by_ref().zip(b.by_ref()) {
+        let (x, y) = (x.unwrap(), y.unwrap());
+        assert_eq!(x.sample_indices(), y.sample_indices());
+        let origins = y.patch_origins().unwrap();
+        let (xs, ys) = (
+            x.array("t2m").unwrap().bytes(),
+            y.array("t2m").unwrap().bytes(),
+        );
+        for r in 0..y.len() {
+            let origin = [origins[2 * r] as usize, origins[2 * r + 1] as usize];
+            let want = window_of(&xs[r * 128..(r + 1) * 128], &inner, &[3, 5], &origin, 4);
+            assert_eq!(
+                &ys[r * 60..(r + 1) * 60],
+                &want[..],
+                "row {r} at {origin:?}"
+            );
+            rows += 1;
+        }
+    }
+    assert_eq!(rows, 12);
+    // A label the transform does not reach has the field as stored, another extent.
+    let err = InSituDataset::builder(&f.store)
+        .variable("t2m", "t2m")
+        .variable("u10", "u10")
+        .chunk_transforms_json(r#"[{"type": "coarsen", "factors": [2, 2], "applies": ["t2m"]}]"#)
+        .patch([3, 3])
+        .build()
+        .err()
+        .expect("labels of two extents");
+    assert!(
+        err.to_string()
+            .contains("`t2m` has [4, 8], `u10` has [9, 16]"),
+        "{err}"
+    );
+}
