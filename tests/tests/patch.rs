@@ -664,8 +664,7 @@ fn a_patch_is_cut_from_what_the_chunk_transforms_make() {
         .chunk_transforms_json(r#"[{"type": "coarsen", "factors": [2, 2], "applies": ["t2m"]}]"#)
         .patch([3, 3])
         .build()
-        .err()
-        .expect("labels of two extents");
+        .expect_err("labels of two extents");
     assert!(
         err.to_string()
             .contains("`t2m` has [4, 8], `u10` has [9, 16]"),
