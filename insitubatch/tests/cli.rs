@@ -324,7 +324,7 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
         let [samples, tiles_read, _] = stats(coords);
         assert_eq!((samples, tiles_read), (24, tiles), "{coords:?}");
     }
-    let refused: [(&[&str], &[&str]); 8] = [
+    let refused: [(&[&str], &[&str]); 9] = [
         (
             &["--coords", "level=0:1"],
             &["`level` is not a dimension", "latitude"],
@@ -340,6 +340,10 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
         (
             &["--patch", "3x4", "--patch-wrap", "2"],
             &["--patch-wrap 2", "axes 0 to 1"],
+        ),
+        (
+            &["--patch", "3x4", "--ceilings"],
+            &["`patch`", "without a patch"],
         ),
         (
             &["--patch", "30x4"],
