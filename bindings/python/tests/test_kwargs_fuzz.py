@@ -63,7 +63,7 @@ def base_kwargs(root):
         indexes={"c": np.arange(24) % 7}, manifest=None, rank=0, world_size=1,
         even_train=True, persist=False, reset_stale_cache=False, readonly_cache=False,
         cache_direct_io=False, memory_limit_bytes=1 << 34, batch_transforms=(lambda b: b,),
-        sample_axis=0, storage_options=None)
+        sample_axis=0, storage_options=None, patch=(3,), patch_wrap=(True,))
 
 
 def exercise(store, kwargs, case):
