@@ -251,6 +251,8 @@ mod tests {
             (&[7, 9], &[7, 4], &[true, false]),
             (&[3, 5, 6], &[2, 6], &[true, false]),
             (&[3, 5, 6], &[5, 6], &[false, true]),
+            (&[3, 5, 6], &[5, 6], &[true, false]),
+            (&[3, 5, 6], &[5, 3], &[true, true]),
             (&[11], &[11], &[true]),
         ];
         let mut rng = Rng::keyed(&[1]);
