@@ -8,8 +8,11 @@
 //! count, IO backend and batch order. The pool and the cache hold whole samples: the gather
 //! cuts the patch when it copies a row (the stored chunks read are those of the whole field).
 
+use std::sync::Arc;
+
 use crate::planner::PathInfo;
 use crate::rng::Rng;
+use crate::tile::next_index;
 
 /// Keys the origins' random stream apart from the order's.
 const PATCH_STREAM: u64 = 0x7061_7463_6800_0001;
@@ -36,17 +39,13 @@ pub struct Patch {
     pub wrap: Vec<bool>,
 }
 
-/// The patch of a pass: its shape over the field's last axes, that field's extent, and which
-/// of those axes are periodic.
+/// The patch of a pass, and the extent of the field's axes it covers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PatchDraw {
-    /// The window, one extent per patched axis (the sample's last axes).
-    pub shape: Vec<u64>,
-    /// The extent of those axes in every label's samples (the same for all).
+    /// The window and its periodic axes.
+    pub patch: Arc<Patch>,
+    /// The extent of the patched axes in every label's samples (the same for all).
     pub field: Vec<u64>,
-    /// Per patched axis, whether it is periodic (longitude): a window may then start anywhere
-    /// and run across the axis's end.
-    pub wrap: Vec<bool>,
 }
 
 impl PatchDraw {
@@ -54,10 +53,11 @@ impl PatchDraw {
     /// index per patched axis, in `0..=field - shape`, or `0..field` along a periodic axis.
     pub fn origin(&self, seed: u64, key: u64, anchor: u64) -> Vec<u64> {
         let mut rng = Rng::keyed(&[seed, key, anchor, PATCH_STREAM]);
-        (0..self.shape.len())
+        let Patch { shape, wrap } = &*self.patch;
+        (0..shape.len())
             .map(|d| {
-                let (n, p) = (self.field[d], self.shape[d]);
-                rng.below(if self.wrap[d] { n } else { n - p + 1 })
+                let (n, p) = (self.field[d], shape[d]);
+                rng.below(if wrap[d] { n } else { n - p + 1 })
             })
             .collect()
     }
@@ -121,7 +121,7 @@ impl Cut {
         for i in 0..lines {
             src.push(index.iter().zip(&strides).map(|(&k, &s)| k * s).sum());
             dst.push(i * line_len);
-            step(&mut index, &row);
+            next_index(&mut index, &row);
         }
         Self {
             src,
@@ -171,7 +171,7 @@ impl Cut {
             if head < p {
                 run(line, dst + head * unit, (p - head) * unit);
             }
-            step(&mut index, &self.row);
+            next_index(&mut index, &self.row);
         }
     }
 
@@ -188,17 +188,6 @@ impl Cut {
     /// Whether the patch is periodic along any axis.
     pub fn wraps(&self) -> bool {
         self.wrap.contains(&true)
-    }
-}
-
-/// The next multi-index of `index` (its axes' extents in `shape`), in C order.
-fn step(index: &mut [usize], shape: &[usize]) {
-    for d in (0..index.len()).rev() {
-        index[d] += 1;
-        if index[d] < shape[d] {
-            return;
-        }
-        index[d] = 0;
     }
 }
 
@@ -265,9 +254,11 @@ mod tests {
             let cut = Cut::new(&inner64, &shape64, wrap, 4);
             assert_eq!(cut.wraps(), wrap.contains(&true));
             let draw = PatchDraw {
-                shape: shape64.clone(),
+                patch: Arc::new(Patch {
+                    shape: shape64.clone(),
+                    wrap: wrap.to_vec(),
+                }),
                 field: inner64[inner.len() - shape.len()..].to_vec(),
-                wrap: wrap.to_vec(),
             };
             for _ in 0..40 {
                 let origin = draw.origin(rng.next_u64(), 0, 0);
@@ -306,9 +297,11 @@ mod tests {
     #[test]
     fn origins_cover_every_position_and_follow_the_key() {
         let draw = PatchDraw {
-            shape: vec![3, 1],
+            patch: Arc::new(Patch {
+                shape: vec![3, 1],
+                wrap: vec![false, false],
+            }),
             field: vec![5, 4],
-            wrap: vec![false, false],
         };
         let mut seen = std::collections::HashSet::new();
         for anchor in 0..400 {
@@ -324,7 +317,10 @@ mod tests {
         assert_ne!(origin_key("train", 3), origin_key("train", 9));
         // Along a periodic axis a window starts anywhere.
         let periodic = PatchDraw {
-            wrap: vec![true, false],
+            patch: Arc::new(Patch {
+                shape: vec![3, 1],
+                wrap: vec![true, false],
+            }),
             ..draw
         };
         let starts: std::collections::HashSet<u64> =

@@ -417,14 +417,19 @@ fn for_each_point(
             t += i * dst_stride[d];
         }
         f(s, t);
-        // Odometer: the last axis fastest.
-        for d in (0..idx.len()).rev() {
-            idx[d] += 1;
-            if idx[d] < extent[d] {
-                break;
-            }
-            idx[d] = 0;
+        next_index(&mut idx, extent);
+    }
+}
+
+/// Steps `index` to the next point of a box of `extent` in C order (the last axis fastest),
+/// wrapping to all zeros after the last.
+pub(crate) fn next_index(index: &mut [usize], extent: &[usize]) {
+    for d in (0..index.len()).rev() {
+        index[d] += 1;
+        if index[d] < extent[d] {
+            return;
         }
+        index[d] = 0;
     }
 }
 

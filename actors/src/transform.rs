@@ -55,6 +55,7 @@ use insitubatch_store::DType;
 use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
+use crate::tile::next_index;
 
 /// One decoded chunk on its way through an array's transforms.
 #[derive(Clone, Debug, PartialEq)]
@@ -815,13 +816,7 @@ fn coarsen<T: Float>(shape: &[u64], bytes: &[u8], factors: &[u64]) -> (Vec<u64>,
                     *a += x.to_f64();
                 }
             }
-            for d in (0..last).rev() {
-                idx[d] += 1;
-                if idx[d] < inner[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
+            next_index(&mut idx, &inner[..last]);
         }
         if let Some(p) = pending {
             fold(p, &mut row_sums, &mut sums);

@@ -957,9 +957,10 @@ impl DatasetBuilder {
     /// [`Batch::patch_origins`](insitubatch_actors::Batch::patch_origins) says where each was
     /// cut. Origins are uniform over every place the window fits, drawn from (seed, epoch,
     /// anchor) for the train split (so they move every epoch) and from (seed, anchor) for the
-    /// others (a validation patch is the same every epoch). The stored chunks read and cached
-    /// are those of the whole sample; the patch is cut when a row is copied into its batch.
-    /// Checked when the dataset is built: every label's last `shape.len()` axes (after their
+    /// others (a validation patch is the same every epoch). With one sample per chunk and a
+    /// field stored as several chunks (or a shard of inner chunks), a row reads only the
+    /// stored chunks under its window; otherwise whole samples are read and cached, and the
+    /// patch is cut when a row is copied into its batch. Checked when the dataset is built: every label's last `shape.len()` axes (after their
     /// chunk transforms) must have one extent, at least the patch's.
     ///
     /// ```

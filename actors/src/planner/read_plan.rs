@@ -288,9 +288,8 @@ pub fn read_plan(
     let patch = variables.iter().find_map(|v| {
         let patch = v.patch.as_ref()?;
         Some(PatchDraw {
-            shape: patch.shape.clone(),
+            patch: Arc::clone(patch),
             field: v.sample_inner[v.sample_inner.len() - patch.shape.len()..].to_vec(),
-            wrap: patch.wrap.clone(),
         })
     });
     let outputs = batch_outputs(variables);

@@ -1292,8 +1292,9 @@ class InSituDataset:
     and the same every epoch in the other splits, from (seed, epoch, anchor) alone.
     `patch_wrap=(False, True)` (or one bool for every axis) makes patched axes periodic
     (longitude on a global grid): a window may start anywhere along them and run across the
-    end. Stored chunks are read, decoded and cached whole: the patch is cut as each row is
-    copied.
+    end. With one sample per chunk and a field stored as several chunks, a row reads only the
+    chunks under its window; otherwise chunks are read, decoded and cached whole and the patch
+    is cut as each row is copied.
     """
 
     def __init__(
