@@ -44,7 +44,7 @@ use insitubatch_pool::{BufferPool, ChunkPool, PooledBuf};
 use crate::error::EngineError;
 use crate::gather::stream::copy_to_batch;
 use crate::pass::{IntoRows, lock};
-use crate::patch::{Cut, reads_patch_region};
+use crate::patch::{Cut, PatchDraw, reads_patch_region};
 use crate::planner::{EpochOrder, PathInfo, ReadPlan};
 use crate::tile::TileLayout;
 use crate::transform::Pipeline;
@@ -111,8 +111,11 @@ impl DirectRows {
                 IntoRows::Always => true,
                 IntoRows::Auto => budget < pass_bytes,
             };
-        // A cache directory writes slots to files.
+        // A cache directory writes slots to files; an anchor of several patches is several
+        // rows of one sample, which they copy from its slot.
+        let patches = plan.patch.as_ref().map_or(1, PatchDraw::per_sample);
         if (pool_keeps && !regions_go_to_rows)
+            || patches > 1
             || pool.disk().is_some()
             || release_each_block
             || u32::try_from(n_rows).is_err()

@@ -256,7 +256,7 @@ async fn run<S: Store>(
         let origins: Option<Vec<u64>> = plan.patch.as_ref().map(|p| {
             let key = origin_key(&shared.config.split, shared.config.epoch);
             rows.clone()
-                .flat_map(|i| p.origin(shared.config.seed, key, order.anchor(i)))
+                .flat_map(|i| p.origin(shared.config.seed, key, order.anchor(i), order.patch(i)))
                 .collect()
         });
         // The copy plan: one run per stretch of consecutive rows of one slot (sequential passes

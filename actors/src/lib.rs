@@ -37,7 +37,7 @@ pub use pass::{
     DECODE_INTO_BATCHES_ENV, EngineContext, IntoRows, OnBadChunk, Pass, PassConfig, TimedOut,
     count_order_rows, plan_order, rank_share, reaches,
 };
-pub use patch::{Patch, PatchDraw};
+pub use patch::{Origins, Patch, PatchDraw};
 pub use planner::{
     EpochOrder, MemoryLimit, MemoryNeed, MemorySource, Reach, ReadPlan, Shard, Snap, SplitManifest,
     Stride, batch_outputs, epoch_order, memory_limit, read_plan, shuffle_quality, split_by_chunk,

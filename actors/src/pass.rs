@@ -173,13 +173,16 @@ impl PassConfig {
     /// the fewest that hold one batch (`⌈batch_size / samples_per_chunk⌉`, at most
     /// `block_chunks`), so the first batch waits for those alone; each next block doubles until
     /// blocks are full. Otherwise `block_chunks`: every block full.
-    pub fn first_block_chunks(&self, samples_per_chunk: u64) -> usize {
+    pub fn first_block_chunks(&self, samples_per_chunk: u64, per_anchor: u64) -> usize {
         if !(self.fast_first_batch && self.shuffle) {
             return self.block_chunks;
         }
-        // A chunk yields a row per sample on the stride: at least one (chunks with none are
-        // left out of the order), `samples_per_chunk / every` of them when the stride is finer.
-        let rows_per_chunk = (samples_per_chunk / self.stride.every).max(1);
+        // A chunk yields a row per sample on the stride (per patch): at least one (chunks with
+        // none are left out of the order), `samples_per_chunk / every` of them when the stride
+        // is finer.
+        let rows_per_chunk = (samples_per_chunk / self.stride.every)
+            .max(1)
+            .saturating_mul(per_anchor);
         let one_batch = (self.batch_size as u64).div_ceil(rows_per_chunk);
         usize::try_from(one_batch)
             .unwrap_or(usize::MAX)
@@ -340,6 +343,12 @@ pub fn reaches(variables: &[Variable]) -> Vec<Reach> {
         .collect()
 }
 
+/// The rows each anchor gives: its patches (`crate::patch::Origins`), one without a patch.
+/// Every variable carries the same patch over the same field.
+pub fn rows_per_anchor(variables: &[Variable]) -> u64 {
+    variables.first().map_or(1, Variable::rows_per_anchor)
+}
+
 /// The order a pass would draw, without running it (for tests, `shuffle_quality` and tools).
 pub fn plan_order(
     chunks: &[u64],
@@ -349,6 +358,7 @@ pub fn plan_order(
     config: &PassConfig,
 ) -> Result<EpochOrder, EngineError> {
     let reaches = reaches(variables);
+    let per_anchor = rows_per_anchor(variables);
     epoch_order(&OrderSpec {
         chunks,
         samples_per_chunk,
@@ -359,8 +369,10 @@ pub fn plan_order(
         epoch: config.epoch,
         shuffle: config.shuffle,
         block_chunks: config.block_chunks,
-        first_block_chunks: config.first_block_chunks(samples_per_chunk),
+        first_block_chunks: config.first_block_chunks(samples_per_chunk, per_anchor),
         row_limit: config.row_limit,
+        // The dataset's build refuses more patches per sample than a u32 counts.
+        per_anchor: u32::try_from(per_anchor).unwrap_or(u32::MAX),
     })
 }
 
@@ -373,13 +385,14 @@ pub fn count_order_rows(
     variables: &[Variable],
     stride: Stride,
 ) -> (u64, u64) {
-    crate::planner::count_rows(
+    let (anchors, dropped) = crate::planner::count_rows(
         chunks,
         samples_per_chunk,
         n_samples,
         &reaches(variables),
         stride,
-    )
+    );
+    (anchors.saturating_mul(rows_per_anchor(variables)), dropped)
 }
 
 /// This rank's chunks of `split` and the valid rows of the rank with the fewest (see
@@ -392,13 +405,15 @@ pub fn rank_share(
     variables: &[Variable],
     stride: Stride,
 ) -> (Vec<u64>, u64) {
-    shard.share(
+    // Every anchor gives as many rows, so the cuts are the anchors'.
+    let (share, even) = shard.share(
         split,
         samples_per_chunk,
         n_samples,
         &reaches(variables),
         stride,
-    )
+    );
+    (share, even.saturating_mul(rows_per_anchor(variables)))
 }
 
 /// True when `array`'s stored chunks are decoded in parts for a view of geometry `geom`: a

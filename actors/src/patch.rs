@@ -2,11 +2,12 @@
 //!
 //! A patch covers a sample's last `shape.len()` axes (the field's grid); axes before them are
 //! carried whole. Every label of a row is cut at the same origin, so inputs, targets and
-//! static fields stay co-registered. The origin is drawn from (seed, epoch, anchor) for the
-//! train split, so it moves every epoch, and from (seed, anchor) for the others, so a
+//! static fields stay co-registered. The origin is drawn from (seed, epoch, anchor, k) for
+//! the train split, so it moves every epoch, and from (seed, anchor, k) for the others, so a
 //! validation patch is the same patch every epoch; either way it is independent of thread
-//! count, IO backend and batch order. The pool and the cache hold whole samples: the gather
-//! cuts the patch when it copies a row (the stored chunks read are those of the whole field).
+//! count, IO backend and batch order. An anchor gives one row per patch ([`Origins`]): `k`
+//! counts its patches, one by default; a grid places them instead of drawing them. The pool
+//! and the cache hold whole samples: the gather cuts the patch when it copies a row.
 
 use std::sync::Arc;
 
@@ -30,13 +31,56 @@ pub(crate) fn reads_patch_region(path: &PathInfo, inner_chunked: bool) -> bool {
 }
 
 /// A patch as a dataset asks for it: the window's extent along each of the samples' last
-/// axes, and which of those axes are periodic.
+/// axes, which of those axes are periodic, and where a sample's patches are placed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Patch {
     /// The window, one extent per patched axis.
     pub shape: Vec<u64>,
     /// Per patched axis, whether it is periodic (a window may run across its end).
     pub wrap: Vec<bool>,
+    /// How many patches each sample gives, and where.
+    pub origins: Origins,
+}
+
+/// Where a sample's patches are placed; each patch is a row of its own, drawn once per epoch
+/// like any row (sample-once holds for (anchor, patch) pairs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origins {
+    /// This many patches per sample (at least 1), each at an origin drawn uniformly.
+    Random(u64),
+    /// A grid over the field: origins every `stride` (one per patched axis, each from 1 to the
+    /// patch's extent) from 0, the last one along an axis moved back so that its window ends
+    /// at the field's end (along a periodic axis, the last one is the last start before the
+    /// end, its window running across it), so that every element is in some patch. The same
+    /// origins in every epoch and split: what tiling a field for inference needs.
+    Grid(Vec<u64>),
+}
+
+impl Patch {
+    /// Origins along each patched axis of a grid with `stride` over a `field`: how many.
+    fn grid_counts(&self, stride: &[u64], field: &[u64]) -> Vec<u64> {
+        (0..self.shape.len())
+            .map(|d| {
+                let (n, p, s) = (field[d], self.shape[d], stride[d]);
+                if self.wrap[d] {
+                    n.div_ceil(s)
+                } else {
+                    (n - p).div_ceil(s) + 1
+                }
+            })
+            .collect()
+    }
+
+    /// The rows each anchor gives over a `field` (the extents of the patched axes).
+    pub fn per_sample(&self, field: &[u64]) -> u64 {
+        match &self.origins {
+            Origins::Random(n) => *n,
+            Origins::Grid(stride) => self
+                .grid_counts(stride, field)
+                .iter()
+                .fold(1u64, |a, &c| a.saturating_mul(c)),
+        }
+    }
 }
 
 /// The patch of a pass, and the extent of the field's axes it covers.
@@ -49,17 +93,47 @@ pub struct PatchDraw {
 }
 
 impl PatchDraw {
-    /// The origin of anchor `anchor`'s patch in a pass keyed `key` ([`origin_key`]): one
+    /// The rows each anchor gives: its patches.
+    pub fn per_sample(&self) -> u64 {
+        self.patch.per_sample(&self.field)
+    }
+
+    /// The origin of anchor `anchor`'s patch `k` in a pass keyed `key` ([`origin_key`]): one
     /// index per patched axis, in `0..=field - shape`, or `0..field` along a periodic axis.
-    pub fn origin(&self, seed: u64, key: u64, anchor: u64) -> Vec<u64> {
-        let mut rng = Rng::keyed(&[seed, key, anchor, PATCH_STREAM]);
-        let Patch { shape, wrap } = &*self.patch;
-        (0..shape.len())
-            .map(|d| {
-                let (n, p) = (self.field[d], shape[d]);
-                rng.below(if wrap[d] { n } else { n - p + 1 })
-            })
-            .collect()
+    pub fn origin(&self, seed: u64, key: u64, anchor: u64, k: u64) -> Vec<u64> {
+        let Patch {
+            shape,
+            wrap,
+            origins,
+        } = &*self.patch;
+        match origins {
+            Origins::Random(_) => {
+                let mut rng = Rng::keyed(&[seed, key, anchor, k, PATCH_STREAM]);
+                (0..shape.len())
+                    .map(|d| {
+                        let (n, p) = (self.field[d], shape[d]);
+                        rng.below(if wrap[d] { n } else { n - p + 1 })
+                    })
+                    .collect()
+            }
+            Origins::Grid(stride) => {
+                // Patch k of the grid in C order (the last axis fastest).
+                let counts = self.patch.grid_counts(stride, &self.field);
+                let mut origin = vec![0; shape.len()];
+                let mut rest = k;
+                for d in (0..shape.len()).rev() {
+                    let i = rest % counts[d];
+                    rest /= counts[d];
+                    let end = if wrap[d] {
+                        self.field[d] - 1
+                    } else {
+                        self.field[d] - shape[d]
+                    };
+                    origin[d] = (i * stride[d]).min(end);
+                }
+                origin
+            }
+        }
     }
 }
 
@@ -257,11 +331,12 @@ mod tests {
                 patch: Arc::new(Patch {
                     shape: shape64.clone(),
                     wrap: wrap.to_vec(),
+                    origins: Origins::Random(1),
                 }),
                 field: inner64[inner.len() - shape.len()..].to_vec(),
             };
             for _ in 0..40 {
-                let origin = draw.origin(rng.next_u64(), 0, 0);
+                let origin = draw.origin(rng.next_u64(), 0, 0, 0);
                 let mut out = vec![0u8; cut.bytes()];
                 let mut written = 0;
                 cut.runs(&origin, |s, d, len| {
@@ -300,19 +375,22 @@ mod tests {
             patch: Arc::new(Patch {
                 shape: vec![3, 1],
                 wrap: vec![false, false],
+                origins: Origins::Random(1),
             }),
             field: vec![5, 4],
         };
         let mut seen = std::collections::HashSet::new();
         for anchor in 0..400 {
-            let o = draw.origin(7, 0, anchor);
+            let o = draw.origin(7, 0, anchor, 0);
             assert!(o[0] <= 2 && o[1] <= 3, "{o:?}");
             seen.insert(o);
         }
         assert_eq!(seen.len(), 3 * 4, "every origin is drawn");
-        assert_eq!(draw.origin(7, 0, 5), draw.origin(7, 0, 5));
-        let moved = (0..50).filter(|&a| draw.origin(7, 0, a) != draw.origin(7, 1, a));
+        assert_eq!(draw.origin(7, 0, 5, 0), draw.origin(7, 0, 5, 0));
+        let moved = (0..50).filter(|&a| draw.origin(7, 0, a, 0) != draw.origin(7, 1, a, 0));
         assert!(moved.count() > 25, "another epoch draws other origins");
+        let other = (0..50).filter(|&a| draw.origin(7, 0, a, 0) != draw.origin(7, 0, a, 1));
+        assert!(other.count() > 25, "an anchor's next patch is drawn apart");
         assert_eq!(origin_key("val", 3), origin_key("val", 9));
         assert_ne!(origin_key("train", 3), origin_key("train", 9));
         // Along a periodic axis a window starts anywhere.
@@ -320,11 +398,80 @@ mod tests {
             patch: Arc::new(Patch {
                 shape: vec![3, 1],
                 wrap: vec![true, false],
+                origins: Origins::Random(1),
             }),
             ..draw
         };
         let starts: std::collections::HashSet<u64> =
-            (0..400).map(|a| periodic.origin(7, 0, a)[0]).collect();
+            (0..400).map(|a| periodic.origin(7, 0, a, 0)[0]).collect();
         assert_eq!(starts.len(), 5);
+    }
+
+    /// Which elements of a `field` the patches of a grid cover, and how often.
+    fn grid_cover(shape: &[u64], wrap: &[bool], stride: &[u64], field: &[u64]) -> Vec<u32> {
+        let draw = PatchDraw {
+            patch: Arc::new(Patch {
+                shape: shape.to_vec(),
+                wrap: wrap.to_vec(),
+                origins: Origins::Grid(stride.to_vec()),
+            }),
+            field: field.to_vec(),
+        };
+        let (rows, cols) = (field[0] as usize, field[1] as usize);
+        let mut cover = vec![0u32; rows * cols];
+        let mut seen = std::collections::HashSet::new();
+        for k in 0..draw.per_sample() {
+            let o = draw.origin(1, 2, 3, k);
+            assert_eq!(o, draw.origin(9, 8, 7, k), "a grid draws nothing");
+            assert!(seen.insert(o.clone()), "patch {k} at {o:?} twice");
+            for i in 0..shape[0] {
+                for j in 0..shape[1] {
+                    let (r, c) = (o[0] + i, o[1] + j);
+                    assert!(wrap[0] || r < field[0], "{o:?} runs off axis 0");
+                    assert!(wrap[1] || c < field[1], "{o:?} runs off axis 1");
+                    cover[(r % field[0]) as usize * cols + (c % field[1]) as usize] += 1;
+                }
+            }
+        }
+        cover
+    }
+
+    #[test]
+    fn a_grid_covers_every_element_each_patch_once() {
+        // Tiles that divide the field: every element exactly once.
+        let cover = grid_cover(&[3, 4], &[false, false], &[3, 4], &[9, 8]);
+        assert!(cover.iter().all(|&c| c == 1), "{cover:?}");
+        // A field the stride does not divide: the last tile moved back along each axis, so
+        // some twice (four times where both last tiles meet).
+        let cover = grid_cover(&[4, 4], &[false, false], &[4, 4], &[10, 9]);
+        assert!(cover.iter().all(|&c| [1, 2, 4].contains(&c)), "{cover:?}");
+        assert_eq!(cover.iter().filter(|&&c| c == 4).count(), 2 * 3);
+        // Overlapping tiles (a stride below the patch), and the patch as large as the field.
+        let cover = grid_cover(&[5, 9], &[false, false], &[2, 9], &[11, 9]);
+        assert!(cover.iter().all(|&c| c >= 1), "{cover:?}");
+        // A periodic axis: no tile moved back, the last one running across the end.
+        let cover = grid_cover(&[3, 4], &[false, true], &[3, 4], &[6, 10]);
+        assert!(cover.iter().all(|&c| (1..=2).contains(&c)), "{cover:?}");
+        let draw = PatchDraw {
+            patch: Arc::new(Patch {
+                shape: vec![3, 4],
+                wrap: vec![false, true],
+                origins: Origins::Grid(vec![3, 4]),
+            }),
+            field: vec![6, 10],
+        };
+        assert_eq!(draw.per_sample(), 2 * 3);
+        assert_eq!(draw.origin(0, 0, 0, 5), [3, 8]);
+        assert_eq!(draw.origin(0, 0, 0, 1), [0, 4]);
+        let wide = PatchDraw {
+            field: vec![10, 9],
+            patch: Arc::new(Patch {
+                shape: vec![4, 4],
+                wrap: vec![false, false],
+                origins: Origins::Grid(vec![4, 4]),
+            }),
+        };
+        assert_eq!(wide.per_sample(), 3 * 3);
+        assert_eq!(wide.origin(0, 0, 0, 8), [6, 5]);
     }
 }

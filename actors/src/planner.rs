@@ -145,7 +145,8 @@ fn row_dests<S: Store>(
                 let mut dest = batch.row(label, r % bs, info.row_bytes as usize);
                 // A patch: the row's origin, as the gather would draw it.
                 if let (Some(cut), Some(patch)) = (&info.cut, &plan.patch) {
-                    let origin = patch.origin(shared.config.seed, key, shared.order.anchor(r));
+                    let (order, seed) = (&shared.order, shared.config.seed);
+                    let origin = patch.origin(seed, key, order.anchor(r), order.patch(r));
                     dest.cut = Some((Arc::clone(cut), origin));
                 }
                 Some(dest)

@@ -132,6 +132,13 @@ impl Variable {
             .collect()
     }
 
+    /// The rows each anchor gives: one per patch of its sample ([`Patch::per_sample`]).
+    pub fn rows_per_anchor(&self) -> u64 {
+        self.patch.as_ref().map_or(1, |p| {
+            p.per_sample(&self.sample_inner[self.sample_inner.len() - p.shape.len()..])
+        })
+    }
+
     /// Bytes of one row of this label in its batch array.
     pub fn row_bytes(&self) -> u64 {
         self.row_inner().iter().product::<u64>() * self.sample_dtype.size_bytes() as u64

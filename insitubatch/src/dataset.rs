@@ -12,7 +12,7 @@ use insitubatch_actors::{
     SplitManifest, StackChannel, Stride, Variable, count_order_rows, memory_limit, plan_order,
     rank_share, reaches, split_by_chunk,
 };
-use insitubatch_actors::{Patch, Placement, StoreAxis};
+use insitubatch_actors::{Origins, Patch, Placement, StoreAxis};
 use insitubatch_pool::{
     ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
 };
@@ -213,11 +213,62 @@ fn patched(variables: Vec<Variable>, patch: Option<&Patch>) -> Result<Vec<Variab
             field = Some((v, last));
         }
     }
+    if let Some((_, field)) = field {
+        check_origins(patch, field)?;
+    }
     let patch = Arc::new(patch.clone());
     Ok(variables
         .into_iter()
         .map(|v| v.patched(Arc::clone(&patch)))
         .collect())
+}
+
+/// An error naming the argument that places `patch`'s origins when they cannot be placed over
+/// `field`: no patch per sample, a grid stride of another length, zero or past the patch, or
+/// more patches per sample than an order counts.
+fn check_origins(patch: &Patch, field: &[u64]) -> Result<(), EngineError> {
+    match &patch.origins {
+        Origins::Random(0) => Err(EngineError::arg(
+            "patches_per_sample",
+            0,
+            "must be at least 1 (1 cuts one patch from every sample, the default)",
+        )),
+        Origins::Grid(stride) => {
+            let bad = |why: String| EngineError::arg("patch_grid", format!("{stride:?}"), why);
+            let shape = &patch.shape;
+            if stride.len() != shape.len() {
+                return Err(bad(format!(
+                    "give one stride per patched axis: {} for the patch {shape:?}",
+                    shape.len()
+                )));
+            }
+            if let Some(d) = (0..shape.len()).find(|&d| stride[d] == 0 || stride[d] > shape[d]) {
+                return Err(bad(format!(
+                    "the stride along axis {d} must be from 1 to the patch's extent there ({}): \
+                     a larger one would leave parts of the field in no patch; give the patch's \
+                     shape {shape:?} to tile without overlap",
+                    shape[d]
+                )));
+            }
+            check_count(patch.per_sample(field), "patch_grid", format!("{stride:?}"))
+        }
+        Origins::Random(n) => check_count(*n, "patches_per_sample", n.to_string()),
+    }
+}
+
+/// Patches per sample an order counts (a row's patch is a `u32`).
+fn check_count(n: u64, name: &'static str, value: String) -> Result<(), EngineError> {
+    if n > u64::from(u32::MAX) {
+        return Err(EngineError::arg(
+            name,
+            value,
+            format!(
+                "gives {n} patches per sample, more than {}; cut fewer",
+                u32::MAX
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// What a batch holds under one name: a label's own array, or a stack of labels.
@@ -278,6 +329,9 @@ pub struct DatasetBuilder {
     stacks: Vec<(String, Vec<String>)>,
     /// The window cut from every row ([`DatasetBuilder::patch`]).
     patch: Option<Patch>,
+    /// Where a sample's patches are placed, when not one at random
+    /// ([`DatasetBuilder::patches_per_sample`], [`DatasetBuilder::patch_grid`]).
+    patch_origins: Option<Origins>,
     /// The first bad `chunk_transforms_json`, reported by `build`.
     chunk_transforms_error: Option<EngineError>,
 }
@@ -960,8 +1014,11 @@ impl DatasetBuilder {
     /// others (a validation patch is the same every epoch). With one sample per chunk and a
     /// field stored as several chunks (or a shard of inner chunks), a row reads only the
     /// stored chunks under its window; otherwise whole samples are read and cached, and the
-    /// patch is cut when a row is copied into its batch. Checked when the dataset is built: every label's last `shape.len()` axes (after their
-    /// chunk transforms) must have one extent, at least the patch's.
+    /// patch is cut when a row is copied into its batch. One patch per sample by default:
+    /// [`patches_per_sample`](Self::patches_per_sample) draws several, and
+    /// [`patch_grid`](Self::patch_grid) tiles the field. Checked when the dataset is built:
+    /// every label's last `shape.len()` axes (after their chunk transforms) must have one
+    /// extent, at least the patch's.
     ///
     /// ```
     /// use insitubatch::synth::{SynthSpec, field_value, make_dataset};
@@ -1011,7 +1068,73 @@ impl DatasetBuilder {
         self.patch = Some(Patch {
             shape: shape.into(),
             wrap: wrap.into(),
+            origins: Origins::Random(1),
         });
+        self
+    }
+
+    /// Cut `n` patches from every sample, each a row of its own at an origin drawn apart
+    /// (from (seed, epoch, anchor, k) in train): a chunk read and decoded once gives `n` times
+    /// the rows. Each (sample, patch) is drawn once per epoch and an epoch has `n` times the
+    /// rows; an anchor's patches are shuffled within its block like any rows. Needs a
+    /// [`patch`](Self::patch); `n` is at least 1 (the default). Rows of several patches per
+    /// sample are copied from the pool (a chunk is not decoded into rows).
+    pub fn patches_per_sample(mut self, n: u64) -> Self {
+        self.patch_origins = Some(Origins::Random(n));
+        self
+    }
+
+    /// Tile every sample's field with patches on a grid, each a row of its own: origins every
+    /// `stride` (one per patched axis, from 1 to the patch's extent; the patch's shape tiles
+    /// without overlap, a smaller stride overlaps) from 0, the last along an axis moved back
+    /// so that its window ends at the field's end, or along a periodic axis starting before
+    /// the end and running across it. Every element of the field is in some patch, and the
+    /// origins are the same in every epoch and split: what inference over a large field
+    /// needs, stitching each prediction back at its row's
+    /// [`patch_origins`](insitubatch_actors::Batch::patch_origins). Patch `k` of a sample is
+    /// the grid's `k`-th in C order (the last axis fastest). Needs a [`patch`](Self::patch).
+    ///
+    /// ```
+    /// use insitubatch::synth::{SynthSpec, field_value, make_dataset};
+    /// use insitubatch::InSituDataset;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("isb-grid-doc-{}", std::process::id()));
+    /// # let store = dir.join("era5.zarr");
+    /// # make_dataset(&store, &SynthSpec { samples: 8, grid: (18, 36), sample_chunk: 4,
+    /// #     ..Default::default() }, true, &|_, _| {})?;
+    /// // 8 × 16 tiles of the 18 × 36 field: 3 × 3 of them per sample, the last row and column
+    /// // moved back to end at the field's edge; stitched back, they give every field whole.
+    /// let ds = InSituDataset::builder(&store)
+    ///     .variable("t2m", "t2m")
+    ///     .patch([8, 16])
+    ///     .patch_grid([8, 16])
+    ///     .shuffle(false)
+    ///     .batch_size(6)
+    ///     .build()?;
+    /// let mut fields = vec![vec![f32::NAN; 18 * 36]; 8];
+    /// for batch in ds.train()? {
+    ///     let batch = batch?;
+    ///     let values: &[f32] = batch.array("t2m").unwrap().values().unwrap();
+    ///     let origins = batch.patch_origins().unwrap();
+    ///     for (r, &s) in batch.sample_indices().iter().enumerate() {
+    ///         let (i0, j0) = (origins[2 * r] as usize, origins[2 * r + 1] as usize);
+    ///         for i in 0..8 {
+    ///             for j in 0..16 {
+    ///                 fields[s as usize][(i0 + i) * 36 + j0 + j] = values[(r * 8 + i) * 16 + j];
+    ///             }
+    ///         }
+    ///     }
+    /// }
+    /// for (s, field) in fields.iter().enumerate() {
+    ///     for (at, &v) in field.iter().enumerate() {
+    ///         assert_eq!(v, field_value(0, s as u64, (at / 36) as u64, (at % 36) as u64, (18, 36)));
+    ///     }
+    /// }
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn patch_grid(mut self, stride: impl Into<Vec<u64>>) -> Self {
+        self.patch_origins = Some(Origins::Grid(stride.into()));
         self
     }
 
@@ -1288,7 +1411,23 @@ impl DatasetBuilder {
                 v.with_sample(inner, dtype)
             })
             .collect();
-        let variables = patched(variables, self.patch.as_ref())?;
+        let patch = match (self.patch, self.patch_origins) {
+            (Some(patch), Some(origins)) => Some(Patch { origins, ..patch }),
+            (None, Some(origins)) => {
+                let (name, value) = match origins {
+                    Origins::Random(n) => ("patches_per_sample", n.to_string()),
+                    Origins::Grid(stride) => ("patch_grid", format!("{stride:?}")),
+                };
+                return Err(EngineError::arg(
+                    name,
+                    value,
+                    "places the patches of each sample, and no patch is set: give one (for \
+                     example patch [64, 64])",
+                ));
+            }
+            (patch, None) => patch,
+        };
+        let variables = patched(variables, patch.as_ref())?;
         let variables = stacked(variables, &self.stacks)?;
         let per_executor = if store.is_remote() {
             DEFAULT_REMOTE_INFLIGHT_PER_EXECUTOR
@@ -1490,6 +1629,7 @@ impl InSituDataset {
             chunk_transforms: ChunkTransforms::default(),
             stacks: Vec::new(),
             patch: None,
+            patch_origins: None,
             chunk_transforms_error: None,
         }
     }

@@ -41,7 +41,8 @@ fn expected_anchors(case: &Case, reference_chunk: u64, chunks: &[u64]) -> Vec<u6
     for c in chunks {
         for a in c * reference_chunk..((c + 1) * reference_chunk).min(case.n_samples) {
             if case.on_stride(a) && case.valid(a) {
-                out.push(a);
+                // One row per patch of the anchor.
+                out.extend(std::iter::repeat_n(a, case.rows_per_anchor() as usize));
             }
         }
     }
@@ -141,6 +142,14 @@ fn check_batch(case: &Case, batch: &Batch) {
                         end <= field[d],
                         "origin {origin:?} of {patch:?} in {field:?}"
                     );
+                    // A grid's origins are on it, or end at the field's end.
+                    if let Some(stride) = &case.patch_grid {
+                        assert!(
+                            origin[d].is_multiple_of(stride[d] as usize)
+                                || (!wrap[d] && end == field[d]),
+                            "origin {origin:?} off the grid of {stride:?}"
+                        );
+                    }
                 }
                 let patch: Vec<usize> = patch.iter().map(|&n| n as usize).collect();
                 want_row = window_of(&want_row, &inner, &patch, &origin, a.dt.size());
@@ -221,7 +230,7 @@ fn check_pass(
     // batch (when no window dropped a whole block's anchors, which leaves that block out).
     // (A chunk's rows: its samples on the stride, at least one since chunks with none are left
     // out.)
-    let rows_per_chunk = (spc / case.stride.0).max(1);
+    let rows_per_chunk = (spc / case.stride.0).max(1) * case.rows_per_anchor();
     let one_batch = (case.batch_size as u64).div_ceil(rows_per_chunk) as usize;
     if case.fast_first_batch
         && split == "train"
@@ -379,6 +388,8 @@ struct Coverage {
     wrapped: u64,
     patched: u64,
     periodic_patches: u64,
+    several_patches: u64,
+    patch_grids: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
@@ -397,6 +408,8 @@ fn run_case(n: u64, cov: &mut Coverage) {
         .any(|(start, _)| *start < 0) as u64;
     cov.patched += case.patch.is_some() as u64;
     cov.periodic_patches += case.patch.as_ref().is_some_and(|p| p.1.contains(&true)) as u64;
+    cov.several_patches += (case.patches_per_sample > 1) as u64;
+    cov.patch_grids += case.patch_grid.is_some() as u64;
     cov.stacks += case.stack.as_ref().is_some_and(|s| s.len() > 1) as u64;
     cov.sample_ranges += case
         .split
@@ -647,7 +660,7 @@ fn check_ranks(case: &Case, root: &Path, m: &SplitManifest, n: u64, cov: &mut Co
             .map(|share| expected_anchors(case, spc, share))
             .collect();
         let even = shares.iter().map(Vec::len).min().unwrap_or(0);
-        let mut seen = Vec::new();
+        let (mut seen, mut claimed) = (Vec::new(), HashSet::new());
         for (rank, share) in shares.iter().enumerate() {
             let ds = case
                 .builder(root)
@@ -690,10 +703,15 @@ fn check_ranks(case: &Case, root: &Path, m: &SplitManifest, n: u64, cov: &mut Co
                 );
             }
             assert_eq!(ds.split_samples(split).unwrap(), got.len() as u64, "{what}");
+            // Each anchor's patches are rows of one rank.
+            let mut own: Vec<u64> = got.clone();
+            own.sort_unstable();
+            own.dedup();
+            for a in own {
+                assert!(claimed.insert(a), "{split}: sample {a} on two ranks");
+            }
             seen.extend(got);
         }
-        let distinct: HashSet<u64> = seen.iter().copied().collect();
-        assert_eq!(distinct.len(), seen.len(), "{split}: a sample on two ranks");
         if split == "all" && even > 0 {
             assert_eq!(seen.len(), shares.iter().map(Vec::len).sum::<usize>());
             cov.ranked += 1;
@@ -1062,6 +1080,8 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("stacks of two labels or more", c.stacks),
             ("patches", c.patched),
             ("periodic patches", c.periodic_patches),
+            ("several patches per sample", c.several_patches),
+            ("patch grids", c.patch_grids),
             ("manifests", c.manifests),
             ("sample ranges", c.sample_ranges),
             ("unwritten chunks", c.unwritten_chunks),

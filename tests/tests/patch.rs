@@ -671,3 +671,277 @@ fn a_patch_is_cut_from_what_the_chunk_transforms_make() {
         "{err}"
     );
 }
+
+/// Every row of one epoch of `split`: its anchor and its patch's origin, in order.
+fn rows(ds: &InSituDataset, split: &str) -> Vec<(u64, Vec<u64>)> {
+    ds.iter_from(split, 0)
+        .unwrap()
+        .flat_map(|b| {
+            let b = b.unwrap();
+            let o = b.patch_origins().unwrap().to_vec();
+            let k = o.len() / b.len();
+            b.sample_indices()
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| (a, o[i * k..(i + 1) * k].to_vec()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The origins of every anchor's patches, sorted.
+fn origins_by_anchor(rows: &[(u64, Vec<u64>)]) -> HashMap<u64, Vec<Vec<u64>>> {
+    let mut out: HashMap<u64, Vec<Vec<u64>>> = HashMap::new();
+    for (a, o) in rows {
+        out.entry(*a).or_default().push(o.clone());
+    }
+    for o in out.values_mut() {
+        o.sort();
+    }
+    out
+}
+
+#[test]
+fn several_patches_per_sample_are_rows_of_their_own_each_once_from_one_read() {
+    let (t2m, u10) = (fixture("era5_v3", "t2m"), fixture("era5_v3", "u10"));
+    let refs = [
+        r("t2m", t2m.clone()),
+        r("u10", u10),
+        r("t2m_next", t2m.clone()),
+    ];
+    let build = |threads: usize, bs: usize, into_rows: IntoRows| {
+        InSituDataset::builder(&t2m.store)
+            .variable("t2m", "t2m")
+            .variable("u10", "u10")
+            .window("t2m_next", "t2m", 1)
+            .patch([3, 4])
+            .patches_per_sample(3)
+            .batch_size(bs)
+            .block_chunks(2)
+            .executor_threads(threads)
+            .decode_into_batches(into_rows)
+            .build()
+            .unwrap()
+    };
+    let ds = build(2, 5, IntoRows::Auto);
+    // The window drops anchor 11: 11 anchors of three patches each.
+    assert_eq!(ds.split_samples("train").unwrap(), 33);
+    assert_eq!(ds.split_batches("train").unwrap(), 7);
+    for epoch in 0..2 {
+        ds.set_epoch(epoch);
+        let (anchors, _, stats) = check_patched_epoch(&ds, "train", &refs, &[3, 4], None);
+        let want: Vec<u64> = (0..11).flat_map(|a| [a; 3]).collect();
+        assert_eq!(sorted(anchors), want, "every anchor's three patches once");
+        if epoch == 0 {
+            assert_eq!(
+                stats.tiles_read, 6,
+                "each chunk read once for its patches: {stats:?}"
+            );
+        }
+        let rows = rows(&ds, "train");
+        let by_anchor = origins_by_anchor(&rows);
+        let apart = by_anchor
+            .values()
+            .filter(|o| o[0] != o[1] || o[1] != o[2])
+            .count();
+        assert!(
+            apart >= 9,
+            "an anchor's patches are drawn apart: {by_anchor:?}"
+        );
+        // Shuffled: an anchor's patches rarely follow one another.
+        let next = rows.windows(2).filter(|w| w[0].0 == w[1].0).count();
+        assert!(next <= 12, "{next} of 32 neighbours share an anchor");
+        // Decoding into rows is off for several patches of one sample: the same rows.
+        let forced = build(1, 4, IntoRows::Always);
+        forced.set_epoch(epoch);
+        check_patched_epoch(&forced, "train", &refs, &[3, 4], None);
+        assert_eq!(
+            origins_by_anchor(&rows),
+            origins_by_anchor(&self::rows(&forced, "train")),
+            "the same patches on 1 and 2 threads, any batch size"
+        );
+    }
+    ds.set_epoch(0);
+    let first = origins_by_anchor(&rows(&ds, "train"));
+    ds.set_epoch(1);
+    let second = origins_by_anchor(&rows(&ds, "train"));
+    assert!(first.keys().filter(|a| first[*a] != second[*a]).count() >= 8);
+    // Resumed mid-epoch: the rest of the whole epoch's rows.
+    let whole = rows(&ds, "train");
+    let rest: Vec<(u64, Vec<u64>)> = ds
+        .iter_from("train", 3)
+        .unwrap()
+        .flat_map(|b| {
+            let b = b.unwrap();
+            let o = b.patch_origins().unwrap().to_vec();
+            b.sample_indices()
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| (a, o[2 * i..2 * i + 2].to_vec()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(rest, whole[15..]);
+}
+
+#[test]
+fn ranks_and_whole_batches_count_rows_of_patches() {
+    let f = fixture("era5_v3", "t2m");
+    let build = |rank: usize, world: usize| {
+        InSituDataset::builder(&f.store)
+            .variable("t2m", "t2m")
+            .window("next", "t2m", 1)
+            .patch([3, 3])
+            .patches_per_sample(2)
+            .batch_size(4)
+            .drop_last(true)
+            .shard(rank, world)
+            .build()
+            .unwrap()
+    };
+    let whole = build(0, 1);
+    // 11 anchors, 22 rows, five whole batches of four.
+    assert_eq!(whole.split_samples("train").unwrap(), 20);
+    let got = rows(&whole, "train");
+    assert_eq!(got.len(), 20);
+    let (a, b) = (build(0, 2), build(1, 2));
+    let (ra, rb) = (rows(&a, "train"), rows(&b, "train"));
+    // The ranks stop at the shorter share's rows: 5 anchors (10 rows) beside 6, two batches.
+    assert_eq!((ra.len(), rb.len()), (8, 8));
+    assert_eq!(a.split_samples("train").unwrap(), 8);
+    let (sa, sb): (Vec<u64>, Vec<u64>) = (
+        ra.iter().map(|r| r.0 / 2).collect(),
+        rb.iter().map(|r| r.0 / 2).collect(),
+    );
+    assert!(sa.iter().all(|c| !sb.contains(c)), "the ranks read apart");
+}
+
+/// Each sample of `f` stitched back from its patches' rows of one epoch of `split`; every
+/// element written at least once, and the same value each time.
+fn stitch(ds: &InSituDataset, split: &str, f: &FixtureArray, patch: [usize; 2]) -> Vec<Vec<u8>> {
+    let item = item_size(&f.dtype);
+    let (n, h, w) = (
+        f.shape[0] as usize,
+        f.shape[1] as usize,
+        f.shape[2] as usize,
+    );
+    let mut fields = vec![vec![None::<Vec<u8>>; h * w]; n];
+    for b in ds.iter_from(split, 0).unwrap() {
+        let b = b.unwrap();
+        let o = b.patch_origins().unwrap();
+        let bytes = b.array("x").unwrap().bytes();
+        for (r, &s) in b.sample_indices().iter().enumerate() {
+            let (i0, j0) = (o[2 * r] as usize, o[2 * r + 1] as usize);
+            for i in 0..patch[0] {
+                for j in 0..patch[1] {
+                    let at = ((r * patch[0] + i) * patch[1] + j) * item;
+                    let v = bytes[at..at + item].to_vec();
+                    let cell = &mut fields[s as usize][(i0 + i) * w + (j0 + j) % w];
+                    if let Some(old) = cell {
+                        assert_eq!(*old, v, "overlapping patches agree");
+                    }
+                    *cell = Some(v);
+                }
+            }
+        }
+    }
+    fields
+        .into_iter()
+        .map(|f| {
+            f.into_iter()
+                .flat_map(|c| c.expect("every element in some patch"))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_grid_tiles_every_field_and_stitches_back_to_zarr_pythons_samples() {
+    let f = fixture("era5_v3", "t2m");
+    let item = item_size(&f.dtype);
+    let want: Vec<Vec<u8>> = (0..12)
+        .map(|s| sample_of(&f.reference, &f.shape, 0, s, item))
+        .collect();
+    // The 9 × 16 field: tiles that divide it, tiles moved back at the edge, overlapping
+    // tiles, and a periodic axis whose last tile runs across the end.
+    for (patch, wrap, stride, per_sample) in [
+        ([3, 4], [false, false], [3, 4], 3 * 4),
+        ([4, 6], [false, false], [4, 6], 3 * 3),
+        ([5, 6], [false, false], [2, 3], 3 * 5),
+        ([4, 6], [false, true], [4, 6], 3 * 3),
+        ([9, 16], [false, false], [9, 16], 1),
+    ] {
+        let ds = InSituDataset::builder(&f.store)
+            .variable("x", "t2m")
+            .patch_wrapping(patch.map(|d| d as u64), wrap)
+            .patch_grid(stride.map(|d| d as u64))
+            .batch_size(7)
+            .build()
+            .unwrap();
+        assert_eq!(ds.split_samples("all").unwrap(), 12 * per_sample);
+        let grid = origins_by_anchor(&rows(&ds, "all"));
+        assert_eq!(grid.len(), 12);
+        for epoch in 0..2 {
+            ds.set_epoch(epoch);
+            for split in ["train", "all"] {
+                let got = stitch(&ds, split, &f, patch);
+                assert!(
+                    got == want,
+                    "{patch:?} every {stride:?}: {split} stitched back"
+                );
+                assert_eq!(
+                    origins_by_anchor(&rows(&ds, split)),
+                    grid,
+                    "{patch:?}: the same grid in every epoch and split"
+                );
+            }
+        }
+        for o in grid.values() {
+            assert_eq!(o.len() as u64, per_sample);
+            assert_eq!(o, &grid[&0], "every sample tiled alike");
+        }
+    }
+}
+
+#[test]
+fn origins_placed_badly_are_errors_naming_their_argument() {
+    let f = fixture("era5_v3", "t2m");
+    let expect = |b: DatasetBuilder, arg: &str, needle: &str| match b.build() {
+        Err(EngineError::InvalidArgument { name, hint, .. }) => {
+            assert_eq!(name, arg);
+            assert!(hint.contains(needle), "{hint}");
+        }
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("built with bad origins ({needle})"),
+    };
+    let era5 = || InSituDataset::builder(&f.store).variable("t2m", "t2m");
+    expect(
+        era5().patch([3, 3]).patches_per_sample(0),
+        "patches_per_sample",
+        "at least 1",
+    );
+    expect(
+        era5().patches_per_sample(4),
+        "patches_per_sample",
+        "no patch is set",
+    );
+    expect(era5().patch_grid([3, 3]), "patch_grid", "no patch is set");
+    expect(
+        era5().patch([3, 3]).patch_grid([3]),
+        "patch_grid",
+        "one stride per patched axis: 2 for the patch [3, 3]",
+    );
+    expect(
+        era5().patch([3, 3]).patch_grid([3, 0]),
+        "patch_grid",
+        "axis 1 must be from 1",
+    );
+    expect(
+        era5().patch([3, 3]).patch_grid([4, 3]),
+        "patch_grid",
+        "axis 0 must be from 1 to the patch's extent there (3)",
+    );
+    // A stride of 1 along both axes: every origin, (9 - 2) × (16 - 2) of them.
+    let all = era5().patch([3, 3]).patch_grid([1, 1]).build().unwrap();
+    assert_eq!(all.split_samples("all").unwrap(), 12 * 7 * 14);
+}

@@ -17,13 +17,16 @@ use crate::sample_map::SampleMap;
 /// Stream tag for epoch orders.
 const ORDER_STREAM: u64 = 0x004f_5244_4552; // "ORDER"
 
-/// One drawn sample: reference chunk and position within it (`anchor = chunk * spc + within`).
+/// One drawn row: reference chunk and position within it (`anchor = chunk * spc + within`),
+/// and which of the anchor's patches it is (0 without patches, or with one per sample).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Row {
     /// Reference chunk index along the sample axis.
     pub chunk: u64,
     /// Position within the chunk.
     pub within: u32,
+    /// The anchor's patch this row is cut to (`crate::patch::Origins`).
+    pub patch: u32,
 }
 
 /// One epoch's draw order over a split.
@@ -59,6 +62,11 @@ impl EpochOrder {
     pub fn anchor(&self, i: usize) -> u64 {
         let r = self.rows[i];
         r.chunk * self.samples_per_chunk + r.within as u64
+    }
+
+    /// Which of its anchor's patches row `i` is.
+    pub fn patch(&self, i: usize) -> u64 {
+        u64::from(self.rows[i].patch)
     }
 
     /// All anchors in emission order.
@@ -164,6 +172,8 @@ pub struct OrderSpec<'a> {
     /// Emit at most this many rows, the first ones of the order (every rank of a sharded train
     /// split stops at the same length, so each takes the same number of steps).
     pub row_limit: Option<u64>,
+    /// Rows per valid anchor, shuffled within its block like any (its patches; at least 1).
+    pub per_anchor: u32,
 }
 
 /// Where one variable reads along its sample axis, as an anchor sees it: its map from anchors
@@ -343,7 +353,7 @@ fn block_sizes(first: usize, full: usize) -> impl Iterator<Item = usize> {
 
 /// Builds the epoch order; an error only when it cannot be held in memory.
 pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
-    assert!(spec.block_chunks > 0 && spec.samples_per_chunk > 0);
+    assert!(spec.block_chunks > 0 && spec.samples_per_chunk > 0 && spec.per_anchor > 0);
     let spc = spec.samples_per_chunk;
     let valid = valid_anchors(spec.n_samples, spec.reaches);
     let mut chunks = spec.chunks.to_vec();
@@ -363,7 +373,8 @@ pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
     }
     let n_rows = (spec.chunks.len() as u64)
         .saturating_mul(spc)
-        .min(spec.n_samples);
+        .min(spec.n_samples)
+        .saturating_mul(u64::from(spec.per_anchor));
     let mut rows = super::plan_vec(n_rows, "the epoch's sample order")?;
     let mut blocks = Vec::new();
     let mut rest = &chunks[..];
@@ -384,10 +395,11 @@ pub fn epoch_order(spec: &OrderSpec<'_>) -> Result<EpochOrder, EngineError> {
                     continue;
                 }
                 if valid.contains(&a) {
-                    rows.push(Row {
+                    rows.extend((0..spec.per_anchor).map(|patch| Row {
                         chunk: c,
                         within: w as u32,
-                    });
+                        patch,
+                    }));
                 } else {
                     dropped += 1;
                 }
@@ -482,6 +494,7 @@ mod tests {
             block_chunks: 3,
             first_block_chunks: 3,
             row_limit: None,
+            per_anchor: 1,
         }
     }
 
@@ -562,6 +575,7 @@ mod tests {
                             block_chunks: 2,
                             first_block_chunks: 2,
                             row_limit: None,
+                            per_anchor: 1,
                         };
                         let o = epoch_order(&s).unwrap();
                         let case = format!(
@@ -662,6 +676,7 @@ mod tests {
                                 block_chunks: 2,
                                 first_block_chunks: 2,
                                 row_limit: None,
+                                per_anchor: 1,
                             };
                             let full = epoch_order(&s).unwrap();
                             s.row_limit = Some(even);
@@ -769,6 +784,7 @@ mod tests {
             block_chunks: 16,
             first_block_chunks: 3,
             row_limit: None,
+            per_anchor: 1,
         };
         let o = epoch_order(&s).unwrap();
         let rows: Vec<usize> = o.blocks.iter().map(|b| b.len()).collect();
@@ -784,6 +800,61 @@ mod tests {
             .map(|b| b.len())
             .collect();
         assert_eq!(rows, [64, 64, 32]);
+    }
+
+    #[test]
+    fn each_patch_of_an_anchor_is_a_row_once_in_its_anchors_block() {
+        let chunks: Vec<u64> = (0..20).collect();
+        let mut s = OrderSpec {
+            chunks: &chunks,
+            samples_per_chunk: 4,
+            n_samples: 78,
+            reaches: &Reach::same_length(78, &[0, 1]),
+            stride: Stride::ALL,
+            seed: 3,
+            epoch: 2,
+            shuffle: true,
+            block_chunks: 4,
+            first_block_chunks: 4,
+            row_limit: None,
+            per_anchor: 3,
+        };
+        let o = epoch_order(&s).unwrap();
+        // The window drops anchor 77; every other anchor gives three rows, one per patch.
+        assert_eq!(o.rows.len(), 77 * 3);
+        assert_eq!(o.dropped_anchors, 1, "anchors dropped, not rows");
+        let mut keys: Vec<(u64, u64)> = (0..o.rows.len())
+            .map(|i| (o.anchor(i), o.patch(i)))
+            .collect();
+        keys.sort_unstable();
+        let want: Vec<(u64, u64)> = (0..77).flat_map(|a| (0..3).map(move |k| (a, k))).collect();
+        assert_eq!(keys, want);
+        let mut block_of = std::collections::HashMap::new();
+        for (n, b) in o.blocks.iter().enumerate() {
+            for i in b.clone() {
+                let first = *block_of.entry(o.anchor(i)).or_insert(n);
+                assert_eq!(first, n, "anchor {}'s patches in one block", o.anchor(i));
+            }
+        }
+        let apart = (1..o.rows.len())
+            .filter(|&i| o.anchor(i) != o.anchor(i - 1))
+            .count();
+        assert!(
+            apart > o.rows.len() * 3 / 4,
+            "an anchor's patches are shuffled apart"
+        );
+        // Unshuffled: each anchor's patches in order, one after the other.
+        s.shuffle = false;
+        let o = epoch_order(&s).unwrap();
+        assert_eq!(
+            (0..6)
+                .map(|i| (o.anchor(i), o.patch(i)))
+                .collect::<Vec<_>>(),
+            [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+        );
+        // A row limit counts rows, not anchors.
+        s.row_limit = Some(10);
+        assert_eq!(epoch_order(&s).unwrap().rows.len(), 10);
     }
 
     #[test]
@@ -806,6 +877,7 @@ mod tests {
             block_chunks: 16,
             first_block_chunks: 16,
             row_limit: None,
+            per_anchor: 1,
         })
         .unwrap();
         let q = shuffle_quality(&o.anchors(), 8);

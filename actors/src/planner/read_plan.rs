@@ -541,6 +541,7 @@ mod tests {
                 block_chunks: bc,
                 first_block_chunks: first,
                 row_limit: None,
+                per_anchor: 1,
             })
             .unwrap();
             let plan = read_plan(&order, &vars, bs, false).unwrap();
@@ -590,6 +591,7 @@ mod tests {
                 block_chunks: 3,
                 first_block_chunks: 3,
                 row_limit: None,
+                per_anchor: 1,
             })
             .unwrap();
             let slot = 4 * 2 * 3 * 4;

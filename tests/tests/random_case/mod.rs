@@ -586,6 +586,10 @@ pub struct Case {
     /// A patch cut from every row, over the samples' last axes, and which of them are
     /// periodic.
     pub patch: Option<(Vec<u64>, Vec<bool>)>,
+    /// Patches drawn from every sample (1: one, the default).
+    pub patches_per_sample: u64,
+    /// A grid's stride placing the patches instead (`DatasetBuilder::patch_grid`).
+    pub patch_grid: Option<Vec<u64>>,
 }
 
 impl Case {
@@ -714,6 +718,8 @@ impl Case {
             stride: (1, 0),
             times: None,
             patch: None,
+            patches_per_sample: 1,
+            patch_grid: None,
         }
         .with_stack(&mut r)
         .with_stride(&mut r)
@@ -746,8 +752,45 @@ impl Case {
         };
         let shape: Vec<u64> = last(&inners[0], k).iter().map(|&n| r.range(1, n)).collect();
         let wrap = shape.iter().map(|_| r.chance(0.3)).collect();
+        // A third of them several patches per sample, a third a grid (no stride below half the
+        // patch, so that a case stays small).
+        if r.chance(0.35) {
+            self.patches_per_sample = r.range(2, 3);
+        } else if r.chance(0.55) {
+            self.patch_grid = Some(shape.iter().map(|&p| r.range(p.div_ceil(2), p)).collect());
+        }
         self.patch = Some((shape, wrap));
         self
+    }
+
+    /// The rows each anchor gives: its patches. A grid's, counted here by stepping along each
+    /// axis (independently of the engine's formula).
+    pub fn rows_per_anchor(&self) -> u64 {
+        let (Some((shape, wrap)), Some(stride)) = (&self.patch, &self.patch_grid) else {
+            return self.patches_per_sample;
+        };
+        let field = self.patch_field();
+        (0..shape.len())
+            .map(|d| {
+                let end = if wrap[d] {
+                    field[d]
+                } else {
+                    field[d] - shape[d] + 1
+                };
+                // Starts 0, s, 2s, ... below the end, and one more at the end when the last
+                // window stops short of it.
+                let starts = (0..end).step_by(stride[d] as usize).count() as u64;
+                let last = (starts - 1) * stride[d];
+                starts + u64::from(!wrap[d] && last + shape[d] < field[d])
+            })
+            .product()
+    }
+
+    /// The extents of the axes the patch covers (the last ones of every view's samples).
+    pub fn patch_field(&self) -> Vec<u64> {
+        let k = self.patch.as_ref().map_or(0, |p| p.0.len());
+        let inner = self.arrays[self.views[0].array].inner_shape(self.axis);
+        inner[inner.len() - k..].to_vec()
     }
 
     /// The row shape of view `v`: its samples' inner shape, cut to the patch.
@@ -1025,6 +1068,12 @@ impl Case {
         }
         if let Some((shape, wrap)) = &self.patch {
             b = b.patch_wrapping(shape.clone(), wrap.clone());
+            if self.patches_per_sample > 1 {
+                b = b.patches_per_sample(self.patches_per_sample);
+            }
+            if let Some(stride) = &self.patch_grid {
+                b = b.patch_grid(stride.clone());
+            }
         }
         match self.budget {
             CaseBudget::Auto => {}
