@@ -1680,6 +1680,12 @@ impl InSituDataset {
         self.variables.first().and_then(|v| v.patch.as_deref())
     }
 
+    /// The rows each sample gives: its patches ([`DatasetBuilder::patches_per_sample`], or a
+    /// [`DatasetBuilder::patch_grid`]'s count), 1 without a patch.
+    pub fn patches_per_sample(&self) -> u64 {
+        self.variables.first().map_or(1, Variable::rows_per_anchor)
+    }
+
     /// Counters of the cache directory (`None` without `cache_dir`).
     pub fn cache_stats(&self) -> Option<DiskStats> {
         self.ctx.pool.disk().map(|d| d.stats())

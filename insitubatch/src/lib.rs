@@ -28,8 +28,8 @@ pub use insitubatch_actors as actors;
 pub use insitubatch_actors::transform;
 pub use insitubatch_actors::{
     BadChunk, Batch, BatchArray, ChunkTransform, EngineError, EpochOrder, IntoRows, MemoryLimit,
-    MemoryNeed, MemorySource, OnBadChunk, Pass, PassStats, Patch, Snap, SplitManifest, Stride,
-    TimedOut, Variable, memory_limit, shuffle_quality, split_by_chunk, split_by_ranges,
+    MemoryNeed, MemorySource, OnBadChunk, Origins, Pass, PassStats, Patch, Snap, SplitManifest,
+    Stride, TimedOut, Variable, memory_limit, shuffle_quality, split_by_chunk, split_by_ranges,
 };
 pub use insitubatch_pool as pool;
 pub use insitubatch_pool::PoolStats;

@@ -322,6 +322,19 @@ struct PassArgs {
     /// from 0: a window may run across their end (`1` for the second of `64x64`).
     #[arg(long, value_name = "AXES", requires = "patch", value_delimiter = ',')]
     patch_wrap: Vec<usize>,
+    /// Cut this many patches of --patch from every sample, each a row of its own: an epoch
+    /// has that many times the rows from the same chunks.
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "patch",
+        conflicts_with = "patch_grid"
+    )]
+    patches_per_sample: Option<u64>,
+    /// Tile every field with patches of --patch on a grid of this stride (`64x64` for the
+    /// patch's own shape: no overlap), the same origins every epoch.
+    #[arg(long, value_name = "NxM", requires = "patch", value_parser = parse_patch)]
+    patch_grid: Option<PatchShape>,
     #[command(flatten)]
     fields: FieldArgs,
     #[command(flatten)]
@@ -457,6 +470,12 @@ impl PassArgs {
                 })? = true;
             }
             b = b.patch_wrapping(shape.clone(), wrap);
+            if let Some(n) = self.patches_per_sample {
+                b = b.patches_per_sample(n);
+            }
+            if let Some(PatchShape(stride)) = &self.patch_grid {
+                b = b.patch_grid(stride.clone());
+            }
         }
         if let Some(dir) = &self.cache_dir {
             b = b

@@ -324,7 +324,7 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
         let [samples, tiles_read, _] = stats(coords);
         assert_eq!((samples, tiles_read), (24, tiles), "{coords:?}");
     }
-    let refused: [(&[&str], &[&str]); 9] = [
+    let refused: [(&[&str], &[&str]); 11] = [
         (
             &["--coords", "level=0:1"],
             &["`level` is not a dimension", "latitude"],
@@ -349,6 +349,21 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
             &["--patch", "30x4"],
             &["`patch`", "larger than the field along its axis 0"],
         ),
+        (
+            &["--patch", "3x4", "--patch-grid", "4x4"],
+            &["`patch_grid`", "axis 0 must be from 1"],
+        ),
+        (
+            &[
+                "--patch",
+                "3x4",
+                "--patch-grid",
+                "3x4",
+                "--patches-per-sample",
+                "2",
+            ],
+            &["--patches-per-sample", "--patch-grid"],
+        ),
     ];
     for (args, needles) in refused {
         fails_with(
@@ -366,6 +381,12 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
     assert_eq!(stats(&["--patch", "3x4"]), [24, own[1], 24 * 2 * 3 * 4 * 4]);
     let periodic = ["--patch", "3x8", "--patch-wrap", "0,1"];
     assert_eq!(stats(&periodic), [24, own[1], 24 * 2 * 3 * 8 * 4]);
+    // Three patches per sample: three times the rows from the same chunks; a grid of 3 x 4
+    // tiles over the 6 x 8 field, 2 x 2 of them.
+    let three = ["--patch", "3x4", "--patches-per-sample", "3"];
+    assert_eq!(stats(&three), [72, own[1], 72 * 2 * 3 * 4 * 4]);
+    let tiled = ["--patch", "3x4", "--patch-grid", "3x4"];
+    assert_eq!(stats(&tiled), [96, own[1], 96 * 2 * 3 * 4 * 4]);
     fails_with(
         bench_with(&store, &manifest).args(["--variables", "t2m", "--region", "3-6"]),
         &["--region", "START:STOP"],

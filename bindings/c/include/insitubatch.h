@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 19
+#define ISB_ABI_VERSION 20
 
 /*
  DLPack version of the exported structs.
@@ -485,7 +485,9 @@ IsbStatus isb_split_by_chunk(const char *store,
  row, so batch arrays are `(batch, *leading axes, 64, 64)`; origins move every epoch in
  `train` and stay in the other splits; `isb_batch_patch_origins` says where each row was
  cut; `{"shape": [64, 64], "wrap": [false, true]}` makes the second patched axis periodic,
- so that a window may run across its end).
+ so that a window may run across its end; ABI 20: `"per_sample": 4` in that object cuts four
+ patches from every sample, each a row of its own, and `"grid": true` tiles every field
+ with patches instead, `"grid": [32, 32]` at that stride, overlapping).
  An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 
  # Safety

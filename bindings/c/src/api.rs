@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use insitubatch::transform::ChunkTransforms;
 use insitubatch::{
-    Batch, InSituDataset, IoBackendChoice, OnBadChunk, Pass, SampleBound, Snap, SplitManifest,
-    StatisticsAccumulator, split_by_chunk, split_by_ranges,
+    Batch, DatasetBuilder, InSituDataset, IoBackendChoice, OnBadChunk, Origins, Pass, SampleBound,
+    Snap, SplitManifest, StatisticsAccumulator, split_by_chunk, split_by_ranges,
 };
 use serde::Deserialize;
 
@@ -15,7 +15,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 19;
+pub const ISB_ABI_VERSION: u32 = 20;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -560,7 +560,8 @@ struct DatasetConfig {
     #[serde(default)]
     mounts: Option<serde_json::Value>,
     /// ABI 19: a patch cut from every row, `[64, 64]` or `{"shape": [64, 64], "wrap": [false,
-    /// true]}` (checked by `patch`).
+    /// true]}`; ABI 20: with `"per_sample": 4` or `"grid": true | [32, 32]` (checked by
+    /// `patch`).
     #[serde(default)]
     patch: Option<serde_json::Value>,
 }
@@ -654,32 +655,63 @@ fn mounts(v: serde_json::Value) -> Result<Vec<MountConfig>, insitubatch::EngineE
         .collect()
 }
 
-/// The config's `patch`: a list of extents (no axis periodic), or `{"shape": [...], "wrap":
-/// [...]}`; anything else is refused saying what it takes.
-fn patch(v: serde_json::Value) -> Result<(Vec<u64>, Vec<bool>), insitubatch::EngineError> {
+/// The config's `patch`, read onto the builder: a list of extents (no axis periodic), or
+/// `{"shape": [...], "wrap": [...], "per_sample": n, "grid": true | [...]}` (all but `shape`
+/// optional); anything else is refused saying what it takes.
+fn patch(
+    b: DatasetBuilder,
+    v: serde_json::Value,
+) -> Result<DatasetBuilder, insitubatch::EngineError> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
-    struct Wrapping {
+    struct Placed {
         shape: Vec<u64>,
         #[serde(default)]
         wrap: Option<Vec<bool>>,
+        #[serde(default)]
+        per_sample: Option<u64>,
+        #[serde(default)]
+        grid: Option<Grid>,
+    }
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Grid {
+        Tiles(bool),
+        Stride(Vec<u64>),
     }
     let bad = |v: &serde_json::Value| {
         insitubatch::EngineError::arg(
             "patch",
             v,
             "is a list of extents, one per patched axis (the samples' last axes), such as [64, \
-             64], or {\"shape\": [64, 64], \"wrap\": [false, true]} where a `wrap` flag makes \
-             its axis periodic",
+             64], or {\"shape\": [64, 64], \"wrap\": [false, true], \"per_sample\": 4} where a \
+             `wrap` flag makes its axis periodic and `per_sample` cuts that many patches from \
+             each sample, or with \"grid\": true (or a stride, [32, 32]) tiling each field",
         )
     };
     if let Ok(shape) = serde_json::from_value::<Vec<u64>>(v.clone()) {
-        let wrap = vec![false; shape.len()];
-        return Ok((shape, wrap));
+        return Ok(b.patch(shape));
     }
-    let w: Wrapping = serde_json::from_value(v.clone()).map_err(|_| bad(&v))?;
-    let wrap = w.wrap.unwrap_or_else(|| vec![false; w.shape.len()]);
-    Ok((w.shape, wrap))
+    let p: Placed = serde_json::from_value(v.clone()).map_err(|_| bad(&v))?;
+    if p.per_sample.is_some() && !matches!(p.grid, None | Some(Grid::Tiles(false))) {
+        return Err(insitubatch::EngineError::arg(
+            "patch",
+            &v,
+            "has both `per_sample` and `grid`: patches are drawn at random (`per_sample` of \
+             them) or tile each field on a grid; give one",
+        ));
+    }
+    let wrap = p.wrap.unwrap_or_else(|| vec![false; p.shape.len()]);
+    let mut b = b.patch_wrapping(p.shape.clone(), wrap);
+    if let Some(n) = p.per_sample {
+        b = b.patches_per_sample(n);
+    }
+    match p.grid {
+        Some(Grid::Tiles(true)) => b = b.patch_grid(p.shape),
+        Some(Grid::Stride(stride)) => b = b.patch_grid(stride),
+        Some(Grid::Tiles(false)) | None => {}
+    }
+    Ok(b)
 }
 
 /// The config's `stacks`: an object mapping each stacked array's name to its labels, by
@@ -908,8 +940,7 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
         }
     }
     if let Some(v) = c.patch {
-        let (shape, wrap) = patch(v)?;
-        b = b.patch_wrapping(shape, wrap);
+        b = patch(b, v)?;
     }
     if let Some(v) = c.mounts {
         for m in mounts(v)? {
@@ -989,7 +1020,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// row, so batch arrays are `(batch, *leading axes, 64, 64)`; origins move every epoch in
 /// `train` and stay in the other splits; `isb_batch_patch_origins` says where each row was
 /// cut; `{"shape": [64, 64], "wrap": [false, true]}` makes the second patched axis periodic,
-/// so that a window may run across its end).
+/// so that a window may run across its end; ABI 20: `"per_sample": 4` in that object cuts four
+/// patches from every sample, each a row of its own, and `"grid": true` tiles every field
+/// with patches instead, `"grid": [32, 32]` at that stride, overlapping).
 /// An unknown key is an error naming it. Free `*out` with `isb_dataset_free`.
 ///
 /// # Safety
@@ -1463,6 +1496,11 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
             "anchor_range": [d.anchor_range().start, d.anchor_range().end],
             "patch": d.patch().map(|p| &p.shape),
             "patch_wrap": d.patch().map(|p| &p.wrap),
+            "patches_per_sample": d.patches_per_sample(),
+            "patch_grid": d.patch().and_then(|p| match &p.origins {
+                Origins::Grid(stride) => Some(stride),
+                Origins::Random(_) => None,
+            }),
             "pool": {
                 "budget_bytes": p.budget_bytes,
                 "resident_bytes": p.resident_bytes,

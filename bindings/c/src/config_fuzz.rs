@@ -112,7 +112,7 @@ fn valid(store: &str, mount: &str, cache: &str) -> Value {
         ],
         "mounts": {"again": {"store": mount, "align": {"nearest": "time"}}},
         "stacks": {"x": ["t2m", "y"]},
-        "patch": {"shape": [3], "wrap": [true]},
+        "patch": {"shape": [3], "wrap": [true], "per_sample": 2},
         "batch_size": 5, "block_chunks": 2, "fast_first_batch": true, "sample_stride": 2,
         "sample_phase": 1, "max_inflight": 3, "prefetch_depth": 2, "seed": 4, "shuffle": true,
         "cache_budget_bytes": 1 << 20, "memory_limit_bytes": 1u64 << 34, "on_bad_chunk": "nan",

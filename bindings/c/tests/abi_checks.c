@@ -570,6 +570,75 @@ int main(int argc, char **argv) {
         isb_dataset_free(patched);
         isb_dataset_free(whole);
     }
+    /* Patches placed (ABI 20): a grid of 3 x 4 tiles over t2m's 9 x 16 field, twelve rows per
+     * sample, stitched back into each whole field; bad placements name their argument. */
+    {
+        IsbDataset *tiled = NULL, *whole = NULL;
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"patch\": {\"shape\": [3, 4], \"per_sample\": 0}}", store);
+        CHECK("no patch per sample", isb_dataset_open(config, &tiled, &err), ISB_INVALID_ARGUMENT, "`patches_per_sample`");
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"patch\": {\"shape\": [3, 4], \"grid\": [4, 4]}}", store);
+        CHECK("a grid stride past the patch", isb_dataset_open(config, &tiled, &err), ISB_INVALID_ARGUMENT, "`patch_grid`");
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"patch\": {\"shape\": [3, 4], \"grid\": \"yes\"}}", store);
+        CHECK("a grid neither a flag nor a stride", isb_dataset_open(config, &tiled, &err), ISB_INVALID_ARGUMENT, "\"grid\": true");
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"patch\": {\"shape\": [3, 4], \"grid\": true, \"per_sample\": 2}}", store);
+        CHECK("drawn and tiled patches at once", isb_dataset_open(config, &tiled, &err), ISB_INVALID_ARGUMENT, "give one");
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"batch_size\": 12}", store);
+        CHECK("open whole fields", isb_dataset_open(config, &whole, &err), ISB_OK, NULL);
+        snprintf(config, sizeof config, "{\"store\": \"%s\", \"variables\": [\"t2m\"], \"batch_size\": 10, \"patch\": {\"shape\": [3, 4], \"grid\": true}}", store);
+        CHECK("open a grid", isb_dataset_open(config, &tiled, &err), ISB_OK, NULL);
+        char *facts = NULL;
+        uint64_t n = 0;
+        CHECK("grid facts", isb_dataset_stats_json(tiled, &facts, &err), ISB_OK, NULL);
+        CHECK("grid length", isb_dataset_split_len(tiled, "train", &n, NULL, &err), ISB_OK, NULL);
+        if (n != 12 * 12 || !facts || !strstr(facts, "\"patches_per_sample\":12") || !strstr(facts, "\"patch_grid\":[3,4]")) {
+            fprintf(stderr, "FAIL grid: %llu rows (want 144), facts %s\n", (unsigned long long)n, facts ? facts : "(null)");
+            failures++;
+        }
+        isb_string_free(facts);
+        /* The whole fields, in sample order (one batch of the unshuffled `all`). */
+        static float fields[12 * 9 * 16], stitched[12 * 9 * 16];
+        IsbIter *it = NULL;
+        IsbBatch *b = NULL;
+        DLManagedTensorVersioned *t = NULL;
+        if (isb_iter_start(whole, "all", &it, NULL) != ISB_OK || isb_iter_next(it, &b, NULL) != ISB_OK ||
+            isb_batch_export(b, "t2m", &t, NULL) != ISB_OK) {
+            fprintf(stderr, "FAIL reading the whole fields\n");
+            return 1;
+        }
+        memcpy(fields, t->dl_tensor.data, sizeof fields);
+        t->deleter(t);
+        isb_batch_free(b);
+        isb_iter_free(it);
+        for (size_t i = 0; i < 12 * 9 * 16; i++) stitched[i] = -1.0f;
+        size_t rows_seen = 0;
+        CHECK("iterate the grid", isb_iter_start(tiled, "train", &it, &err), ISB_OK, NULL);
+        while (it && isb_iter_next(it, &b, NULL) == ISB_OK) {
+            const uint64_t *origins = NULL, *samples = NULL;
+            size_t n_origins = 0, n_samples = 0;
+            if (isb_batch_patch_origins(b, &origins, &n_origins, NULL) != ISB_OK ||
+                isb_batch_sample_indices(b, &samples, &n_samples, NULL) != ISB_OK || n_origins != 2 * n_samples ||
+                isb_batch_export(b, "t2m", &t, NULL) != ISB_OK) {
+                fprintf(stderr, "FAIL a batch of the grid\n");
+                failures++;
+                break;
+            }
+            const float *v = t->dl_tensor.data;
+            for (size_t r = 0; r < n_samples; r++)
+                for (size_t i = 0; i < 3; i++)
+                    for (size_t j = 0; j < 4; j++)
+                        stitched[samples[r] * 144 + (origins[2 * r] + i) * 16 + origins[2 * r + 1] + j] = v[(r * 3 + i) * 4 + j];
+            rows_seen += n_samples;
+            t->deleter(t);
+            isb_batch_free(b);
+        }
+        isb_iter_free(it);
+        if (rows_seen != 144 || memcmp(fields, stitched, sizeof fields) != 0) {
+            fprintf(stderr, "FAIL the grid's %zu rows do not stitch back into the fields\n", rows_seen);
+            failures++;
+        }
+        isb_dataset_free(tiled);
+        isb_dataset_free(whole);
+    }
     CHECK("split, options for a directory", isb_split_by_chunk(store, NULL, "{\"fractions\": [1.0], \"storage_options\": {\"aws_region\": \"x\"}}", &out, &err), ISB_INVALID_ARGUMENT, "aws_region");
     CHECK("bad fractions", isb_split_by_chunk(store, NULL, "{\"fractions\": [0.9, 0.3]}", &out, &err), ISB_INVALID_ARGUMENT, "fractions");
     /* A sample stride (ABI 15): t2m's 12 samples, every 5th from 1 (1, 6, 11). */

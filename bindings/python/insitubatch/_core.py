@@ -1294,7 +1294,13 @@ class InSituDataset:
     (longitude on a global grid): a window may start anywhere along them and run across the
     end. With one sample per chunk and a field stored as several chunks, a row reads only the
     chunks under its window; otherwise chunks are read, decoded and cached whole and the patch
-    is cut as each row is copied.
+    is cut as each row is copied. `patches_per_sample=4` cuts four patches from every sample,
+    each a row of its own at an origin drawn apart, so an epoch has four times the rows from
+    the same chunks read once. `patch_grid=True` tiles every field with patches instead (a
+    stride such as `(32, 32)` overlaps them): origins every stride from 0, the last along an
+    axis moved back to end at the field's edge (or running across the end of a periodic one),
+    the same in every epoch and split, so that predictions stitched back at
+    `Batch.patch_origins` cover each field whole (inference over large fields).
     """
 
     def __init__(
@@ -1335,6 +1341,8 @@ class InSituDataset:
         indexes: Mapping[str, Any] | None = None,
         patch: Sequence[int] | None = None,
         patch_wrap: bool | Sequence[bool] = False,
+        patches_per_sample: int = 1,
+        patch_grid: bool | Sequence[int] = False,
     ):
         self._handle = None
         config: dict[str, Any] = {
@@ -1415,8 +1423,30 @@ class InSituDataset:
                     f"`patch_wrap` must be a bool or one bool per patched axis, not {patch_wrap!r}"
                 )
             config["patch"] = {"shape": shape, "wrap": list(wrap)}
-        elif patch_wrap is not False:
-            raise errors.InvalidArgument("`patch_wrap` needs a `patch` to make periodic")
+            per_sample = _check_int("patches_per_sample", patches_per_sample)
+            if per_sample != 1:
+                config["patch"]["per_sample"] = per_sample
+            if isinstance(patch_grid, bool):
+                if patch_grid:
+                    config["patch"]["grid"] = True
+            elif isinstance(patch_grid, (str, bytes)) or not isinstance(patch_grid, Sequence):
+                raise TypeError(
+                    f"`patch_grid` must be a bool or a stride per patched axis such as (32, 32), "
+                    f"not {patch_grid!r}"
+                )
+            else:
+                config["patch"]["grid"] = [
+                    _check_int(f"patch_grid[{i}]", g) for i, g in enumerate(patch_grid)
+                ]
+        else:
+            for name, value, default in (("patch_wrap", patch_wrap, False),
+                                         ("patches_per_sample", patches_per_sample, 1),
+                                         ("patch_grid", patch_grid, False)):
+                if value is not default and value != default:
+                    raise errors.InvalidArgument(
+                        f"`{name}` places or shapes patches, and no `patch` is set: give one, "
+                        "such as patch=(64, 64)"
+                    )
         given = _mounts(mounts) if mounts is not None else {}
         if given:
             config["mounts"] = {
@@ -1500,6 +1530,9 @@ class InSituDataset:
         # The window cut from every row (or None), and which of its axes are periodic.
         self.patch = tuple(info["patch"]) if info.get("patch") else None
         self.patch_wrap = tuple(info["patch_wrap"]) if self.patch else None
+        # The rows each sample gives (its patches), and a grid's stride (None: drawn at random).
+        self.patches_per_sample = int(info.get("patches_per_sample", 1))
+        self.patch_grid = tuple(info["patch_grid"]) if info.get("patch_grid") else None
         # What one sample of each label is in a batch: after the chunk transforms (a cast or a
         # coarsen changes it), the geometry's inner shape and dtype without any.
         self.sample_formats = {

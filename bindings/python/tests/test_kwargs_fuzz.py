@@ -63,7 +63,8 @@ def base_kwargs(root):
         indexes={"c": np.arange(24) % 7}, manifest=None, rank=0, world_size=1,
         even_train=True, persist=False, reset_stale_cache=False, readonly_cache=False,
         cache_direct_io=False, memory_limit_bytes=1 << 34, batch_transforms=(lambda b: b,),
-        sample_axis=0, storage_options=None, patch=(3,), patch_wrap=(True,))
+        sample_axis=0, storage_options=None, patch=(3,), patch_wrap=(True,),
+        patches_per_sample=2, patch_grid=False)
 
 
 def exercise(store, kwargs, case):

@@ -106,7 +106,7 @@ def test_a_bad_patch_is_refused_naming_it(fixtures):
         isb.InSituDataset(store, None, views, patch=(3, 3), patch_wrap=(1, 0))
     with pytest.raises(errors.InvalidArgument, match="one wrap flag per patched axis"):
         isb.InSituDataset(store, None, views, patch=(3, 3), patch_wrap=(True,))
-    with pytest.raises(errors.InvalidArgument, match="`patch_wrap` needs a `patch`"):
+    with pytest.raises(errors.InvalidArgument, match="`patch_wrap` places or shapes patches, and no `patch` is set"):
         isb.InSituDataset(store, None, views, patch_wrap=True)
     with pytest.raises(errors.InvalidArgument, match="`patch\\[0\\]` = 0"):
         isb.InSituDataset(store, None, views, patch=(0, 3))
@@ -116,6 +116,67 @@ def test_a_bad_patch_is_refused_naming_it(fixtures):
         isb.InSituDataset(store, None,
                           {"x": g["field"], "o": g["orog"].as_static().crop((2, 7), (3, 10))},
                           patch=(3, 3))
+
+
+def test_several_patches_per_sample_are_rows_of_their_own(fixtures):
+    store, g, ref = stores(fixtures)
+    with isb.InSituDataset(store, None, {"x": g["field"], "orog": g["orog"].as_static()},
+                           patch=(4, 6), patches_per_sample=3, batch_size=4, seed=2) as ds:
+        assert (ds.patches_per_sample, ds.patch_grid) == (3, None)
+        assert ref["field"].shape == (10, 9, 16)
+        assert len(ds.train) == 8  # 30 rows in batches of 4
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            by_anchor = {}
+            for b in ds.train:
+                for r, (i, a) in enumerate(zip(b.read_indices("x"), b.sample_indices)):
+                    o = b.patch_origins[r]
+                    np.testing.assert_array_equal(b.arrays["x"][r], cut(ref["field"][i], o, (4, 6)))
+                    np.testing.assert_array_equal(b.arrays["orog"][r], cut(ref["orog"], o, (4, 6)))
+                    by_anchor.setdefault(int(a), []).append(tuple(o))
+            assert sorted(by_anchor) == list(range(10))
+            assert all(len(o) == 3 for o in by_anchor.values())
+            assert sum(len(set(o)) > 1 for o in by_anchor.values()) >= 8, by_anchor
+
+
+def stitch(view, label, patch, n, field):
+    """Every sample's field put back together from its patches' rows (NaN where none)."""
+    out = np.full((n, *field), np.nan, dtype="f4")
+    for b in view:
+        for r, s in enumerate(b.sample_indices):
+            i0, j0 = b.patch_origins[r]
+            out[s, i0:i0 + patch[0], j0:j0 + patch[1]] = b.arrays[label][r]
+    return out
+
+
+@pytest.mark.parametrize("grid, per_sample", [(True, 3 * 3), ((2, 3), 4 * 5)])
+def test_a_grid_tiles_every_field_so_patches_stitch_back_whole(fixtures, grid, per_sample):
+    store, g, ref = stores(fixtures)
+    with isb.InSituDataset(store, None, {"x": g["field"]}, patch=(4, 6), patch_grid=grid,
+                           batch_size=8) as ds:
+        assert ds.patches_per_sample == per_sample
+        assert ds.patch_grid == ((4, 6) if grid is True else grid)
+        assert len(ds.all) == -(-10 * per_sample // 8)
+        for view in (ds.train, ds.all):
+            np.testing.assert_array_equal(stitch(view, "x", (4, 6), 10, (9, 16)), ref["field"])
+
+
+def test_patches_placed_badly_are_refused_naming_the_argument(fixtures):
+    store, g, _ = stores(fixtures)
+    views = {"x": g["field"]}
+    with pytest.raises(errors.InvalidArgument, match="`patches_per_sample` = 0"):
+        isb.InSituDataset(store, None, views, patch=(3, 3), patches_per_sample=0)
+    with pytest.raises(TypeError, match="`patch_grid` must be a bool or a stride"):
+        isb.InSituDataset(store, None, views, patch=(3, 3), patch_grid="3x3")
+    with pytest.raises(errors.InvalidArgument, match="`patch_grid`.*one stride per patched axis"):
+        isb.InSituDataset(store, None, views, patch=(3, 3), patch_grid=(3,))
+    with pytest.raises(errors.InvalidArgument, match="`patch_grid`.*axis 1 must be from 1 to the patch's extent there \\(3\\)"):
+        isb.InSituDataset(store, None, views, patch=(3, 3), patch_grid=(3, 4))
+    with pytest.raises(errors.InvalidArgument, match="both `per_sample` and `grid`"):
+        isb.InSituDataset(store, None, views, patch=(3, 3), patches_per_sample=2, patch_grid=True)
+    for kwargs in ({"patches_per_sample": 2}, {"patch_grid": True}):
+        with pytest.raises(errors.InvalidArgument, match="no `patch` is set"):
+            isb.InSituDataset(store, None, views, **kwargs)
 
 
 def test_the_patches_example_in_the_python_docs_gives_what_it_prints(tmp_path, python_docs_example):
