@@ -55,12 +55,14 @@ const NONE: u32 = u32::MAX;
 /// Per plan slot, the batch rows its chunk's samples are decoded into, if any.
 #[derive(Debug, Default)]
 pub(crate) struct DirectRows {
-    /// Per plan slot: (index into `rows` of its first sample, its samples, the label), or
-    /// (`NONE`, ..) for a slot loaded through the pool.
+    /// Per plan slot: (index into `rows` of its first sample's first patch, its samples, the
+    /// label), or (`NONE`, ..) for a slot loaded through the pool.
     slots: Vec<(u32, u32, u32)>,
-    /// Per sample of every slot decoded into rows, in order: the row of the order that reads
-    /// it, or `NONE`.
+    /// Per sample of every slot decoded into rows, in order, per patch of the sample (one
+    /// without several patches per sample): the row of the order that reads it, or `NONE`.
     rows: Vec<u32>,
+    /// Rows per sample: its patches.
+    per_sample: u32,
     /// The most samples per chunk of a slot decoded into rows (0: none is), and the largest
     /// stored chunk of those not decoded straight into their one row (decoded into a scratch
     /// buffer first).
@@ -111,11 +113,9 @@ impl DirectRows {
                 IntoRows::Always => true,
                 IntoRows::Auto => budget < pass_bytes,
             };
-        // A cache directory writes slots to files; an anchor of several patches is several
-        // rows of one sample, which they copy from its slot.
+        // A cache directory writes slots to files.
         let patches = plan.patch.as_ref().map_or(1, PatchDraw::per_sample);
         if (pool_keeps && !regions_go_to_rows)
-            || patches > 1
             || pool.disk().is_some()
             || release_each_block
             || u32::try_from(n_rows).is_err()
@@ -160,13 +160,15 @@ impl DirectRows {
             })
             .collect();
         // A patch is cut from a whole sample in the scratch buffer, so a chunk that is its
-        // samples byte for byte (one tile, no region, the sample axis first) goes to rows; so
-        // does a one-sample chunk of an uncropped field, read as the region its row's patch
-        // covers (`crate::planner`'s `patch_region`).
+        // samples byte for byte (one tile, no region, the sample axis first) goes to rows, each
+        // of its samples' patches cut into its row; so does a one-sample chunk of an uncropped
+        // field, read as the region its row's patch covers (`crate::planner`'s
+        // `patch_region`), when the sample is one row.
         if plan.patch.is_some() {
             for (e, p) in eligible.iter_mut().zip(&plan.paths) {
                 let whole = TileLayout::new(&p.geom).can_adopt() && !reads_parts(p);
-                *e &= (whole && !pool_keeps) || reads_patch_region(p, inner_chunked(p));
+                let region = patches == 1 && reads_patch_region(p, inner_chunked(p));
+                *e &= (whole && !pool_keeps) || region;
             }
         }
         for s in &plan.slots {
@@ -177,13 +179,16 @@ impl DirectRows {
         if !eligible.contains(&true) {
             return Self::none();
         }
+        let Ok(per_sample) = u32::try_from(patches) else {
+            return Self::none();
+        };
         let mut slots = vec![(NONE, 0u32, 0u32); plan.slots.len()];
         let (mut n_samples, mut max_spc, mut scratch_bytes) = (0usize, 0, 0);
         for (i, s) in plan.slots.iter().enumerate() {
             if eligible[s.path] {
                 let k = plan.paths[s.path].samples_per_chunk;
                 slots[i] = (n_samples as u32, k as u32, 0);
-                n_samples = n_samples.saturating_add(k as usize);
+                n_samples = n_samples.saturating_add((k * patches) as usize);
                 max_spc = max_spc.max(k);
                 let path = &plan.paths[s.path];
                 if reads_parts(path) {
@@ -206,8 +211,11 @@ impl DirectRows {
             for i in 0..n_rows {
                 let (s, w) = plan.locate(l, order.anchor(i), plan.block_of_row[i]);
                 slots[s as usize].2 = l as u32;
-                let at = slots[s as usize].0 as usize + w as usize;
-                // One label reads the array and each anchor is one row: each sample once.
+                let at = slots[s as usize].0 as usize
+                    + w as usize * per_sample as usize
+                    + order.patch(i) as usize;
+                // One label reads the array and each (anchor, patch) is one row: each sample's
+                // patch once.
                 assert_eq!(rows[at], NONE, "internal error: a sample read by two rows");
                 rows[at] = i as u32;
             }
@@ -215,6 +223,7 @@ impl DirectRows {
         let mut direct = Self {
             slots,
             rows,
+            per_sample,
             max_spc,
             scratch_bytes,
             open_batches: 0,
@@ -267,18 +276,23 @@ impl DirectRows {
         most
     }
 
-    /// The label plan slot `slot` is decoded for, and per sample of its chunk the row of the
-    /// order it goes to (`None`: no row of the pass reads it); `None` for a slot loaded through
-    /// the pool.
+    /// The label plan slot `slot` is decoded for, and per sample of its chunk, per patch of
+    /// the sample ([`DirectRows::per_sample`]), the row of the order it goes to (`None`: no
+    /// row of the pass reads it); `None` for a slot loaded through the pool.
     pub fn rows_of(&self, slot: usize) -> Option<(usize, impl Iterator<Item = Option<usize>>)> {
         let &(at, k, label) = self.slots.get(slot)?;
         if at == NONE {
             return None;
         }
-        let rows = self.rows[at as usize..(at + k) as usize]
+        let rows = self.rows[at as usize..(at + k * self.per_sample) as usize]
             .iter()
             .map(|&r| (r != NONE).then_some(r as usize));
         Some((label as usize, rows))
+    }
+
+    /// Rows per sample of a chunk decoded into rows: its patches.
+    pub fn per_sample(&self) -> usize {
+        self.per_sample.max(1) as usize
     }
 
     /// True when plan slot `slot` is decoded into rows rather than loaded through the pool.
@@ -468,17 +482,22 @@ impl Assemblies {
 /// chunk's tiles: each stored chunk decoded copies its box of every sample in, one tile at a
 /// time, and the last one counts the rows filled.
 pub(crate) struct ChunkRows {
+    /// Per sample of the chunk, per patch of the sample: its row.
     rows: Mutex<Vec<Option<RowDest>>>,
+    /// Rows per sample (its patches).
+    per_sample: usize,
     tiles_left: AtomicUsize,
     /// A tile's stand-in (a bad stored chunk under `on_bad_chunk = "nan"`) went in.
     stand_in: AtomicBool,
 }
 
 impl ChunkRows {
-    /// The rows of a chunk whose field is `tiles` stored chunks.
-    pub fn new(rows: Vec<Option<RowDest>>, tiles: u64) -> Arc<Self> {
+    /// The rows of a chunk whose field is `tiles` stored chunks, `per_sample` for each of its
+    /// samples.
+    pub fn new(rows: Vec<Option<RowDest>>, per_sample: usize, tiles: u64) -> Arc<Self> {
         Arc::new(Self {
             rows: Mutex::new(rows),
+            per_sample: per_sample.max(1),
             tiles_left: AtomicUsize::new(tiles.max(1) as usize),
             stand_in: AtomicBool::new(false),
         })
@@ -487,6 +506,11 @@ impl ChunkRows {
     /// Runs `write` on the rows; tiles write one at a time (a tile decodes before it calls this).
     pub fn write<R>(&self, write: impl FnOnce(&mut [Option<RowDest>]) -> R) -> R {
         write(&mut lock(&self.rows))
+    }
+
+    /// Rows per sample of the chunk.
+    pub fn per_sample(&self) -> usize {
+        self.per_sample
     }
 
     /// Counts one tile in, `decoded` or a bad one's stand-in; after the last, counts every row

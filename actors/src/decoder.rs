@@ -138,7 +138,7 @@ async fn decode_into_rows<S: Store>(
         Some(parts) => {
             let (decoded, buffer) = decode_parts(array, index, bytes, parts, locate);
             let copied = decoded.map(|chunk| {
-                rows.write(|r| copy_rows(layout, tile, &chunk.bytes, r));
+                rows.write(|r| copy_rows(layout, tile, &chunk.bytes, r, rows.per_sample()));
                 chunk.bytes.len() as u64
             });
             (copied, buffer)
@@ -193,25 +193,36 @@ fn decode_whole_into_rows(
         // executors; only their copies take turns.
         array
             .decode_chunk_into(index, bytes, chunk, &locate)
-            .map(|()| rows.write(|r| copy_rows(layout, tile, chunk, r)))
+            .map(|()| rows.write(|r| copy_rows(layout, tile, chunk, r, rows.per_sample())))
     })
 }
 
 /// Copies each sample of a decoded stored chunk (tile `tile` of `layout`) into its batch row
 /// (samples that no row of the pass reads are skipped): whole samples when the chunk is the
-/// slot byte for byte (or each row's patch of it), else each sample's part of the view's
-/// region.
-fn copy_rows(layout: &TileLayout, tile: u64, chunk: &[u8], rows: &mut [Option<RowDest>]) {
+/// slot byte for byte (or each row's patch of it, `per_sample` rows per sample), else each
+/// sample's part of the view's region.
+fn copy_rows(
+    layout: &TileLayout,
+    tile: u64,
+    chunk: &[u8],
+    rows: &mut [Option<RowDest>],
+    per_sample: usize,
+) {
     if !layout.can_adopt() {
+        debug_assert_eq!(
+            per_sample, 1,
+            "several rows of a sample are patches of a whole one"
+        );
         let mut dsts: Vec<Option<&mut [u8]>> = rows
             .iter_mut()
             .map(|r| r.as_mut().map(RowDest::bytes_mut))
             .collect();
         return layout.copy_into_rows(tile, chunk, &mut dsts);
     }
-    let sample = chunk.len() / rows.len().max(1);
-    for (w, row) in rows.iter_mut().enumerate() {
+    let sample = chunk.len() / (rows.len() / per_sample).max(1);
+    for (i, row) in rows.iter_mut().enumerate() {
         if let Some(row) = row {
+            let w = i / per_sample;
             row.write_sample(&chunk[w * sample..(w + 1) * sample]);
         }
     }
@@ -281,7 +292,7 @@ pub(crate) async fn deliver<S: Store>(
                 .layout
                 .as_deref()
                 .unwrap_or(&job.shared.layouts[job.path]);
-            rows.write(|r| copy_rows(layout, job.tile, &bytes, r));
+            rows.write(|r| copy_rows(layout, job.tile, &bytes, r, rows.per_sample()));
             return rows_filled(job, false);
         }
         Dest::Filled => unreachable!("a filled row's job is complete"),

@@ -162,7 +162,8 @@ fn row_dests<S: Store>(
         own = Some(Arc::new(layout));
     }
     let tiles = own.as_ref().map_or(path.tiles, |l| l.tiles());
-    Ok((Dest::Rows(ChunkRows::new(dests, tiles)), own))
+    let per_sample = shared.direct.per_sample();
+    Ok((Dest::Rows(ChunkRows::new(dests, per_sample, tiles)), own))
 }
 
 /// The tiles of the region a one-sample chunk's patched `row` covers, when reading that region

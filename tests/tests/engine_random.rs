@@ -259,6 +259,7 @@ fn check_pass(
     }
     let stats = pass.stats();
     cov.into_rows += (stats.tiles_into_batches > 0) as u64;
+    cov.patches_into_rows += (stats.tiles_into_batches > 0 && case.rows_per_anchor() > 1) as u64;
     if case.into_rows == IntoRows::Never {
         assert_eq!(stats.tiles_into_batches, 0);
     }
@@ -389,6 +390,9 @@ struct Coverage {
     patched: u64,
     periodic_patches: u64,
     several_patches: u64,
+    /// Rare here (a chunk must be its samples byte for byte); `tests/tests/patch.rs` decodes
+    /// several patches per sample into rows on every fixture case that can.
+    patches_into_rows: u64,
     patch_grids: u64,
 }
 

@@ -254,19 +254,43 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// How a case places its patches: one per sample, several drawn, or a grid.
+#[derive(Clone, Copy, Debug)]
+enum Placing {
+    One,
+    Three,
+    Grid,
+}
+
 #[test]
 fn every_patch_is_zarr_python_cut_at_its_origin_and_every_anchor_comes_once() {
-    for case in cases() {
+    let placings = [Placing::One, Placing::Three, Placing::Grid];
+    for (placing, case) in placings
+        .into_iter()
+        .flat_map(|p| cases().into_iter().map(move |c| (p, c)))
+    {
         for (shuffle, bs, mode) in [(true, 5, IntoRows::Always), (false, 4, IntoRows::Never)] {
             let patch: Vec<u64> = case.patch.iter().map(|&d| d as u64).collect();
-            let ds = (case.build)()
+            let mut b = (case.build)()
                 .patch(patch.clone())
                 .batch_size(bs)
                 .block_chunks(2)
                 .shuffle(shuffle)
-                .decode_into_batches(mode)
+                .decode_into_batches(mode);
+            b = match placing {
+                Placing::One => b,
+                Placing::Three => b.patches_per_sample(3),
+                Placing::Grid => b.patch_grid(patch.clone()),
+            };
+            let ds = b
                 .build()
-                .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+                .unwrap_or_else(|e| panic!("{} {placing:?}: {e}", case.name));
+            let per_sample = ds.patches_per_sample();
+            match placing {
+                Placing::One => assert_eq!(per_sample, 1),
+                Placing::Three => assert_eq!(per_sample, 3),
+                Placing::Grid => assert!(per_sample >= 1),
+            }
             assert_eq!(ds.patch().map(|p| &p.shape), Some(&patch));
             for spec in ds.batch_arrays() {
                 assert_eq!(
@@ -281,7 +305,12 @@ fn every_patch_is_zarr_python_cut_at_its_origin_and_every_anchor_comes_once() {
                 ds.set_epoch(epoch);
                 let (anchors, _, stats) =
                     check_patched_epoch(&ds, "train", &case.refs, &case.patch, case.stack);
-                assert_eq!(sorted(anchors), case.anchors, "{}", case.name);
+                let want: Vec<u64> = case
+                    .anchors
+                    .iter()
+                    .flat_map(|&a| std::iter::repeat_n(a, per_sample as usize))
+                    .collect();
+                assert_eq!(sorted(anchors), want, "{} {placing:?}", case.name);
                 // A patch is cut from a whole sample: in the decoder's scratch buffer for a chunk
                 // that is its samples byte for byte, else by the gather from the pool.
                 let want = mode == IntoRows::Always && case.into_rows;
@@ -751,10 +780,21 @@ fn several_patches_per_sample_are_rows_of_their_own_each_once_from_one_read() {
         // Shuffled: an anchor's patches rarely follow one another.
         let next = rows.windows(2).filter(|w| w[0].0 == w[1].0).count();
         assert!(next <= 12, "{next} of 32 neighbours share an anchor");
-        // Decoding into rows is off for several patches of one sample: the same rows.
+        // Decoded into rows, each sample's patches cut from the decoder's scratch buffer:
+        // the same rows, and every chunk read once (u10's three; t2m, read by two labels,
+        // through the pool).
         let forced = build(1, 4, IntoRows::Always);
         forced.set_epoch(epoch);
-        check_patched_epoch(&forced, "train", &refs, &[3, 4], None);
+        let (_, _, stats) = check_patched_epoch(&forced, "train", &refs, &[3, 4], None);
+        assert_eq!(
+            (stats.tiles_read, stats.tiles_into_batches),
+            (6, 3),
+            "{stats:?}"
+        );
+        let never = build(2, 3, IntoRows::Never);
+        never.set_epoch(epoch);
+        let (_, _, stats) = check_patched_epoch(&never, "train", &refs, &[3, 4], None);
+        assert_eq!(stats.tiles_into_batches, 0, "{stats:?}");
         assert_eq!(
             origins_by_anchor(&rows),
             origins_by_anchor(&self::rows(&forced, "train")),
