@@ -11,7 +11,8 @@
 //! buffer, which stays in its cache and is never freshly mapped, and each sample's part copied
 //! from there into its row ([`TileLayout::copy_into_rows`]). With a patch, a chunk that is its
 //! samples byte for byte is decoded into the scratch buffer and each row's patch cut from
-//! there ([`RowDest::write_sample`]); a one-sample chunk of a field stored as several chunks is
+//! there ([`RowDest::write_sample`]; with several patches per sample, each of them, every one
+//! a row of its own); a one-sample chunk of a field stored as several chunks is
 //! read as the region its row's patch covers, each stored chunk under the window copying its
 //! box in; any other chunk goes through the pool.
 //!

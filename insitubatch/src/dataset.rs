@@ -1077,8 +1077,9 @@ impl DatasetBuilder {
     /// (from (seed, epoch, anchor, k) in train): a chunk read and decoded once gives `n` times
     /// the rows. Each (sample, patch) is drawn once per epoch and an epoch has `n` times the
     /// rows; an anchor's patches are shuffled within its block like any rows. Needs a
-    /// [`patch`](Self::patch); `n` is at least 1 (the default). Rows of several patches per
-    /// sample are copied from the pool (a chunk is not decoded into rows).
+    /// [`patch`](Self::patch); `n` is at least 1 (the default). A chunk decoded into rows is
+    /// cut into all of its samples' patches from one decoded copy; a field stored as several
+    /// chunks is read whole for them (one patch per sample reads only the chunks under it).
     pub fn patches_per_sample(mut self, n: u64) -> Self {
         self.patch_origins = Some(Origins::Random(n));
         self
