@@ -21,7 +21,6 @@ best first epoch (every chunk decoded) and best later epoch.
 """
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,22 +29,11 @@ import numpy as np
 
 import insitubatch as isb
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from patch import make_store  # noqa: E402  (the same stores as bench/patch.py)
+
 SIZE = (64, 64)
 FIELD = (181, 360)
-
-
-def make_store(root: Path, spc: int) -> Path:
-    store = root / f"era5_spc{spc}.zarr"
-    if not store.exists():
-        exe = Path(__file__).resolve().parent.parent / "target/release/insitubatch"
-        subprocess.run(
-            [str(exe), "make-dataset", str(store), "--samples", "512", "--sample-chunk", str(spc)],
-            check=True, stdout=subprocess.DEVNULL,
-        )
-    for f in store.rglob("*"):  # page cache warm
-        if f.is_file():
-            f.read_bytes()
-    return store
 
 
 def grid_origins() -> list[tuple[int, int]]:

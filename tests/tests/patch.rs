@@ -703,7 +703,12 @@ fn a_patch_is_cut_from_what_the_chunk_transforms_make() {
 
 /// Every row of one epoch of `split`: its anchor and its patch's origin, in order.
 fn rows(ds: &InSituDataset, split: &str) -> Vec<(u64, Vec<u64>)> {
-    ds.iter_from(split, 0)
+    rows_from(ds, split, 0)
+}
+
+/// [`rows`] of the epoch resumed at batch `start`.
+fn rows_from(ds: &InSituDataset, split: &str, start: u64) -> Vec<(u64, Vec<u64>)> {
+    ds.iter_from(split, start)
         .unwrap()
         .flat_map(|b| {
             let b = b.unwrap();
@@ -808,20 +813,7 @@ fn several_patches_per_sample_are_rows_of_their_own_each_once_from_one_read() {
     assert!(first.keys().filter(|a| first[*a] != second[*a]).count() >= 8);
     // Resumed mid-epoch: the rest of the whole epoch's rows.
     let whole = rows(&ds, "train");
-    let rest: Vec<(u64, Vec<u64>)> = ds
-        .iter_from("train", 3)
-        .unwrap()
-        .flat_map(|b| {
-            let b = b.unwrap();
-            let o = b.patch_origins().unwrap().to_vec();
-            b.sample_indices()
-                .iter()
-                .enumerate()
-                .map(|(i, &a)| (a, o[2 * i..2 * i + 2].to_vec()))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    assert_eq!(rest, whole[15..]);
+    assert_eq!(rows_from(&ds, "train", 3), whole[15..]);
 }
 
 #[test]
