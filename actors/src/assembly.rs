@@ -165,10 +165,10 @@ impl DirectRows {
         // of its samples' patches cut into its row; so does a one-sample chunk of an uncropped
         // field, read as the region its row's patch covers (`crate::planner`'s
         // `patch_region`), when the sample is one row.
-        if plan.patch.is_some() {
+        if let Some(draw) = &plan.patch {
             for (e, p) in eligible.iter_mut().zip(&plan.paths) {
                 let whole = TileLayout::new(&p.geom).can_adopt() && !reads_parts(p);
-                let region = patches == 1 && reads_patch_region(p, inner_chunked(p));
+                let region = patches == 1 && reads_patch_region(p, inner_chunked(p), &draw.patch);
                 *e &= (whole && !pool_keeps) || region;
             }
         }

@@ -177,19 +177,29 @@ fn patch_region(
 ) -> Result<Option<TileLayout>, EngineError> {
     let path = &shared.plan.paths[p];
     let g = &path.geom;
-    let Some((cut, origin)) = &row.cut else {
+    let (Some((cut, origin)), Some(draw)) = (&row.cut, &shared.plan.patch) else {
         return Ok(None);
     };
-    if !reads_patch_region(path, shared.arrays[p].inner_chunk_shape().is_some()) {
+    let inner_chunked = shared.arrays[p].inner_chunk_shape().is_some();
+    if !reads_patch_region(path, inner_chunked, &draw.patch) {
         return Ok(None);
     }
-    let inner = g.inner_shape();
-    let lead = inner.len() - origin.len();
+    // The window in the array's own coordinates: the view's range along each leading axis,
+    // and along each patched axis the patch's, from the view's start (taken modulo the axis,
+    // so a view or a window across a periodic axis's end is a wrapping range).
+    let ranges: Vec<(u64, u64)> = g.field_ranges().collect();
+    let lengths: Vec<u64> = g.field_axes().map(|a| g.shape[a]).collect();
+    let lead = ranges.len() - origin.len();
     let row_shape = cut.row_shape();
-    let region: Vec<(i64, i64)> = (0..inner.len())
+    let region: Vec<(i64, i64)> = (0..ranges.len())
         .map(|d| {
-            let start = if d < lead { 0 } else { origin[d - lead] };
-            (start as i64, (start + row_shape[d] as u64) as i64)
+            let (start, end) = if d < lead {
+                ranges[d]
+            } else {
+                let start = (ranges[d].0 + origin[d - lead]) % lengths[d];
+                (start, start + row_shape[d] as u64)
+            };
+            (start as i64, end as i64)
         })
         .collect();
     let layout = TileLayout::new(&g.crop_wrapping(&region)?);

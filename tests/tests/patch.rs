@@ -588,6 +588,86 @@ fn a_one_sample_chunk_is_read_as_the_region_its_patch_covers() {
     }
 }
 
+/// A crop of latitude and longitude, whether longitude is periodic for the patch, and whether
+/// rows are read as regions.
+type CropCase = ([(i64, i64); 2], bool, bool);
+
+#[test]
+fn a_patch_of_a_cropped_view_reads_only_the_chunks_under_its_window() {
+    use insitubatch::synth::{SynthSpec, field_value};
+    let grid = (36u64, 72u64);
+    for sharded in [false, true] {
+        let (_dir, store) = common::synth_store(&SynthSpec {
+            samples: 20,
+            grid,
+            sample_chunk: 1,
+            inner_chunks: Some((9, 18)),
+            shard_samples: sharded.then_some(1),
+            variables: vec!["t".into(), "u".into()],
+            ..Default::default()
+        });
+        // (crop, periodic longitude, read as regions): a crop across the 0° meridian; latitudes
+        // only, so that a window may run across the whole longitude's end; and a crop of
+        // longitudes with a periodic patch, whose window across the crop's end would be two
+        // regions, so the view is read whole.
+        let cases: [CropCase; 3] = [
+            ([(4, 30), (60, 100)], false, true),
+            ([(4, 30), (0, 72)], true, true),
+            ([(0, 36), (10, 50)], true, false),
+        ];
+        for (crop, wrap, regions) in cases {
+            let what = format!("sharded {sharded}, crop {crop:?}, periodic longitude {wrap}");
+            let ds = InSituDataset::builder(&store)
+                .cropped_window_wrapping("t", "t", 0, &crop)
+                .cropped_window_wrapping("u", "u", 0, &crop)
+                .patch_wrapping([8, 8], [false, wrap])
+                .decode_into_batches(IntoRows::Always)
+                .batch_size(4)
+                .build()
+                .unwrap();
+            let (lat0, lon0) = (crop[0].0 as u64, crop[1].0 as u64);
+            let width = (crop[1].1 - crop[1].0) as u64;
+            let mut crossed = 0;
+            for epoch in 0..2 {
+                ds.set_epoch(epoch);
+                let mut pass = ds.train().unwrap();
+                for b in pass.by_ref() {
+                    let b = b.unwrap();
+                    let origins = b.patch_origins().unwrap();
+                    for (var, label) in ["t", "u"].into_iter().enumerate() {
+                        let v: &[f32] = b.array(label).unwrap().values().unwrap();
+                        for (r, &s) in b.sample_indices().iter().enumerate() {
+                            let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
+                            crossed += usize::from(j0 + 8 > width);
+                            for (k, got) in v[r * 64..(r + 1) * 64].iter().enumerate() {
+                                let i = lat0 + i0 + k as u64 / 8;
+                                let j = (lon0 + (j0 + k as u64 % 8) % width) % grid.1;
+                                assert_eq!(
+                                    *got,
+                                    field_value(var, s, i, j, grid),
+                                    "{what}: {label} sample {s} at ({i0}, {j0}), element {k}"
+                                );
+                            }
+                        }
+                    }
+                }
+                let s = pass.stats();
+                if regions {
+                    // Each field read as its window: at most 2 x 2 of its stored chunks.
+                    assert_eq!((s.tiles_into_batches, s.samples), (40, 20), "{what}: {s:?}");
+                    assert!(s.bytes_decoded <= 20 * 2 * 4 * 9 * 18 * 4, "{what}: {s:?}");
+                    if !sharded {
+                        assert!(s.tiles_read <= 20 * 2 * 4, "{what}: {s:?}");
+                    }
+                } else {
+                    assert_eq!(s.tiles_into_batches, 0, "{what}: {s:?}");
+                }
+            }
+            assert_eq!(crossed > 0, wrap, "{what}: windows across the seam");
+        }
+    }
+}
+
 #[test]
 fn a_bad_stored_chunk_under_a_patch_read_as_a_region_is_nan_where_the_window_meets_it() {
     use insitubatch::OnBadChunk;
