@@ -464,6 +464,58 @@ fn a_batch_holds_patches_so_the_memory_need_counts_them() {
 }
 
 #[test]
+fn several_patches_decoded_into_rows_stay_within_the_memory_need() {
+    use insitubatch::synth::SynthSpec;
+    // 128 samples, 8 per chunk, in batches of 4: a chunk's rows spread over its block's
+    // batches, four times as many of them with four patches per sample.
+    let (_dir, store) = common::synth_store(&SynthSpec {
+        samples: 128,
+        grid: (18, 36),
+        sample_chunk: 8,
+        variables: vec!["t".into()],
+        ..Default::default()
+    });
+    let build = |n: u64| {
+        InSituDataset::builder(&store)
+            .variable("t", "t")
+            .patch([6, 6])
+            .patches_per_sample(n)
+            .batch_size(4)
+            .block_chunks(2)
+            .decode_into_batches(IntoRows::Always)
+            .build()
+            .unwrap()
+    };
+    let (one, four) = (build(1), build(4));
+    let (need_one, need) = (
+        one.memory_need("train").unwrap(),
+        four.memory_need("train").unwrap(),
+    );
+    assert_eq!(need.batch_bytes, 4 * 6 * 6 * 4);
+    assert!(
+        need.rows_batches > need_one.rows_batches,
+        "{need:?} {need_one:?}"
+    );
+    let mut most = 0;
+    for epoch in 0..3 {
+        four.set_epoch(epoch);
+        let s = common::run(&four, "train");
+        assert_eq!((s.samples, s.tiles_into_batches), (512, 16), "{s:?}");
+        let held = four.batch_buffers_allocated() * need.batch_bytes;
+        assert!(
+            held <= need.batches_bytes(),
+            "{held} bytes of batch buffers held at once, {} counted: {need:?}",
+            need.batches_bytes()
+        );
+        most = most.max(held);
+    }
+    assert!(
+        most > need_one.batches_bytes(),
+        "{most} bytes held: the patches' rows did open more batches"
+    );
+}
+
+#[test]
 fn a_patch_that_does_not_fit_every_label_is_an_error_naming_it() {
     let f = fixture("era5_v3", "t2m");
     let expect = |b: DatasetBuilder, needle: &str| match b.build() {
