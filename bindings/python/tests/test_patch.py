@@ -216,3 +216,22 @@ def test_the_tiling_example_in_the_python_docs_stitches_every_field_back(tmp_pat
     ds, fields = scope["ds"], scope["fields"]
     assert (ds.patches_per_sample, ds.patch_grid) == (18, (64, 64))
     np.testing.assert_array_equal(fields, zarr.open_array(store / "t2m", mode="r")[...])
+
+
+def test_the_stitcher_example_in_the_python_docs_puts_every_field_back(tmp_path, python_docs_example):
+    """docs/python-api.md: the `Stitcher` example as printed, after the tiling example that
+    opens its dataset, with the identity as the model: every field comes back."""
+    opening = python_docs_example("### Several patches per sample, and tiling a field for inference")
+    code = python_docs_example("`insitubatch.tiling.Stitcher(ds, weight=None, dtype=np.float32)`")
+    store = tmp_path / "era5.zarr"
+    exe = Path(__file__).resolve().parents[3] / "target" / "release" / "insitubatch"
+    subprocess.run([str(exe), "make-dataset", str(store), "--samples", "24", "--sample-chunk", "4"],
+                   check=True, capture_output=True)
+    scope = {"isb": isb, "np": np, "store": str(store), "model": lambda x: x, "forecasts": {}}
+    exec(opening, scope)
+    exec(code, scope)
+    forecasts, ds = scope["forecasts"], scope["ds"]
+    assert sorted(forecasts) == list(ds.anchor_range) == list(range(24))
+    t2m = zarr.open_array(store / "t2m", mode="r")
+    for s, field in forecasts.items():
+        np.testing.assert_array_equal(field, t2m[s])
