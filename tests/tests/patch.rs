@@ -553,20 +553,56 @@ fn a_patch_that_does_not_fit_every_label_is_an_error_naming_it() {
     era5().patch([9, 16]).build().unwrap();
 }
 
+/// A synthetic store of 20 one-sample chunks of `t` and `u` on `grid`, each field stored as
+/// 9 × 18 chunks (or, `sharded`, one shard of them).
+fn tiled_store(grid: (u64, u64), sharded: bool) -> (tempfile::TempDir, std::path::PathBuf) {
+    common::synth_store(&insitubatch::synth::SynthSpec {
+        samples: 20,
+        grid,
+        sample_chunk: 1,
+        inner_chunks: Some((9, 18)),
+        shard_samples: sharded.then_some(1),
+        variables: vec!["t".into(), "u".into()],
+        ..Default::default()
+    })
+}
+
+/// Checks every 8 × 8 patch of `t` and `u` in `batch` against the synthetic field, for a view
+/// starting at `(lat0, lon0)` of the field and `width` wide (a patch runs across its end back
+/// to its start); returns how many did.
+fn check_synth_patches(
+    batch: &insitubatch::Batch,
+    grid: (u64, u64),
+    (lat0, lon0, width): (u64, u64, u64),
+    what: &str,
+) -> usize {
+    use insitubatch::synth::field_value;
+    let origins = batch.patch_origins().unwrap();
+    let mut crossed = 0;
+    for (var, label) in ["t", "u"].into_iter().enumerate() {
+        let v: &[f32] = batch.array(label).unwrap().values().unwrap();
+        for (r, &s) in batch.sample_indices().iter().enumerate() {
+            let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
+            crossed += usize::from(j0 + 8 > width);
+            for (k, got) in v[r * 64..(r + 1) * 64].iter().enumerate() {
+                let i = lat0 + i0 + k as u64 / 8;
+                let j = (lon0 + (j0 + k as u64 % 8) % width) % grid.1;
+                assert_eq!(
+                    *got,
+                    field_value(var, s, i, j, grid),
+                    "{what}: {label} sample {s} at ({i0}, {j0}), element {k}"
+                );
+            }
+        }
+    }
+    crossed
+}
+
 #[test]
 fn a_one_sample_chunk_is_read_as_the_region_its_patch_covers() {
-    use insitubatch::synth::{SynthSpec, field_value};
     let grid = (36u64, 72u64);
     for sharded in [false, true] {
-        let (_dir, store) = common::synth_store(&SynthSpec {
-            samples: 20,
-            grid,
-            sample_chunk: 1,
-            inner_chunks: Some((9, 18)),
-            shard_samples: sharded.then_some(1),
-            variables: vec!["t".into(), "u".into()],
-            ..Default::default()
-        });
+        let (_dir, store) = tiled_store(grid, sharded);
         for wrap in [false, true] {
             let what = format!("sharded {sharded}, periodic longitude {wrap}");
             let ds = InSituDataset::builder(&store)
@@ -584,22 +620,7 @@ fn a_one_sample_chunk_is_read_as_the_region_its_patch_covers() {
                 let mut anchors = Vec::new();
                 for b in pass.by_ref() {
                     let b = b.unwrap();
-                    let origins = b.patch_origins().unwrap();
-                    for (var, label) in ["t", "u"].into_iter().enumerate() {
-                        let v: &[f32] = b.array(label).unwrap().values().unwrap();
-                        for (r, &s) in b.sample_indices().iter().enumerate() {
-                            let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
-                            crossed += usize::from(j0 + 8 > grid.1);
-                            for (k, got) in v[r * 64..(r + 1) * 64].iter().enumerate() {
-                                let (i, j) = (i0 + k as u64 / 8, (j0 + k as u64 % 8) % grid.1);
-                                assert_eq!(
-                                    *got,
-                                    field_value(var, s, i, j, grid),
-                                    "{what}: {label} sample {s} at ({i0}, {j0}), element {k}"
-                                );
-                            }
-                        }
-                    }
+                    crossed += check_synth_patches(&b, grid, (0, 0, grid.1), &what);
                     anchors.extend_from_slice(b.sample_indices());
                 }
                 assert_eq!(sorted(anchors), (0..20).collect::<Vec<_>>(), "{what}");
@@ -646,18 +667,9 @@ type CropCase = ([(i64, i64); 2], bool, bool);
 
 #[test]
 fn a_patch_of_a_cropped_view_reads_only_the_chunks_under_its_window() {
-    use insitubatch::synth::{SynthSpec, field_value};
     let grid = (36u64, 72u64);
     for sharded in [false, true] {
-        let (_dir, store) = common::synth_store(&SynthSpec {
-            samples: 20,
-            grid,
-            sample_chunk: 1,
-            inner_chunks: Some((9, 18)),
-            shard_samples: sharded.then_some(1),
-            variables: vec!["t".into(), "u".into()],
-            ..Default::default()
-        });
+        let (_dir, store) = tiled_store(grid, sharded);
         // (crop, periodic longitude, read as regions): a crop across the 0° meridian; latitudes
         // only, so that a window may run across the whole longitude's end; and a crop of
         // longitudes with a periodic patch, whose window across the crop's end would be two
@@ -685,23 +697,7 @@ fn a_patch_of_a_cropped_view_reads_only_the_chunks_under_its_window() {
                 let mut pass = ds.train().unwrap();
                 for b in pass.by_ref() {
                     let b = b.unwrap();
-                    let origins = b.patch_origins().unwrap();
-                    for (var, label) in ["t", "u"].into_iter().enumerate() {
-                        let v: &[f32] = b.array(label).unwrap().values().unwrap();
-                        for (r, &s) in b.sample_indices().iter().enumerate() {
-                            let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
-                            crossed += usize::from(j0 + 8 > width);
-                            for (k, got) in v[r * 64..(r + 1) * 64].iter().enumerate() {
-                                let i = lat0 + i0 + k as u64 / 8;
-                                let j = (lon0 + (j0 + k as u64 % 8) % width) % grid.1;
-                                assert_eq!(
-                                    *got,
-                                    field_value(var, s, i, j, grid),
-                                    "{what}: {label} sample {s} at ({i0}, {j0}), element {k}"
-                                );
-                            }
-                        }
-                    }
+                    crossed += check_synth_patches(&b, grid, (lat0, lon0, width), &what);
                 }
                 let s = pass.stats();
                 if regions {
