@@ -1442,7 +1442,8 @@ class InSituDataset:
             for name, value, default in (("patch_wrap", patch_wrap, False),
                                          ("patches_per_sample", patches_per_sample, 1),
                                          ("patch_grid", patch_grid, False)):
-                if value is not default and value != default:
+                # Only a value of the default's own type compares (an array would not).
+                if not (value is default or (type(value) is type(default) and value == default)):
                     raise errors.InvalidArgument(
                         f"`{name}` places or shapes patches, and no `patch` is set: give one, "
                         "such as patch=(64, 64)"

@@ -48,8 +48,8 @@ class Stitcher:
 
     `ds` is a dataset with a `patch_grid`. `weight`, shaped like the patch, weighs each tile's
     values where tiles overlap (a taper such as an outer product of `np.hanning` windows, kept
-    above zero, hides the seams); `None` averages them evenly. Fields are accumulated and
-    returned in `dtype`."""
+    above zero, hides the seams); `None` averages them evenly. Fields are accumulated in
+    float64 and returned in `dtype`."""
 
     def __init__(self, ds: Any, weight: Any = None, dtype: Any = np.float32):
         if getattr(ds, "patch_grid", None) is None:

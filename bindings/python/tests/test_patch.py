@@ -174,7 +174,8 @@ def test_patches_placed_badly_are_refused_naming_the_argument(fixtures):
         isb.InSituDataset(store, None, views, patch=(3, 3), patch_grid=(3, 4))
     with pytest.raises(errors.InvalidArgument, match="both `per_sample` and `grid`"):
         isb.InSituDataset(store, None, views, patch=(3, 3), patches_per_sample=2, patch_grid=True)
-    for kwargs in ({"patches_per_sample": 2}, {"patch_grid": True}):
+    for kwargs in ({"patches_per_sample": 2}, {"patch_grid": True},
+                   {"patch_grid": np.array([3, 3])}):
         with pytest.raises(errors.InvalidArgument, match="no `patch` is set"):
             isb.InSituDataset(store, None, views, **kwargs)
 
