@@ -1,7 +1,8 @@
 //! Patches (`DatasetBuilder::patch`): every row of every label is zarr-python's sample at its
 //! read index, cut at the row's origin; each valid anchor once per epoch; origins keyed on
 //! (seed, epoch, anchor) for train and (seed, anchor) otherwise, whatever the thread count;
-//! a revived cache file cut like memory; bad patches are errors naming `patch`.
+//! a revived cache file cut like memory; bad patches are errors naming `patch`; several
+//! patches per sample and grids; cropped views read as regions; random stores and placements.
 
 use std::collections::HashMap;
 
@@ -1104,4 +1105,170 @@ fn origins_placed_badly_are_errors_naming_their_argument() {
     // A stride of 1 along both axes: every origin, (9 - 2) × (16 - 2) of them.
     let all = era5().patch([3, 3]).patch_grid([1, 1]).build().unwrap();
     assert_eq!(all.split_samples("all").unwrap(), 12 * 7 * 14);
+}
+
+/// Grid origins along one axis, written here by stepping (independently of the engine).
+fn grid_starts(n: u64, p: u64, stride: u64, wrap: bool) -> Vec<u64> {
+    if wrap {
+        return (0..n).step_by(stride as usize).collect();
+    }
+    let mut starts: Vec<u64> = (0..=n - p).step_by(stride as usize).collect();
+    if starts.last().is_some_and(|&s| s + p < n) {
+        starts.push(n - p);
+    }
+    starts
+}
+
+#[test]
+fn random_stores_and_placements_cut_every_patch_from_the_field() {
+    use insitubatch::synth::{SynthSpec, field_value};
+    let cases: u64 = std::env::var("ISB_PATCH_CASES").map_or(100, |n| n.parse().unwrap());
+    // Regions read (of a cropped view), rows decoded in place, several, grid, crop, periodic.
+    let mut covered = [0u32; 7];
+    for case in 0..cases {
+        let mut r = insitubatch_tests::Rng::new(case);
+        let grid = (r.range(4, 14), r.range(4, 24));
+        let spc = if r.chance(0.5) { 1 } else { r.range(2, 3) };
+        let sharded = r.chance(0.25);
+        // A shard's inner chunks divide it; chunk files may end short at the field's edge.
+        let divisor = |r: &mut insitubatch_tests::Rng, n: u64| {
+            let d: Vec<u64> = (2..=n).filter(|d| n.is_multiple_of(*d)).collect();
+            d[r.range(0, d.len() as u64 - 1) as usize]
+        };
+        let inner = if sharded {
+            Some((divisor(&mut r, grid.0), divisor(&mut r, grid.1)))
+        } else {
+            r.chance(0.6)
+                .then(|| (r.range(2, grid.0), r.range(2, grid.1)))
+        };
+        let samples = r.range(4, 12);
+        let (_dir, store) = common::synth_store(&SynthSpec {
+            samples,
+            grid,
+            sample_chunk: spc,
+            inner_chunks: inner,
+            shard_samples: sharded.then_some(spc),
+            variables: vec!["t".into(), "u".into()],
+            ..Default::default()
+        });
+        // A crop of the field (latitudes inside, longitudes maybe across the end), or none.
+        let crop = r.chance(0.5).then(|| {
+            let (a, b) = (r.range(0, grid.0 - 2), r.range(2, grid.0));
+            let (lat0, lat1) = (a.min(b - 1), a.max(b - 1) + 1);
+            let lon0 = r.range(0, grid.1 - 1) as i64;
+            let width = r.range(2, grid.1) as i64;
+            [(lat0 as i64, lat1 as i64), (lon0, lon0 + width)]
+        });
+        let view = crop.map_or((0, 0, grid.0, grid.1), |c| {
+            (
+                c[0].0 as u64,
+                c[1].0 as u64,
+                (c[0].1 - c[0].0) as u64,
+                (c[1].1 - c[1].0) as u64,
+            )
+        });
+        let (lat0, lon0, h, w) = view;
+        let patch = [r.range(1, h), r.range(1, w)];
+        // Longitude periodic for the patch only where the view holds it whole or wraps freely.
+        let wrap = r.chance(0.4);
+        let placing = if r.chance(0.45) { 0 } else { r.range(1, 2) };
+        let stride = [
+            r.range(patch[0].div_ceil(2), patch[0]),
+            r.range(patch[1].div_ceil(2), patch[1]),
+        ];
+        // Mostly `Always`: on stores this small `Auto` keeps the pool, which holds everything.
+        let mode = [
+            IntoRows::Always,
+            IntoRows::Always,
+            IntoRows::Auto,
+            IntoRows::Never,
+        ][r.range(0, 3) as usize];
+        let mut b = InSituDataset::builder(&store);
+        for label in ["t", "u"] {
+            b = match crop {
+                Some(c) => b.cropped_window_wrapping(label, label, 0, &c),
+                None => b.variable(label, label),
+            };
+        }
+        b = b
+            .patch_wrapping(patch, [false, wrap])
+            .batch_size(r.range(1, 7) as usize)
+            .block_chunks(r.range(1, 3) as usize)
+            .shuffle(r.chance(0.7))
+            .executor_threads(r.range(1, 2) as usize)
+            .decode_into_batches(mode);
+        b = match placing {
+            0 => b,
+            1 => b.patches_per_sample(r.range(2, 3)),
+            _ => b.patch_grid(stride),
+        };
+        let ds = b.build().unwrap_or_else(|e| panic!("case {case}: {e}"));
+        let per_sample = ds.patches_per_sample();
+        let what = format!(
+            "case {case}: grid {grid:?}, {spc}/chunk, inner {inner:?}, sharded {sharded}, crop \
+             {crop:?}, patch {patch:?} wrap {wrap}, placing {placing} ({per_sample}/sample), {mode:?}"
+        );
+        if placing == 2 {
+            let want: u64 = (0..2)
+                .map(|d| grid_starts([h, w][d], patch[d], stride[d], d == 1 && wrap).len() as u64)
+                .product();
+            assert_eq!(per_sample, want, "{what}");
+        }
+        for epoch in 0..2 {
+            ds.set_epoch(epoch);
+            let mut pass = ds.train().unwrap();
+            let mut by_anchor: HashMap<u64, Vec<Vec<u64>>> = HashMap::new();
+            for batch in pass.by_ref() {
+                let batch = batch.unwrap_or_else(|e| panic!("{what}: {e}"));
+                let origins = batch.patch_origins().unwrap();
+                let n = (patch[0] * patch[1]) as usize;
+                for (var, label) in ["t", "u"].into_iter().enumerate() {
+                    let v: &[f32] = batch.array(label).unwrap().values().unwrap();
+                    for (row, &s) in batch.sample_indices().iter().enumerate() {
+                        let (i0, j0) = (origins[2 * row], origins[2 * row + 1]);
+                        assert!(i0 + patch[0] <= h && (wrap || j0 + patch[1] <= w), "{what}");
+                        for (k, got) in v[row * n..(row + 1) * n].iter().enumerate() {
+                            let (di, dj) = (k as u64 / patch[1], k as u64 % patch[1]);
+                            let (i, j) = (lat0 + i0 + di, (lon0 + (j0 + dj) % w) % grid.1);
+                            assert_eq!(
+                                *got,
+                                field_value(var, s, i, j, grid),
+                                "{what}: {label} sample {s} at ({i0}, {j0}), element {k}"
+                            );
+                        }
+                        if var == 0 {
+                            by_anchor.entry(s).or_default().push(vec![i0, j0]);
+                        }
+                    }
+                }
+            }
+            assert_eq!(by_anchor.len() as u64, samples, "{what}");
+            for (a, o) in &mut by_anchor {
+                assert_eq!(o.len() as u64, per_sample, "{what}: sample {a}'s patches");
+                if placing == 2 {
+                    o.sort();
+                    let rows = grid_starts(h, patch[0], stride[0], false);
+                    let cols = grid_starts(w, patch[1], stride[1], wrap);
+                    let want: Vec<Vec<u64>> = rows
+                        .iter()
+                        .flat_map(|&i| cols.iter().map(move |&j| vec![i, j]))
+                        .collect();
+                    assert_eq!(*o, want, "{what}: sample {a}'s grid");
+                }
+            }
+            let s = pass.stats();
+            let region = per_sample == 1 && spc == 1 && s.tiles_into_batches > 0;
+            covered[0] += u32::from(region && inner.is_some());
+            covered[1] += u32::from(region && inner.is_some() && crop.is_some());
+            covered[2] += u32::from(s.tiles_into_batches > 0);
+        }
+        covered[3] += u32::from(placing == 1);
+        covered[4] += u32::from(placing == 2);
+        covered[5] += u32::from(crop.is_some());
+        covered[6] += u32::from(wrap);
+    }
+    eprintln!("regions (of crops), rows in place, several, grids, crops, periodic: {covered:?}");
+    if cases >= 100 {
+        assert!(covered.iter().all(|&c| c >= 4), "coverage {covered:?}");
+    }
 }
