@@ -64,6 +64,9 @@ pub(crate) struct DirectRows {
     rows: Vec<u32>,
     /// Rows per sample: its patches.
     per_sample: u32,
+    /// Per path: whether a row of its one-sample chunks is read as the region its patch covers
+    /// ([`reads_patch_region`]).
+    regions: Vec<bool>,
     /// The most samples per chunk of a slot decoded into rows (0: none is), and the largest
     /// stored chunk of those not decoded straight into their one row (decoded into a scratch
     /// buffer first).
@@ -165,11 +168,12 @@ impl DirectRows {
         // of its samples' patches cut into its row; so does a one-sample chunk of an uncropped
         // field, read as the region its row's patch covers (`crate::planner`'s
         // `patch_region`), when the sample is one row.
+        let mut regions = vec![false; plan.paths.len()];
         if let Some(draw) = &plan.patch {
-            for (e, p) in eligible.iter_mut().zip(&plan.paths) {
+            for ((e, p), region) in eligible.iter_mut().zip(&plan.paths).zip(&mut regions) {
                 let whole = TileLayout::new(&p.geom).can_adopt() && !reads_parts(p);
-                let region = patches == 1 && reads_patch_region(p, inner_chunked(p), &draw.patch);
-                *e &= (whole && !pool_keeps) || region;
+                *region = patches == 1 && reads_patch_region(p, inner_chunked(p), &draw.patch);
+                *e &= (whole && !pool_keeps) || *region;
             }
         }
         for s in &plan.slots {
@@ -225,6 +229,7 @@ impl DirectRows {
             slots,
             rows,
             per_sample,
+            regions,
             max_spc,
             scratch_bytes,
             open_batches: 0,
@@ -289,6 +294,12 @@ impl DirectRows {
             .iter()
             .map(|&r| (r != NONE).then_some(r as usize));
         Some((label as usize, rows))
+    }
+
+    /// Whether a patched row of path `path`'s chunks decoded into rows is read as the region
+    /// its patch covers (only the stored chunks under its window).
+    pub fn reads_region(&self, path: usize) -> bool {
+        self.regions.get(path).copied().unwrap_or(false)
     }
 
     /// Rows per sample of a chunk decoded into rows: its patches.

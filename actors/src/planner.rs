@@ -76,7 +76,7 @@ use crate::assembly::{ChunkRows, RowDest};
 use crate::error::EngineError;
 use crate::fetcher::{Dest, TileJob};
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, decodes_in_parts, lock};
-use crate::patch::{origin_key, reads_patch_region};
+use crate::patch::origin_key;
 use crate::tile::TileLayout;
 use crate::unlink_gate::Gate;
 
@@ -177,11 +177,10 @@ fn patch_region(
 ) -> Result<Option<TileLayout>, EngineError> {
     let path = &shared.plan.paths[p];
     let g = &path.geom;
-    let (Some((cut, origin)), Some(draw)) = (&row.cut, &shared.plan.patch) else {
+    let Some((cut, origin)) = &row.cut else {
         return Ok(None);
     };
-    let inner_chunked = shared.arrays[p].inner_chunk_shape().is_some();
-    if !reads_patch_region(path, inner_chunked, &draw.patch) {
+    if !shared.direct.reads_region(p) {
         return Ok(None);
     }
     // The window in the array's own coordinates: the view's range along each leading axis,

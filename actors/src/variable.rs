@@ -132,11 +132,18 @@ impl Variable {
             .collect()
     }
 
+    /// The extents of the axes its patch covers, the samples' last ones (`None`: no patch).
+    pub fn patch_field(&self) -> Option<&[u64]> {
+        let patch = self.patch.as_ref()?;
+        Some(&self.sample_inner[self.sample_inner.len() - patch.shape.len()..])
+    }
+
     /// The rows each anchor gives: one per patch of its sample ([`Patch::per_sample`]).
     pub fn rows_per_anchor(&self) -> u64 {
-        self.patch.as_ref().map_or(1, |p| {
-            p.per_sample(&self.sample_inner[self.sample_inner.len() - p.shape.len()..])
-        })
+        match (&self.patch, self.patch_field()) {
+            (Some(patch), Some(field)) => patch.per_sample(field),
+            _ => 1,
+        }
     }
 
     /// Bytes of one row of this label in its batch array.

@@ -10,7 +10,7 @@ use insitubatch_actors::{
     ChunkTransform, ChunkTransforms, DECODE_INTO_BATCHES_ENV, EngineContext, EngineError,
     EpochOrder, IntoRows, MemoryLimit, MemoryNeed, OnBadChunk, Pass, PassConfig, Pipeline, Shard,
     SplitManifest, StackChannel, Stride, Variable, count_order_rows, memory_limit, plan_order,
-    rank_share, reaches, split_by_chunk,
+    rank_share, reaches, rows_per_anchor, split_by_chunk,
 };
 use insitubatch_actors::{Origins, Patch, Placement, StoreAxis};
 use insitubatch_pool::{
@@ -1684,7 +1684,7 @@ impl InSituDataset {
     /// The rows each sample gives: its patches ([`DatasetBuilder::patches_per_sample`], or a
     /// [`DatasetBuilder::patch_grid`]'s count), 1 without a patch.
     pub fn patches_per_sample(&self) -> u64 {
-        self.variables.first().map_or(1, Variable::rows_per_anchor)
+        rows_per_anchor(&self.variables)
     }
 
     /// Counters of the cache directory (`None` without `cache_dir`).

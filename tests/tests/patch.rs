@@ -330,15 +330,7 @@ fn every_patch_is_zarr_python_cut_at_its_origin_and_every_anchor_comes_once() {
 /// Each anchor's origin in one epoch of `split`.
 fn origins(ds: &InSituDataset, split: &str, epoch: u64) -> HashMap<u64, Vec<u64>> {
     ds.set_epoch(epoch);
-    let mut out = HashMap::new();
-    for b in ds.iter(split).unwrap() {
-        let b = b.unwrap();
-        let o = b.patch_origins().unwrap();
-        for (i, &a) in b.sample_indices().iter().enumerate() {
-            out.insert(a, o[2 * i..2 * i + 2].to_vec());
-        }
-    }
-    out
+    rows(ds, split).into_iter().collect()
 }
 
 #[test]

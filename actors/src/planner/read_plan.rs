@@ -286,10 +286,9 @@ pub fn read_plan(
     // Every label is cut at one origin, drawn in the extent of the patched axes (which the
     // dataset checked is the same for all).
     let patch = variables.iter().find_map(|v| {
-        let patch = v.patch.as_ref()?;
         Some(PatchDraw {
-            patch: Arc::clone(patch),
-            field: v.sample_inner[v.sample_inner.len() - patch.shape.len()..].to_vec(),
+            patch: Arc::clone(v.patch.as_ref()?),
+            field: v.patch_field()?.to_vec(),
         })
     });
     let outputs = batch_outputs(variables);

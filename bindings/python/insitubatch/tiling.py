@@ -31,18 +31,6 @@ import numpy as np
 from . import errors
 
 
-def _starts(n: int, p: int, stride: int, wrap: bool) -> list[int]:
-    """A grid's origins along one axis of length `n` (as `patch_grid` places them): every
-    `stride` from 0, the last moved back to end at `n`, or along a periodic axis every start
-    before `n`."""
-    if wrap:
-        return list(range(0, n, stride))
-    starts = list(range(0, n - p + 1, stride))
-    if starts[-1] + p < n:
-        starts.append(n - p)
-    return starts
-
-
 class Stitcher:
     """Adds predictions for a grid's tiles into whole fields (see the module's documentation).
 
@@ -74,20 +62,12 @@ class Stitcher:
                 raise ValueError("`weight` must be finite and above zero everywhere (a zero "
                                  "weight leaves an element of a field no value)")
             self.weight = w
-        # Every field is tiled alike, so the weights summed at each element are one field's,
-        # computed once from the grid's origins.
-        grid = [_starts(n, p, st, w) for n, p, st, w in
-                zip(self.field, self.patch, ds.patch_grid, self.wrap)]
-        if int(np.prod([len(g) for g in grid])) != self.per_sample:
-            raise errors.InternalError(
-                f"the grid {ds.patch_grid} over {self.field} has {self.per_sample} tiles per "
-                f"sample, but places {[len(g) for g in grid]} per axis"
-            )
-        self._weights = np.zeros(self.field)
-        for origin in np.stack(np.meshgrid(*grid, indexing="ij"), -1).reshape(-1, len(grid)):
-            self._weights[self._indices(origin)] += 1.0 if self.weight is None else self.weight
-        # Per field in progress: [weighted sum, tiles added]; finished sums kept for reuse (a
-        # fresh one is fresh pages, which cost more than zeroing a used one).
+        # Every field is tiled alike, so the weights summed at each element are one field's:
+        # summed from the origins of the first field finished, then kept.
+        self._weights: np.ndarray | None = None
+        # Per field in progress: [weighted sum, tiles added, its tiles' origins until the
+        # weights are known]; finished sums kept for reuse (a fresh one is fresh pages, which
+        # cost more than zeroing a used one).
         self._fields: dict[int, list[Any]] = {}
         self._spare: list[np.ndarray] = []
 
@@ -128,19 +108,25 @@ class Stitcher:
                     total.fill(0.0)
                 else:
                     total = np.zeros(lead + self.field)
-                state = [total, 0]
+                state = [total, 0, []]
                 self._fields[sample] = state
             elif state[0].shape[:-k] != lead:
                 raise ValueError(f"predictions for sample {sample} changed shape: {lead} "
                                  f"after {state[0].shape[:-k]}")
-            at = (...,) + self._indices(origins[r])
+            at = self._indices(origins[r])
             if self.weight is None:
-                state[0][at] += values[r]
+                state[0][(...,) + at] += values[r]
             else:
-                state[0][at] += values[r] * self.weight
+                state[0][(...,) + at] += values[r] * self.weight
             state[1] += 1
+            if self._weights is None:
+                state[2].append(at)
             if state[1] == self.per_sample:
-                total = self._fields.pop(sample)[0]
+                total, _, placed = self._fields.pop(sample)
+                if self._weights is None:
+                    self._weights = np.zeros(self.field)
+                    for where in placed:
+                        self._weights[where] += 1.0 if self.weight is None else self.weight
                 total /= self._weights
                 done.append((sample, total.astype(self.dtype)))
                 if len(self._spare) < 4:
