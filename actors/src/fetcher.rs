@@ -91,13 +91,9 @@ impl TileJob {
         }
         self.finish();
     }
-}
 
-impl Drop for TileJob {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
+    /// Dropped unfinished: fails its slot, and the pass unless it is stopping.
+    fn fail_unfinished(&mut self) {
         // Dropped unfinished: an actor unwound or a mailbox closed under it. The slot will
         // never fill, so fail it, and fail the pass so the consumer hears why.
         let why = if std::thread::panicking() {
@@ -123,6 +119,15 @@ impl Drop for TileJob {
         if !matches!(why, EngineError::Cancelled) {
             self.shared.fail(why);
         }
+    }
+}
+
+impl Drop for TileJob {
+    fn drop(&mut self) {
+        if !self.done {
+            self.fail_unfinished();
+        }
+        self.shared.load_finished();
     }
 }
 

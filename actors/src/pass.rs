@@ -13,7 +13,7 @@
 //! iterator fails the pass with `Cancelled` and joins every actor.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -223,6 +223,18 @@ pub(crate) struct PassShared {
     pub bad_chunks: Mutex<Vec<BadChunk>>,
     /// Slot files being written to the cache directory (joined when the pass stops).
     pub cache_writes: Mutex<Vec<JoinHandle<()>>>,
+    /// Chunk loads not finished, plus one the planner holds until it has issued its last:
+    /// zero once every chunk the pass reads is loaded.
+    loads_pending: AtomicU64,
+    /// What runs then ([`Pass::when_loaded`]).
+    after_loads: Mutex<AfterLoads>,
+}
+
+/// A hook to run once a pass has loaded every chunk it reads, or the news that it has.
+enum AfterLoads {
+    Nothing,
+    Run(Box<dyn FnOnce() + Send>),
+    Loaded,
 }
 
 impl PassShared {
@@ -267,6 +279,27 @@ impl PassShared {
         }
         self.notify.notify_all();
         self.stop.notify_all();
+    }
+
+    /// A load begins: the planner is about to send a chunk's job.
+    pub(crate) fn load_started(&self) {
+        self.loads_pending.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A load ended (its job dropped, delivered or not), or the planner issued its last one
+    /// (its own count). The last of these runs the hook a consumer installed, or records that
+    /// a hook installed later runs at once. A pass that stops early never gets there: the
+    /// planner keeps its count.
+    pub(crate) fn load_finished(&self) {
+        if self.loads_pending.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let was = std::mem::replace(&mut *lock(&self.after_loads), AfterLoads::Loaded);
+        if let AfterLoads::Run(hook) = was
+            && !self.is_cancelled()
+        {
+            hook();
+        }
     }
 
     pub fn cancel_failure(&self) -> SlotFailure {
@@ -322,6 +355,10 @@ pub struct Pass {
     _running: RunningPass,
     // Dropped after the actors are joined: whatever must outlive them (the dataset's runtime).
     keep_alive: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    // The iterator returned `None` after the whole epoch.
+    completed: bool,
+    // Runs when the pass is dropped before it completed ([`Pass::when_abandoned`]).
+    on_abandon: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl std::fmt::Debug for Pass {
@@ -812,6 +849,8 @@ impl Pass {
             assemblies: Assemblies::default(),
             bad_chunks: Mutex::new(Vec::new()),
             cache_writes: Mutex::new(Vec::new()),
+            loads_pending: AtomicU64::new(1),
+            after_loads: Mutex::new(AfterLoads::Nothing),
         });
 
         // Fetcher workers on every executor and one decoder worker per executor, each kind
@@ -835,6 +874,8 @@ impl Pass {
             latency: hdrhistogram::Histogram::new(3).expect("3 significant figures is valid"),
             _running: running,
             keep_alive: None,
+            completed: false,
+            on_abandon: None,
         })
     }
 
@@ -843,6 +884,39 @@ impl Pass {
     pub fn keep_alive(mut self, value: Arc<dyn std::any::Any + Send + Sync>) -> Self {
         self.keep_alive = Some(value);
         self
+    }
+
+    /// Runs `hook` once this pass has loaded every chunk it reads (at once if it has): from
+    /// then on it only gathers batches, so another pass started now competes with none of its
+    /// reads or decodes, and finds every chunk the pool keeps resident rather than loading
+    /// (iterations do not wait on each other's loads: it would load its own copy). The hook
+    /// runs on one of the runtime's threads (or the caller's), so it must not block: start a
+    /// thread for anything that waits. It does not run if the pass stops first.
+    pub fn when_loaded(&self, hook: Box<dyn FnOnce() + Send>) {
+        let mut state = lock(&self.shared.after_loads);
+        match *state {
+            AfterLoads::Loaded => {
+                drop(state);
+                hook();
+            }
+            _ => *state = AfterLoads::Run(hook),
+        }
+    }
+
+    /// Runs `hook` on the dropping thread, after the actors are joined, if the pass is dropped
+    /// before its iterator returned `None` at the end of the epoch (abandoned or failed).
+    pub fn when_abandoned(&mut self, hook: Box<dyn FnOnce() + Send>) {
+        self.on_abandon = Some(hook);
+    }
+
+    /// Marks a pass started before its consumer asked for it as handed over now: its time to
+    /// first batch, wall time and batch intervals count from here, and its stats say
+    /// `started_ahead`.
+    pub fn handed_over(&mut self) {
+        let now = Instant::now();
+        self.started = now;
+        self.last = now;
+        self.stats.started_ahead = true;
     }
 
     /// The report so far (complete once the iterator returned `None`).
@@ -1010,6 +1084,7 @@ impl Pass {
                 self.done = complete;
                 let panic = self.stop_and_join();
                 if complete && panic.is_none() {
+                    self.completed = true;
                     self.warn_if_cache_rejected();
                     None
                 } else {
@@ -1039,6 +1114,11 @@ impl Iterator for Pass {
 impl Drop for Pass {
     fn drop(&mut self) {
         self.stop_and_join();
+        if let Some(hook) = self.on_abandon.take()
+            && !self.completed
+        {
+            hook();
+        }
         // Joined above; only now may the runtime go.
         self.keep_alive.take();
     }

@@ -92,8 +92,10 @@ pub(crate) fn spawn<S: Store>(
             shared: &shared,
             actor: "planner",
         };
-        if let Err(e) = drive(&ctx, &shared, &fetcher).await {
-            shared.fail(e);
+        match drive(&ctx, &shared, &fetcher).await {
+            Err(e) => shared.fail(e),
+            Ok(()) if !shared.is_cancelled() => shared.load_finished(),
+            Ok(()) => {}
         }
     })
 }
@@ -342,6 +344,7 @@ async fn drive<S: Store>(
                 Dest::Rows(rows) => Dest::Rows(Arc::clone(rows)),
                 Dest::Filled => unreachable!("a chunk's destination is filled by its tiles"),
             };
+            shared.load_started();
             let job = TileJob {
                 dest,
                 path: ps.path,

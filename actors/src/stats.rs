@@ -111,4 +111,7 @@ pub struct PassStats {
     pub bad_chunks: Vec<BadChunk>,
     /// Warnings raised by this pass (also printed to stderr once).
     pub warnings: Vec<String>,
+    /// The pass was started before it was asked for, while the epoch before it was still
+    /// decoding (`prefetch_next_epoch`); its times count from when it was asked for.
+    pub started_ahead: bool,
 }

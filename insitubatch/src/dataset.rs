@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use insitubatch_actors::planner::valid_anchors;
 use insitubatch_actors::{
@@ -44,6 +44,7 @@ pub const DEFAULT_PREFETCH_DEPTH: usize = 2;
 
 /// The splits a pass can iterate.
 const SPLITS: [&str; 4] = ["train", "val", "test", "all"];
+const TRAIN: &str = "train";
 
 /// A view's field region, as the builder was given it.
 enum Crop {
@@ -295,6 +296,7 @@ pub struct DatasetBuilder {
     batch_size: usize,
     block_chunks: usize,
     fast_first_batch: bool,
+    prefetch_next_epoch: bool,
     /// (every, phase) as given; checked by `build`.
     sample_stride: (u64, u64),
     max_inflight: Option<usize>,
@@ -463,6 +465,25 @@ impl DatasetBuilder {
     /// Sequential passes are unchanged.
     pub fn fast_first_batch(mut self, yes: bool) -> Self {
         self.fast_first_batch = yes;
+        self
+    }
+
+    /// Start the next epoch's `train` pass while this one's last chunks are still being
+    /// decoded (default false). Once a train pass has issued its last read, the pass for
+    /// `epoch + 1` starts in the background, and [`InSituDataset::iter`] hands it over when
+    /// train is next asked for at that epoch: a loop that calls `set_epoch(epoch + 1)` and
+    /// iterates again gets its first batch without waiting for a first block to decode, and the
+    /// cores do not idle between epochs. The order is the same as without it.
+    ///
+    /// The cost: for a while two passes run, and the early one's batch buffers, read-ahead and
+    /// reads count against `memory_limit_bytes` and the pool's budget like any second
+    /// iteration's. When they would not fit, the early pass does not start (nothing fails); when a
+    /// pass the caller asks for would not fit beside it, the early pass is dropped first. If
+    /// train is asked for at another epoch, or resumed mid-epoch, the early pass is dropped, and
+    /// the work it did (at most its first read-ahead and `prefetch_depth` batches) is lost.
+    /// Iterations of other splits (validation between epochs) leave it waiting.
+    pub fn prefetch_next_epoch(mut self, yes: bool) -> Self {
+        self.prefetch_next_epoch = yes;
         self
     }
 
@@ -1479,6 +1500,7 @@ impl DatasetBuilder {
             batch_size: self.batch_size,
             block_chunks: self.block_chunks,
             fast_first_batch: self.fast_first_batch,
+            prefetch_next_epoch: self.prefetch_next_epoch,
             stride,
             prefetch_depth: self.prefetch_depth,
             seed: self.seed,
@@ -1491,6 +1513,9 @@ impl DatasetBuilder {
             drop_last: self.drop_last,
             epoch: AtomicU64::new(0),
             warnings: Mutex::new(Vec::new()),
+            ahead: Arc::new(Mutex::new(AheadSlot::default())),
+            ahead_warned: AtomicBool::new(false),
+            passes_started: AtomicU64::new(0),
         };
         ds.collect_warnings();
         Ok(ds)
@@ -1565,6 +1590,7 @@ pub struct InSituDataset {
     batch_size: usize,
     block_chunks: usize,
     fast_first_batch: bool,
+    prefetch_next_epoch: bool,
     stride: Stride,
     prefetch_depth: usize,
     seed: u64,
@@ -1577,6 +1603,84 @@ pub struct InSituDataset {
     drop_last: Vec<String>,
     epoch: AtomicU64,
     warnings: Mutex<Vec<String>>,
+    /// The next epoch's train pass, started early (`prefetch_next_epoch`).
+    ahead: Arc<Mutex<AheadSlot>>,
+    /// A warning said that an early pass could not start.
+    ahead_warned: AtomicBool,
+    /// Train passes that may start a successor, numbered.
+    passes_started: AtomicU64,
+}
+
+/// Where an early train pass waits to be asked for. `closed` once the dataset is being
+/// dropped, so that a hook firing late leaves nothing behind (an executor thread must never
+/// drop a pass: it would wait for tasks that may be queued on itself).
+#[derive(Default)]
+struct AheadSlot {
+    closed: bool,
+    next: Option<Ahead>,
+}
+
+/// A train pass started before it was asked for: on a thread of its own, since starting a
+/// pass waits, and the hook that starts it runs on an executor thread.
+struct Ahead {
+    /// The pass that started it (a number of this dataset's).
+    parent: u64,
+    epoch: u64,
+    /// The thread starting it, until it has been joined.
+    thread: Option<std::thread::JoinHandle<Result<Pass, EngineError>>>,
+    /// What the start gave, once joined.
+    started: Option<Result<Pass, EngineError>>,
+}
+
+impl Ahead {
+    fn join(
+        thread: std::thread::JoinHandle<Result<Pass, EngineError>>,
+    ) -> Result<Pass, EngineError> {
+        thread.join().unwrap_or_else(|_| {
+            Err(EngineError::Runtime(
+                "the thread starting train's next epoch panicked".into(),
+            ))
+        })
+    }
+
+    /// Collects what the start gave if its thread has finished (without waiting).
+    fn settle(&mut self) {
+        if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
+            self.started = self.thread.take().map(Self::join);
+        }
+    }
+
+    /// The pass, once started (or why it did not start).
+    fn take(mut self) -> Result<Pass, EngineError> {
+        if let Some(t) = self.thread.take() {
+            self.started = Some(Self::join(t));
+        }
+        self.started
+            .take()
+            .expect("a start's outcome is kept until taken")
+    }
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        // Wait for a start in progress, so that nothing outlives the dataset; the pass it
+        // gives stops here.
+        if let Some(t) = self.thread.take() {
+            drop(Self::join(t));
+        }
+    }
+}
+
+impl Drop for InSituDataset {
+    fn drop(&mut self) {
+        // The early pass holds the runtime; it goes first.
+        let ahead = {
+            let mut slot = lock(&self.ahead);
+            slot.closed = true;
+            slot.next.take()
+        };
+        drop(ahead);
+    }
 }
 
 impl std::fmt::Debug for InSituDataset {
@@ -1602,6 +1706,7 @@ impl InSituDataset {
             batch_size: DEFAULT_BATCH_SIZE,
             block_chunks: DEFAULT_BLOCK_CHUNKS,
             fast_first_batch: false,
+            prefetch_next_epoch: false,
             sample_stride: (1, 0),
             max_inflight: None,
             prefetch_depth: DEFAULT_PREFETCH_DEPTH,
@@ -1653,6 +1758,7 @@ impl InSituDataset {
     /// [`PassStats::warnings`]: insitubatch_actors::PassStats::warnings
     pub fn warnings(&self) -> Vec<String> {
         self.collect_warnings();
+        self.settle_ahead();
         lock(&self.warnings).clone()
     }
 
@@ -1817,9 +1923,18 @@ impl InSituDataset {
         self.ctx.pool.clear_unpinned();
     }
 
-    /// This rank's chunks of `split` and the configuration of a pass over them.
+    /// This rank's chunks of `split` and the configuration of a pass over them this epoch.
     fn plan_split(&self, split: &str) -> Result<(Vec<u64>, PassConfig), EngineError> {
-        let (chunks, mut config) = self.plan_share(split)?;
+        self.plan_split_at(split, self.epoch())
+    }
+
+    /// [`InSituDataset::plan_split`] at `epoch`.
+    fn plan_split_at(
+        &self,
+        split: &str,
+        epoch: u64,
+    ) -> Result<(Vec<u64>, PassConfig), EngineError> {
+        let (chunks, mut config) = self.plan_share(split, epoch)?;
         if !self.drop_last.iter().any(|s| s == split) {
             return Ok((chunks, config));
         }
@@ -1849,11 +1964,11 @@ impl InSituDataset {
     }
 
     /// The chunks of `split` this rank reads and its pass settings (ranks evened out).
-    fn plan_share(&self, split: &str) -> Result<(Vec<u64>, PassConfig), EngineError> {
+    fn plan_share(&self, split: &str, epoch: u64) -> Result<(Vec<u64>, PassConfig), EngineError> {
         let all = self.manifest.split_chunks(split)?;
         let world_size = self.shard.world_size;
         if world_size == 1 {
-            return Ok((all, self.pass_config(split, None)));
+            return Ok((all, self.pass_config(split, epoch, None)));
         }
         if all.len() < world_size {
             return Err(EngineError::arg(
@@ -1888,13 +2003,13 @@ impl InSituDataset {
             ));
         }
         let limit = (split == "train" && self.even_train).then_some(even);
-        Ok((share, self.pass_config(split, limit)))
+        Ok((share, self.pass_config(split, epoch, limit)))
     }
 
-    fn pass_config(&self, split: &str, row_limit: Option<u64>) -> PassConfig {
+    fn pass_config(&self, split: &str, epoch: u64, row_limit: Option<u64>) -> PassConfig {
         PassConfig {
             split: split.to_string(),
-            epoch: self.epoch(),
+            epoch,
             seed: self.seed,
             shuffle: self.shuffle && split == "train",
             block_chunks: self.block_chunks,
@@ -1982,17 +2097,174 @@ impl InSituDataset {
     /// # Ok(()) }
     /// ```
     pub fn iter_from(&self, split: &str, start_batch: u64) -> Result<Pass, EngineError> {
-        let (chunks, mut config) = self.plan_split(split)?;
+        let epoch = self.epoch();
+        let ahead = self.take_ahead(split, epoch, start_batch);
+        let mut pass = match ahead {
+            Some(mut pass) => {
+                pass.handed_over();
+                pass
+            }
+            None => self.start_pass(split, epoch, start_batch)?,
+        };
+        if self.prefetch_next_epoch && split == TRAIN {
+            self.start_next_epoch_early(&mut pass, epoch);
+        }
+        Ok(pass)
+    }
+
+    fn start_pass(&self, split: &str, epoch: u64, start_batch: u64) -> Result<Pass, EngineError> {
+        let (chunks, mut config) = self.plan_split_at(split, epoch)?;
         config.start_batch = start_batch;
-        let pass = Pass::start(
-            &self.ctx,
-            &self.variables,
-            &chunks,
-            self.manifest.samples_per_chunk(),
-            self.manifest.n_samples(),
-            config,
-        )?;
+        let start = |config: PassConfig| {
+            Pass::start(
+                &self.ctx,
+                &self.variables,
+                &chunks,
+                self.manifest.samples_per_chunk(),
+                self.manifest.n_samples(),
+                config,
+            )
+        };
+        let pass = match start(config.clone()) {
+            Ok(pass) => pass,
+            Err(e) => {
+                // An early train pass holds memory and pool budget it has no claim to beside
+                // a pass the caller asks for: drop it and try once more.
+                let Some(ahead) = lock(&self.ahead).next.take() else {
+                    return Err(e);
+                };
+                drop(ahead);
+                start(config)?
+            }
+        };
         Ok(pass.keep_alive(Arc::clone(&self.runtime) as Arc<dyn std::any::Any + Send + Sync>))
+    }
+
+    /// The epoch of the train pass [`DatasetBuilder::prefetch_next_epoch`] started early that
+    /// waits to be asked for: `None` while there is none, while it is still starting, and once
+    /// it could not start (a warning in [`InSituDataset::warnings`] then says why).
+    pub fn prefetched_epoch(&self) -> Option<u64> {
+        self.settle_ahead();
+        let slot = lock(&self.ahead);
+        let next = slot.next.as_ref()?;
+        matches!(next.started, Some(Ok(_))).then_some(next.epoch)
+    }
+
+    /// Collects the early pass's start if it has finished; one that failed is dropped and a
+    /// warning says why.
+    fn settle_ahead(&self) {
+        let failed = {
+            let mut slot = lock(&self.ahead);
+            let Some(next) = slot.next.as_mut() else {
+                return;
+            };
+            next.settle();
+            if !matches!(next.started, Some(Err(_))) {
+                return;
+            }
+            slot.next.take()
+        };
+        if let Some(ahead) = failed {
+            let epoch = ahead.epoch;
+            if let Err(e) = ahead.take() {
+                self.warn_ahead_failed(epoch, &e);
+            }
+        }
+    }
+
+    /// The early train pass if it is the one asked for; an early pass of train that is not
+    /// (another epoch, a resumed one) is dropped, one of nothing else is left waiting.
+    fn take_ahead(&self, split: &str, epoch: u64, start_batch: u64) -> Option<Pass> {
+        if split != TRAIN {
+            return None;
+        }
+        let ahead = lock(&self.ahead).next.take()?;
+        if ahead.epoch != epoch || start_batch != 0 {
+            return None; // dropped here, stopping it
+        }
+        // A pass that could not start (memory, budget) is started again as asked, and fails
+        // there with its own error if it still cannot.
+        match ahead.take() {
+            Ok(pass) => Some(pass),
+            Err(e) => {
+                self.warn_ahead_failed(epoch, &e);
+                None
+            }
+        }
+    }
+
+    /// Says once per dataset why an early train pass did not start (the epoch then starts
+    /// when asked, as without `prefetch_next_epoch`).
+    fn warn_ahead_failed(&self, epoch: u64, e: &EngineError) {
+        if self.ahead_warned.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let msg = format!(
+            "prefetch_next_epoch: train's epoch {epoch} could not start while the epoch before \
+             it was running, so it started when asked (this is said once): {e}. Two iterations \
+             must fit at once: raise cache_budget_bytes (passes that keep chunks in the pool \
+             reserve their read-ahead in it) or memory_limit_bytes, or lower block_chunks"
+        );
+        eprintln!("insitubatch: warning: {msg}");
+        lock(&self.warnings).push(msg);
+    }
+
+    /// Installs the hook that starts train's pass at `epoch + 1` once `pass` has issued its
+    /// last read. The hook runs on an executor thread: it only spawns the thread that starts
+    /// the pass, and it holds the runtime weakly (an executor must never drop it). A pass
+    /// dropped before its end (a loop that broke out, an error) takes its successor with it,
+    /// so that abandoning an iteration still frees everything.
+    fn start_next_epoch_early(&self, pass: &mut Pass, epoch: u64) {
+        let Some(next) = epoch.checked_add(1) else {
+            return;
+        };
+        let Ok((chunks, config)) = self.plan_split_at(TRAIN, next) else {
+            return;
+        };
+        let ctx = Arc::clone(&self.ctx);
+        let variables = self.variables.clone();
+        let (spc, n) = (self.manifest.samples_per_chunk(), self.manifest.n_samples());
+        let runtime = Arc::downgrade(&self.runtime);
+        let slot = Arc::downgrade(&self.ahead);
+        let parent = self.passes_started.fetch_add(1, Ordering::SeqCst);
+        let ours = Weak::clone(&slot);
+        pass.when_abandoned(Box::new(move || {
+            let Some(slot) = ours.upgrade() else {
+                return;
+            };
+            let mut held = lock(&slot);
+            let successor = held.next.take_if(|a| a.parent == parent);
+            drop(held);
+            drop(successor);
+        }));
+        pass.when_loaded(Box::new(move || {
+            let Some(slot) = slot.upgrade() else {
+                return;
+            };
+            let mut held = lock(&slot);
+            if held.closed || held.next.is_some() {
+                // The dataset is going, or another train pass's successor came first.
+                return;
+            }
+            let start = move || {
+                let runtime = runtime.upgrade().ok_or_else(|| {
+                    EngineError::Runtime("the dataset was dropped before its next epoch".into())
+                })?;
+                Pass::start(&ctx, &variables, &chunks, spc, n, config)
+                    .map(|p| p.keep_alive(runtime as Arc<dyn std::any::Any + Send + Sync>))
+            };
+            let thread = std::thread::Builder::new()
+                .name("isb-next-epoch".into())
+                .spawn(start);
+            if let Ok(thread) = thread {
+                held.next = Some(Ahead {
+                    parent,
+                    epoch: next,
+                    thread: Some(thread),
+                    started: None,
+                });
+            }
+        }));
     }
 
     /// `iter("train")`: shuffled when `shuffle` is on.
@@ -2017,7 +2289,7 @@ impl InSituDataset {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Only a list of strings; a panic elsewhere cannot leave it half-updated.
+    // Warnings and the early pass's slot: replaced whole, never left half-updated by a panic.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

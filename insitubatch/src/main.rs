@@ -267,6 +267,11 @@ struct PassArgs {
     /// in the epoch's first batches.
     #[arg(long)]
     fast_first_batch: bool,
+    /// Start the next epoch's train pass once this one has issued its last read, so that the
+    /// next epoch's first batch is ready when it is asked for (the cores do not idle between
+    /// epochs).
+    #[arg(long)]
+    prefetch_next_epoch: bool,
     /// Draw every N-th sample along the sample axis (6 from hourly data: 6-hourly samples).
     #[arg(long, default_value_t = 1)]
     sample_stride: u64,
@@ -413,6 +418,7 @@ impl PassArgs {
             .batch_size(self.batch_size)
             .block_chunks(self.block_chunks)
             .fast_first_batch(self.fast_first_batch)
+            .prefetch_next_epoch(self.prefetch_next_epoch)
             .sample_stride(self.sample_stride, self.sample_phase)
             .prefetch_depth(self.prefetch_depth)
             .seed(self.seed)

@@ -258,6 +258,11 @@ fn check_pass(
         }
     }
     let stats = pass.stats();
+    assert!(
+        !stats.started_ahead || (case.prefetch_next_epoch && split == "train"),
+        "only train starts early, and only when asked to"
+    );
+    cov.started_ahead += stats.started_ahead as u64;
     cov.into_rows += (stats.tiles_into_batches > 0) as u64;
     cov.patches_into_rows += (stats.tiles_into_batches > 0 && case.rows_per_anchor() > 1) as u64;
     if case.into_rows == IntoRows::Never {
@@ -394,6 +399,7 @@ struct Coverage {
     /// several patches per sample into rows on every fixture case that can.
     patches_into_rows: u64,
     patch_grids: u64,
+    started_ahead: u64,
 }
 
 fn run_case(n: u64, cov: &mut Coverage) {
@@ -1108,6 +1114,7 @@ fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values(
             ("data-parallel ranks", c.ranked),
             ("passes with chunks decoded into batch rows", c.into_rows),
             ("blocks ramped up from one batch", c.ramped),
+            ("train passes started early", c.started_ahead),
             ("a sample stride", c.strided),
             ("a mounted store", c.mounted),
             ("a mount aligned on time", c.timed),

@@ -15,7 +15,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 20;
+pub const ISB_ABI_VERSION: u32 = 21;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -524,6 +524,8 @@ struct DatasetConfig {
     batch_size: Option<usize>,
     block_chunks: Option<usize>,
     fast_first_batch: Option<bool>,
+    /// ABI 21: start train's next epoch once this one has issued its last read.
+    prefetch_next_epoch: Option<bool>,
     /// ABI 15: every `sample_stride`-th sample from `sample_phase`.
     sample_stride: Option<u64>,
     sample_phase: Option<u64>,
@@ -868,6 +870,9 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
     if let Some(yes) = c.fast_first_batch {
         b = b.fast_first_batch(yes);
     }
+    if let Some(yes) = c.prefetch_next_epoch {
+        b = b.prefetch_next_epoch(yes);
+    }
     if c.sample_stride.is_some() || c.sample_phase.is_some() {
         b = b.sample_stride(c.sample_stride.unwrap_or(1), c.sample_phase.unwrap_or(0));
     }
@@ -988,7 +993,10 @@ fn open_dataset(json: &str, callbacks: &[Arc<Callback>]) -> Result<InSituDataset
 /// (a split manifest object; default every chunk in train), `batch_size`, `block_chunks`,
 /// `fast_first_batch` (ABI 10, default false: each shuffled epoch's blocks ramp up from the
 /// chunks of one batch, doubling up to `block_chunks`, so the first batch waits for those
-/// alone; its first batches mix fewer chunks), `sample_stride` and `sample_phase` (ABI 15,
+/// alone; its first batches mix fewer chunks), `prefetch_next_epoch` (ABI 21, default false:
+/// once a train iteration has issued its last read, train's iteration at the next epoch
+/// starts in the background and `isb_iter_start` hands it over when train is asked for at that
+/// epoch), `sample_stride` and `sample_phase` (ABI 15,
 /// default 1 and 0: draw every `sample_stride`-th sample from `sample_phase`, in every split;
 /// chunks are still read whole, and one with no sample on the stride is not read),
 /// `max_inflight`, `prefetch_depth`, `seed`,

@@ -1248,6 +1248,14 @@ class InSituDataset:
     the first batch waits for those chunks instead of a whole block; the epoch's first batches
     then mix fewer chunks. Sequential views are unchanged.
 
+    `prefetch_next_epoch=True` starts the next epoch's train iteration in the background once
+    the current one has issued its last read: a loop that calls `set_epoch(epoch + 1)` and
+    iterates `train` again gets its first batch at once, and the cores do not idle between
+    epochs (the order is unchanged). For a while two iterations run, counted against
+    `memory_limit_bytes` and the cache budget like any second iteration; one that would not fit
+    is not started, and one in the way of an iteration you ask for is dropped first. Iterating
+    train at another epoch, or resuming mid-epoch, drops it.
+
     `sample_stride=k` draws every k-th sample along the sample axis from `sample_phase` (below
     k), in every split: 6-hourly samples from hourly data with `sample_stride=6`, or 00 and 12
     UTC with `sample_stride=12` when the array's first sample is at 00 UTC. A window (`shift(h)`)
@@ -1312,6 +1320,7 @@ class InSituDataset:
         batch_size: int = 32,
         block_chunks: int = 16,
         fast_first_batch: bool = False,
+        prefetch_next_epoch: bool = False,
         sample_stride: int = 1,
         sample_phase: int = 0,
         max_inflight: int | None = None,
@@ -1361,6 +1370,7 @@ class InSituDataset:
             ("shuffle", shuffle),
             ("even_train", even_train),
             ("fast_first_batch", fast_first_batch),
+            ("prefetch_next_epoch", prefetch_next_epoch),
         ):
             if not isinstance(flag, bool):
                 raise TypeError(f"`{name}` must be a bool, not {type(flag).__name__}")

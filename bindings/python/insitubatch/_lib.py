@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 20
+ABI_VERSION = 21
 _LIB_NAME = "libinsitubatch.so"
 
 

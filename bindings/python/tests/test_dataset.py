@@ -405,6 +405,38 @@ def test_fast_first_batch_draws_each_epochs_first_batch_from_one_batchs_chunks(f
         isb.InSituDataset(store, fast_first_batch="yes")
 
 
+def test_prefetch_next_epoch_hands_over_the_epoch_asked_for_started_early(fixtures):
+    out, _ = fixtures
+    store = out / "paired.zarr"
+    g = isb.open_geometries(store, ["raw"])
+    ref = zarr.open_array(store / "raw", mode="r")[...]
+
+    def epochs(early, order):
+        # A budget that holds two iterations, so that the early one fits beside the running one.
+        with isb.InSituDataset(store, None, g, batch_size=4, block_chunks=3, seed=5,
+                               cache_budget_bytes=1 << 24, prefetch_next_epoch=early) as ds:
+            out = []
+            for epoch in order:
+                ds.set_epoch(epoch)
+                batches = []
+                for b in ds.train:
+                    for r, idx in enumerate(b.read_indices("raw")):
+                        np.testing.assert_array_equal(b.arrays["raw"][r], ref[idx])
+                    batches.append(b.sample_indices.tolist())
+                out.append((batches, ds.stats()["started_ahead"]))
+            return out
+
+    # Epochs in a row are started early; epoch 7 after 2 is not (the early one was epoch 3).
+    order = [0, 1, 2, 7, 8]
+    early, plain = epochs(True, order), epochs(False, order)
+    assert [a for _, a in early] == [False, True, True, False, True]
+    assert not any(a for _, a in plain)
+    assert [b for b, _ in early] == [b for b, _ in plain], "the same batches in the same order"
+    assert sorted(sum(early[1][0], [])) == list(range(61))
+    with pytest.raises(TypeError, match="`prefetch_next_epoch` must be a bool"):
+        isb.InSituDataset(store, prefetch_next_epoch=1)
+
+
 def test_order_is_the_epoch_the_batches_then_emit_planned_without_reading(fixtures):
     out, _ = fixtures
     store = out / "paired.zarr"

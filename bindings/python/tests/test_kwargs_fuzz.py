@@ -53,7 +53,7 @@ def base_kwargs(root):
                  "u": geoms["u10"].crop((0, 2), (-1, 3), wrap=True),
                  "o": geoms["orog"].as_static(), "c": geoms["clim"], "m": mounted}
     return store, dict(
-        geometries=variables, batch_size=5, block_chunks=2, fast_first_batch=True,
+        geometries=variables, batch_size=5, block_chunks=2, fast_first_batch=True, prefetch_next_epoch=True,
         sample_stride=2, sample_phase=1, max_inflight=3, seed=4, shuffle=True,
         prefetch_depth=2, cache_dir=root / "cache", cache_budget_bytes=1 << 20,
         on_bad_chunk="nan", chunk_transforms=[transforms.Affine(2.0, 1.0)],

@@ -51,6 +51,7 @@ def _draw(seed, tmp_path):
     fractions = [(1.0,), (0.5, 0.5), (0.6, 0.2, 0.2)][int(rng.integers(0, 3))]
     # Drawn last, so the cases drawn before it was added are unchanged.
     knobs["fast_first_batch"] = bool(rng.random() < 0.5)
+    knobs["prefetch_next_epoch"] = bool(rng.random() < 0.35)
     return root, axis, ref, offsets, knobs, fractions
 
 

@@ -31,9 +31,18 @@ pub fn check_epoch(
     split: &str,
     refs: &[(&str, &FixtureArray, usize)],
 ) -> Vec<u64> {
+    check_pass(ds, ds.iter(split).unwrap(), split, refs).0
+}
+
+/// [`check_epoch`] of a pass already started; the anchors and the pass's stats.
+pub fn check_pass(
+    ds: &InSituDataset,
+    pass: insitubatch::Pass,
+    split: &str,
+    refs: &[(&str, &FixtureArray, usize)],
+) -> (Vec<u64>, insitubatch::PassStats) {
     let mut anchors = Vec::new();
     let mut n_batches = 0;
-    let pass = ds.iter(split).unwrap();
     let bound = pass.read_ahead_bytes();
     let mut pass = pass;
     for batch in pass.by_ref() {
@@ -77,7 +86,7 @@ pub fn check_epoch(
         stats.pinned_peak_bytes
     );
     assert!(stats.resident_peak_bytes <= stats.budget_bytes, "{stats:?}");
-    anchors
+    (anchors, stats)
 }
 
 /// Runs one epoch of `split` to its end (every batch must arrive) and returns its stats.

@@ -575,6 +575,8 @@ pub struct Case {
     pub into_rows: IntoRows,
     /// Shuffled blocks ramp up from one batch's chunks.
     pub fast_first_batch: bool,
+    /// Train's next epoch starts once this one has issued its last read.
+    pub prefetch_next_epoch: bool,
     /// Slots spilled into an ephemeral cache directory (when not `persist`).
     pub spill: bool,
     /// Views (by index, in channel order) stacked as the channels of one batch array `s`.
@@ -720,6 +722,7 @@ impl Case {
             patch: None,
             patches_per_sample: 1,
             patch_grid: None,
+            prefetch_next_epoch: false,
         }
         .with_stack(&mut r)
         .with_stride(&mut r)
@@ -728,6 +731,14 @@ impl Case {
         .with_crop(&mut r)
         .with_times(&mut r)
         .with_patch(&mut r)
+        .with_prefetch_next_epoch(&mut r)
+    }
+
+    /// The case with, a third of the time, train's next epoch started early (drawn last, for
+    /// the same reason as the others).
+    fn with_prefetch_next_epoch(mut self, r: &mut Rng) -> Case {
+        self.prefetch_next_epoch = r.chance(0.35);
+        self
     }
 
     /// The case with, a third of the time, a patch over the last one or two axes of every
@@ -1038,6 +1049,7 @@ impl Case {
             .seed(self.seed)
             .decode_into_batches(self.into_rows)
             .fast_first_batch(self.fast_first_batch)
+            .prefetch_next_epoch(self.prefetch_next_epoch)
             .sample_stride(self.stride.0, self.stride.1);
         if let Some(m) = self.mounted() {
             use insitubatch::MountAlignment as A;

@@ -1,0 +1,91 @@
+"""`prefetch_next_epoch` against the default: what starting train's next epoch while this one
+gathers its last batches does to the first batch of every later epoch, to the time a model step
+waits for data, to throughput and to memory.
+
+    cargo build --release
+    python3 bench/prefetch_next_epoch.py /tmp/insitubatch-bench --rounds 3
+
+For each store (ERA5-like 181 x 360, two variables, zstd-3; made with `insitubatch
+make-dataset` when missing; sizes such that the automatic budget decodes chunks into batch rows
+at 8 and 32 samples per chunk), `insitubatch bench --epochs 5 --json` in a fresh process, the
+two settings alternated, each run after `--settle` s of idle, once with a 10 ms model step per
+batch (`--accelerator-ms 10`: a sleep, as a host waiting on an accelerator) and once without.
+Reported: medians over the rounds of the later epochs' (1-4) first batch, data stall, and
+samples/s (their samples over their seconds), and peak RSS.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+STORES = ((1, 512), (8, 2048), (32, 4096))
+SETTINGS = (("default", []), ("prefetch_next_epoch", ["--prefetch-next-epoch"]))
+STEPS = (10.0, 0.0)
+
+
+def store(binary: str, root: Path, spc: int, samples: int) -> Path:
+    path = root / f"era5_spc{spc}_{samples}.zarr"
+    if not (path / "zarr.json").exists():
+        cmd = [binary, "make-dataset", str(path), "--samples", str(samples)]
+        cmd += ["--sample-chunk", str(spc), "--force"]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
+def run(binary: str, path: Path, flags: list[str], step_ms: float, settle: float) -> dict:
+    time.sleep(settle)
+    cmd = [binary, "bench", str(path), "--epochs", "5", "--json", *flags]
+    if step_ms:
+        cmd += ["--accelerator-ms", str(step_ms)]
+    d = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    later = d["epochs"][1:]
+    stalls = [e["data_stall_fraction"] for e in later if e.get("data_stall_fraction") is not None]
+    return {
+        "ttfb_ms": statistics.median(e["stats"]["ttfb_us"] / 1000 for e in later),
+        "stall": statistics.median(stalls) if stalls else float("nan"),
+        "rate": sum(e["stats"]["samples"] for e in later) / sum(e["seconds"] for e in later),
+        "ahead": sum(bool(e["stats"]["started_ahead"]) for e in later),
+        "rss_mib": d["peak_rss_bytes"] / 2**20,
+        "decoded_into_rows": all(e["stats"]["tiles_into_batches"] > 0 for e in d["epochs"]),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("root", type=Path, nargs="?", default=Path(tempfile.gettempdir()) / "insitubatch-bench")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--settle", type=float, default=1.0)
+    ap.add_argument("--bin", default=str(Path(__file__).resolve().parent.parent / "target/release/insitubatch"))
+    a = ap.parse_args()
+    a.root.mkdir(parents=True, exist_ok=True)
+    print("| samples/chunk (samples) | model step | setting | later epochs started early | first batch ms "
+          "| data stall | samples/s | peak RSS MiB |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    for spc, samples in STORES:
+        path = store(a.bin, a.root, spc, samples)
+        # Warm the page cache: every file read once.
+        for f in path.rglob("*"):
+            if f.is_file():
+                f.read_bytes()
+        for step in STEPS:
+            runs = {name: [] for name, _ in SETTINGS}
+            for _ in range(a.rounds):
+                for name, flags in SETTINGS:
+                    runs[name].append(run(a.bin, path, flags, step, a.settle))
+            for name, _ in SETTINGS:
+                r = runs[name]
+                med = {k: statistics.median(x[k] for x in r) for k in ("ttfb_ms", "stall", "rate", "rss_mib")}
+                rows = "" if all(x["decoded_into_rows"] for x in r) else " (through the pool)"
+                stall = "—" if not step else f"{100 * med['stall']:.1f} %"
+                print(f"| {spc} ({samples}){rows} | {step:.0f} ms | {name} | {min(x['ahead'] for x in r)}–"
+                      f"{max(x['ahead'] for x in r)} of 4 | {med['ttfb_ms']:.1f} "
+                      f"({min(x['ttfb_ms'] for x in r):.1f}–{max(x['ttfb_ms'] for x in r):.1f}) | {stall} "
+                      f"| {med['rate']:.0f} | {med['rss_mib']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+//! `prefetch_next_epoch`: train's next epoch starts while the one before it decodes its last
+//! chunks. The early pass must be the epoch asked for (zarr-python's values, the order of a
+//! dataset without it), be dropped when another is asked for, step aside for a pass the caller
+//! starts, say once why it could not start, and leave nothing behind.
+
+use insitubatch::{InSituDataset, IntoRows, split_by_chunk};
+use insitubatch_tests::{FixtureArray, threads_named_settled, threads_named_stable};
+
+mod common;
+use common::{check_epoch, check_pass, fixture, sorted};
+
+/// Waits (at most 10 s) until `ds` has started train's epoch `epoch` early: its pass before
+/// has loaded its last chunk, which may come a moment after its last batch.
+fn wait_prefetched(ds: &InSituDataset, epoch: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while ds.prefetched_epoch() != Some(epoch) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "epoch {epoch} was not started early: {:?}",
+            ds.prefetched_epoch()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Samples of the `paired` fixture's `raw` array (one per chunk).
+const SAMPLES: u64 = 61;
+
+fn builder(f: &FixtureArray, early: bool, mode: IntoRows) -> insitubatch::DatasetBuilder {
+    InSituDataset::builder(&f.store)
+        .variable("r", "raw")
+        .batch_size(4)
+        .block_chunks(3)
+        .prefetch_next_epoch(early)
+        .decode_into_batches(mode)
+}
+
+#[test]
+fn the_next_epoch_started_early_is_the_epoch_asked_for_with_zarr_pythons_values() {
+    let f = fixture("paired", "raw");
+    let refs = [("r", &f, 0)];
+    // Decoded into batch rows (no pool budget reserved), and through the pool with a budget
+    // that holds two iterations.
+    for (mode, budget) in [(IntoRows::Always, None), (IntoRows::Never, Some(1 << 24))] {
+        let build = |early: bool| {
+            let b = builder(&f, early, mode);
+            match budget {
+                Some(x) => b.cache_budget_bytes(x),
+                None => b,
+            }
+            .build()
+            .unwrap()
+        };
+        let (ds, plain) = (build(true), build(false));
+        for epoch in 0..4 {
+            ds.set_epoch(epoch);
+            plain.set_epoch(epoch);
+            let (anchors, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+            assert_eq!(
+                anchors,
+                check_epoch(&plain, "train", &refs),
+                "{mode:?} epoch {epoch}: the order of a dataset without prefetch_next_epoch"
+            );
+            assert_eq!(sorted(anchors), (0..SAMPLES).collect::<Vec<_>>());
+            assert_eq!(stats.epoch, epoch);
+            assert_eq!(
+                stats.started_ahead,
+                epoch > 0,
+                "{mode:?} epoch {epoch}: every epoch after the first was started early"
+            );
+        }
+        assert!(ds.warnings().is_empty(), "{:?}", ds.warnings());
+    }
+}
+
+#[test]
+fn an_early_pass_the_pool_cannot_hold_beside_the_running_one_is_not_started_and_said_once() {
+    let f = fixture("paired", "raw");
+    let refs = [("r", &f, 0)];
+    // The automatic budget holds one iteration's working set, and a pass that loads chunks
+    // through the pool reserves all of it.
+    let ds = builder(&f, true, IntoRows::Never).build().unwrap();
+    let plain = builder(&f, false, IntoRows::Never).build().unwrap();
+    let mut first = ds.train().unwrap();
+    for b in first.by_ref() {
+        b.unwrap();
+    }
+    // Its successor started beside it (it is not dropped yet) and found the budget taken.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while ds.warnings().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no warning");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(ds.prefetched_epoch(), None);
+    drop(first);
+    for epoch in 1..4 {
+        ds.set_epoch(epoch);
+        plain.set_epoch(epoch);
+        let (anchors, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+        if epoch == 1 {
+            assert!(!stats.started_ahead);
+        }
+        assert_eq!(
+            anchors,
+            check_epoch(&plain, "train", &refs),
+            "epoch {epoch}"
+        );
+    }
+    let warnings = ds.warnings();
+    assert_eq!(warnings.len(), 1, "said once: {warnings:?}");
+    let w = &warnings[0];
+    assert!(
+        w.contains("prefetch_next_epoch")
+            && w.contains("train's epoch 1 could not start")
+            && w.contains("cache_budget_bytes to at least")
+            && w.contains("raise cache_budget_bytes"),
+        "{w}"
+    );
+}
+
+#[test]
+fn asking_for_another_epoch_or_resuming_drops_the_early_pass_and_gets_what_was_asked() {
+    let f = fixture("paired", "raw");
+    let refs = [("r", &f, 0)];
+    let ds = builder(&f, true, IntoRows::Always).build().unwrap();
+    let plain = builder(&f, false, IntoRows::Always).build().unwrap();
+    check_epoch(&ds, "train", &refs);
+    // Epoch 1 was started early; epoch 5 is asked for.
+    ds.set_epoch(5);
+    plain.set_epoch(5);
+    let (anchors, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+    assert!(!stats.started_ahead);
+    assert_eq!(anchors, check_epoch(&plain, "train", &refs));
+    // Epoch 6 was started early; epoch 6 is resumed at batch 2.
+    ds.set_epoch(6);
+    plain.set_epoch(6);
+    let mut resumed = ds.iter_from("train", 2).unwrap();
+    let got: Vec<u64> = resumed
+        .by_ref()
+        .flat_map(|b| b.unwrap().sample_indices().to_vec())
+        .collect();
+    assert!(!resumed.stats().started_ahead);
+    let whole: Vec<u64> = plain
+        .train()
+        .unwrap()
+        .flat_map(|b| b.unwrap().sample_indices().to_vec())
+        .collect();
+    assert_eq!(got, whole[8..], "batches 2.. of epoch 6");
+    drop(resumed);
+    // A resumed pass starts the next epoch early too.
+    ds.set_epoch(7);
+    let (_, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+    assert!(stats.started_ahead);
+    let st = ds.pool_stats();
+    assert_eq!((st.pinned_slots, st.reserved_bytes), (0, 0), "{st:?}");
+}
+
+#[test]
+fn a_pass_dropped_before_its_end_takes_its_early_successor_with_it() {
+    let f = fixture("paired", "raw");
+    let refs = [("r", &f, 0)];
+    // Through the pool with a budget for two, so that the successor pins and reserves.
+    let ds = builder(&f, true, IntoRows::Never)
+        .cache_budget_bytes(1 << 24)
+        .build()
+        .unwrap();
+    let batches = ds.split_batches("train").unwrap();
+    let mut pass = ds.train().unwrap();
+    // Every batch, but not the end: every chunk was loaded, the successor started.
+    for _ in 0..batches {
+        pass.next().unwrap().unwrap();
+    }
+    wait_prefetched(&ds, 1);
+    drop(pass);
+    assert_eq!(ds.prefetched_epoch(), None);
+    let st = ds.pool_stats();
+    assert_eq!((st.pinned_slots, st.reserved_bytes), (0, 0), "{st:?}");
+    ds.set_epoch(1);
+    let (_, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+    assert!(
+        !stats.started_ahead,
+        "the successor went with the abandoned pass"
+    );
+    // A pass that ran to its end leaves its successor for the next epoch.
+    ds.set_epoch(2);
+    let (_, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+    assert!(stats.started_ahead);
+}
+
+#[test]
+fn validation_between_epochs_leaves_the_early_pass_waiting() {
+    let f = fixture("paired", "raw");
+    let refs = [("r", &f, 0)];
+    let probe = builder(&f, false, IntoRows::Always).build().unwrap();
+    let manifest = split_by_chunk(&probe.variables()[0].geom, &[0.5, 0.5], 0, true, None).unwrap();
+    let ds = builder(&f, true, IntoRows::Always)
+        .manifest(manifest)
+        .build()
+        .unwrap();
+    let mut seen = Vec::new();
+    for epoch in 0..3 {
+        ds.set_epoch(epoch);
+        let (train, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+        assert_eq!(stats.started_ahead, epoch > 0, "epoch {epoch}");
+        let (val, stats) = check_pass(&ds, ds.val().unwrap(), "val", &refs);
+        assert!(!stats.started_ahead, "only train starts early");
+        let mut all = [train, val].concat();
+        all.sort_unstable();
+        seen.push(all);
+    }
+    assert!(seen.iter().all(|s| *s == (0..SAMPLES).collect::<Vec<_>>()));
+}
+
+#[test]
+fn a_pass_that_does_not_fit_beside_the_early_one_drops_it_and_starts() {
+    // Measured without a limit: `one` is train's need beside one running train pass (the
+    // early pass's start), `val_one` and `val_two` are val's beside one and two. A limit that
+    // admits the early pass and val beside one pass, but not val beside two, makes val's
+    // start drop the early pass and try again.
+    let f = fixture("paired", "raw");
+    let probe_of = |limit: Option<u64>| {
+        let probe = builder(&f, false, IntoRows::Always).build().unwrap();
+        let manifest =
+            split_by_chunk(&probe.variables()[0].geom, &[0.5, 0.5], 0, true, None).unwrap();
+        let b = builder(&f, limit.is_some(), IntoRows::Always).manifest(manifest);
+        match limit {
+            Some(l) => b.memory_limit_bytes(l),
+            None => b,
+        }
+        .build()
+        .unwrap()
+    };
+    let probe = probe_of(None);
+    let first = probe.train().unwrap();
+    let one = probe.memory_need("train").unwrap().total();
+    let val_one = probe.memory_need("val").unwrap().total();
+    probe.set_epoch(1);
+    let second = probe.train().unwrap();
+    let val_two = probe.memory_need("val").unwrap().total();
+    drop((first, second));
+    let limit = one.max(val_one);
+    assert!(limit < val_two, "{one} {val_one} {val_two}");
+
+    let refs = [("r", &f, 0)];
+    let ds = probe_of(Some(limit));
+    let mut train = ds.train().unwrap();
+    // Run to its end but not dropped: it still counts, beside its successor.
+    for b in train.by_ref() {
+        b.unwrap();
+    }
+    wait_prefetched(&ds, 1);
+    let (val, _) = check_pass(&ds, ds.val().unwrap(), "val", &refs);
+    assert!(!val.is_empty());
+    assert_eq!(ds.prefetched_epoch(), None, "dropped for val");
+    drop(train);
+    ds.set_epoch(1);
+    let (_, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+    assert!(!stats.started_ahead, "dropped to make room for val");
+    assert!(
+        ds.warnings().is_empty(),
+        "nothing failed: {:?}",
+        ds.warnings()
+    );
+}
+
+#[test]
+fn a_dataset_dropped_with_an_early_pass_waiting_or_before_its_pass_ends_leaves_no_threads() {
+    let f = fixture("paired", "raw");
+    let before = threads_named_stable("isb");
+    // An early pass waiting to be asked for.
+    let ds = builder(&f, true, IntoRows::Always)
+        .executor_threads(2)
+        .build()
+        .unwrap();
+    assert_eq!(ds.train().unwrap().count() as u64, SAMPLES.div_ceil(4));
+    drop(ds);
+    assert_eq!(threads_named_settled("isb", before), before);
+    // A pass that outlives its dataset: its successor has nowhere to go and does not start.
+    let ds = builder(&f, true, IntoRows::Always)
+        .executor_threads(2)
+        .build()
+        .unwrap();
+    let pass = ds.train().unwrap();
+    drop(ds);
+    let rows: usize = pass.map(|b| b.unwrap().len()).sum();
+    assert_eq!(rows as u64, SAMPLES);
+    assert_eq!(threads_named_settled("isb", before), before);
+}
