@@ -16,13 +16,19 @@ samples/s (their samples over their seconds), and peak RSS.
 
 import argparse
 import json
-import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 STORES = ((1, 512), (8, 2048), (32, 4096))
+
+
+def median(xs) -> float:
+    # (not `statistics.median`: this directory's statistics.py would shadow the module)
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 SETTINGS = (("default", []), ("prefetch_next_epoch", ["--prefetch-next-epoch"]))
 STEPS = (10.0, 0.0)
 
@@ -45,8 +51,8 @@ def run(binary: str, path: Path, flags: list[str], step_ms: float, settle: float
     later = d["epochs"][1:]
     stalls = [e["data_stall_fraction"] for e in later if e.get("data_stall_fraction") is not None]
     return {
-        "ttfb_ms": statistics.median(e["stats"]["ttfb_us"] / 1000 for e in later),
-        "stall": statistics.median(stalls) if stalls else float("nan"),
+        "ttfb_ms": median(e["stats"]["ttfb_us"] / 1000 for e in later),
+        "stall": median(stalls) if stalls else float("nan"),
         "rate": sum(e["stats"]["samples"] for e in later) / sum(e["seconds"] for e in later),
         "ahead": sum(bool(e["stats"]["started_ahead"]) for e in later),
         "rss_mib": d["peak_rss_bytes"] / 2**20,
@@ -78,7 +84,7 @@ def main() -> None:
                     runs[name].append(run(a.bin, path, flags, step, a.settle))
             for name, _ in SETTINGS:
                 r = runs[name]
-                med = {k: statistics.median(x[k] for x in r) for k in ("ttfb_ms", "stall", "rate", "rss_mib")}
+                med = {k: median(x[k] for x in r) for k in ("ttfb_ms", "stall", "rate", "rss_mib")}
                 rows = "" if all(x["decoded_into_rows"] for x in r) else " (through the pool)"
                 stall = "—" if not step else f"{100 * med['stall']:.1f} %"
                 print(f"| {spc} ({samples}){rows} | {step:.0f} ms | {name} | {min(x['ahead'] for x in r)}–"
