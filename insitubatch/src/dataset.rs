@@ -468,12 +468,14 @@ impl DatasetBuilder {
         self
     }
 
-    /// Start the next epoch's `train` pass while this one's last chunks are still being
-    /// decoded (default false). Once a train pass has issued its last read, the pass for
-    /// `epoch + 1` starts in the background, and [`InSituDataset::iter`] hands it over when
-    /// train is next asked for at that epoch: a loop that calls `set_epoch(epoch + 1)` and
-    /// iterates again gets its first batch without waiting for a first block to decode, and the
-    /// cores do not idle between epochs. The order is the same as without it.
+    /// Start the next epoch's `train` pass while this one's last batches are being gathered
+    /// and consumed (default false). Once a train pass has loaded every chunk it reads, the
+    /// pass for `epoch + 1` starts in the background, and [`InSituDataset::iter`] hands it over
+    /// when train is next asked for at that epoch: a loop that spends time on each batch (a
+    /// model step) and then calls `set_epoch(epoch + 1)` and iterates again gets its first
+    /// batch without waiting for a first block to decode. The order is the same as without it.
+    /// A loop that takes no time per batch gains nothing: it asks for the next epoch the moment
+    /// the last chunk is in.
     ///
     /// The cost: for a while two passes run, and the early one's batch buffers, read-ahead and
     /// reads count against `memory_limit_bytes` and the pool's budget like any second
@@ -2209,8 +2211,8 @@ impl InSituDataset {
         lock(&self.warnings).push(msg);
     }
 
-    /// Installs the hook that starts train's pass at `epoch + 1` once `pass` has issued its
-    /// last read. The hook runs on an executor thread: it only spawns the thread that starts
+    /// Installs the hook that starts train's pass at `epoch + 1` once `pass` has loaded every
+    /// chunk it reads. The hook runs on an executor thread: it only spawns the thread that starts
     /// the pass, and it holds the runtime weakly (an executor must never drop it). A pass
     /// dropped before its end (a loop that broke out, an error) takes its successor with it,
     /// so that abandoning an iteration still frees everything.

@@ -267,9 +267,9 @@ struct PassArgs {
     /// in the epoch's first batches.
     #[arg(long)]
     fast_first_batch: bool,
-    /// Start the next epoch's train pass once this one has issued its last read, so that the
-    /// next epoch's first batch is ready when it is asked for (the cores do not idle between
-    /// epochs).
+    /// Start the next epoch's train pass once this one has loaded every chunk it reads, so that
+    /// the next epoch's first batch is ready when it is asked for (with --accelerator-ms: the
+    /// model step waits for no first block).
     #[arg(long)]
     prefetch_next_epoch: bool,
     /// Draw every N-th sample along the sample axis (6 from hourly data: 6-hourly samples).

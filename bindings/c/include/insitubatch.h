@@ -454,7 +454,7 @@ IsbStatus isb_split_by_chunk(const char *store,
  `fast_first_batch` (ABI 10, default false: each shuffled epoch's blocks ramp up from the
  chunks of one batch, doubling up to `block_chunks`, so the first batch waits for those
  alone; its first batches mix fewer chunks), `prefetch_next_epoch` (ABI 21, default false:
- once a train iteration has issued its last read, train's iteration at the next epoch
+ once a train iteration has loaded every chunk it reads, train's iteration at the next epoch
  starts in the background and `isb_iter_start` hands it over when train is asked for at that
  epoch), `sample_stride` and `sample_phase` (ABI 15,
  default 1 and 0: draw every `sample_stride`-th sample from `sample_phase`, in every split;

@@ -1249,9 +1249,9 @@ class InSituDataset:
     then mix fewer chunks. Sequential views are unchanged.
 
     `prefetch_next_epoch=True` starts the next epoch's train iteration in the background once
-    the current one has issued its last read: a loop that calls `set_epoch(epoch + 1)` and
-    iterates `train` again gets its first batch at once, and the cores do not idle between
-    epochs (the order is unchanged). For a while two iterations run, counted against
+    the current one has loaded every chunk it reads: a loop that spends time on each batch (a
+    model step), then calls `set_epoch(epoch + 1)` and iterates `train` again, gets its first
+    batch at once (the order is unchanged). For a while two iterations run, counted against
     `memory_limit_bytes` and the cache budget like any second iteration; one that would not fit
     is not started, and one in the way of an iteration you ask for is dropped first. Iterating
     train at another epoch, or resuming mid-epoch, drops it.

@@ -575,7 +575,7 @@ pub struct Case {
     pub into_rows: IntoRows,
     /// Shuffled blocks ramp up from one batch's chunks.
     pub fast_first_batch: bool,
-    /// Train's next epoch starts once this one has issued its last read.
+    /// Train's next epoch starts once this one has loaded every chunk it reads.
     pub prefetch_next_epoch: bool,
     /// Slots spilled into an ephemeral cache directory (when not `persist`).
     pub spill: bool,
