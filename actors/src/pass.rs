@@ -357,7 +357,7 @@ pub struct Pass {
     keep_alive: Option<Arc<dyn std::any::Any + Send + Sync>>,
     // The iterator returned `None` after the whole epoch.
     completed: bool,
-    // Runs when the pass is dropped before it completed ([`Pass::when_abandoned`]).
+    // Runs when the pass is dropped before its last batch ([`Pass::when_abandoned`]).
     on_abandon: Option<Box<dyn FnOnce() + Send>>,
 }
 
@@ -904,7 +904,9 @@ impl Pass {
     }
 
     /// Runs `hook` on the dropping thread, after the actors are joined, if the pass is dropped
-    /// before its iterator returned `None` at the end of the epoch (abandoned or failed).
+    /// before its consumer received its last batch (abandoned, or failed). A consumer that
+    /// takes every batch and drops the iterator without asking for more (`zip` with a step
+    /// count, `take(n)`) has not abandoned it.
     pub fn when_abandoned(&mut self, hook: Box<dyn FnOnce() + Send>) {
         self.on_abandon = Some(hook);
     }
@@ -1114,8 +1116,9 @@ impl Iterator for Pass {
 impl Drop for Pass {
     fn drop(&mut self) {
         self.stop_and_join();
+        let every_batch = self.completed || self.stats.batches >= self.stats.batches_total;
         if let Some(hook) = self.on_abandon.take()
-            && !self.completed
+            && !every_batch
         {
             hook();
         }

@@ -481,9 +481,10 @@ impl DatasetBuilder {
     /// reads count against `memory_limit_bytes` and the pool's budget like any second
     /// iteration's. When they would not fit, the early pass does not start (nothing fails); when a
     /// pass the caller asks for would not fit beside it, the early pass is dropped first. If
-    /// train is asked for at another epoch, or resumed mid-epoch, the early pass is dropped, and
-    /// the work it did (at most its first read-ahead and `prefetch_depth` batches) is lost.
-    /// Iterations of other splits (validation between epochs) leave it waiting.
+    /// train is asked for at another epoch, or resumed mid-epoch, or the epoch that started it
+    /// is dropped before its last batch, the early pass is dropped, and the work it did (at
+    /// most its first read-ahead and `prefetch_depth` batches) is lost. Iterations of other
+    /// splits (validation between epochs) leave it waiting.
     pub fn prefetch_next_epoch(mut self, yes: bool) -> Self {
         self.prefetch_next_epoch = yes;
         self
@@ -2214,7 +2215,7 @@ impl InSituDataset {
     /// Installs the hook that starts train's pass at `epoch + 1` once `pass` has loaded every
     /// chunk it reads. The hook runs on an executor thread: it only spawns the thread that starts
     /// the pass, and it holds the runtime weakly (an executor must never drop it). A pass
-    /// dropped before its end (a loop that broke out, an error) takes its successor with it,
+    /// dropped before its last batch (a loop that broke out, an error) takes its successor with it,
     /// so that abandoning an iteration still frees everything.
     fn start_next_epoch_early(&self, pass: &mut Pass, epoch: u64) {
         let Some(next) = epoch.checked_add(1) else {

@@ -166,8 +166,9 @@ fn a_pass_dropped_before_its_end_takes_its_early_successor_with_it() {
         .unwrap();
     let batches = ds.split_batches("train").unwrap();
     let mut pass = ds.train().unwrap();
-    // Every batch, but not the end: every chunk was loaded, the successor started.
-    for _ in 0..batches {
+    // Every batch but the last, which the gather has assembled ahead: every chunk was loaded
+    // and the successor started.
+    for _ in 0..batches - 1 {
         pass.next().unwrap().unwrap();
     }
     wait_prefetched(&ds, 1);
@@ -183,6 +184,19 @@ fn a_pass_dropped_before_its_end_takes_its_early_successor_with_it() {
     );
     // A pass that ran to its end leaves its successor for the next epoch.
     ds.set_epoch(2);
+    let (_, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+    assert!(stats.started_ahead);
+    // So does one whose consumer took every batch and stopped there (`take(n)`, `zip` with a
+    // step count) without asking for the end.
+    ds.set_epoch(3);
+    let mut pass = ds.train().unwrap();
+    for _ in 0..batches {
+        pass.next().unwrap().unwrap();
+    }
+    wait_prefetched(&ds, 4);
+    drop(pass);
+    assert_eq!(ds.prefetched_epoch(), Some(4));
+    ds.set_epoch(4);
     let (_, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
     assert!(stats.started_ahead);
 }
