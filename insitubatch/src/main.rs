@@ -1093,7 +1093,7 @@ fn build_store(dir: &Path, spec: &SynthSpec, force: bool) -> CliResult {
 fn print_epoch(r: &EpochReport) {
     let s = &r.stats;
     println!(
-        "epoch {}: {} samples in {} batches, {:.2} s = {:.0} samples/s, {:.0} MB/s; first batch {:.1} ms; \
+        "epoch {}: {} samples in {} batches, {:.2} s = {:.0} samples/s, {:.0} MB/s; first batch {:.1} ms{}; \
          batch latency p50 {:.2} ms p99 {:.2} ms; chunks: {} misses, {} hits{}{}; read {}, decoded {}{}",
         s.epoch,
         s.samples,
@@ -1102,6 +1102,11 @@ fn print_epoch(r: &EpochReport) {
         r.samples_per_s,
         r.mb_per_s,
         s.ttfb_us as f64 / 1e3,
+        if s.started_ahead {
+            " (started while the epoch before ran)"
+        } else {
+            ""
+        },
         s.batch_latency_us_p50 as f64 / 1e3,
         s.batch_latency_us_p99 as f64 / 1e3,
         s.cache_misses,

@@ -409,6 +409,51 @@ fn split_then_bench_with_the_manifest_reads_once_and_hits_when_the_budget_holds_
 }
 
 #[test]
+fn bench_with_prefetch_next_epoch_starts_every_later_epoch_early_and_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (store, manifest, _) = store_and_split(tmp.path(), &[]);
+    // A budget that holds two iterations' read-ahead.
+    let args = [
+        "--epochs",
+        "3",
+        "--batch-size",
+        "5",
+        "--cache-budget-bytes",
+        "100000000",
+    ];
+    let started_ahead = |extra: &[&str]| -> Vec<bool> {
+        let out = run_ok(
+            bench_with(&store, &manifest)
+                .args(args)
+                .args(extra)
+                .arg("--json"),
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["epochs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["stats"]["started_ahead"].as_bool().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        started_ahead(&["--prefetch-next-epoch"]),
+        [false, true, true]
+    );
+    assert_eq!(started_ahead(&[]), [false, false, false]);
+    let text = run_ok(
+        bench_with(&store, &manifest)
+            .args(args)
+            .arg("--prefetch-next-epoch"),
+    );
+    assert_eq!(
+        text.matches("(started while the epoch before ran)").count(),
+        2,
+        "{text}"
+    );
+}
+
+#[test]
 fn split_by_ranges_of_dates_or_indices_takes_whole_chunks() {
     let tmp = tempfile::tempdir().unwrap();
     // 40 six-hourly samples from 1979-01-01 (make-dataset's time), 4 per chunk: a day each.
