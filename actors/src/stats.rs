@@ -112,6 +112,6 @@ pub struct PassStats {
     /// Warnings raised by this pass (also printed to stderr once).
     pub warnings: Vec<String>,
     /// The pass was started before it was asked for, while the epoch before it was still
-    /// decoding (`prefetch_next_epoch`); its times count from when it was asked for.
+    /// running (`prefetch_next_epoch`); its times count from when it was asked for.
     pub started_ahead: bool,
 }

@@ -1,5 +1,5 @@
-//! `prefetch_next_epoch`: train's next epoch starts while the one before it decodes its last
-//! chunks. The early pass must be the epoch asked for (zarr-python's values, the order of a
+//! `prefetch_next_epoch`: train's next epoch starts once the one before it has loaded its last
+//! chunk, while its last batches are gathered and consumed. The early pass must be the epoch asked for (zarr-python's values, the order of a
 //! dataset without it), be dropped when another is asked for, step aside for a pass the caller
 //! starts, say once why it could not start, and leave nothing behind.
 
