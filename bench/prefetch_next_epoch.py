@@ -4,6 +4,8 @@ waits for data, to throughput and to memory.
 
     cargo build --release
     python3 bench/prefetch_next_epoch.py /tmp/insitubatch-bench --rounds 3
+    PYTHONPATH=bindings/python INSITUBATCH_LIB=target/release/libinsitubatch.so \
+        python3 bench/prefetch_next_epoch.py /tmp/insitubatch-bench --rounds 2 --shim
 
 For each store (ERA5-like 181 x 360, two variables, zstd-3; made with `insitubatch
 make-dataset` when missing; sizes such that the automatic budget decodes chunks into batch rows
@@ -12,11 +14,16 @@ two settings alternated, each run after `--settle` s of idle, once with a 10 ms 
 batch (`--accelerator-ms 10`: a sleep, as a host waiting on an accelerator) and once without.
 Reported: medians over the rounds of the later epochs' (1-4) first batch, data stall, and
 samples/s (their samples over their seconds), and peak RSS.
+
+With `--shim`, the same through the Python shim instead, on the 8-samples-per-chunk store: a
+fresh Python process per run iterates five epochs of `ds.train`, sleeping 10 ms per batch, and
+reports each later epoch's first batch and data stall (and whether it was started early).
 """
 
 import argparse
 import json
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -60,14 +67,61 @@ def run(binary: str, path: Path, flags: list[str], step_ms: float, settle: float
     }
 
 
+def shim_run(path: str, early: bool) -> None:
+    """One run through the Python shim (in its own process): five epochs, 10 ms per batch."""
+    import insitubatch as isb
+
+    ds = isb.InSituDataset(path, prefetch_next_epoch=early)
+    epochs = []
+    for epoch in range(5):
+        ds.set_epoch(epoch)
+        t0 = time.perf_counter()
+        stepped, first = 0.0, None
+        for _ in ds.train:
+            if first is None:
+                first = time.perf_counter() - t0
+            s = time.perf_counter()
+            time.sleep(0.010)
+            stepped += time.perf_counter() - s
+        wall = time.perf_counter() - t0
+        epochs.append({"ttfb_ms": 1e3 * first, "stall": 1 - stepped / wall,
+                       "ahead": bool(ds.stats()["started_ahead"])})
+    ds.close()
+    print(json.dumps(epochs[1:]))
+
+
+def shim(a) -> None:
+    path = store(a.bin, a.root, 8, 2048)
+    print("| through the Python shim, 8 samples per chunk (2048) | run | later epochs started early "
+          "| first batch ms, epochs 1-4 | data stall, epochs 1-4 |")
+    print("|---|---:|---:|---|---|")
+    for r in range(a.rounds):
+        for name, early in (("default", "0"), ("prefetch_next_epoch", "1")):
+            time.sleep(a.settle)
+            out = subprocess.run([sys.executable, __file__, "--shim-run", str(path), early],
+                                 check=True, capture_output=True, text=True).stdout
+            e = json.loads(out)
+            ahead = sum(x["ahead"] for x in e)
+            firsts = ", ".join("%.1f" % x["ttfb_ms"] for x in e)
+            stalls = ", ".join("%.1f %%" % (100 * x["stall"]) for x in e)
+            print(f"| {name} | {r + 1} | {ahead} of {len(e)} | {firsts} | {stalls} |", flush=True)
+
+
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--shim-run":
+        shim_run(sys.argv[2], sys.argv[3] == "1")
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path, nargs="?", default=Path(tempfile.gettempdir()) / "insitubatch-bench")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--settle", type=float, default=1.0)
     ap.add_argument("--bin", default=str(Path(__file__).resolve().parent.parent / "target/release/insitubatch"))
+    ap.add_argument("--shim", action="store_true", help="through the Python shim instead")
     a = ap.parse_args()
     a.root.mkdir(parents=True, exist_ok=True)
+    if a.shim:
+        shim(a)
+        return
     print("| samples/chunk (samples) | model step | setting | later epochs started early | first batch ms "
           "| data stall | samples/s | peak RSS MiB |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
