@@ -355,8 +355,6 @@ pub struct Pass {
     _running: RunningPass,
     // Dropped after the actors are joined: whatever must outlive them (the dataset's runtime).
     keep_alive: Option<Arc<dyn std::any::Any + Send + Sync>>,
-    // The iterator returned `None` after the whole epoch.
-    completed: bool,
     // Runs when the pass is dropped before its last batch ([`Pass::when_abandoned`]).
     on_abandon: Option<Box<dyn FnOnce() + Send>>,
 }
@@ -874,7 +872,6 @@ impl Pass {
             latency: hdrhistogram::Histogram::new(3).expect("3 significant figures is valid"),
             _running: running,
             keep_alive: None,
-            completed: false,
             on_abandon: None,
         })
     }
@@ -1086,7 +1083,6 @@ impl Pass {
                 self.done = complete;
                 let panic = self.stop_and_join();
                 if complete && panic.is_none() {
-                    self.completed = true;
                     self.warn_if_cache_rejected();
                     None
                 } else {
@@ -1116,9 +1112,9 @@ impl Iterator for Pass {
 impl Drop for Pass {
     fn drop(&mut self) {
         self.stop_and_join();
-        let every_batch = self.completed || self.stats.batches >= self.stats.batches_total;
+        // (An iterator that said the end delivered every batch first.)
         if let Some(hook) = self.on_abandon.take()
-            && !every_batch
+            && self.stats.batches < self.stats.batches_total
         {
             hook();
         }
