@@ -6,6 +6,7 @@ waits for data, to throughput and to memory.
     python3 bench/prefetch_next_epoch.py /tmp/insitubatch-bench --rounds 3
     PYTHONPATH=bindings/python INSITUBATCH_LIB=target/release/libinsitubatch.so \
         python3 bench/prefetch_next_epoch.py /tmp/insitubatch-bench --rounds 2 --shim
+    python3 bench/prefetch_next_epoch.py /tmp/insitubatch-bench --rounds 3 --stores 8:512,32:1024
 
 For each store (ERA5-like 181 x 360, two variables, zstd-3; made with `insitubatch
 make-dataset` when missing; sizes such that the automatic budget decodes chunks into batch rows
@@ -13,9 +14,13 @@ at 8 and 32 samples per chunk), `insitubatch bench --epochs 5 --json` in a fresh
 two settings alternated, each run after `--settle` s of idle, once with a 10 ms model step per
 batch (`--accelerator-ms 10`: a sleep, as a host waiting on an accelerator) and once without.
 Reported: medians over the rounds of the later epochs' (1-4) first batch, data stall, and
-samples/s (their samples over their seconds), and peak RSS.
+samples/s (their samples over their seconds), and peak RSS. `--stores spc:samples,...` picks
+other stores: 8:512 and 32:1024 are short enough that the automatic budget keeps chunks in the
+pool (the early pass then takes over the running one's room as its last batches are taken),
+and the table says "(through the pool)" for them.
 
-With `--shim`, the same through the Python shim instead, on the 8-samples-per-chunk store: a
+With `--shim`, the same through the Python shim instead, on the first store of `--stores`
+(default 8 samples per chunk, 2048 samples): a
 fresh Python process per run iterates five epochs of `ds.train`, sleeping 10 ms per batch, and
 reports each later epoch's first batch and data stall (and whether it was started early).
 """
@@ -91,9 +96,10 @@ def shim_run(path: str, early: bool) -> None:
 
 
 def shim(a) -> None:
-    path = store(a.bin, a.root, 8, 2048)
-    print("| through the Python shim, 8 samples per chunk (2048) | run | later epochs started early "
-          "| first batch ms, epochs 1-4 | data stall, epochs 1-4 |")
+    spc, samples = a.stores[0] if a.stores != STORES else (8, 2048)
+    path = store(a.bin, a.root, spc, samples)
+    print(f"| through the Python shim, {spc} samples per chunk ({samples}) | run | later epochs started "
+          "early | first batch ms, epochs 1-4 | data stall, epochs 1-4 |")
     print("|---|---:|---:|---|---|")
     for r in range(a.rounds):
         for name, early in (("default", "0"), ("prefetch_next_epoch", "1")):
@@ -107,6 +113,13 @@ def shim(a) -> None:
             print(f"| {name} | {r + 1} | {ahead} of {len(e)} | {firsts} | {stalls} |", flush=True)
 
 
+def stores_arg(text: str) -> tuple:
+    try:
+        return tuple(tuple(int(x) for x in part.split(":")) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--stores wants spc:samples,... (got {text!r})") from None
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--shim-run":
         shim_run(sys.argv[2], sys.argv[3] == "1")
@@ -117,6 +130,8 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=1.0)
     ap.add_argument("--bin", default=str(Path(__file__).resolve().parent.parent / "target/release/insitubatch"))
     ap.add_argument("--shim", action="store_true", help="through the Python shim instead")
+    ap.add_argument("--stores", type=stores_arg, default=STORES,
+                    help="samples per chunk and samples of each store, as spc:samples,...")
     a = ap.parse_args()
     a.root.mkdir(parents=True, exist_ok=True)
     if a.shim:
@@ -125,7 +140,7 @@ def main() -> None:
     print("| samples/chunk (samples) | model step | setting | later epochs started early | first batch ms "
           "| data stall | samples/s | peak RSS MiB |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
-    for spc, samples in STORES:
+    for spc, samples in a.stores:
         path = store(a.bin, a.root, spc, samples)
         # Warm the page cache: every file read once.
         for f in path.rglob("*"):

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use insitubatch_pool::{BufferPool, ChunkPool, Owner, Recycler, Slot, SlotFailure};
+use insitubatch_pool::{BufferPool, ChunkPool, Owner, OwnerId, Recycler, Slot, SlotFailure};
 use insitubatch_runtime::sync::{Notify, Permit, Semaphore};
 use insitubatch_runtime::{Handle, JoinHandle, TaskError};
 use insitubatch_store::{ArrayGeometry, Store, ZarrArray};
@@ -294,6 +294,8 @@ impl PassShared {
         if self.loads_pending.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
+        // Nothing more is admitted: the pool may hand the room back as the gather unpins.
+        self.owner.admitted_all();
         let was = std::mem::replace(&mut *lock(&self.after_loads), AfterLoads::Loaded);
         if let AfterLoads::Run(hook) = was
             && !self.is_cancelled()
@@ -763,6 +765,33 @@ impl Pass {
         n_samples: u64,
         config: PassConfig,
     ) -> Result<Self, EngineError> {
+        Self::start_after(
+            ctx,
+            variables,
+            chunks,
+            samples_per_chunk,
+            n_samples,
+            config,
+            None,
+        )
+    }
+
+    /// [`Pass::start`] for the pass that follows the one whose [`Pass::pool_id`] is
+    /// `predecessor` (train's next epoch, started early): once the predecessor has loaded
+    /// every chunk it reads, its room in the chunk pool is this pass's as the predecessor's
+    /// consumer takes the batches that pin it ([`ChunkPool::register_successor`]), so the two
+    /// fit a budget that holds one iteration. Until then this pass's loads wait for that room.
+    ///
+    /// [`ChunkPool::register_successor`]: insitubatch_pool::ChunkPool::register_successor
+    pub fn start_after<S: Store>(
+        ctx: &Arc<EngineContext<S>>,
+        variables: &[Variable],
+        chunks: &[u64],
+        samples_per_chunk: u64,
+        n_samples: u64,
+        config: PassConfig,
+        predecessor: Option<OwnerId>,
+    ) -> Result<Self, EngineError> {
         if insitubatch_runtime::on_executor_thread() {
             // A chunk transform (a callback) iterating a dataset from inside the decoder: its
             // consumer would wait on the very threads it holds, and a pass of the same dataset
@@ -796,7 +825,10 @@ impl Pass {
         // read-ahead bound, which covers a resident chunk it pins for a row as well.
         let all_rows = (0..plan.slots.len()).all(|i| direct.is_direct(i));
         let reserve = if all_rows { 0 } else { plan.read_ahead_bytes };
-        let owner = ctx.pool.register_owner(&name, reserve)?;
+        let owner = match predecessor {
+            Some(p) => ctx.pool.register_successor(&name, reserve, p)?,
+            None => ctx.pool.register_owner(&name, reserve)?,
+        };
         let mut arrays = Vec::new();
         let mut layouts = Vec::new();
         let mut pipelines = Vec::new();
@@ -951,6 +983,11 @@ impl Pass {
     /// The read-ahead bound of this pass, in bytes.
     pub fn read_ahead_bytes(&self) -> u64 {
         self.shared.plan.read_ahead_bytes
+    }
+
+    /// This pass's iteration in the chunk pool, for [`Pass::start_after`].
+    pub fn pool_id(&self) -> OwnerId {
+        self.shared.owner.id()
     }
 
     /// Slots this pass has pinned right now.

@@ -57,6 +57,7 @@ pub(crate) fn plan_chunks(
 use std::sync::Arc;
 
 use insitubatch_pool::{Admission, PoolError, SlotKey};
+use insitubatch_runtime::sync::Notify;
 use insitubatch_runtime::{ActorSender, JoinHandle};
 use insitubatch_store::Store;
 
@@ -264,7 +265,7 @@ async fn drive<S: Store>(
                 let mut prepared = look_ahead.take(i, || announce.flush()).await;
                 let admitted = loop {
                     // Read before trying, so that a write ending in between is not missed.
-                    let seen = ctx.pool.writes_ended().generation();
+                    let seen = ctx.pool.room_returned().generation();
                     let (admitted, unlinks) = shared.owner.admit_deferring_unlinks(
                         &key,
                         ps.nbytes,
@@ -279,13 +280,18 @@ async fn drive<S: Store>(
                             .unlink(&ctx.runtime, unlinks);
                     }
                     // An ephemeral spill's room is held by evicted slots' files still being
-                    // written: each write ends on its own, then the room is back.
-                    if !matches!(admitted, Err(PoolError::WaitForWrites { .. })) {
+                    // written: each write ends on its own, then the room is back. A successor's
+                    // (train's next epoch started early) is pinned by its predecessor until
+                    // the predecessor's consumer takes the batches that hold it; dropping this
+                    // pass meanwhile must not wait for that.
+                    if !matches!(
+                        admitted,
+                        Err(PoolError::WaitForWrites { .. } | PoolError::WaitForRoom { .. })
+                    ) {
                         break admitted?;
                     }
                     announce.flush();
-                    ctx.pool.writes_ended().changed_since(seen).await;
-                    if shared.is_cancelled() {
+                    if !room_or_stop(ctx.pool.room_returned(), seen, shared).await {
                         return Ok(());
                     }
                 };
@@ -373,4 +379,20 @@ async fn drive<S: Store>(
         }
     }
     Ok(())
+}
+
+/// Waits until the pool's room changed since generation `seen` (true) or the pass stopped
+/// (false).
+async fn room_or_stop(room: &Notify, seen: u64, shared: &PassShared) -> bool {
+    let mut returned = std::pin::pin!(room.changed_since(seen));
+    let mut stopped = std::pin::pin!(shared.stopped());
+    std::future::poll_fn(|cx| {
+        if returned.as_mut().poll(cx).is_ready() || stopped.as_mut().poll(cx).is_ready() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    !shared.is_cancelled()
 }

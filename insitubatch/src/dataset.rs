@@ -14,7 +14,8 @@ use insitubatch_actors::{
 };
 use insitubatch_actors::{Origins, Patch, Placement, StoreAxis};
 use insitubatch_pool::{
-    ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
+    ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, OwnerId, PoolStats,
+    Recycler,
 };
 use insitubatch_runtime::sync::Semaphore;
 use insitubatch_runtime::{
@@ -478,13 +479,17 @@ impl DatasetBuilder {
     /// the last chunk is in.
     ///
     /// The cost: for a while two passes run, and the early one's batch buffers, read-ahead and
-    /// reads count against `memory_limit_bytes` and the pool's budget like any second
-    /// iteration's. When they would not fit, the early pass does not start (nothing fails); when a
+    /// reads count against `memory_limit_bytes` like any second iteration's. In the chunk pool
+    /// it takes over the epoch before's room as that epoch's last batches are taken (its loads
+    /// wait for it), so a budget that holds one iteration, the automatic one included, holds
+    /// both; beside an iteration of another split running at the same time it needs room of
+    /// its own. When it would not fit, the early pass does not start (nothing fails); when a
     /// pass the caller asks for would not fit beside it, the early pass is dropped first. If
-    /// train is asked for at another epoch, or resumed mid-epoch, or the epoch that started it
-    /// is dropped before its last batch, the early pass is dropped, and the work it did (at
-    /// most its first read-ahead and `prefetch_depth` batches) is lost. Iterations of other
-    /// splits (validation between epochs) leave it waiting.
+    /// train is asked for at another epoch, or resumed mid-epoch, or while the epoch before has
+    /// batches not yet taken, or the epoch that started it is dropped before its last batch,
+    /// the early pass is dropped, and the work it did (at most its first read-ahead and
+    /// `prefetch_depth` batches) is lost. Iterations of other splits (validation between
+    /// epochs) leave it waiting, unless they do not fit beside it.
     pub fn prefetch_next_epoch(mut self, yes: bool) -> Self {
         self.prefetch_next_epoch = yes;
         self
@@ -1518,6 +1523,7 @@ impl DatasetBuilder {
             warnings: Mutex::new(Vec::new()),
             ahead: Arc::new(Mutex::new(AheadSlot::default())),
             ahead_warned: AtomicBool::new(false),
+            ahead_displaced: AtomicBool::new(false),
             passes_started: AtomicU64::new(0),
         };
         ds.collect_warnings();
@@ -1610,6 +1616,9 @@ pub struct InSituDataset {
     ahead: Arc<Mutex<AheadSlot>>,
     /// A warning said that an early pass could not start.
     ahead_warned: AtomicBool,
+    /// An early pass was dropped to make room for a pass the caller asked for: none is
+    /// started again (it would be dropped every epoch, its loads wasted).
+    ahead_displaced: AtomicBool,
     /// Train passes that may start a successor, numbered.
     passes_started: AtomicU64,
 }
@@ -1628,6 +1637,8 @@ struct AheadSlot {
 struct Ahead {
     /// The pass that started it (a number of this dataset's).
     parent: u64,
+    /// That pass in the chunk pool, whose room this one takes over as it is released.
+    predecessor: OwnerId,
     epoch: u64,
     /// The thread starting it, until it has been joined.
     thread: Option<std::thread::JoinHandle<Result<Pass, EngineError>>>,
@@ -2136,8 +2147,11 @@ impl InSituDataset {
                 let Some(ahead) = lock(&self.ahead).next.take() else {
                     return Err(e);
                 };
+                let early = ahead.epoch;
                 drop(ahead);
-                start(config)?
+                let pass = start(config)?;
+                self.ahead_was_displaced(early, split, &e);
+                pass
             }
         };
         Ok(pass.keep_alive(Arc::clone(&self.runtime) as Arc<dyn std::any::Any + Send + Sync>))
@@ -2185,6 +2199,18 @@ impl InSituDataset {
         if ahead.epoch != epoch || start_batch != 0 {
             return None; // dropped here, stopping it
         }
+        // Its loads wait for the room the epoch before still pins, which comes back only as
+        // that epoch's batches are taken: handed over while they are not all taken (the
+        // caller still holds that iterator), its consumer could wait on a consumer that never
+        // comes. Then it is started as asked instead, as without `prefetch_next_epoch`.
+        if self
+            .ctx
+            .pool
+            .pinned_bytes(ahead.predecessor)
+            .is_some_and(|b| b > 0)
+        {
+            return None;
+        }
         // A pass that could not start (memory, budget) is started again as asked, and fails
         // there with its own error if it still cannot.
         match ahead.take() {
@@ -2196,6 +2222,25 @@ impl InSituDataset {
         }
     }
 
+    /// An early train pass (of epoch `early`) was dropped so that `split`'s pass could start
+    /// (`e` says why they did not fit together): a loop that runs `split` between train's
+    /// epochs would have it dropped every epoch, its first read-ahead loaded for nothing, so
+    /// no early pass starts again; said once.
+    fn ahead_was_displaced(&self, early: u64, split: &str, e: &EngineError) {
+        if self.ahead_displaced.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let msg = format!(
+            "prefetch_next_epoch: train's epoch {early} was started early and then dropped to \
+             make room for `{split}`, which did not fit beside it ({e}); from now on train's \
+             next epoch starts when asked, as without prefetch_next_epoch, so that every epoch \
+             followed by `{split}` does not load its first chunks twice. To keep it, raise \
+             cache_budget_bytes (or memory_limit_bytes) to hold both"
+        );
+        eprintln!("insitubatch: warning: {msg}");
+        lock(&self.warnings).push(msg);
+    }
+
     /// Says once per dataset why an early train pass did not start (the epoch then starts
     /// when asked, as without `prefetch_next_epoch`).
     fn warn_ahead_failed(&self, epoch: u64, e: &EngineError) {
@@ -2204,9 +2249,11 @@ impl InSituDataset {
         }
         let msg = format!(
             "prefetch_next_epoch: train's epoch {epoch} could not start while the epoch before \
-             it was running, so it started when asked (this is said once): {e}. Two iterations \
-             must fit at once: raise cache_budget_bytes (passes that keep chunks in the pool \
-             reserve their read-ahead in it) or memory_limit_bytes, or lower block_chunks"
+             it was running, so it started when asked (this is said once): {e}. It starts \
+             beside every iteration running then: in the chunk pool it takes over the epoch \
+             before's room, but needs its own beside another split's iteration, and it counts \
+             against memory_limit_bytes beside them all; raise cache_budget_bytes or \
+             memory_limit_bytes, or lower block_chunks"
         );
         eprintln!("insitubatch: warning: {msg}");
         lock(&self.warnings).push(msg);
@@ -2221,6 +2268,9 @@ impl InSituDataset {
         let Some(next) = epoch.checked_add(1) else {
             return;
         };
+        if self.ahead_displaced.load(Ordering::SeqCst) {
+            return;
+        }
         let Ok((chunks, config)) = self.plan_split_at(TRAIN, next) else {
             return;
         };
@@ -2230,6 +2280,7 @@ impl InSituDataset {
         let runtime = Arc::downgrade(&self.runtime);
         let slot = Arc::downgrade(&self.ahead);
         let parent = self.passes_started.fetch_add(1, Ordering::SeqCst);
+        let predecessor = pass.pool_id();
         let ours = Weak::clone(&slot);
         pass.when_abandoned(Box::new(move || {
             let Some(slot) = ours.upgrade() else {
@@ -2253,7 +2304,7 @@ impl InSituDataset {
                 let runtime = runtime.upgrade().ok_or_else(|| {
                     EngineError::Runtime("the dataset was dropped before its next epoch".into())
                 })?;
-                Pass::start(&ctx, &variables, &chunks, spc, n, config)
+                Pass::start_after(&ctx, &variables, &chunks, spc, n, config, Some(predecessor))
                     .map(|p| p.keep_alive(runtime as Arc<dyn std::any::Any + Send + Sync>))
             };
             let thread = std::thread::Builder::new()
@@ -2262,6 +2313,7 @@ impl InSituDataset {
             if let Ok(thread) = thread {
                 held.next = Some(Ahead {
                     parent,
+                    predecessor,
                     epoch: next,
                     thread: Some(thread),
                     started: None,

@@ -79,6 +79,24 @@ pub enum PoolError {
         /// Bytes of evicted slots whose files are being written or unlinked.
         writing_bytes: u64,
     },
+    /// Admitting a chunk for an iteration started as another's successor
+    /// ([`ChunkPool::register_successor`]) needs room its predecessor still pins: retry once
+    /// [`ChunkPool::room_returned`] notifies (the predecessor's consumer takes its last batches,
+    /// or it is dropped). The planner waits so; nothing else sees it.
+    #[error(
+        "internal error: admitting {key} ({nbytes} bytes) must wait for iteration \
+         `{predecessor}` to release {pinned_bytes} pinned bytes"
+    )]
+    WaitForRoom {
+        /// The chunk.
+        key: String,
+        /// Its size.
+        nbytes: u64,
+        /// The iteration whose room this one was started to take over.
+        predecessor: String,
+        /// Bytes it still pins.
+        pinned_bytes: u64,
+    },
     /// Admitting a chunk would exceed the budget with nothing left to evict. The read-ahead
     /// permits make this unreachable; seeing it is a bug in insitubatch.
     #[error(
@@ -143,7 +161,14 @@ struct Entry {
 
 struct OwnerInfo {
     name: String,
+    /// Its share of the budget: the working set it registered with, until it has admitted
+    /// everything ([`Owner::admitted_all`]); from then on the bytes it still pins.
     reserved: u64,
+    /// It admits nothing more: each unpin returns its bytes' share.
+    draining: bool,
+    /// The draining iteration whose pinned room it was registered to take over
+    /// ([`ChunkPool::register_successor`]); its admissions wait for that room.
+    successor_of: Option<u64>,
     pins: HashMap<u64, u32>,
     hits: u64,
     misses: u64,
@@ -200,9 +225,10 @@ pub struct PreparedRevival(Revive);
 pub struct ChunkPool {
     inner: Mutex<Inner>,
     disk: Option<Arc<DiskTier>>,
-    /// Notified as each cache-file write ends, and as the file of a slot evicted while it was
-    /// written goes ([`PoolError::WaitForWrites`]).
-    writes_ended: Notify,
+    /// Notified as each cache-file write ends, as the file of a slot evicted while it was
+    /// written goes ([`PoolError::WaitForWrites`]), and as a draining iteration unpins or goes
+    /// ([`PoolError::WaitForRoom`]).
+    room_returned: Notify,
 }
 
 impl std::fmt::Debug for ChunkPool {
@@ -256,7 +282,7 @@ impl ChunkPool {
                 unlinks_files: disk.as_ref().is_some_and(|d| !d.persist()),
             }),
             disk: disk.map(Arc::new),
-            writes_ended: Notify::new(),
+            room_returned: Notify::new(),
         })
     }
 
@@ -311,7 +337,7 @@ impl ChunkPool {
             if let Some(n) = freed {
                 g.writing_evicted_bytes -= n;
                 drop(g);
-                self.writes_ended.notify_all();
+                self.room_returned.notify_all();
             }
             return Unlinks::none();
         };
@@ -322,7 +348,7 @@ impl ChunkPool {
                     slot.settle();
                 }
                 drop(g);
-                self.writes_ended.notify_all();
+                self.room_returned.notify_all();
                 Unlinks::none()
             }
             None => {
@@ -330,7 +356,7 @@ impl ChunkPool {
                 drop(g);
                 // Its room (held while the file was written) comes back once the file is gone.
                 let unlinks = self.unlinks(&[(slot.key().clone(), freed.unwrap_or(0))]);
-                self.writes_ended.notify_all();
+                self.room_returned.notify_all();
                 unlinks
             }
         }
@@ -367,13 +393,14 @@ impl ChunkPool {
         if n > 0 {
             lock(&self.inner).writing_evicted_bytes -= n;
         }
-        self.writes_ended.notify_all();
+        self.room_returned.notify_all();
     }
 
-    /// Notified as each cache-file write ends: an admission refused with
-    /// [`PoolError::WaitForWrites`] reads its generation before trying and waits for a change.
-    pub fn writes_ended(&self) -> &Notify {
-        &self.writes_ended
+    /// Notified as room comes back that an admission may wait for: an admission refused with
+    /// [`PoolError::WaitForWrites`] (a cache file's write ending) or [`PoolError::WaitForRoom`]
+    /// (a predecessor unpinning) reads its generation before trying and waits for a change.
+    pub fn room_returned(&self) -> &Notify {
+        &self.room_returned
     }
 
     /// True while some thread holds the pool's lock (tests of what runs outside it).
@@ -396,6 +423,32 @@ impl ChunkPool {
         name: &str,
         working_set_bytes: u64,
     ) -> Result<Owner, PoolError> {
+        self.register(name, working_set_bytes, None)
+    }
+
+    /// [`ChunkPool::register_owner`] for the iteration that follows `predecessor` (train's next
+    /// epoch, started while the one before gathers its last batches): if `predecessor` has
+    /// admitted everything it reads ([`Owner::admitted_all`]), the room it still pins counts as
+    /// this iteration's too, and an admission that needs it waits
+    /// ([`PoolError::WaitForRoom`]) until the predecessor's consumer takes the batches that
+    /// hold it, or the predecessor is dropped. The pool never holds more than its budget; the
+    /// successor loads as fast as its predecessor hands room over. A predecessor that is gone
+    /// or still admitting counts as any other iteration.
+    pub fn register_successor(
+        self: &Arc<Self>,
+        name: &str,
+        working_set_bytes: u64,
+        predecessor: OwnerId,
+    ) -> Result<Owner, PoolError> {
+        self.register(name, working_set_bytes, Some(predecessor.0))
+    }
+
+    fn register(
+        self: &Arc<Self>,
+        name: &str,
+        working_set_bytes: u64,
+        predecessor: Option<u64>,
+    ) -> Result<Owner, PoolError> {
         let mut g = lock(&self.inner);
         // The automatic budget holds one iteration: the first to reserve anything sizes it
         // (an iteration whose chunks all go to batch rows reserves nothing).
@@ -403,8 +456,11 @@ impl ChunkPool {
             g.budget = working_set_bytes;
             g.stats.budget_bytes = working_set_bytes;
         }
+        let successor_of = predecessor.filter(|p| g.owners.get(p).is_some_and(|o| o.draining));
+        // A successor takes its predecessor's room over as it is released.
+        let handed_over = successor_of.map_or(0, |p| g.owners[&p].reserved);
         let reserved = g.stats.reserved_bytes;
-        if reserved + working_set_bytes > g.budget {
+        if reserved - handed_over + working_set_bytes > g.budget {
             let holders: Vec<String> = g
                 .owners
                 .values()
@@ -425,7 +481,7 @@ impl ChunkPool {
                 budget_bytes: g.budget,
                 reserved_bytes: reserved,
                 others,
-                suggest_bytes: reserved + working_set_bytes,
+                suggest_bytes: reserved - handed_over + working_set_bytes,
             });
         }
         let id = g.next_owner;
@@ -437,6 +493,8 @@ impl ChunkPool {
             OwnerInfo {
                 name: name.to_string(),
                 reserved: working_set_bytes,
+                draining: false,
+                successor_of,
                 pins: HashMap::new(),
                 hits: 0,
                 misses: 0,
@@ -452,6 +510,14 @@ impl ChunkPool {
             id,
             name: name.to_string(),
         })
+    }
+
+    /// Bytes iteration `owner` pins now; `None` once it is gone.
+    pub fn pinned_bytes(&self, owner: OwnerId) -> Option<u64> {
+        lock(&self.inner)
+            .owners
+            .get(&owner.0)
+            .map(|o| o.pinned_bytes)
     }
 
     /// Current counters.
@@ -647,7 +713,10 @@ impl Inner {
         slot
     }
 
-    fn unpin(&mut self, owner: u64, id: u64) {
+    /// Releases one of `owner`'s pins on slot `id`; true when that gave a draining owner's
+    /// reservation back (room a successor may be waiting for).
+    fn unpin(&mut self, owner: u64, id: u64) -> bool {
+        let mut returned = false;
         if let Some(o) = self.owners.get_mut(&owner)
             && let Some(n) = o.pins.get_mut(&id)
         {
@@ -655,20 +724,27 @@ impl Inner {
             if *n == 0 {
                 o.pins.remove(&id);
                 if let Some(e) = self.entries.get(&id) {
-                    o.pinned_bytes -= e.slot.nbytes();
+                    let nbytes = e.slot.nbytes();
+                    o.pinned_bytes -= nbytes;
+                    if o.draining {
+                        let share = nbytes.min(o.reserved);
+                        o.reserved -= share;
+                        self.stats.reserved_bytes -= share;
+                        returned = true;
+                    }
                 }
             }
         } else {
             debug_assert!(false, "unpin of a slot this owner does not hold");
-            return;
+            return false;
         }
         let Some(e) = self.entries.get_mut(&id) else {
-            return;
+            return returned;
         };
         debug_assert!(e.pins > 0);
         e.pins -= 1;
         if e.pins > 0 {
-            return;
+            return returned;
         }
         if e.indexed && e.slot.is_ready() {
             // Unpinned: the slot may move onto its cache file now, and a revived one closes
@@ -683,8 +759,13 @@ impl Inner {
             // is the same file as the indexed one's: it stays.)
             self.remove_entry(id);
         }
+        returned
     }
 }
+
+/// Names a registered iteration for [`ChunkPool::register_successor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnerId(u64);
 
 /// One iteration's handle on the pool. Dropping it unpins everything it still holds and
 /// returns its reservation.
@@ -940,6 +1021,14 @@ impl Owner {
                 g.lru.pop_first()
             };
             let Some((_, victim)) = next else {
+                if let Some((predecessor, pinned_bytes)) = self.predecessor_pins(g) {
+                    return Err(PoolError::WaitForRoom {
+                        key: key.to_string(),
+                        nbytes,
+                        predecessor,
+                        pinned_bytes,
+                    });
+                }
                 if g.writing_evicted_bytes > 0 {
                     return Err(PoolError::WaitForWrites {
                         key: key.to_string(),
@@ -967,6 +1056,35 @@ impl Owner {
             g.stats.evictions += 1;
         }
         Ok(())
+    }
+
+    /// The predecessor this iteration was registered to succeed and the bytes it still pins,
+    /// while it pins any: the room this iteration's admissions may wait for.
+    fn predecessor_pins(&self, g: &Inner) -> Option<(String, u64)> {
+        let p = g.owners[&self.id].successor_of?;
+        let o = g.owners.get(&p)?;
+        (o.pinned_bytes > 0).then(|| (o.name.clone(), o.pinned_bytes))
+    }
+
+    /// This iteration's handle for [`ChunkPool::register_successor`].
+    pub fn id(&self) -> OwnerId {
+        OwnerId(self.id)
+    }
+
+    /// This iteration admits nothing more (it has loaded every chunk it reads, and only
+    /// gathers from what it pins): its reservation shrinks to the bytes it pins, and each
+    /// unpin from now on gives its share back, to a successor waiting for it
+    /// ([`ChunkPool::register_successor`]) or to any iteration registered later. Admitting
+    /// after this is a bug in the caller.
+    pub fn admitted_all(&self) {
+        let mut g = lock(&self.pool.inner);
+        let o = g.owners.get_mut(&self.id).expect("registered");
+        let returned = o.reserved.saturating_sub(o.pinned_bytes);
+        o.draining = true;
+        o.reserved -= returned;
+        g.stats.reserved_bytes -= returned;
+        drop(g);
+        self.pool.room_returned.notify_all();
     }
 
     /// Pins the slot for `key` if it is ready in memory (a hit); otherwise counts a miss and
@@ -999,7 +1117,10 @@ impl Owner {
     /// Releases one pin on `slot`. At zero pins a ready slot becomes evictable; anything else
     /// (failed, abandoned mid-load) is dropped.
     pub fn unpin(&self, slot: &Slot) {
-        lock(&self.pool.inner).unpin(self.id, slot.id);
+        let returned = lock(&self.pool.inner).unpin(self.id, slot.id);
+        if returned {
+            self.pool.room_returned.notify_all();
+        }
     }
 
     /// Hits this iteration revived from the cache directory, and log entries it consulted and
@@ -1099,6 +1220,9 @@ impl Drop for Owner {
         if let Some(o) = g.owners.remove(&self.id) {
             g.stats.reserved_bytes -= o.reserved;
         }
+        drop(g);
+        // A successor may be waiting for this iteration's room.
+        self.pool.room_returned.notify_all();
     }
 }
 
@@ -1320,6 +1444,96 @@ mod tests {
         assert_eq!(pool.stats().budget_bytes, 120);
         let fixed = ChunkPool::new(Budget::Bytes(50));
         assert!(fixed.register_owner("train", 60).is_err());
+    }
+
+    #[test]
+    fn a_successor_takes_its_draining_predecessors_room_over_as_it_is_unpinned() {
+        // The automatic budget holds one working set (30 bytes): the predecessor pins all of
+        // it, has admitted everything, and its consumer has not taken the batches that hold it.
+        let pool = ChunkPool::new(Budget::Auto);
+        let a = pool.register_owner("train#0", 30).unwrap();
+        let held: Vec<_> = (0..3)
+            .map(|c| fill(a.admit(&key(c), 10, 1).unwrap()))
+            .collect();
+        // Still admitting: a successor is any other iteration, and does not fit.
+        assert!(matches!(
+            pool.register_successor("train#1", 30, a.id()),
+            Err(PoolError::BudgetTooSmall { .. })
+        ));
+        a.admitted_all();
+        assert_eq!(pool.stats().reserved_bytes, 30, "shrunk to what it pins");
+        let b = pool.register_successor("train#1", 30, a.id()).unwrap();
+        // A chunk the predecessor pins is a hit, and costs no room.
+        let Admission::Hit(shared) = b.admit(&key(2), 10, 1).unwrap() else {
+            panic!("pinned by the predecessor: resident")
+        };
+        // A new chunk waits for the predecessor's room, naming it.
+        let seen = pool.room_returned().generation();
+        match b.admit(&key(7), 10, 1) {
+            Err(PoolError::WaitForRoom {
+                predecessor,
+                pinned_bytes,
+                ..
+            }) => assert_eq!((predecessor.as_str(), pinned_bytes), ("train#0", 30)),
+            other => panic!("expected to wait for room, got {other:?}"),
+        }
+        // Its consumer takes the batch that held chunk 0: the room comes back, announced.
+        a.unpin(&held[0]);
+        assert_ne!(pool.room_returned().generation(), seen);
+        assert_eq!(pool.pinned_bytes(a.id()), Some(20));
+        let s7 = fill(b.admit(&key(7), 10, 1).unwrap());
+        assert!(matches!(
+            b.admit(&key(8), 10, 1),
+            Err(PoolError::WaitForRoom { .. })
+        ));
+        // Unpinning a chunk the successor also pins gives back a share, not room.
+        a.unpin(&held[2]);
+        assert!(matches!(
+            b.admit(&key(8), 10, 1),
+            Err(PoolError::WaitForRoom { .. })
+        ));
+        // The predecessor goes: the rest of its room is the successor's.
+        drop(a);
+        let s8 = fill(b.admit(&key(8), 10, 1).unwrap());
+        let st = pool.stats();
+        assert_eq!((st.budget_bytes, st.reserved_bytes), (30, 30), "{st:?}");
+        assert!(
+            st.peak_resident_bytes <= 30,
+            "never above the budget: {st:?}"
+        );
+        // With nothing left to wait for, no room is an internal error again.
+        assert!(matches!(
+            b.admit(&key(9), 10, 1),
+            Err(PoolError::OverBudget { .. })
+        ));
+        for s in [&shared, &s7, &s8] {
+            b.unpin(s);
+        }
+    }
+
+    #[test]
+    fn a_draining_iterations_returned_room_serves_any_iteration_registered_later() {
+        let pool = ChunkPool::new(Budget::Bytes(40));
+        let a = pool.register_owner("train", 40).unwrap();
+        let s0 = fill(a.admit(&key(0), 10, 1).unwrap());
+        let s1 = fill(a.admit(&key(1), 10, 1).unwrap());
+        assert!(pool.register_owner("val", 20).is_err());
+        // Done admitting with 20 bytes pinned: the other 20 are free for anyone.
+        a.admitted_all();
+        assert_eq!(pool.stats().reserved_bytes, 20);
+        let v = pool.register_owner("val", 20).unwrap();
+        assert!(pool.register_owner("test", 10).is_err());
+        a.unpin(&s0);
+        let t = pool.register_owner("test", 10).unwrap();
+        // Not a successor: it never waits on train's room, it was counted in full.
+        let _t0 = fill(t.admit(&key(5), 10, 1).unwrap());
+        let _v0 = fill(v.admit(&key(6), 10, 1).unwrap());
+        let _v1 = fill(v.admit(&key(7), 10, 1).unwrap());
+        assert!(pool.stats().resident_bytes <= 40);
+        a.unpin(&s1);
+        assert_eq!(pool.stats().reserved_bytes, 30, "train holds nothing");
+        drop(a);
+        assert_eq!(pool.stats().reserved_bytes, 30);
     }
 
     #[test]

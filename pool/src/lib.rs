@@ -40,8 +40,8 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 pub use batch_buffer::{BufferPool, NO_BUFFER_REUSE_ENV, PooledBuf};
 pub use chunk_pool::{
-    Admission, Budget, ChunkPool, Owner, PendingWrite, PoolError, PoolStats, PreparedRevival,
-    Unlinks,
+    Admission, Budget, ChunkPool, Owner, OwnerId, PendingWrite, PoolError, PoolStats,
+    PreparedRevival, Unlinks,
 };
 pub use disk::{ArrayMeta, CacheConfig, CacheError, CachedFile, DiskStats, DiskTier};
 pub use recycler::{Issuing, Recycler};

@@ -74,18 +74,56 @@ fn the_next_epoch_started_early_is_the_epoch_asked_for_with_zarr_pythons_values(
 }
 
 #[test]
-fn an_early_pass_the_pool_cannot_hold_beside_the_running_one_is_not_started_and_said_once() {
+fn under_the_automatic_budget_the_early_pass_takes_over_the_running_ones_room() {
     let f = fixture("paired", "raw");
     let refs = [("r", &f, 0)];
     // The automatic budget holds one iteration's working set, and a pass that loads chunks
-    // through the pool reserves all of it.
+    // through the pool reserves all of it: the early pass loads into the room the running one
+    // gives back as its last batches are taken, and the pool never holds more than the budget.
     let ds = builder(&f, true, IntoRows::Never).build().unwrap();
     let plain = builder(&f, false, IntoRows::Never).build().unwrap();
+    for epoch in 0..4 {
+        ds.set_epoch(epoch);
+        plain.set_epoch(epoch);
+        let (anchors, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+        assert_eq!(stats.started_ahead, epoch > 0, "epoch {epoch}");
+        assert_eq!(
+            anchors,
+            check_epoch(&plain, "train", &refs),
+            "epoch {epoch}: the order of a dataset without prefetch_next_epoch"
+        );
+        assert_eq!(sorted(anchors), (0..SAMPLES).collect::<Vec<_>>());
+        let st = ds.pool_stats();
+        assert_eq!(
+            st.budget_bytes,
+            plain.pool_stats().budget_bytes,
+            "the automatic budget is one iteration's working set"
+        );
+        assert!(
+            st.peak_resident_bytes <= st.budget_bytes,
+            "epoch {epoch}: {st:?}"
+        );
+    }
+    assert!(ds.warnings().is_empty(), "{:?}", ds.warnings());
+}
+
+#[test]
+fn an_early_pass_that_cannot_start_is_said_once_and_the_epoch_starts_when_asked() {
+    let f = fixture("paired", "raw");
+    let refs = [("r", &f, 0)];
+    // A memory limit that holds one train pass and not two.
+    let probe = builder(&f, false, IntoRows::Always).build().unwrap();
+    let alone = probe.memory_need("train").unwrap().total();
+    let ds = builder(&f, true, IntoRows::Always)
+        .memory_limit_bytes(alone)
+        .build()
+        .unwrap();
+    let plain = builder(&f, false, IntoRows::Always).build().unwrap();
     let mut first = ds.train().unwrap();
     for b in first.by_ref() {
         b.unwrap();
     }
-    // Its successor started beside it (it is not dropped yet) and found the budget taken.
+    // Its successor started beside it (it is not dropped yet) and did not fit.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while ds.warnings().is_empty() {
         assert!(std::time::Instant::now() < deadline, "no warning");
@@ -112,10 +150,48 @@ fn an_early_pass_the_pool_cannot_hold_beside_the_running_one_is_not_started_and_
     assert!(
         w.contains("prefetch_next_epoch")
             && w.contains("train's epoch 1 could not start")
-            && w.contains("cache_budget_bytes to at least")
-            && w.contains("raise cache_budget_bytes"),
+            && w.contains("already running in this process (train#0")
+            && w.contains("memory_limit_bytes"),
         "{w}"
     );
+}
+
+#[test]
+fn an_early_pass_is_not_handed_over_while_the_epoch_before_still_pins_its_room() {
+    // Its loads wait for the room the epoch before pins: a caller that asks for the next epoch
+    // while still holding the last one unfinished must get what it would without
+    // prefetch_next_epoch (here the budget's error), never a pass waiting on batches nobody
+    // takes.
+    let f = fixture("paired", "raw");
+    let ds = builder(&f, true, IntoRows::Never)
+        .block_chunks(16)
+        .prefetch_depth(1)
+        .build()
+        .unwrap();
+    let batches = ds.split_batches("train").unwrap();
+    let mut first = ds.train().unwrap();
+    for _ in 0..batches - 4 {
+        first.next().unwrap().unwrap();
+    }
+    wait_prefetched(&ds, 1);
+    assert!(
+        first.pinned_slots() > 0,
+        "the last batches' chunks are pinned"
+    );
+    ds.set_epoch(1);
+    let err = ds.train().unwrap_err().to_string();
+    assert!(
+        err.contains("cache_budget_bytes") && err.contains("train#0"),
+        "{err}"
+    );
+    assert_eq!(ds.prefetched_epoch(), None, "dropped, not handed over");
+    let rest = first.by_ref().map(|b| b.unwrap().len()).sum::<usize>();
+    assert_eq!(rest, SAMPLES as usize - (batches as usize - 4) * 4);
+    drop(first);
+    let refs = [("r", &f, 0)];
+    let (anchors, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+    assert!(!stats.started_ahead);
+    assert_eq!(sorted(anchors), (0..SAMPLES).collect::<Vec<_>>());
 }
 
 #[test]
@@ -226,6 +302,38 @@ fn validation_between_epochs_leaves_the_early_pass_waiting() {
 }
 
 #[test]
+fn validation_that_does_not_fit_beside_the_early_pass_stops_it_after_one_epoch() {
+    // Through the pool under the automatic budget: the early pass takes over train's room,
+    // and val, which needs room of its own, drops it; from then on train starts when asked.
+    let f = fixture("paired", "raw");
+    let refs = [("r", &f, 0)];
+    let probe = builder(&f, false, IntoRows::Never).build().unwrap();
+    let manifest = split_by_chunk(&probe.variables()[0].geom, &[0.5, 0.5], 0, true, None).unwrap();
+    let ds = builder(&f, true, IntoRows::Never)
+        .manifest(manifest)
+        .build()
+        .unwrap();
+    let mut seen = Vec::new();
+    for epoch in 0..3 {
+        ds.set_epoch(epoch);
+        let (train, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+        assert!(!stats.started_ahead, "epoch {epoch}");
+        if epoch == 0 {
+            wait_prefetched(&ds, 1);
+        }
+        let (val, _) = check_pass(&ds, ds.val().unwrap(), "val", &refs);
+        assert_eq!(ds.prefetched_epoch(), None, "epoch {epoch}");
+        let mut all = [train, val].concat();
+        all.sort_unstable();
+        seen.push(all);
+    }
+    assert!(seen.iter().all(|s| *s == (0..SAMPLES).collect::<Vec<_>>()));
+    let warnings = ds.warnings();
+    assert_eq!(warnings.len(), 1, "said once: {warnings:?}");
+    assert!(warnings[0].contains("room for `val`"), "{}", warnings[0]);
+}
+
+#[test]
 fn a_pass_that_does_not_fit_beside_the_early_one_drops_it_and_starts() {
     // Measured without a limit: `one` is train's need beside one running train pass (the
     // early pass's start), `val_one` and `val_two` are val's beside one and two. A limit that
@@ -270,10 +378,20 @@ fn a_pass_that_does_not_fit_beside_the_early_one_drops_it_and_starts() {
     ds.set_epoch(1);
     let (_, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
     assert!(!stats.started_ahead, "dropped to make room for val");
+    // Dropped for val once, it is not started again: a loop running val between epochs would
+    // load its first chunks for nothing every epoch.
+    assert_eq!(ds.prefetched_epoch(), None);
+    ds.set_epoch(2);
+    let (_, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+    assert!(!stats.started_ahead);
+    let warnings = ds.warnings();
+    assert_eq!(warnings.len(), 1, "said once: {warnings:?}");
     assert!(
-        ds.warnings().is_empty(),
-        "nothing failed: {:?}",
-        ds.warnings()
+        warnings[0].contains("train's epoch 1 was started early and then dropped")
+            && warnings[0].contains("room for `val`")
+            && warnings[0].contains("from now on"),
+        "{}",
+        warnings[0]
     );
 }
 

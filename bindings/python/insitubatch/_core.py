@@ -1252,9 +1252,10 @@ class InSituDataset:
     the current one has loaded every chunk it reads: a loop that spends time on each batch (a
     model step), then calls `set_epoch(epoch + 1)` and iterates `train` again, gets its first
     batch at once (the order is unchanged). For a while two iterations run, counted against
-    `memory_limit_bytes` and the cache budget like any second iteration; one that would not fit
-    is not started, and one in the way of an iteration you ask for is dropped first. Iterating
-    train at another epoch, or resuming mid-epoch, drops it.
+    `memory_limit_bytes` like any second iteration; in the cache budget the early one takes
+    over the epoch before's room as its last batches are taken. One that would not fit is not
+    started, and one in the way of an iteration you ask for is dropped first (and then no more
+    are started). Iterating train at another epoch, or resuming mid-epoch, drops it.
 
     `sample_stride=k` draws every k-th sample along the sample axis from `sample_phase` (below
     k), in every split: 6-hourly samples from hourly data with `sample_stride=6`, or 00 and 12

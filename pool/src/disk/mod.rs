@@ -1274,14 +1274,14 @@ mod tests {
         let unlinks = write.landed(mapped);
         assert!(!unlinks.is_empty() && file(4).exists());
         wait_for_4("chunk 4's file landed, not yet unlinked");
-        let generation = pool.writes_ended().generation();
+        let generation = pool.room_returned().generation();
         block_on(move || async move {
             let mut u = unlinks;
             u.run().await
         });
         assert!(!file(4).exists());
         assert_ne!(
-            pool.writes_ended().generation(),
+            pool.room_returned().generation(),
             generation,
             "the waiter is woken"
         );
@@ -1309,7 +1309,7 @@ mod tests {
         let s2 = ready(2);
         assert_eq!(pool.stats().resident_bytes, 24);
         // With 2 pinned, chunk 3 fits only once 0's write has ended.
-        let seen = pool.writes_ended().generation();
+        let seen = pool.room_returned().generation();
         match o.admit(&key(3), 24, 1) {
             Err(crate::PoolError::WaitForWrites { writing_bytes, .. }) => {
                 assert_eq!(writing_bytes, 24)
@@ -1318,7 +1318,7 @@ mod tests {
         }
         drop(write); // the write failed or was abandoned: no file, the room is back
         assert_ne!(
-            pool.writes_ended().generation(),
+            pool.room_returned().generation(),
             seen,
             "the waiter is woken"
         );
