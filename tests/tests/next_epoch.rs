@@ -278,59 +278,47 @@ fn a_pass_dropped_before_its_end_takes_its_early_successor_with_it() {
 }
 
 #[test]
-fn validation_between_epochs_leaves_the_early_pass_waiting() {
+fn validation_between_epochs_leaves_the_early_pass_waiting_or_when_it_does_not_fit_stops_it() {
+    // Decoded into rows, val fits beside the early pass. Through the pool under the automatic
+    // budget the early pass takes over train's room, and val, which needs room of its own,
+    // drops it: from then on train starts when asked (it would be dropped every epoch).
     let f = fixture("paired", "raw");
     let refs = [("r", &f, 0)];
-    let probe = builder(&f, false, IntoRows::Always).build().unwrap();
-    let manifest = split_by_chunk(&probe.variables()[0].geom, &[0.5, 0.5], 0, true, None).unwrap();
-    let ds = builder(&f, true, IntoRows::Always)
-        .manifest(manifest)
-        .build()
-        .unwrap();
-    let mut seen = Vec::new();
-    for epoch in 0..3 {
-        ds.set_epoch(epoch);
-        let (train, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
-        assert_eq!(stats.started_ahead, epoch > 0, "epoch {epoch}");
-        let (val, stats) = check_pass(&ds, ds.val().unwrap(), "val", &refs);
-        assert!(!stats.started_ahead, "only train starts early");
-        let mut all = [train, val].concat();
-        all.sort_unstable();
-        seen.push(all);
-    }
-    assert!(seen.iter().all(|s| *s == (0..SAMPLES).collect::<Vec<_>>()));
-}
-
-#[test]
-fn validation_that_does_not_fit_beside_the_early_pass_stops_it_after_one_epoch() {
-    // Through the pool under the automatic budget: the early pass takes over train's room,
-    // and val, which needs room of its own, drops it; from then on train starts when asked.
-    let f = fixture("paired", "raw");
-    let refs = [("r", &f, 0)];
-    let probe = builder(&f, false, IntoRows::Never).build().unwrap();
-    let manifest = split_by_chunk(&probe.variables()[0].geom, &[0.5, 0.5], 0, true, None).unwrap();
-    let ds = builder(&f, true, IntoRows::Never)
-        .manifest(manifest)
-        .build()
-        .unwrap();
-    let mut seen = Vec::new();
-    for epoch in 0..3 {
-        ds.set_epoch(epoch);
-        let (train, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
-        assert!(!stats.started_ahead, "epoch {epoch}");
-        if epoch == 0 {
-            wait_prefetched(&ds, 1);
+    for (mode, fits) in [(IntoRows::Always, true), (IntoRows::Never, false)] {
+        let probe = builder(&f, false, mode).build().unwrap();
+        let geom = &probe.variables()[0].geom;
+        let manifest = split_by_chunk(geom, &[0.5, 0.5], 0, true, None).unwrap();
+        let ds = builder(&f, true, mode).manifest(manifest).build().unwrap();
+        let mut seen = Vec::new();
+        for epoch in 0..3 {
+            ds.set_epoch(epoch);
+            let (train, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+            assert_eq!(
+                stats.started_ahead,
+                fits && epoch > 0,
+                "{mode:?} epoch {epoch}"
+            );
+            if !fits && epoch == 0 {
+                wait_prefetched(&ds, 1);
+            }
+            let (val, stats) = check_pass(&ds, ds.val().unwrap(), "val", &refs);
+            assert!(!stats.started_ahead, "only train starts early");
+            if !fits {
+                assert_eq!(ds.prefetched_epoch(), None, "epoch {epoch}");
+            }
+            let mut all = [train, val].concat();
+            all.sort_unstable();
+            seen.push(all);
         }
-        let (val, _) = check_pass(&ds, ds.val().unwrap(), "val", &refs);
-        assert_eq!(ds.prefetched_epoch(), None, "epoch {epoch}");
-        let mut all = [train, val].concat();
-        all.sort_unstable();
-        seen.push(all);
+        assert!(seen.iter().all(|s| *s == (0..SAMPLES).collect::<Vec<_>>()));
+        let warnings = ds.warnings();
+        if fits {
+            assert!(warnings.is_empty(), "{warnings:?}");
+        } else {
+            assert_eq!(warnings.len(), 1, "said once: {warnings:?}");
+            assert!(warnings[0].contains("room for `val`"), "{}", warnings[0]);
+        }
     }
-    assert!(seen.iter().all(|s| *s == (0..SAMPLES).collect::<Vec<_>>()));
-    let warnings = ds.warnings();
-    assert_eq!(warnings.len(), 1, "said once: {warnings:?}");
-    assert!(warnings[0].contains("room for `val`"), "{}", warnings[0]);
 }
 
 #[test]
