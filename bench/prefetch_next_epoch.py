@@ -23,6 +23,12 @@ With `--shim`, the same through the Python shim instead, on the first store of `
 (default 8 samples per chunk, 2048 samples): a
 fresh Python process per run iterates five epochs of `ds.train`, sleeping 10 ms per batch, and
 reports each later epoch's first batch and data stall (and whether it was started early).
+With `--val`, the store is split 3:1 into train and val, and val is iterated after each epoch
+(10 ms per batch too, as an evaluation step): train's next epoch then follows val's pass.
+
+    PYTHONPATH=bindings/python INSITUBATCH_LIB=target/release/libinsitubatch.so \
+        python3 bench/prefetch_next_epoch.py /tmp/insitubatch-bench --rounds 3 --shim --val \
+        --stores 8:512
 """
 
 import argparse
@@ -72,25 +78,40 @@ def run(binary: str, path: Path, flags: list[str], step_ms: float, settle: float
     }
 
 
-def shim_run(path: str, early: bool) -> None:
-    """One run through the Python shim (in its own process): five epochs, 10 ms per batch."""
+def stepped(split) -> dict:
+    """Iterates `split`, sleeping 10 ms per batch: its first batch and data stall."""
+    t0 = time.perf_counter()
+    slept, first = 0.0, None
+    for _ in split:
+        if first is None:
+            first = time.perf_counter() - t0
+        s = time.perf_counter()
+        time.sleep(0.010)
+        slept += time.perf_counter() - s
+    wall = time.perf_counter() - t0
+    return {"ttfb_ms": 1e3 * first, "stall": 1 - slept / wall}
+
+
+def shim_run(path: str, early: bool, val: bool) -> None:
+    """One run through the Python shim (in its own process): five epochs, 10 ms per batch;
+    with `val`, a quarter of the chunks is a validation split iterated after each epoch."""
     import insitubatch as isb
 
-    ds = isb.InSituDataset(path, prefetch_next_epoch=early)
+    if val:
+        with isb.InSituDataset(path) as probe:
+            geometries = probe.geometries
+        manifest = isb.split_by_chunk(next(iter(geometries.values())), (0.75, 0.25))
+        ds = isb.InSituDataset(path, manifest, geometries, prefetch_next_epoch=early)
+    else:
+        ds = isb.InSituDataset(path, prefetch_next_epoch=early)
     epochs = []
     for epoch in range(5):
         ds.set_epoch(epoch)
-        t0 = time.perf_counter()
-        stepped, first = 0.0, None
-        for _ in ds.train:
-            if first is None:
-                first = time.perf_counter() - t0
-            s = time.perf_counter()
-            time.sleep(0.010)
-            stepped += time.perf_counter() - s
-        wall = time.perf_counter() - t0
-        epochs.append({"ttfb_ms": 1e3 * first, "stall": 1 - stepped / wall,
-                       "ahead": bool(ds.stats()["started_ahead"])})
+        e = stepped(ds.train)
+        e["ahead"] = bool(ds.stats()["started_ahead"])
+        if val:
+            e["val"] = stepped(ds.val)
+        epochs.append(e)
     ds.close()
     print(json.dumps(epochs[1:]))
 
@@ -98,19 +119,23 @@ def shim_run(path: str, early: bool) -> None:
 def shim(a) -> None:
     spc, samples = a.stores[0] if a.stores != STORES else (8, 2048)
     path = store(a.bin, a.root, spc, samples)
-    print(f"| through the Python shim, {spc} samples per chunk ({samples}) | run | later epochs started "
-          "early | first batch ms, epochs 1-4 | data stall, epochs 1-4 |")
-    print("|---|---:|---:|---|---|")
+    what = f"{spc} samples per chunk ({samples})" + (", val after each epoch" if a.val else "")
+    print(f"| through the Python shim, {what} | run | later epochs started early "
+          "| train's first batch ms, epochs 1-4 | train's data stall, epochs 1-4 |"
+          + (" val's data stall, epochs 1-4 |" if a.val else ""))
+    print("|---|---:|---:|---|---|" + ("---|" if a.val else ""))
     for r in range(a.rounds):
         for name, early in (("default", "0"), ("prefetch_next_epoch", "1")):
             time.sleep(a.settle)
-            out = subprocess.run([sys.executable, __file__, "--shim-run", str(path), early],
-                                 check=True, capture_output=True, text=True).stdout
+            cmd = [sys.executable, __file__, "--shim-run", str(path), early, "1" if a.val else "0"]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             e = json.loads(out)
             ahead = sum(x["ahead"] for x in e)
             firsts = ", ".join("%.1f" % x["ttfb_ms"] for x in e)
             stalls = ", ".join("%.1f %%" % (100 * x["stall"]) for x in e)
-            print(f"| {name} | {r + 1} | {ahead} of {len(e)} | {firsts} | {stalls} |", flush=True)
+            vals = ", ".join("%.1f %%" % (100 * x["val"]["stall"]) for x in e) if a.val else None
+            print(f"| {name} | {r + 1} | {ahead} of {len(e)} | {firsts} | {stalls} |"
+                  + (f" {vals} |" if a.val else ""), flush=True)
 
 
 def stores_arg(text: str) -> tuple:
@@ -121,8 +146,8 @@ def stores_arg(text: str) -> tuple:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--shim-run":
-        shim_run(sys.argv[2], sys.argv[3] == "1")
+    if len(sys.argv) == 5 and sys.argv[1] == "--shim-run":
+        shim_run(sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1")
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path, nargs="?", default=Path(tempfile.gettempdir()) / "insitubatch-bench")
@@ -130,6 +155,8 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=1.0)
     ap.add_argument("--bin", default=str(Path(__file__).resolve().parent.parent / "target/release/insitubatch"))
     ap.add_argument("--shim", action="store_true", help="through the Python shim instead")
+    ap.add_argument("--val", action="store_true",
+                    help="with --shim: a validation split iterated after each epoch")
     ap.add_argument("--stores", type=stores_arg, default=STORES,
                     help="samples per chunk and samples of each store, as spc:samples,...")
     a = ap.parse_args()

@@ -489,7 +489,13 @@ impl DatasetBuilder {
     /// batches not yet taken, or the epoch that started it is dropped before its last batch,
     /// the early pass is dropped, and the work it did (at most its first read-ahead and
     /// `prefetch_depth` batches) is lost. Iterations of other splits (validation between
-    /// epochs) leave it waiting, unless they do not fit beside it.
+    /// epochs) leave it waiting.
+    ///
+    /// It follows the loop: when an iteration of another split (validation between epochs)
+    /// had to drop the early pass to start, from then on that split's iterations start train's
+    /// next epoch once they have loaded their last chunk, taking over their room, rather than
+    /// train's own (which would have it dropped every epoch). If a third split drops it too,
+    /// no early pass starts any more. Each change is said once in the warnings.
     pub fn prefetch_next_epoch(mut self, yes: bool) -> Self {
         self.prefetch_next_epoch = yes;
         self
@@ -1523,7 +1529,8 @@ impl DatasetBuilder {
             warnings: Mutex::new(Vec::new()),
             ahead: Arc::new(Mutex::new(AheadSlot::default())),
             ahead_warned: AtomicBool::new(false),
-            ahead_displaced: AtomicBool::new(false),
+            ahead_after: Mutex::new(Some(TRAIN.to_string())),
+            last_train_epoch: Mutex::new(None),
             passes_started: AtomicU64::new(0),
         };
         ds.collect_warnings();
@@ -1616,9 +1623,15 @@ pub struct InSituDataset {
     ahead: Arc<Mutex<AheadSlot>>,
     /// A warning said that an early pass could not start.
     ahead_warned: AtomicBool,
-    /// An early pass was dropped to make room for a pass the caller asked for: none is
-    /// started again (it would be dropped every epoch, its loads wasted).
-    ahead_displaced: AtomicBool,
+    /// The split whose passes start train's next epoch early once they have loaded their last
+    /// chunk: train's own until a pass of another split has to drop an early pass to start
+    /// (validation between epochs that does not fit beside it), then that split's, so that the
+    /// early pass follows it instead of being dropped for it every epoch; `None` once that
+    /// happened a second time.
+    ahead_after: Mutex<Option<String>>,
+    /// The epoch train was last asked for: the early pass a pass of another split starts is
+    /// the one after it.
+    last_train_epoch: Mutex<Option<u64>>,
     /// Train passes that may start a successor, numbered.
     passes_started: AtomicU64,
 }
@@ -2120,8 +2133,13 @@ impl InSituDataset {
             }
             None => self.start_pass(split, epoch, start_batch)?,
         };
-        if self.prefetch_next_epoch && split == TRAIN {
-            self.start_next_epoch_early(&mut pass, epoch);
+        if split == TRAIN {
+            *lock(&self.last_train_epoch) = Some(epoch);
+        }
+        if self.prefetch_next_epoch
+            && let Some(next) = self.train_epoch_after(split, epoch)
+        {
+            self.start_train_early(&mut pass, next);
         }
         Ok(pass)
     }
@@ -2222,20 +2240,54 @@ impl InSituDataset {
         }
     }
 
-    /// An early train pass (of epoch `early`) was dropped so that `split`'s pass could start
-    /// (`e` says why they did not fit together): a loop that runs `split` between train's
-    /// epochs would have it dropped every epoch, its first read-ahead loaded for nothing, so
-    /// no early pass starts again; said once.
-    fn ahead_was_displaced(&self, early: u64, split: &str, e: &EngineError) {
-        if self.ahead_displaced.swap(true, Ordering::SeqCst) {
-            return;
+    /// The train epoch a pass of `split` at `epoch` starts early once it has loaded its last
+    /// chunk, if passes of `split` start one (`ahead_after`): train's next
+    /// epoch after train's, and after another split's the epoch after the last one train was
+    /// asked for (this epoch when none was), which is right both for validation after each
+    /// epoch and before it.
+    fn train_epoch_after(&self, split: &str, epoch: u64) -> Option<u64> {
+        if lock(&self.ahead_after).as_deref() != Some(split) {
+            return None;
         }
+        if split == TRAIN {
+            return epoch.checked_add(1);
+        }
+        match *lock(&self.last_train_epoch) {
+            Some(e) => e.checked_add(1),
+            None => Some(epoch),
+        }
+    }
+
+    /// An early train pass (of epoch `early`) was dropped so that `split`'s pass could start
+    /// (`e` says why they did not fit together). A loop that runs `split` between train's
+    /// epochs would have it dropped every epoch, its first read-ahead loaded for nothing: from
+    /// now on `split`'s passes start it, once they have loaded their last chunk, taking over
+    /// their room. If that happens again (a third split between epochs), no early pass starts
+    /// any more. Each is said once.
+    fn ahead_was_displaced(&self, early: u64, split: &str, e: &EngineError) {
+        let mut after = lock(&self.ahead_after);
+        let (now, then) = match after.as_deref() {
+            Some(TRAIN) if split != TRAIN => (
+                Some(split.to_string()),
+                format!(
+                    "from now on train's next epoch starts once `{split}`'s iteration has loaded \
+                     its last chunk, taking over its room, rather than being dropped for it \
+                     every epoch"
+                ),
+            ),
+            _ => (
+                None,
+                "from now on train's next epoch starts when asked, as without \
+                 prefetch_next_epoch, rather than being dropped every epoch"
+                    .to_string(),
+            ),
+        };
+        *after = now;
+        drop(after);
         let msg = format!(
             "prefetch_next_epoch: train's epoch {early} was started early and then dropped to \
-             make room for `{split}`, which did not fit beside it ({e}); from now on train's \
-             next epoch starts when asked, as without prefetch_next_epoch, so that every epoch \
-             followed by `{split}` does not load its first chunks twice. To keep it, raise \
-             cache_budget_bytes (or memory_limit_bytes) to hold both"
+             make room for `{split}`, which did not fit beside it ({e}); {then}. To keep both, \
+             raise cache_budget_bytes (or memory_limit_bytes) to hold both"
         );
         eprintln!("insitubatch: warning: {msg}");
         lock(&self.warnings).push(msg);
@@ -2259,18 +2311,13 @@ impl InSituDataset {
         lock(&self.warnings).push(msg);
     }
 
-    /// Installs the hook that starts train's pass at `epoch + 1` once `pass` has loaded every
+    /// Installs the hook that starts train's pass at epoch `next` once `pass` (train's, or that
+    /// of the split a loop runs before train; `ahead_after`) has loaded every
     /// chunk it reads. The hook runs on an executor thread: it only spawns the thread that starts
     /// the pass, and it holds the runtime weakly (an executor must never drop it). A pass
     /// dropped before its last batch (a loop that broke out, an error) takes its successor with it,
     /// so that abandoning an iteration still frees everything.
-    fn start_next_epoch_early(&self, pass: &mut Pass, epoch: u64) {
-        let Some(next) = epoch.checked_add(1) else {
-            return;
-        };
-        if self.ahead_displaced.load(Ordering::SeqCst) {
-            return;
-        }
+    fn start_train_early(&self, pass: &mut Pass, next: u64) {
         let Ok((chunks, config)) = self.plan_split_at(TRAIN, next) else {
             return;
         };

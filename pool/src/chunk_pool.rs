@@ -65,7 +65,7 @@ pub enum PoolError {
     },
     /// Admitting a chunk needs the room of evicted slots whose files are still on disk, being
     /// written or unlinked (an ephemeral spill counts such a file against the budget until it
-    /// is gone): retry once [`ChunkPool::writes_ended`] notifies. The planner waits so; nothing
+    /// is gone): retry once [`ChunkPool::room_returned`] notifies. The planner waits so; nothing
     /// else sees it.
     #[error(
         "internal error: admitting {key} ({nbytes} bytes) must wait for {writing_bytes} bytes of \

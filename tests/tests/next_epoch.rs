@@ -281,7 +281,8 @@ fn a_pass_dropped_before_its_end_takes_its_early_successor_with_it() {
 fn validation_between_epochs_leaves_the_early_pass_waiting_or_when_it_does_not_fit_stops_it() {
     // Decoded into rows, val fits beside the early pass. Through the pool under the automatic
     // budget the early pass takes over train's room, and val, which needs room of its own,
-    // drops it: from then on train starts when asked (it would be dropped every epoch).
+    // drops it: from then on val's pass starts train's next epoch once it has loaded its last
+    // chunk, taking over val's room (rather than being dropped for it every epoch).
     let f = fixture("paired", "raw");
     let refs = [("r", &f, 0)];
     for (mode, fits) in [(IntoRows::Always, true), (IntoRows::Never, false)] {
@@ -293,19 +294,17 @@ fn validation_between_epochs_leaves_the_early_pass_waiting_or_when_it_does_not_f
         for epoch in 0..3 {
             ds.set_epoch(epoch);
             let (train, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
-            assert_eq!(
-                stats.started_ahead,
-                fits && epoch > 0,
-                "{mode:?} epoch {epoch}"
-            );
-            if !fits && epoch == 0 {
-                wait_prefetched(&ds, 1);
+            assert_eq!(stats.started_ahead, epoch > 0, "{mode:?} epoch {epoch}");
+            if fits || epoch == 0 {
+                // Started by train (to be dropped for val, the first time, when it does not fit).
+                wait_prefetched(&ds, epoch + 1);
+            } else {
+                assert_eq!(ds.prefetched_epoch(), None, "left to val");
             }
             let (val, stats) = check_pass(&ds, ds.val().unwrap(), "val", &refs);
             assert!(!stats.started_ahead, "only train starts early");
-            if !fits {
-                assert_eq!(ds.prefetched_epoch(), None, "epoch {epoch}");
-            }
+            // Waiting through val, or started by it.
+            wait_prefetched(&ds, epoch + 1);
             let mut all = [train, val].concat();
             all.sort_unstable();
             seen.push(all);
@@ -316,9 +315,55 @@ fn validation_between_epochs_leaves_the_early_pass_waiting_or_when_it_does_not_f
             assert!(warnings.is_empty(), "{warnings:?}");
         } else {
             assert_eq!(warnings.len(), 1, "said once: {warnings:?}");
-            assert!(warnings[0].contains("room for `val`"), "{}", warnings[0]);
+            assert!(
+                warnings[0].contains("room for `val`")
+                    && warnings[0].contains("once `val`'s iteration has loaded its last chunk"),
+                "{}",
+                warnings[0]
+            );
         }
     }
+}
+
+#[test]
+fn a_second_split_between_epochs_that_drops_the_early_pass_stops_it() {
+    // Through the pool under the automatic budget, train, val and test each epoch: val drops
+    // train's early pass (val starts it from then on), test drops val's, and then none starts.
+    let f = fixture("paired", "raw");
+    let refs = [("r", &f, 0)];
+    let probe = builder(&f, false, IntoRows::Never).build().unwrap();
+    let geom = &probe.variables()[0].geom;
+    let manifest = split_by_chunk(geom, &[0.5, 0.25, 0.25], 0, true, None).unwrap();
+    let ds = builder(&f, true, IntoRows::Never)
+        .manifest(manifest)
+        .build()
+        .unwrap();
+    let mut started = Vec::new();
+    for epoch in 0..4 {
+        ds.set_epoch(epoch);
+        let mut all = Vec::new();
+        for split in ["train", "val", "test"] {
+            let (anchors, stats) = check_pass(&ds, ds.iter(split).unwrap(), split, &refs);
+            if split == "train" {
+                started.push(stats.started_ahead);
+            }
+            if epoch == 0 && split != "test" {
+                // The early pass this split started, to be dropped for the next.
+                wait_prefetched(&ds, 1);
+            }
+            all.extend(anchors);
+        }
+        assert_eq!(sorted(all), (0..SAMPLES).collect::<Vec<_>>());
+    }
+    assert_eq!(started, [false, false, false, false]);
+    let warnings = ds.warnings();
+    assert_eq!(warnings.len(), 2, "each said once: {warnings:?}");
+    assert!(warnings[0].contains("room for `val`"), "{}", warnings[0]);
+    assert!(
+        warnings[1].contains("room for `test`") && warnings[1].contains("starts when asked"),
+        "{}",
+        warnings[1]
+    );
 }
 
 #[test]
@@ -359,27 +404,41 @@ fn a_pass_that_does_not_fit_beside_the_early_one_drops_it_and_starts() {
         b.unwrap();
     }
     wait_prefetched(&ds, 1);
-    let (val, _) = check_pass(&ds, ds.val().unwrap(), "val", &refs);
-    assert!(!val.is_empty());
-    assert_eq!(ds.prefetched_epoch(), None, "dropped for val");
-    drop(train);
+    let mut val = ds.val().unwrap();
+    assert!(val.by_ref().map(|b| b.unwrap().len()).sum::<usize>() > 0);
+    // Dropped for val, train's next epoch is started by val's pass from then on (a loop
+    // running val between epochs would have it dropped every epoch). This first time it
+    // could not start: beside the first train pass and val, both still held.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while ds.warnings().len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{:?}", ds.warnings());
+        assert_eq!(ds.prefetched_epoch(), None);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    drop((val, train));
     ds.set_epoch(1);
     let (_, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
     assert!(!stats.started_ahead, "dropped to make room for val");
-    // Dropped for val once, it is not started again: a loop running val between epochs would
-    // load its first chunks for nothing every epoch.
-    assert_eq!(ds.prefetched_epoch(), None);
+    assert_eq!(ds.prefetched_epoch(), None, "train starts none now");
+    check_pass(&ds, ds.val().unwrap(), "val", &refs);
+    wait_prefetched(&ds, 2);
     ds.set_epoch(2);
     let (_, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
-    assert!(!stats.started_ahead);
+    assert!(stats.started_ahead, "started by val");
     let warnings = ds.warnings();
-    assert_eq!(warnings.len(), 1, "said once: {warnings:?}");
+    assert_eq!(warnings.len(), 2, "each said once: {warnings:?}");
     assert!(
         warnings[0].contains("train's epoch 1 was started early and then dropped")
             && warnings[0].contains("room for `val`")
-            && warnings[0].contains("from now on"),
+            && warnings[0].contains("once `val`'s iteration has loaded its last chunk"),
         "{}",
         warnings[0]
+    );
+    assert!(
+        warnings[1].contains("train's epoch 1 could not start")
+            && warnings[1].contains("(train#0, val#0)"),
+        "{}",
+        warnings[1]
     );
 }
 

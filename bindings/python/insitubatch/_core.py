@@ -1254,8 +1254,9 @@ class InSituDataset:
     batch at once (the order is unchanged). For a while two iterations run, counted against
     `memory_limit_bytes` like any second iteration; in the cache budget the early one takes
     over the epoch before's room as its last batches are taken. One that would not fit is not
-    started, and one in the way of an iteration you ask for is dropped first (and then no more
-    are started). Iterating train at another epoch, or resuming mid-epoch, drops it.
+    started, and one in the way of an iteration you ask for is dropped first (from then on
+    that split's iterations start it once they have loaded their last chunk). Iterating train
+    at another epoch, or resuming mid-epoch, drops it.
 
     `sample_stride=k` draws every k-th sample along the sample axis from `sample_phase` (below
     k), in every split: 6-hourly samples from hourly data with `sample_stride=6`, or 00 and 12
