@@ -163,9 +163,13 @@ def main():
                     help="with --train-step, wait this long in each step, as for a GPU's step")
     ap.add_argument("--sequential", action="store_true",
                     help="store order, as an inference pass (insitubatch and the DataLoader)")
+    ap.add_argument("--prefetch-next-epoch", action="store_true",
+                    help="insitubatch-python: start each next epoch while the last one ends")
     a = ap.parse_args()
     if a.sequential and a.engine not in ("insitubatch-python", "torch-dataloader"):
         sys.exit(f"--sequential is for insitubatch-python and torch-dataloader, not {a.engine!r}")
+    if a.prefetch_next_epoch and a.engine != "insitubatch-python":
+        sys.exit(f"--prefetch-next-epoch is for insitubatch-python, not {a.engine!r}")
     store = Path(a.store)
     bs = a.batch_size
     extra = {}
@@ -174,7 +178,8 @@ def main():
         # time to first batch from process start is what a user of the shim pays.
         import insitubatch as isb
 
-        ds = isb.InSituDataset(store, batch_size=bs, shuffle=not a.sequential)
+        ds = isb.InSituDataset(store, batch_size=bs, shuffle=not a.sequential,
+                               prefetch_next_epoch=a.prefetch_next_epoch)
         formats = ds.sample_formats
         names = sorted(formats)
         sample_bytes = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in formats.values())
@@ -194,13 +199,17 @@ def main():
 
     if a.engine == "insitubatch-python":
         view = ds.all if a.sequential else ds.train
+        started_ahead = []
 
         def make_iter(e):
             ds.set_epoch(e)
             for b in view:
                 yield len(b), b.arrays
+            started_ahead.append(bool(ds.stats()["started_ahead"]))
 
         epochs = timed_epochs(make_iter, a.epochs, sample_bytes, step)
+        for row, ahead in zip(epochs, started_ahead):
+            row["started_ahead"] = ahead
         ds.close()
     elif a.engine == "torch-dataloader":
         import torch

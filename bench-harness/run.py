@@ -206,9 +206,13 @@ def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0, ac
     ceilings = [decode_ceiling(store, settle)]
 
     # The Rust API with the defaults, and with each epoch's blocks ramping up from one batch's
-    # chunks (its first batch).
-    for name, extra in [("insitubatch (Rust API)", []),
-                        ("insitubatch (Rust API, fast_first_batch)", ["--fast-first-batch"])]:
+    # chunks (its first batch); with a model step, also with each next epoch started while the
+    # last one ends (a loop that takes no time per batch gains nothing from it).
+    rust = [("insitubatch (Rust API)", []),
+            ("insitubatch (Rust API, fast_first_batch)", ["--fast-first-batch"])]
+    if train_step:
+        rust.append(("insitubatch (Rust API, prefetch_next_epoch)", ["--prefetch-next-epoch"]))
+    for name, extra in rust:
         time.sleep(settle)
         step = ["--accelerator-ms", str(accelerator_ms)] if train_step and accelerator_ms else []
         out, peak, procs, cpu = run_tree([BIN, "bench", store, "--epochs", str(epochs),
@@ -235,10 +239,14 @@ def measure(store, epochs, workers, batch_size, train_step=False, settle=0.0, ac
                 "xbatcher": "xbatcher BatchGenerator + DataLoader, 0 workers"}.get(engine, engine)
         if engine == "torch-dataloader":
             name = f"torch DataLoader, {r['workers']} workers ({r['start_method']})"
+        if "--prefetch-next-epoch" in extra:
+            name = name.removesuffix(")") + ", prefetch_next_epoch)"
         r.update(engine=name, peak_rss_bytes=peak, processes=procs)
         rows.append(r)
 
     run_python_engine("insitubatch-python", env=shim_env())
+    if train_step:
+        run_python_engine("insitubatch-python", ["--prefetch-next-epoch"], env=shim_env())
     ceilings.append(decode_ceiling(store, settle))  # the insitubatch engines are done
     for w in workers:
         run_python_engine("torch-dataloader", ["--workers", str(w)])
@@ -282,6 +290,7 @@ def rust_epochs(out):
         "latency_ms_p90": e["stats"]["batch_latency_us_p90"] / 1e3,
         "latency_ms_p99": e["stats"]["batch_latency_us_p99"] / 1e3,
         "latency_ms_max": e["stats"]["batch_latency_us_max"] / 1e3,
+        "started_ahead": e["stats"]["started_ahead"],
         **{k: e[k] for k in ("step_s", "data_stall_fraction") if k in e},
     } for i, e in enumerate(rust["epochs"])]
 
@@ -351,6 +360,15 @@ def markdown(rows):
             mark = " (tuned)" if r.get("tuned") else ""
             if "data_stall_fraction" in b:
                 mark += f", data stall {100 * b['data_stall_fraction']:.0f} %"
+            # With a model step, the wait at the start of every later epoch (which an epoch
+            # started while the last one ended does not have).
+            later = r["epochs"][1:]
+            if "data_stall_fraction" in b and later:
+                firsts = sorted(e["ttfb_ms"] for e in later)
+                mark += f", later epochs' first batch {firsts[len(firsts) // 2]:.1f} ms"
+                ahead = sum(bool(e.get("started_ahead")) for e in later)
+                if ahead:
+                    mark += f" ({ahead} of {len(later)} started early)"
             cpu = f"{r['cpu_s']:.1f}" if "cpu_s" in r else "–"
             lines.append(
                 f"| {r['engine']}{mark} | {e0['samples_per_s']:.0f} | "

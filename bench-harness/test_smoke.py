@@ -58,6 +58,13 @@ def test_every_engine_runs_once_and_reports(tmp_path):
     assert shim["best"]["step_s"] >= 2 * 0.005 and shim["accelerator_ms"] == 5.0
     rust = next(r for r in rows if r["engine"] == "insitubatch (Rust API)")
     assert rust["best"]["step_s"] >= 2 * 0.005 and 0.0 <= rust["best"]["data_stall_fraction"] < 1
+    # With a model step, both insitubatch engines also run with prefetch_next_epoch; in one
+    # epoch nothing can have been started early.
+    for name in ("insitubatch (Rust API, prefetch_next_epoch)",
+                 "insitubatch (Python shim, prefetch_next_epoch)"):
+        r = next(r for r in rows if r["engine"] == name)
+        assert [e["started_ahead"] for e in r["epochs"]] == [False], r
+        assert 0.0 <= r["best"]["data_stall_fraction"] < 1
     table = (tmp_path / "table.md").read_text()
     assert "× tuned DataLoader (steady)" in table and "× decode ceiling (steady)" in table
     assert f"(mean of {before:.0f} before and {after:.0f} after the insitubatch engines)" in table
