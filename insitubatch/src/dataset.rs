@@ -2241,10 +2241,9 @@ impl InSituDataset {
     }
 
     /// The train epoch a pass of `split` at `epoch` starts early once it has loaded its last
-    /// chunk, if passes of `split` start one (`ahead_after`): train's next
-    /// epoch after train's, and after another split's the epoch after the last one train was
-    /// asked for (this epoch when none was), which is right both for validation after each
-    /// epoch and before it.
+    /// chunk, if passes of `split` start one (`ahead_after`): train's next epoch after train's,
+    /// and after another split's the epoch after the last one train was asked for (this epoch
+    /// when none was), which is right both for validation after each epoch and before it.
     fn train_epoch_after(&self, split: &str, epoch: u64) -> Option<u64> {
         if lock(&self.ahead_after).as_deref() != Some(split) {
             return None;
@@ -2286,8 +2285,8 @@ impl InSituDataset {
         drop(after);
         let msg = format!(
             "prefetch_next_epoch: train's epoch {early} was started early and then dropped to \
-             make room for `{split}`, which did not fit beside it ({e}); {then}. To keep both, \
-             raise cache_budget_bytes (or memory_limit_bytes) to hold both"
+             make room for `{split}`, which did not fit beside it ({e}); {then}. To have both at \
+             once, raise cache_budget_bytes (or memory_limit_bytes)"
         );
         eprintln!("insitubatch: warning: {msg}");
         lock(&self.warnings).push(msg);
@@ -2312,11 +2311,11 @@ impl InSituDataset {
     }
 
     /// Installs the hook that starts train's pass at epoch `next` once `pass` (train's, or that
-    /// of the split a loop runs before train; `ahead_after`) has loaded every
-    /// chunk it reads. The hook runs on an executor thread: it only spawns the thread that starts
-    /// the pass, and it holds the runtime weakly (an executor must never drop it). A pass
-    /// dropped before its last batch (a loop that broke out, an error) takes its successor with it,
-    /// so that abandoning an iteration still frees everything.
+    /// of the split a loop runs before train; `ahead_after`) has loaded every chunk it reads.
+    /// The hook runs on an executor thread: it only spawns the thread that starts the pass, and
+    /// it holds the runtime weakly (an executor must never drop it). A pass dropped before its
+    /// last batch (a loop that broke out, an error) takes its successor with it, so that
+    /// abandoning an iteration still frees everything.
     fn start_train_early(&self, pass: &mut Pass, next: u64) {
         let Ok((chunks, config)) = self.plan_split_at(TRAIN, next) else {
             return;
