@@ -34,8 +34,8 @@ pub mod variable;
 pub use batch::{Batch, BatchArray, Element};
 pub use error::EngineError;
 pub use pass::{
-    DECODE_INTO_BATCHES_ENV, EngineContext, IntoRows, OnBadChunk, Pass, PassConfig, TimedOut,
-    count_order_rows, plan_order, rank_share, reaches, rows_per_anchor,
+    DECODE_INTO_BATCHES_ENV, EngineContext, IntoRows, OnBadChunk, Pass, PassConfig, Predecessor,
+    TimedOut, count_order_rows, plan_order, rank_share, reaches, rows_per_anchor,
 };
 pub use patch::{Origins, Patch, PatchDraw};
 pub use planner::{

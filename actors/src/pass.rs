@@ -342,6 +342,21 @@ impl Drop for PanicGuard<'_> {
 
 type BatchResult = Result<Batch, EngineError>;
 
+/// A pass whose room a successor takes over ([`Pass::start_after`]): its iteration in the
+/// chunk pool and its entry among the running passes.
+#[derive(Clone, Copy, Debug)]
+pub struct Predecessor {
+    owner: OwnerId,
+    running: u64,
+}
+
+impl Predecessor {
+    /// Its iteration in the chunk pool.
+    pub fn owner(&self) -> OwnerId {
+        self.owner
+    }
+}
+
 /// A running pass: an iterator of batches. Dropping it stops the pass, joins its actors and
 /// unpins everything it held.
 pub struct Pass {
@@ -776,11 +791,12 @@ impl Pass {
         )
     }
 
-    /// [`Pass::start`] for the pass that follows the one whose [`Pass::pool_id`] is
-    /// `predecessor` (train's next epoch, started early): once the predecessor has loaded
-    /// every chunk it reads, its room in the chunk pool is this pass's as the predecessor's
-    /// consumer takes the batches that pin it ([`ChunkPool::register_successor`]), so the two
-    /// fit a budget that holds one iteration. Until then this pass's loads wait for that room.
+    /// [`Pass::start`] for the pass that follows `predecessor` ([`Pass::as_predecessor`];
+    /// train's next epoch, started early): once the predecessor has loaded every chunk it
+    /// reads, its room in the chunk pool is this pass's as the predecessor's consumer takes the
+    /// batches that pin it ([`ChunkPool::register_successor`]), so the two fit a budget that
+    /// holds one iteration, and the memory check counts the larger of their working sets, not
+    /// both. Until then this pass's loads wait for that room.
     ///
     /// [`ChunkPool::register_successor`]: insitubatch_pool::ChunkPool::register_successor
     pub fn start_after<S: Store>(
@@ -790,7 +806,7 @@ impl Pass {
         samples_per_chunk: u64,
         n_samples: u64,
         config: PassConfig,
-        predecessor: Option<OwnerId>,
+        predecessor: Option<Predecessor>,
     ) -> Result<Self, EngineError> {
         if insitubatch_runtime::on_executor_thread() {
             // A chunk transform (a callback) iterating a dataset from inside the decoder: its
@@ -817,16 +833,21 @@ impl Pass {
         let name = format!("{}#{}", config.split, config.epoch);
         let direct = direct_rows(ctx, &config, &order, &plan);
         let need = memory_need(ctx, &config, &plan, order.rows.len(), &direct);
-        let running = RunningPasses::enter(need, pool_address(ctx), &name, |need, others| {
-            check_memory(&config, &plan, need, others)
-        })?;
+        let takes_over = predecessor.map(|p| p.running);
+        let running = RunningPasses::enter(
+            need,
+            pool_address(ctx),
+            &name,
+            takes_over,
+            |need, others| check_memory(&config, &plan, need, others),
+        )?;
         // The pool reserves what this pass may pin: nothing when every chunk is decoded into
         // batch rows. A pass that also loads chunks through the pool reserves its whole
         // read-ahead bound, which covers a resident chunk it pins for a row as well.
         let all_rows = (0..plan.slots.len()).all(|i| direct.is_direct(i));
         let reserve = if all_rows { 0 } else { plan.read_ahead_bytes };
         let owner = match predecessor {
-            Some(p) => ctx.pool.register_successor(&name, reserve, p)?,
+            Some(p) => ctx.pool.register_successor(&name, reserve, p.owner)?,
             None => ctx.pool.register_owner(&name, reserve)?,
         };
         let mut arrays = Vec::new();
@@ -985,9 +1006,12 @@ impl Pass {
         self.shared.plan.read_ahead_bytes
     }
 
-    /// This pass's iteration in the chunk pool, for [`Pass::start_after`].
-    pub fn pool_id(&self) -> OwnerId {
-        self.shared.owner.id()
+    /// This pass as the predecessor of one [`Pass::start_after`] starts.
+    pub fn as_predecessor(&self) -> Predecessor {
+        Predecessor {
+            owner: self.shared.owner.id(),
+            running: self._running.id(),
+        }
     }
 
     /// Slots this pass has pinned right now.

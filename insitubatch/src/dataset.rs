@@ -8,14 +8,13 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use insitubatch_actors::planner::valid_anchors;
 use insitubatch_actors::{
     ChunkTransform, ChunkTransforms, DECODE_INTO_BATCHES_ENV, EngineContext, EngineError,
-    EpochOrder, IntoRows, MemoryLimit, MemoryNeed, OnBadChunk, Pass, PassConfig, Pipeline, Shard,
-    SplitManifest, StackChannel, Stride, Variable, count_order_rows, memory_limit, plan_order,
-    rank_share, reaches, rows_per_anchor, split_by_chunk,
+    EpochOrder, IntoRows, MemoryLimit, MemoryNeed, OnBadChunk, Pass, PassConfig, Pipeline,
+    Predecessor, Shard, SplitManifest, StackChannel, Stride, Variable, count_order_rows,
+    memory_limit, plan_order, rank_share, reaches, rows_per_anchor, split_by_chunk,
 };
 use insitubatch_actors::{Origins, Patch, Placement, StoreAxis};
 use insitubatch_pool::{
-    ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, OwnerId, PoolStats,
-    Recycler,
+    ArrayMeta, Budget, BufferPool, CacheConfig, ChunkPool, DiskStats, DiskTier, PoolStats, Recycler,
 };
 use insitubatch_runtime::sync::Semaphore;
 use insitubatch_runtime::{
@@ -478,13 +477,14 @@ impl DatasetBuilder {
     /// A loop that takes no time per batch gains nothing: it asks for the next epoch the moment
     /// the last chunk is in.
     ///
-    /// The cost: for a while two passes run, and the early one's batch buffers, read-ahead and
-    /// reads count against `memory_limit_bytes` like any second iteration's. In the chunk pool
-    /// it takes over the epoch before's room as that epoch's last batches are taken (its loads
-    /// wait for it), so a budget that holds one iteration, the automatic one included, holds
-    /// both; beside an iteration of another split running at the same time it needs room of
-    /// its own. When it would not fit, the early pass does not start (nothing fails); when a
-    /// pass the caller asks for would not fit beside it, the early pass is dropped first. If
+    /// The cost: for a while two passes run, and the early one's batch buffers and reads count
+    /// against `memory_limit_bytes` like any second iteration's. In the chunk pool it takes over
+    /// the epoch before's room as that epoch's last batches are taken (its loads wait for it),
+    /// so a budget that holds one iteration, the automatic one included, holds both, and the
+    /// memory check counts one working set for the two; beside an iteration of another split
+    /// running at the same time it needs room of its own. When it would not fit, the early pass
+    /// does not start (nothing fails); when a pass the caller asks for would not fit beside it,
+    /// the early pass is dropped first. If
     /// train is asked for at another epoch, or resumed mid-epoch, or while the epoch before has
     /// batches not yet taken, or the epoch that started it is dropped before its last batch,
     /// the early pass is dropped, and the work it did (at most its first read-ahead and
@@ -1650,8 +1650,8 @@ struct AheadSlot {
 struct Ahead {
     /// The pass that started it (a number of this dataset's).
     parent: u64,
-    /// That pass in the chunk pool, whose room this one takes over as it is released.
-    predecessor: OwnerId,
+    /// That pass, whose room in the chunk pool this one takes over as it is released.
+    predecessor: Predecessor,
     epoch: u64,
     /// The thread starting it, until it has been joined.
     thread: Option<std::thread::JoinHandle<Result<Pass, EngineError>>>,
@@ -2224,7 +2224,7 @@ impl InSituDataset {
         if self
             .ctx
             .pool
-            .pinned_bytes(ahead.predecessor)
+            .pinned_bytes(ahead.predecessor.owner())
             .is_some_and(|b| b > 0)
         {
             return None;
@@ -2326,7 +2326,7 @@ impl InSituDataset {
         let runtime = Arc::downgrade(&self.runtime);
         let slot = Arc::downgrade(&self.ahead);
         let parent = self.passes_started.fetch_add(1, Ordering::SeqCst);
-        let predecessor = pass.pool_id();
+        let predecessor = pass.as_predecessor();
         let ours = Weak::clone(&slot);
         pass.when_abandoned(Box::new(move || {
             let Some(slot) = ours.upgrade() else {

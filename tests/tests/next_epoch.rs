@@ -108,6 +108,43 @@ fn under_the_automatic_budget_the_early_pass_takes_over_the_running_ones_room() 
 }
 
 #[test]
+fn the_memory_check_counts_one_working_set_for_the_early_pass_and_the_epoch_before() {
+    let f = fixture("paired", "raw");
+    let refs = [("r", &f, 0)];
+    // Through the pool under the automatic budget. A limit one byte below what a second,
+    // independent train pass beside the first needs: the early pass, which takes the first's
+    // room over, counts the larger of their working sets, not both, and fits.
+    let probe = builder(&f, false, IntoRows::Never).build().unwrap();
+    let first = probe.train().unwrap();
+    probe.set_epoch(1);
+    let two = probe.memory_need("train").unwrap();
+    assert!(two.working_set > 0 && two.other_passes == 1, "{two}");
+    drop(first);
+    let ds = builder(&f, true, IntoRows::Never)
+        .memory_limit_bytes(two.total() - 1)
+        .build()
+        .unwrap();
+    let mut held = ds.train().unwrap();
+    assert!(held.by_ref().map(|b| b.unwrap().len()).sum::<usize>() as u64 == SAMPLES);
+    // Started beside it while it is still held.
+    wait_prefetched(&ds, 1);
+    drop(held);
+    ds.set_epoch(1);
+    let (anchors, stats) = check_pass(&ds, ds.train().unwrap(), "train", &refs);
+    assert!(stats.started_ahead);
+    assert_eq!(sorted(anchors), (0..SAMPLES).collect::<Vec<_>>());
+    assert!(ds.warnings().is_empty(), "{:?}", ds.warnings());
+    // An independent second pass is still counted in full, and refused.
+    let _first = ds.train().unwrap();
+    ds.set_epoch(9);
+    let err = ds.train().unwrap_err().to_string();
+    assert!(
+        err.contains("memory_limit_bytes") || err.contains("more than"),
+        "{err}"
+    );
+}
+
+#[test]
 fn an_early_pass_that_cannot_start_is_said_once_and_the_epoch_starts_when_asked() {
     let f = fixture("paired", "raw");
     let refs = [("r", &f, 0)];

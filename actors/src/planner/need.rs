@@ -139,8 +139,10 @@ impl MemoryNeed {
     /// This need with what the passes running now hold beside it counted in `others`. Passes
     /// of one dataset share its pool, holding the largest of their pool figures or all their
     /// working sets together (the pool admits no more owners than its budget holds), and its
-    /// read buffers; each holds its own batches.
-    fn beside(mut self, running: &[Running], pool: usize) -> Self {
+    /// read buffers; each holds its own batches. A pass that takes over the pool room of the
+    /// running pass `takes_over` as it is released (train's next epoch started early) holds
+    /// the larger of the two working sets, not both.
+    fn beside(mut self, running: &[Running], pool: usize, takes_over: Option<u64>) -> Self {
         #[derive(Default)]
         struct OnePool {
             pool: u64,
@@ -149,8 +151,14 @@ impl MemoryNeed {
             batches: u64,
         }
         let mut by_pool: Vec<(usize, OnePool)> = Vec::new();
-        let entries = running.iter().map(|r| (r.pool, &r.need));
-        for (at, need) in entries.chain([(pool, &self)]) {
+        let handed_over = running
+            .iter()
+            .find(|r| Some(r.id) == takes_over && r.pool == pool)
+            .map(|r| r.id);
+        let shared_room = |id: Option<u64>| id.is_some() && id == handed_over;
+        let entries = running.iter().map(|r| (r.pool, &r.need, Some(r.id)));
+        let mut predecessor_ws = 0;
+        for (at, need, id) in entries.chain([(pool, &self, None)]) {
             let i = match by_pool.iter().position(|(p, _)| *p == at) {
                 Some(i) => i,
                 None => {
@@ -160,7 +168,15 @@ impl MemoryNeed {
             };
             let g = &mut by_pool[i].1;
             g.pool = g.pool.max(need.pool);
-            g.working_sets = g.working_sets.saturating_add(need.working_set);
+            let working_set = if shared_room(id) {
+                predecessor_ws = need.working_set;
+                0
+            } else if id.is_none() {
+                need.working_set.max(predecessor_ws)
+            } else {
+                need.working_set
+            };
+            g.working_sets = g.working_sets.saturating_add(working_set);
             g.reads = g.reads.max(need.reads);
             g.batches = g.batches.saturating_add(need.batches_bytes());
         }
@@ -283,21 +299,23 @@ impl RunningPasses {
     /// `need` of a pass on the pool at address `pool`, with the passes running now counted in
     /// [`MemoryNeed::others`].
     pub fn count_beside(need: MemoryNeed, pool: usize) -> MemoryNeed {
-        need.beside(&Locked::new().list, pool)
+        need.beside(&Locked::new().list, pool, None)
     }
 
     /// Counts the running passes into `need` and, when `admit` accepts the result (given the
     /// running passes' names), enters the pass among them: one step under one lock, so two
-    /// passes that start at once each count the other. The pass leaves when the returned entry
-    /// drops.
+    /// passes that start at once each count the other. A pass that takes over the pool room of
+    /// the running pass `takes_over` ([`RunningPass::id`]) as it is released counts the larger
+    /// of their working sets, not both. The pass leaves when the returned entry drops.
     pub fn enter<E>(
         need: MemoryNeed,
         pool: usize,
         name: &str,
+        takes_over: Option<u64>,
         admit: impl FnOnce(&MemoryNeed, &[&str]) -> Result<(), E>,
     ) -> Result<RunningPass, E> {
         let mut registry = Locked::new();
-        let counted = need.beside(&registry.list, pool);
+        let counted = need.beside(&registry.list, pool, takes_over);
         let names: Vec<&str> = registry.list.iter().map(|r| r.name.as_str()).collect();
         admit(&counted, &names)?;
         let id = registry.next;
@@ -324,6 +342,13 @@ impl RunningPasses {
 #[derive(Debug)]
 pub struct RunningPass {
     id: u64,
+}
+
+impl RunningPass {
+    /// Its entry's number, for [`RunningPasses::enter`]'s `takes_over`.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
 }
 
 impl Drop for RunningPass {
