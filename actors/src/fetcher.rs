@@ -155,15 +155,7 @@ pub(crate) fn spawn<S: Store>(
                 while let Some(job) = inbox.recv().await {
                     if let Some(gate) = &job.after {
                         // Never waits past the pass's stop (an unlink on a hung file system).
-                        let (mut passed, mut stopped) = (
-                            std::pin::pin!(gate.passed()),
-                            std::pin::pin!(shared.stopped()),
-                        );
-                        std::future::poll_fn(|cx| match passed.as_mut().poll(cx) {
-                            Poll::Ready(()) => Poll::Ready(()),
-                            Poll::Pending => stopped.as_mut().poll(cx),
-                        })
-                        .await;
+                        shared.until_stopped(gate.passed()).await;
                     }
                     if shared.is_cancelled() {
                         job.cancel();

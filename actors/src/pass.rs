@@ -257,6 +257,17 @@ impl PassShared {
         }
     }
 
+    /// Completes when `wait` does or the pass stops, whichever comes first: a wait on something
+    /// outside the pass (a file system, another iteration) never outlasts its stop.
+    pub(crate) async fn until_stopped(&self, wait: impl Future<Output = ()>) {
+        let (mut wait, mut stopped) = (std::pin::pin!(wait), std::pin::pin!(self.stopped()));
+        std::future::poll_fn(|cx| match wait.as_mut().poll(cx) {
+            std::task::Poll::Ready(()) => std::task::Poll::Ready(()),
+            std::task::Poll::Pending => stopped.as_mut().poll(cx),
+        })
+        .await;
+    }
+
     /// Stops the pass with `err` (the first error wins) and wakes everyone who waits.
     pub fn fail(&self, err: EngineError) {
         {

@@ -57,7 +57,6 @@ pub(crate) fn plan_chunks(
 use std::sync::Arc;
 
 use insitubatch_pool::{Admission, PoolError, SlotKey};
-use insitubatch_runtime::sync::Notify;
 use insitubatch_runtime::{ActorSender, JoinHandle};
 use insitubatch_store::Store;
 
@@ -291,7 +290,10 @@ async fn drive<S: Store>(
                         break admitted?;
                     }
                     announce.flush();
-                    if !room_or_stop(ctx.pool.room_returned(), seen, shared).await {
+                    shared
+                        .until_stopped(ctx.pool.room_returned().changed_since(seen))
+                        .await;
+                    if shared.is_cancelled() {
                         return Ok(());
                     }
                 };
@@ -379,20 +381,4 @@ async fn drive<S: Store>(
         }
     }
     Ok(())
-}
-
-/// Waits until the pool's room changed since generation `seen` (true) or the pass stopped
-/// (false).
-async fn room_or_stop(room: &Notify, seen: u64, shared: &PassShared) -> bool {
-    let mut returned = std::pin::pin!(room.changed_since(seen));
-    let mut stopped = std::pin::pin!(shared.stopped());
-    std::future::poll_fn(|cx| {
-        if returned.as_mut().poll(cx).is_ready() || stopped.as_mut().poll(cx).is_ready() {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    !shared.is_cancelled()
 }

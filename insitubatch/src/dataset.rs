@@ -1531,7 +1531,6 @@ impl DatasetBuilder {
             ahead_warned: AtomicBool::new(false),
             ahead_after: Mutex::new(Some(TRAIN.to_string())),
             last_train_epoch: Mutex::new(None),
-            passes_started: AtomicU64::new(0),
         };
         ds.collect_warnings();
         Ok(ds)
@@ -1632,8 +1631,6 @@ pub struct InSituDataset {
     /// The epoch train was last asked for: the early pass a pass of another split starts is
     /// the one after it.
     last_train_epoch: Mutex<Option<u64>>,
-    /// Train passes that may start a successor, numbered.
-    passes_started: AtomicU64,
 }
 
 /// Where an early train pass waits to be asked for. `closed` once the dataset is being
@@ -1648,9 +1645,8 @@ struct AheadSlot {
 /// A train pass started before it was asked for: on a thread of its own, since starting a
 /// pass waits, and the hook that starts it runs on an executor thread.
 struct Ahead {
-    /// The pass that started it (a number of this dataset's).
-    parent: u64,
-    /// That pass, whose room in the chunk pool this one takes over as it is released.
+    /// The pass that started it, whose room in the chunk pool this one takes over as it is
+    /// released (its pool iteration also says whose successor this is).
     predecessor: Predecessor,
     epoch: u64,
     /// The thread starting it, until it has been joined.
@@ -2325,7 +2321,6 @@ impl InSituDataset {
         let (spc, n) = (self.manifest.samples_per_chunk(), self.manifest.n_samples());
         let runtime = Arc::downgrade(&self.runtime);
         let slot = Arc::downgrade(&self.ahead);
-        let parent = self.passes_started.fetch_add(1, Ordering::SeqCst);
         let predecessor = pass.as_predecessor();
         let ours = Weak::clone(&slot);
         pass.when_abandoned(Box::new(move || {
@@ -2333,7 +2328,9 @@ impl InSituDataset {
                 return;
             };
             let mut held = lock(&slot);
-            let successor = held.next.take_if(|a| a.parent == parent);
+            let successor = held
+                .next
+                .take_if(|a| a.predecessor.owner() == predecessor.owner());
             drop(held);
             drop(successor);
         }));
@@ -2358,7 +2355,6 @@ impl InSituDataset {
                 .spawn(start);
             if let Ok(thread) = thread {
                 held.next = Some(Ahead {
-                    parent,
                     predecessor,
                     epoch: next,
                     thread: Some(thread),

@@ -378,6 +378,21 @@ def test_order_depends_on_seed_and_epoch_only(fixtures):
     assert isb.shuffle_quality(list(range(64)), 8) < 0.1
 
 
+def checked_train_epochs(ds, epochs, name, ref):
+    """Iterates train at each of `epochs`, checking every row of `name` against `ref`: per
+    epoch, its batches' sample indices and the iteration's stats."""
+    out = []
+    for epoch in epochs:
+        ds.set_epoch(epoch)
+        batches = []
+        for b in ds.train:
+            for r, idx in enumerate(b.read_indices(name)):
+                np.testing.assert_array_equal(b.arrays[name][r], ref[idx])
+            batches.append(b.sample_indices.tolist())
+        out.append((batches, ds.stats()))
+    return out
+
+
 def test_fast_first_batch_draws_each_epochs_first_batch_from_one_batchs_chunks(fixtures):
     store = era5(fixtures)
     g = isb.open_geometries(store, ["t2m"])
@@ -386,16 +401,7 @@ def test_fast_first_batch_draws_each_epochs_first_batch_from_one_batchs_chunks(f
     def epochs(fast):
         # 12 samples in chunks of 4, batches of 3: with the ramp the first block is one chunk.
         with isb.InSituDataset(store, None, g, batch_size=3, block_chunks=3, fast_first_batch=fast) as ds:
-            out = []
-            for epoch in range(4):
-                ds.set_epoch(epoch)
-                batches = []
-                for b in ds.train:
-                    for r, idx in enumerate(b.read_indices("t2m")):
-                        np.testing.assert_array_equal(b.arrays["t2m"][r], ref[idx])
-                    batches.append(b.sample_indices.tolist())
-                out.append(batches)
-            return out
+            return [batches for batches, _ in checked_train_epochs(ds, range(4), "t2m", ref)]
 
     fast, plain = epochs(True), epochs(False)
     for f, p in zip(fast, plain):
@@ -415,17 +421,8 @@ def test_prefetch_next_epoch_hands_over_the_epoch_asked_for_started_early(fixtur
     def epochs(early, order, **knobs):
         with isb.InSituDataset(store, None, g, batch_size=4, seed=5, prefetch_next_epoch=early,
                                **knobs) as ds:
-            out = []
-            for epoch in order:
-                ds.set_epoch(epoch)
-                batches = []
-                for b in ds.train:
-                    for r, idx in enumerate(b.read_indices("raw")):
-                        np.testing.assert_array_equal(b.arrays["raw"][r], ref[idx])
-                    batches.append(b.sample_indices.tolist())
-                stats = ds.stats()
-                out.append((batches, stats["started_ahead"], stats["tiles_into_batches"]))
-            return out
+            return [(batches, stats["started_ahead"], stats["tiles_into_batches"])
+                    for batches, stats in checked_train_epochs(ds, order, "raw", ref)]
 
     # Epochs in a row are started early; epoch 7 after 2 is not (the early one was epoch 3).
     # Once with a budget that holds two iterations, once with the automatic one (a block long
