@@ -16,7 +16,7 @@
 //! question (and `bindings/python/tests/test_random.py` reads random zarr-python stores). A
 //! failure names its case number; `ISB_RANDOM_CASE=n` runs that case alone (and prints what it
 //! draws with `--no-capture`), and `ISB_RANDOM_CASES=n` runs the first `n` (a longer soak than
-//! CI's).
+//! CI's), `ISB_RANDOM_CASES=a..b` the cases from `a` up to `b`.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
@@ -1054,12 +1054,26 @@ fn run_epochs(
     train_orders
 }
 
+/// `ISB_RANDOM_CASES`: a count `n` (cases `0..n`) or a range `a..b` (a soak past the cases
+/// run before).
+fn case_range(text: &str) -> std::ops::Range<u64> {
+    let number = |t: &str| -> u64 {
+        t.trim()
+            .parse()
+            .expect("ISB_RANDOM_CASES is a count `n` or a range `a..b`")
+    };
+    match text.split_once("..") {
+        Some((a, b)) => number(a)..number(b),
+        None => 0..number(text),
+    }
+}
+
 #[test]
 fn random_geometries_and_knobs_deliver_every_anchor_once_with_the_arrays_values() {
     let cases: Vec<u64> = match std::env::var("ISB_RANDOM_CASE") {
         Ok(n) => vec![n.parse().expect("ISB_RANDOM_CASE is a case number")],
         Err(_) => match std::env::var("ISB_RANDOM_CASES") {
-            Ok(n) => (0..n.parse().expect("ISB_RANDOM_CASES is a count")).collect(),
+            Ok(n) => case_range(&n).collect(),
             Err(_) => (0..CASES).collect(),
         },
     };

@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 21
+#define ISB_ABI_VERSION 22
 
 /*
  DLPack version of the exported structs.
@@ -671,8 +671,11 @@ void isb_statistics_free(struct IsbStatistics *stats);
  its array), `pool` (budget, resident and peak bytes,
  evictions, hits, misses, revived), `cache` (`null` without `cache_dir`; else dir, persist,
  readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, writes_skipped, revived,
- rejected) and
- `warnings` (every dataset warning so far, each also printed to stderr once).
+ rejected),
+ `warnings` (every dataset warning so far, each also printed to stderr once) and
+ `prefetched_epoch` (ABI 22: the epoch of the train iteration `prefetch_next_epoch` started
+ early that waits to be asked for; `null` while there is none, while it is still starting,
+ and once it could not start, when a warning says why).
 
  # Safety
  `ds` is NULL or a live dataset; `out_json` is writable; `err` is NULL or writable.

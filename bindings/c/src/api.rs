@@ -15,7 +15,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 21;
+pub const ISB_ABI_VERSION: u32 = 22;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -1437,8 +1437,11 @@ pub unsafe extern "C" fn isb_statistics_free(stats: *mut IsbStatistics) {
 /// its array), `pool` (budget, resident and peak bytes,
 /// evictions, hits, misses, revived), `cache` (`null` without `cache_dir`; else dir, persist,
 /// readonly, direct_io, cached_chunks, writes, write_bytes, write_errors, writes_skipped, revived,
-/// rejected) and
-/// `warnings` (every dataset warning so far, each also printed to stderr once).
+/// rejected),
+/// `warnings` (every dataset warning so far, each also printed to stderr once) and
+/// `prefetched_epoch` (ABI 22: the epoch of the train iteration `prefetch_next_epoch` started
+/// early that waits to be asked for; `null` while there is none, while it is still starting,
+/// and once it could not start, when a warning says why).
 ///
 /// # Safety
 /// `ds` is NULL or a live dataset; `out_json` is writable; `err` is NULL or writable.
@@ -1537,6 +1540,7 @@ pub unsafe extern "C" fn isb_dataset_stats_json(
                 })
             }),
             "warnings": d.warnings(),
+            "prefetched_epoch": d.prefetched_epoch(),
         });
         out_string(out_json, v.to_string())
     })

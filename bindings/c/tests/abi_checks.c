@@ -38,6 +38,22 @@ static void expect_view(const char *what, IsbDataset *ds, const char *region) {
     isb_string_free(facts);
 }
 
+/* The epoch `prefetch_next_epoch` started early and keeps for `isb_iter_start` (ABI 22), -1 for
+   null; -2 when the facts cannot be read. */
+static long long prefetched_epoch(const IsbDataset *ds) {
+    char *facts = NULL;
+    long long epoch = -2;
+    if (isb_dataset_stats_json(ds, &facts, NULL) == ISB_OK) {
+        const char *at = strstr(facts, "\"prefetched_epoch\":");
+        if (at) {
+            at += strlen("\"prefetched_epoch\":");
+            epoch = strncmp(at, "null", 4) == 0 ? -1 : strtoll(at, NULL, 10);
+        }
+    }
+    isb_string_free(facts);
+    return epoch;
+}
+
 int main(int argc, char **argv) {
     if (argc != 4) return 2;
     const char *store = argv[1];
@@ -91,6 +107,10 @@ int main(int argc, char **argv) {
     CHECK("prefetch_next_epoch not a bool", isb_dataset_open(config, &ds, &err), ISB_INVALID_ARGUMENT, "prefetch_next_epoch");
     snprintf(config, sizeof config, "{\"store\": \"%s\", \"prefetch_next_epoch\": true, \"batch_size\": 4, \"cache_budget_bytes\": 268435456}", store);
     CHECK("prefetch_next_epoch", isb_dataset_open(config, &ds, &err), ISB_OK, NULL);
+    if (ds && prefetched_epoch(ds) != -1) {
+        fprintf(stderr, "FAIL prefetched_epoch before any iteration: %lld\n", prefetched_epoch(ds));
+        failures++;
+    }
     for (uint64_t epoch = 0; ds && epoch < 3; epoch++) {
         IsbIter *it = NULL;
         IsbBatch *b = NULL;
@@ -108,6 +128,16 @@ int main(int argc, char **argv) {
             isb_batch_free(b);
         }
         CHECK("epoch ends", st, ISB_END_OF_EPOCH, NULL);
+        /* Every chunk is loaded once the last batch is out: the next epoch has been started
+           (by a thread of its own; it is waiting to be asked for once that start returns). */
+        long long early = -1;
+        for (int waited_ms = 0; waited_ms < 10000 && (early = prefetched_epoch(ds)) == -1; waited_ms++) {
+            usleep(1000);
+        }
+        if (early != (long long)epoch + 1) {
+            fprintf(stderr, "FAIL prefetched_epoch after epoch %llu: %lld\n", (unsigned long long)epoch, early);
+            failures++;
+        }
         CHECK("stats", isb_iter_stats_json(it, &stats, &err), ISB_OK, NULL);
         const char *want = epoch > 0 ? "\"started_ahead\":true" : "\"started_ahead\":false";
         if (!stats || !strstr(stats, want) || rows == 0) {

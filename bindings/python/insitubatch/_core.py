@@ -1647,6 +1647,15 @@ class InSituDataset:
     def _dataset_stats(self) -> dict:
         return _json_call(lib.isb_dataset_stats_json, self._live())
 
+    @property
+    def prefetched_epoch(self) -> int | None:
+        """The epoch of the train iteration `prefetch_next_epoch` started early that waits to be
+        asked for (`set_epoch` to it, then iterate `train`): `None` while there is none, while it
+        is still starting, and once it could not start (a warning then says why)."""
+        info = self._dataset_stats()
+        self._emit_warnings(info)
+        return info["prefetched_epoch"]
+
     def coordinates(self, label: str, dimension: str | None = None, *,
                     decode_times: bool = True) -> np.ndarray:
         """The coordinate values of label `label`'s array along `dimension` (default: the

@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 21
+ABI_VERSION = 22
 _LIB_NAME = "libinsitubatch.so"
 
 

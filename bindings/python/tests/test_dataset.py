@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -441,6 +442,29 @@ def test_prefetch_next_epoch_hands_over_the_epoch_asked_for_started_early(fixtur
             assert all(t == 0 for _, _, t in early), "through the pool"
     with pytest.raises(TypeError, match="`prefetch_next_epoch` must be a bool"):
         isb.InSituDataset(store, prefetch_next_epoch=1)
+
+
+def test_prefetched_epoch_names_the_epoch_waiting_to_be_asked_for(fixtures):
+    out, _ = fixtures
+    store = out / "paired.zarr"
+    g = isb.open_geometries(store, ["raw"])
+
+    def waiting(ds):
+        # The early epoch is started by a thread of its own once the last chunk is loaded.
+        deadline = time.monotonic() + 10
+        while ds.prefetched_epoch is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return ds.prefetched_epoch
+
+    for early in (True, False):
+        with isb.InSituDataset(store, None, g, batch_size=4, seed=5, prefetch_next_epoch=early) as ds:
+            assert ds.prefetched_epoch is None
+            seen = []
+            for epoch in (0, 1, 5):  # epoch 5 drops the early epoch 2 and starts 6
+                ds.set_epoch(epoch)
+                assert sum(len(b) for b in ds.train) == 61
+                seen.append(waiting(ds) if early else ds.prefetched_epoch)
+            assert seen == ([1, 2, 6] if early else [None] * 3), early
 
 
 def test_order_is_the_epoch_the_batches_then_emit_planned_without_reading(fixtures):
