@@ -24,11 +24,16 @@ With `--shim`, the same through the Python shim instead, on the first store of `
 fresh Python process per run iterates five epochs of `ds.train`, sleeping 10 ms per batch, and
 reports each later epoch's first batch and data stall (and whether it was started early).
 With `--val`, the store is split 3:1 into train and val, and val is iterated after each epoch
-(10 ms per batch too, as an evaluation step): train's next epoch then follows val's pass.
+(10 ms per batch too, as an evaluation step): train's next epoch then follows val's pass. With
+`--val --test`, it is split 2:1:1 and val and then test are iterated after each epoch: train's
+next epoch then follows test's pass.
 
     PYTHONPATH=bindings/python INSITUBATCH_LIB=target/release/libinsitubatch.so \
         python3 bench/prefetch_next_epoch.py /tmp/insitubatch-bench --rounds 3 --shim --val \
         --stores 8:512
+    PYTHONPATH=bindings/python INSITUBATCH_LIB=target/release/libinsitubatch.so \
+        python3 bench/prefetch_next_epoch.py /tmp/insitubatch-bench --rounds 3 --shim --val \
+        --test --stores 8:512
 """
 
 import argparse
@@ -92,15 +97,17 @@ def stepped(split) -> dict:
     return {"ttfb_ms": 1e3 * first, "stall": 1 - slept / wall}
 
 
-def shim_run(path: str, early: bool, val: bool) -> None:
+def shim_run(path: str, early: bool, between: list[str]) -> None:
     """One run through the Python shim (in its own process): five epochs, 10 ms per batch;
-    with `val`, a quarter of the chunks is a validation split iterated after each epoch."""
+    with `between` (`val`, or `val` and `test`), a quarter of the chunks is each of those
+    splits, iterated in that order after each epoch."""
     import insitubatch as isb
 
-    if val:
+    if between:
         with isb.InSituDataset(path) as probe:
             geometries = probe.geometries
-        manifest = isb.split_by_chunk(next(iter(geometries.values())), (0.75, 0.25))
+        fractions = (0.75, 0.25) if len(between) == 1 else (0.5, 0.25, 0.25)
+        manifest = isb.split_by_chunk(next(iter(geometries.values())), fractions)
         ds = isb.InSituDataset(path, manifest, geometries, prefetch_next_epoch=early)
     else:
         ds = isb.InSituDataset(path, prefetch_next_epoch=early)
@@ -109,8 +116,8 @@ def shim_run(path: str, early: bool, val: bool) -> None:
         ds.set_epoch(epoch)
         e = stepped(ds.train)
         e["ahead"] = bool(ds.stats()["started_ahead"])
-        if val:
-            e["val"] = stepped(ds.val)
+        for split in between:
+            e[split] = stepped(getattr(ds, split))
         epochs.append(e)
     ds.close()
     print(json.dumps(epochs[1:]))
@@ -119,23 +126,28 @@ def shim_run(path: str, early: bool, val: bool) -> None:
 def shim(a) -> None:
     spc, samples = a.stores[0] if a.stores != STORES else (8, 2048)
     path = store(a.bin, a.root, spc, samples)
-    what = f"{spc} samples per chunk ({samples})" + (", val after each epoch" if a.val else "")
+    between = (["val", "test"] if a.test else ["val"]) if a.val else []
+    what = f"{spc} samples per chunk ({samples})"
+    if between:
+        what += f", {' and '.join(between)} after each epoch"
     print(f"| through the Python shim, {what} | run | later epochs started early "
           "| train's first batch ms, epochs 1-4 | train's data stall, epochs 1-4 |"
-          + (" val's data stall, epochs 1-4 |" if a.val else ""))
-    print("|---|---:|---:|---|---|" + ("---|" if a.val else ""))
+          + "".join(f" {split}'s data stall, epochs 1-4 |" for split in between))
+    print("|---|---:|---:|---|---|" + "---|" * len(between))
     for r in range(a.rounds):
         for name, early in (("default", "0"), ("prefetch_next_epoch", "1")):
             time.sleep(a.settle)
-            cmd = [sys.executable, __file__, "--shim-run", str(path), early, "1" if a.val else "0"]
+            cmd = [sys.executable, __file__, "--shim-run", str(path), early, ",".join(between)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             e = json.loads(out)
             ahead = sum(x["ahead"] for x in e)
             firsts = ", ".join("%.1f" % x["ttfb_ms"] for x in e)
             stalls = ", ".join("%.1f %%" % (100 * x["stall"]) for x in e)
-            vals = ", ".join("%.1f %%" % (100 * x["val"]["stall"]) for x in e) if a.val else None
-            print(f"| {name} | {r + 1} | {ahead} of {len(e)} | {firsts} | {stalls} |"
-                  + (f" {vals} |" if a.val else ""), flush=True)
+            others = "".join(
+                " " + ", ".join("%.1f %%" % (100 * x[split]["stall"]) for x in e) + " |"
+                for split in between)
+            print(f"| {name} | {r + 1} | {ahead} of {len(e)} | {firsts} | {stalls} |{others}",
+                  flush=True)
 
 
 def stores_arg(text: str) -> tuple:
@@ -147,7 +159,7 @@ def stores_arg(text: str) -> tuple:
 
 def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--shim-run":
-        shim_run(sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1")
+        shim_run(sys.argv[2], sys.argv[3] == "1", [x for x in sys.argv[4].split(",") if x])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path, nargs="?", default=Path(tempfile.gettempdir()) / "insitubatch-bench")
@@ -157,6 +169,8 @@ def main() -> None:
     ap.add_argument("--shim", action="store_true", help="through the Python shim instead")
     ap.add_argument("--val", action="store_true",
                     help="with --shim: a validation split iterated after each epoch")
+    ap.add_argument("--test", action="store_true",
+                    help="with --shim --val: a test split iterated after val each epoch")
     ap.add_argument("--stores", type=stores_arg, default=STORES,
                     help="samples per chunk and samples of each store, as spc:samples,...")
     a = ap.parse_args()

@@ -494,8 +494,10 @@ impl DatasetBuilder {
     /// It follows the loop: when an iteration of another split (validation between epochs)
     /// had to drop the early pass to start, from then on that split's iterations start train's
     /// next epoch once they have loaded their last chunk, taking over their room, rather than
-    /// train's own (which would have it dropped every epoch). If a third split drops it too,
-    /// no early pass starts any more. Each change is said once in the warnings.
+    /// train's own (which would have it dropped every epoch). If another split then drops it
+    /// (a loop running val and then test between epochs), it follows that one, the last before
+    /// train; if a split it already followed drops it again (val twice between epochs), or a
+    /// train pass does, no early pass starts any more. Each change is said once in the warnings.
     pub fn prefetch_next_epoch(mut self, yes: bool) -> Self {
         self.prefetch_next_epoch = yes;
         self
@@ -1529,7 +1531,7 @@ impl DatasetBuilder {
             warnings: Mutex::new(Vec::new()),
             ahead: Arc::new(Mutex::new(AheadSlot::default())),
             ahead_warned: AtomicBool::new(false),
-            ahead_after: Mutex::new(Some(TRAIN.to_string())),
+            ahead_after: Mutex::new(AheadTrigger::default()),
             last_train_epoch: Mutex::new(None),
         };
         ds.collect_warnings();
@@ -1622,15 +1624,34 @@ pub struct InSituDataset {
     ahead: Arc<Mutex<AheadSlot>>,
     /// A warning said that an early pass could not start.
     ahead_warned: AtomicBool,
-    /// The split whose passes start train's next epoch early once they have loaded their last
-    /// chunk: train's own until a pass of another split has to drop an early pass to start
-    /// (validation between epochs that does not fit beside it), then that split's, so that the
-    /// early pass follows it instead of being dropped for it every epoch; `None` once that
-    /// happened a second time.
-    ahead_after: Mutex<Option<String>>,
+    /// Which split's passes start train's next epoch early.
+    ahead_after: Mutex<AheadTrigger>,
     /// The epoch train was last asked for: the early pass a pass of another split starts is
     /// the one after it.
     last_train_epoch: Mutex<Option<u64>>,
+}
+
+/// The split whose passes start train's next epoch early once they have loaded their last
+/// chunk: train's own until a pass of another split has to drop an early pass to start
+/// (validation between epochs that does not fit beside it), then that split's, so that the
+/// early pass follows it instead of being dropped for it every epoch. A loop running several
+/// splits between epochs (val, then test) has it followed to the last of them; a split that
+/// drops it again after being followed (val twice between epochs), or a train pass that does,
+/// turns it off: no split starts it any more.
+struct AheadTrigger {
+    /// `None` once turned off.
+    split: Option<String>,
+    /// The splits followed so far, in order.
+    followed: Vec<String>,
+}
+
+impl Default for AheadTrigger {
+    fn default() -> Self {
+        Self {
+            split: Some(TRAIN.to_string()),
+            followed: Vec::new(),
+        }
+    }
 }
 
 /// Where an early train pass waits to be asked for. `closed` once the dataset is being
@@ -2241,7 +2262,7 @@ impl InSituDataset {
     /// and after another split's the epoch after the last one train was asked for (this epoch
     /// when none was), which is right both for validation after each epoch and before it.
     fn train_epoch_after(&self, split: &str, epoch: u64) -> Option<u64> {
-        if lock(&self.ahead_after).as_deref() != Some(split) {
+        if lock(&self.ahead_after).split.as_deref() != Some(split) {
             return None;
         }
         if split == TRAIN {
@@ -2257,27 +2278,25 @@ impl InSituDataset {
     /// (`e` says why they did not fit together). A loop that runs `split` between train's
     /// epochs would have it dropped every epoch, its first read-ahead loaded for nothing: from
     /// now on `split`'s passes start it, once they have loaded their last chunk, taking over
-    /// their room. If that happens again (a third split between epochs), no early pass starts
-    /// any more. Each is said once.
+    /// their room. A split followed before (run twice between epochs), or train, turns it off
+    /// instead ([`AheadTrigger`]). Each change is said once.
     fn ahead_was_displaced(&self, early: u64, split: &str, e: &EngineError) {
         let mut after = lock(&self.ahead_after);
-        let (now, then) = match after.as_deref() {
-            Some(TRAIN) if split != TRAIN => (
-                Some(split.to_string()),
-                format!(
-                    "from now on train's next epoch starts once `{split}`'s iteration has loaded \
-                     its last chunk, taking over its room, rather than being dropped for it \
-                     every epoch"
-                ),
-            ),
-            _ => (
-                None,
-                "from now on train's next epoch starts when asked, as without \
-                 prefetch_next_epoch, rather than being dropped every epoch"
-                    .to_string(),
-            ),
+        let follow =
+            after.split.is_some() && split != TRAIN && !after.followed.iter().any(|f| f == split);
+        let then = if follow {
+            after.split = Some(split.to_string());
+            after.followed.push(split.to_string());
+            format!(
+                "from now on train's next epoch starts once `{split}`'s iteration has loaded its \
+                 last chunk, taking over its room, rather than being dropped for it every epoch"
+            )
+        } else {
+            after.split = None;
+            "from now on train's next epoch starts when asked, as without \
+             prefetch_next_epoch, rather than being dropped every epoch"
+                .to_string()
         };
-        *after = now;
         drop(after);
         let msg = format!(
             "prefetch_next_epoch: train's epoch {early} was started early and then dropped to \

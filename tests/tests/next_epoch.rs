@@ -348,44 +348,86 @@ fn validation_between_epochs_leaves_the_early_pass_waiting_or_when_it_does_not_f
 }
 
 #[test]
-fn a_second_split_between_epochs_that_drops_the_early_pass_stops_it() {
-    // Through the pool under the automatic budget, train, val and test each epoch: val drops
-    // train's early pass (val starts it from then on), test drops val's, and then none starts.
+fn the_early_pass_follows_the_last_split_before_train_and_a_split_dropping_it_twice_stops_it() {
+    // Through the pool under the automatic budget, none of val and test fits beside the early
+    // pass. Train, val and test each epoch: val drops train's early pass (val starts it from
+    // then on), test drops val's (test starts it from then on), and from epoch 1 every train
+    // epoch is started early, by test. Train, val and val each epoch: the second val drops
+    // the early pass the first started, and then none starts.
     let f = fixture("paired", "raw");
     let refs = [("r", &f, 0)];
     let probe = builder(&f, false, IntoRows::Never).build().unwrap();
     let geom = &probe.variables()[0].geom;
     let manifest = split_by_chunk(geom, &[0.5, 0.25, 0.25], 0, true, None).unwrap();
-    let ds = builder(&f, true, IntoRows::Never)
-        .manifest(manifest)
-        .build()
-        .unwrap();
-    let mut started = Vec::new();
-    for epoch in 0..4 {
-        ds.set_epoch(epoch);
-        let mut all = Vec::new();
-        for split in ["train", "val", "test"] {
-            let (anchors, stats) = check_pass(&ds, ds.iter(split).unwrap(), split, &refs);
-            if split == "train" {
-                started.push(stats.started_ahead);
+    for (loop_, want) in [
+        (["train", "val", "test"], [false, true, true, true]),
+        (["train", "val", "val"], [false; 4]),
+    ] {
+        let ds = builder(&f, true, IntoRows::Never)
+            .manifest(manifest.clone())
+            .build()
+            .unwrap();
+        let full = loop_[2] == "test";
+        let mut started = Vec::new();
+        for epoch in 0..4 {
+            ds.set_epoch(epoch);
+            let mut anchors = Vec::new();
+            for (i, split) in loop_.into_iter().enumerate() {
+                let (got, stats) = check_pass(&ds, ds.iter(split).unwrap(), split, &refs);
+                if split == "train" {
+                    started.push(stats.started_ahead);
+                } else {
+                    assert!(!stats.started_ahead, "only train starts early");
+                }
+                // At epoch 0 each split starts the early pass, to be dropped for the next (but
+                // the second val, which turns it off); from then on only test starts it.
+                let starts = if full {
+                    epoch == 0 || i == 2
+                } else {
+                    epoch == 0 && i < 2
+                };
+                if starts {
+                    wait_prefetched(&ds, epoch + 1);
+                } else {
+                    assert_eq!(ds.prefetched_epoch(), None, "{loop_:?} {epoch} {split}");
+                }
+                anchors.push(got);
             }
-            if epoch == 0 && split != "test" {
-                // The early pass this split started, to be dropped for the next.
-                wait_prefetched(&ds, 1);
+            if full {
+                assert_eq!(sorted(anchors.concat()), (0..SAMPLES).collect::<Vec<_>>());
+            } else {
+                assert_eq!(anchors[1], anchors[2], "val twice, the same samples");
+                let mut both = [anchors[0].clone(), anchors[1].clone()].concat();
+                both.sort_unstable();
+                both.dedup();
+                assert_eq!(both.len(), anchors[0].len() + anchors[1].len(), "disjoint");
             }
-            all.extend(anchors);
         }
-        assert_eq!(sorted(all), (0..SAMPLES).collect::<Vec<_>>());
+        assert_eq!(started, want, "{loop_:?}");
+        let warnings = ds.warnings();
+        assert_eq!(warnings.len(), 2, "each said once: {warnings:?}");
+        assert!(
+            warnings[0].contains("room for `val`")
+                && warnings[0].contains("once `val`'s iteration has loaded its last chunk"),
+            "{}",
+            warnings[0]
+        );
+        let last = loop_[2];
+        if last == "test" {
+            assert!(
+                warnings[1].contains("room for `test`")
+                    && warnings[1].contains("once `test`'s iteration has loaded its last chunk"),
+                "{}",
+                warnings[1]
+            );
+        } else {
+            assert!(
+                warnings[1].contains("room for `val`") && warnings[1].contains("starts when asked"),
+                "{}",
+                warnings[1]
+            );
+        }
     }
-    assert_eq!(started, [false, false, false, false]);
-    let warnings = ds.warnings();
-    assert_eq!(warnings.len(), 2, "each said once: {warnings:?}");
-    assert!(warnings[0].contains("room for `val`"), "{}", warnings[0]);
-    assert!(
-        warnings[1].contains("room for `test`") && warnings[1].contains("starts when asked"),
-        "{}",
-        warnings[1]
-    );
 }
 
 #[test]
