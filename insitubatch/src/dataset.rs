@@ -866,8 +866,9 @@ impl DatasetBuilder {
 
     /// Sets an object-store option (`aws_endpoint`, `aws_region`, `google_service_account`,
     /// `azure_storage_account_name`, `timeout`, ...: the `object_store` crate's configuration
-    /// keys), applied after the environment's. Only for URL roots; given for a local directory
-    /// it is refused when the dataset is built.
+    /// keys), applied after the environment's; and insitubatch's own `client_threads`, the
+    /// threads that drive the store's requests (1 to 64; default one per 8 cores, 2 to 8).
+    /// Only for URL roots; given for a local directory it is refused when the dataset is built.
     pub fn storage_option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.storage_options.push((key.into(), value.into()));
         self

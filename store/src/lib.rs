@@ -38,5 +38,5 @@ pub use error::StoreError;
 pub use geometry::{ArrayGeometry, AxisTile, Stretch, is_coordinate, open_geometries};
 pub use hierarchy::{Hierarchy, open_hierarchy, open_hierarchy_at};
 pub use mount::{MountedStore, open_mounted_hierarchy};
-pub use remote::RemoteStore;
+pub use remote::{CLIENT_THREADS_OPTION, RemoteStore, default_client_threads};
 pub use store::{AnyStore, LocalStore, Store};

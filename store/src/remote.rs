@@ -47,9 +47,19 @@ fn ranges_refused(e: StoreError) -> StoreError {
     }
 }
 
-/// Threads of a remote store's tokio runtime. They only drive sockets and TLS; decoding stays
-/// on the executor threads.
-const CLIENT_THREADS: usize = 2;
+/// The storage option, insitubatch's own, that sets the threads of a remote store's client
+/// runtime. They only drive sockets and TLS (decoding stays on the executor threads): about
+/// 2 GB/s of HTTPS each, so the default grows with the machine, one per 8 cores from 2 to 8.
+pub const CLIENT_THREADS_OPTION: &str = "client_threads";
+
+/// The most client threads `client_threads` may ask for.
+const MAX_CLIENT_THREADS: usize = 64;
+
+/// The client threads of a store opened without `client_threads`: one per 8 cores, 2 to 8.
+pub fn default_client_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / 8).clamp(2, 8)
+}
 
 /// Retries of one request (throttling, 5xx, dropped connections), with exponential backoff,
 /// and the time after which a request stops being retried. A refused connection therefore
@@ -107,7 +117,9 @@ impl RemoteStore {
     /// A store rooted at `url` (`s3://bucket/prefix`, `gs://`, `az://`, `abfs://`,
     /// `http(s)://host/path`), configured from the environment and then `options` (keys as
     /// `object_store` names them, e.g. `aws_endpoint`, `aws_region`, `google_service_account`,
-    /// `azure_storage_account_name`, `timeout`). Nothing is requested yet.
+    /// `azure_storage_account_name`, `timeout`; and [`CLIENT_THREADS_OPTION`], the threads
+    /// that drive its requests, 1 to 64, default [`default_client_threads`]). Nothing is
+    /// requested yet.
     pub fn open(url: &str, options: &[(String, String)]) -> Result<Self, StoreError> {
         let url = url.trim_end_matches('/');
         let bad = |message: String| StoreError::BadUrl {
@@ -123,6 +135,22 @@ impl RemoteStore {
             ))
         };
         let (scheme, prefix) = ObjectStoreScheme::parse(&parsed).map_err(|_| unreadable())?;
+        let ours = |k: &str| k.eq_ignore_ascii_case(CLIENT_THREADS_OPTION);
+        let client_threads = match options.iter().rev().find(|(k, _)| ours(k)) {
+            None => default_client_threads(),
+            Some((_, v)) => v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=MAX_CLIENT_THREADS).contains(n))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "storage option `{CLIENT_THREADS_OPTION}` = {v:?} is not a number of \
+                         threads from 1 to {MAX_CLIENT_THREADS}"
+                    ))
+                })?,
+        };
+        let options = options.iter().filter(|(k, _)| !ours(k));
         let retry = RetryConfig {
             max_retries: MAX_RETRIES,
             retry_timeout: RETRY_TIMEOUT,
@@ -139,7 +167,7 @@ impl RemoteStore {
         macro_rules! configured {
             ($builder:expr) => {{
                 let mut b = $builder;
-                for (k, v) in options {
+                for (k, v) in options.clone() {
                     b = b.with_config(k.to_ascii_lowercase().parse().map_err(|_| unknown(k))?, v);
                 }
                 b.with_retry(retry)
@@ -169,7 +197,7 @@ impl RemoteStore {
         };
         let store = built.map_err(|e| bad(e.to_string()))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(CLIENT_THREADS)
+            .worker_threads(client_threads)
             .thread_name("isb-objstore")
             .enable_all()
             .build()
@@ -187,6 +215,15 @@ impl RemoteStore {
     /// The store's URL (without a trailing `/`).
     pub fn url(&self) -> &str {
         &self.inner.url
+    }
+
+    /// The threads driving this store's requests (`client_threads`).
+    pub fn client_threads(&self) -> usize {
+        self.inner
+            .client
+            .0
+            .as_ref()
+            .map_or(0, |rt| rt.metrics().num_workers())
     }
 
     fn path(&self, key: &str) -> ObjectPath {
@@ -409,6 +446,32 @@ mod tests {
         );
         let long = "x".repeat(2000);
         assert_eq!(first_line(&long).len(), 603);
+    }
+
+    #[test]
+    fn client_threads_default_with_the_cores_and_are_set_by_their_option() {
+        let default = RemoteStore::open("http://127.0.0.1:9/era5.zarr", &[]).unwrap();
+        assert_eq!(default.client_threads(), default_client_threads());
+        assert!((2..=8).contains(&default_client_threads()));
+        for n in [1, 3, 64] {
+            // Case as any storage option's, and beside object_store's own keys.
+            let opts = [
+                ("Client_Threads".to_string(), n.to_string()),
+                ("timeout".to_string(), "5s".to_string()),
+            ];
+            let s = RemoteStore::open("http://127.0.0.1:9/era5.zarr", &opts).unwrap();
+            assert_eq!(s.client_threads(), n);
+        }
+        for bad in ["0", "65", "two", "-1"] {
+            let opts = [(CLIENT_THREADS_OPTION.to_string(), bad.to_string())];
+            let err = RemoteStore::open("http://127.0.0.1:9/era5.zarr", &opts)
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                err.contains("client_threads") && err.contains(bad) && err.contains("1 to 64"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -206,10 +206,17 @@ fn a_chunk_the_server_fails_raises_naming_its_url_or_reads_as_nan() {
 fn a_dataset_over_http_leaves_no_client_threads_once_dropped() {
     let f = fixture("era5_v3", "t2m");
     let server = HttpServer::serve(&fixtures_dir(), &[]);
-    let ds = dataset(&server.url("era5_v3.zarr"), &f).unwrap();
+    // Three client threads asked for (insitubatch's own storage option, beside the crate's).
+    let ds = InSituDataset::builder(server.url("era5_v3.zarr"))
+        .variable("v", f.array.clone())
+        .batch_size(3)
+        .storage_option("client_threads", "3")
+        .storage_option("timeout", "20s")
+        .build()
+        .unwrap();
     let mut pass = ds.train().unwrap();
     pass.next().unwrap().unwrap();
-    assert!(threads_named_settled("isb-objstore", 2) >= 1);
+    assert_eq!(threads_named_settled("isb-objstore", 3), 3);
     // Dropped mid-epoch, with reads possibly in flight.
     drop(pass);
     drop(ds);

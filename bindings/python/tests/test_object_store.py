@@ -85,7 +85,9 @@ def test_a_store_in_s3_reads_as_zarr_python_and_the_local_copy(fixtures, s3, sto
     # era5_v3 has consolidated metadata; era5_v2 has none, so its arrays are found by listing.
     out, _ = fixtures
     kw = dict(batch_size=5, block_chunks=2, seed=3)
-    with isb.InSituDataset(f"s3://data/{store}", storage_options=s3, **kw) as remote, \
+    # Three client threads (insitubatch's own option, a number beside the crate's strings).
+    opts = {**s3, "client_threads": 3}
+    with isb.InSituDataset(f"s3://data/{store}", storage_options=opts, **kw) as remote, \
             isb.InSituDataset(out / store, **kw) as local:
         assert set(remote.geometries) == {"t2m", "u10", "station"}
         got_order, got = _epoch(remote)
@@ -149,6 +151,8 @@ def test_a_missing_bucket_or_store_names_its_url_and_bad_options_are_refused(s3)
         isb.InSituDataset("s3://no-such-bucket/era5_v3.zarr", storage_options=s3)
     with pytest.raises(isb.errors.InvalidArgument, match="aws_no_such_option"):
         isb.InSituDataset("s3://data/era5_v3.zarr", storage_options={"aws_no_such_option": "1"})
+    with pytest.raises(isb.errors.InvalidArgument, match="`client_threads` = \"0\".* 1 to 64"):
+        isb.InSituDataset("s3://data/era5_v3.zarr", storage_options={**s3, "client_threads": 0})
     with pytest.raises(TypeError, match="storage_options"):
         isb.InSituDataset("s3://data/era5_v3.zarr", storage_options={"aws_region": ["a"]})
     with pytest.raises(TypeError, match="storage_options"):
