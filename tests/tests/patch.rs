@@ -765,6 +765,73 @@ fn a_bad_stored_chunk_under_a_patch_read_as_a_region_is_nan_where_the_window_mee
 }
 
 #[test]
+fn a_bad_chunk_of_several_samples_cut_into_several_patches_each_is_nan_in_all_of_their_rows() {
+    use insitubatch::OnBadChunk;
+    use insitubatch::synth::{SynthSpec, field_value};
+    let grid = (12u64, 24u64);
+    let (_dir, store) = common::synth_store(&SynthSpec {
+        samples: 8,
+        grid,
+        sample_chunk: 2,
+        variables: vec!["t".into()],
+        ..Default::default()
+    });
+    // Samples 2 and 3 are one stored chunk that decodes to nothing.
+    std::fs::write(store.join("t/c/1/0/0"), b"this is not zstd").unwrap();
+    let build = |policy: OnBadChunk| {
+        InSituDataset::builder(&store)
+            .variable("t", "t")
+            .patch([5, 7])
+            .patches_per_sample(3)
+            .decode_into_batches(IntoRows::Always)
+            .on_bad_chunk(policy)
+            .batch_size(5)
+            .block_chunks(2)
+            .build()
+            .unwrap()
+    };
+    let ds = build(OnBadChunk::Nan);
+    for epoch in 0..3 {
+        ds.set_epoch(epoch);
+        let mut pass = ds.train().unwrap();
+        let mut anchors = Vec::new();
+        for b in pass.by_ref() {
+            let b = b.unwrap();
+            let origins = b.patch_origins().unwrap();
+            let v: &[f32] = b.array("t").unwrap().values().unwrap();
+            for (r, &s) in b.sample_indices().iter().enumerate() {
+                let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
+                for (k, got) in v[r * 35..(r + 1) * 35].iter().enumerate() {
+                    let (i, j) = (i0 + k as u64 / 7, j0 + k as u64 % 7);
+                    if s == 2 || s == 3 {
+                        assert!(got.is_nan(), "sample {s} at ({i}, {j}) is the bad chunk's");
+                    } else {
+                        assert_eq!(*got, field_value(0, s, i, j, grid), "sample {s} ({i}, {j})");
+                    }
+                }
+                anchors.push(s);
+            }
+        }
+        let want: Vec<u64> = (0..8).flat_map(|a| [a; 3]).collect();
+        assert_eq!(sorted(anchors), want, "every anchor's three patches once");
+        let s = pass.stats();
+        assert!(s.tiles_into_batches > 0, "decoded into rows: {s:?}");
+        let bad: Vec<&str> = s.bad_chunks.iter().map(|b| b.key.as_str()).collect();
+        assert_eq!(bad.len(), 1, "read once for its six rows: {bad:?}");
+        assert!(bad[0].ends_with("t/c/1/0/0"), "{bad:?}");
+    }
+    // Raised: the pass ends in an error naming the chunk, and nothing hangs.
+    let ds = build(OnBadChunk::Raise);
+    let err = ds
+        .train()
+        .unwrap()
+        .find_map(Result::err)
+        .expect("the bad chunk raises")
+        .to_string();
+    assert!(err.contains("t/c/1/0/0"), "{err}");
+}
+
+#[test]
 fn a_patch_is_cut_from_what_the_chunk_transforms_make() {
     let f = fixture("era5_v3", "t2m");
     let build = |patch: Option<[u64; 2]>| {
