@@ -14,7 +14,9 @@
 //! there ([`RowDest::write_sample`]; with several patches per sample, each of them, every one
 //! a row of its own); a one-sample chunk of a field stored as several chunks is
 //! read as the region its row's patch covers, each stored chunk under the window copying its
-//! box in; any other chunk goes through the pool.
+//! box in (with several patches per sample, the stored chunks under any of the windows, each
+//! read once and copied into every row whose window it is under); any other chunk goes
+//! through the pool.
 //!
 //! [`DirectRows::plan`] decides, when a pass starts, which of its slots go this way: a chunk
 //! (of one or several tiles, each a stored chunk copying its box of each sample in; a cropped
@@ -45,7 +47,7 @@ use insitubatch_pool::{BufferPool, ChunkPool, PooledBuf};
 use crate::error::EngineError;
 use crate::gather::stream::copy_to_batch;
 use crate::pass::{IntoRows, lock};
-use crate::patch::{Cut, PatchDraw, reads_patch_region};
+use crate::patch::{Cut, Origins, PatchDraw, reads_patch_region};
 use crate::planner::{EpochOrder, PathInfo, ReadPlan};
 use crate::tile::TileLayout;
 use crate::transform::Pipeline;
@@ -167,12 +169,19 @@ impl DirectRows {
         // samples byte for byte (one tile, no region, the sample axis first) goes to rows, each
         // of its samples' patches cut into its row; so does a one-sample chunk of an uncropped
         // field, read as the region its row's patch covers (`crate::planner`'s
-        // `patch_region`), when the sample is one row.
+        // `patch_region`). A sample of several rows (drawn patches) is read as the union of
+        // their regions, each stored chunk under any window once (`ChunkRows::with_regions`),
+        // when its stored chunks are whole files: a shard's part reads serve one region at a
+        // time. A grid covers the whole field, so its union would be every stored chunk: it
+        // goes through the pool, as a whole field would.
         let mut regions = vec![false; plan.paths.len()];
         if let Some(draw) = &plan.patch {
+            let drawn = matches!(draw.patch.origins, Origins::Random(_));
             for ((e, p), region) in eligible.iter_mut().zip(&plan.paths).zip(&mut regions) {
                 let whole = TileLayout::new(&p.geom).can_adopt() && !reads_parts(p);
-                *region = patches == 1 && reads_patch_region(p, inner_chunked(p), &draw.patch);
+                let inner = inner_chunked(p);
+                *region = (patches == 1 || (drawn && !inner))
+                    && reads_patch_region(p, inner, &draw.patch);
                 *e &= (whole && !pool_keeps) || *region;
             }
         }
@@ -501,18 +510,66 @@ pub(crate) struct ChunkRows {
     tiles_left: AtomicUsize,
     /// A tile's stand-in (a bad stored chunk under `on_bad_chunk = "nan"`) went in.
     stand_in: AtomicBool,
+    /// Per row, the region its patch covers, when a one-sample chunk's several patches are
+    /// each read as their own region (empty otherwise): every stored chunk under any of the
+    /// windows is read once, and copies its box into each row whose window it is under.
+    regions: Vec<Option<RowRegion>>,
+}
+
+/// The region a patched row covers, read as stored chunks of its field: the region's tile
+/// layout, and the array chunk index each of its tiles is.
+pub(crate) struct RowRegion {
+    pub layout: TileLayout,
+    pub tiles: Vec<Vec<u64>>,
 }
 
 impl ChunkRows {
     /// The rows of a chunk whose field is `tiles` stored chunks, `per_sample` for each of its
     /// samples.
     pub fn new(rows: Vec<Option<RowDest>>, per_sample: usize, tiles: u64) -> Arc<Self> {
+        Self::with_regions(rows, per_sample, tiles, Vec::new())
+    }
+
+    /// [`ChunkRows::new`] for rows each read as its own region (`regions`, one per row),
+    /// `tiles` being the stored chunks under any of them.
+    pub fn with_regions(
+        rows: Vec<Option<RowDest>>,
+        per_sample: usize,
+        tiles: u64,
+        regions: Vec<Option<RowRegion>>,
+    ) -> Arc<Self> {
+        debug_assert!(regions.is_empty() || regions.len() == rows.len());
         Arc::new(Self {
             rows: Mutex::new(rows),
             per_sample: per_sample.max(1),
             tiles_left: AtomicUsize::new(tiles.max(1) as usize),
             stand_in: AtomicBool::new(false),
+            regions,
         })
+    }
+
+    /// True when the rows are read as regions of their own ([`ChunkRows::with_regions`]).
+    pub fn has_regions(&self) -> bool {
+        !self.regions.is_empty()
+    }
+
+    /// Copies stored chunk `index` (decoded, or a bad one's stand-in) into every row whose
+    /// region it is under: its box of that region, at each tile of the region it is (a
+    /// window across a periodic axis may meet one stored chunk twice).
+    pub fn copy_into_regions(&self, index: &[u64], chunk: &[u8]) {
+        self.write(|rows| {
+            for (row, region) in rows.iter_mut().zip(&self.regions) {
+                let (Some(row), Some(region)) = (row, region) else {
+                    continue;
+                };
+                for (t, at) in region.tiles.iter().enumerate() {
+                    if at.as_slice() == index {
+                        let mut dst = [Some(row.bytes_mut())];
+                        region.layout.copy_into_rows(t as u64, chunk, &mut dst);
+                    }
+                }
+            }
+        });
     }
 
     /// Runs `write` on the rows; tiles write one at a time (a tile decodes before it calls this).

@@ -138,7 +138,7 @@ async fn decode_into_rows<S: Store>(
         Some(parts) => {
             let (decoded, buffer) = decode_parts(array, index, bytes, parts, locate);
             let copied = decoded.map(|chunk| {
-                rows.write(|r| copy_rows(layout, tile, &chunk.bytes, r, rows.per_sample()));
+                copy_tile(rows, (layout, index, tile), &chunk.bytes);
                 chunk.bytes.len() as u64
             });
             (copied, buffer)
@@ -193,8 +193,19 @@ fn decode_whole_into_rows(
         // executors; only their copies take turns.
         array
             .decode_chunk_into(index, bytes, chunk, &locate)
-            .map(|()| rows.write(|r| copy_rows(layout, tile, chunk, r, rows.per_sample())))
+            .map(|()| copy_tile(rows, (layout, index, tile), chunk))
     })
+}
+
+/// Copies decoded stored chunk `index` (tile `tile` of `layout`), or a bad one's stand-in,
+/// into `rows`: each sample's box (`copy_rows`), or for rows read as regions of their own,
+/// its box of each region it is under.
+fn copy_tile(rows: &ChunkRows, (layout, index, tile): (&TileLayout, &[u64], u64), chunk: &[u8]) {
+    if rows.has_regions() {
+        rows.copy_into_regions(index, chunk);
+    } else {
+        rows.write(|r| copy_rows(layout, tile, chunk, r, rows.per_sample()));
+    }
 }
 
 /// Copies each sample of a decoded stored chunk (tile `tile` of `layout`) into its batch row
@@ -292,7 +303,7 @@ pub(crate) async fn deliver<S: Store>(
                 .layout
                 .as_deref()
                 .unwrap_or(&job.shared.layouts[job.path]);
-            rows.write(|r| copy_rows(layout, job.tile, &bytes, r, rows.per_sample()));
+            copy_tile(rows, (layout, &job.index, job.tile), &bytes);
             return rows_filled(job, false);
         }
         Dest::Filled => unreachable!("a filled row's job is complete"),

@@ -72,7 +72,7 @@ pub use split::{
     MANIFEST_FORMAT, SPLIT_NAMES, Snap, SplitManifest, split_by_chunk, split_by_ranges,
 };
 
-use crate::assembly::{ChunkRows, RowDest};
+use crate::assembly::{ChunkRows, RowDest, RowRegion};
 use crate::error::EngineError;
 use crate::fetcher::{Dest, TileJob};
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, decodes_in_parts, lock};
@@ -124,17 +124,29 @@ impl Drop for Announcer<'_> {
     }
 }
 
-/// The batch rows a chunk's samples go to, label `label`'s rows `rows` of the order (`None`
-/// for a sample no row reads): each row's batch is opened (its buffers taken) if it is not yet.
-/// With the tiles the chunk is read as when they are not its path's: a one-sample chunk whose
-/// row is a patch of a field of several stored chunks (or of a shard's inner chunks) is read as
-/// the region the patch covers, so only the stored (inner) chunks under the window are read.
+/// What a chunk decoded into rows is read as.
+enum Reads {
+    /// Its path's tiles.
+    Path,
+    /// The tiles of the region its one row's patch covers.
+    Region(Arc<TileLayout>),
+    /// The stored chunks (array chunk indices) under any of its rows' patches, each row read
+    /// as its own region ([`ChunkRows::with_regions`]).
+    Regions(Vec<Vec<u64>>),
+}
+
+/// The batch rows chunk `chunk`'s samples go to, label `label`'s rows `rows` of the order
+/// (`None` for a sample no row reads): each row's batch is opened (its buffers taken) if it is
+/// not yet. With the tiles the chunk is read as when they are not its path's: a one-sample
+/// chunk whose row is a patch of a field of several stored chunks (or of a shard's inner
+/// chunks) is read as the region the patch covers, so only the stored (inner) chunks under the
+/// window are read; with several patches of the sample, the stored chunks under any of them.
 fn row_dests<S: Store>(
     ctx: &EngineContext<S>,
     shared: &PassShared,
-    label: usize,
+    (label, chunk): (usize, u64),
     rows: impl Iterator<Item = Option<usize>>,
-) -> Result<(Dest, Option<Arc<TileLayout>>), EngineError> {
+) -> Result<(Dest, Reads), EngineError> {
     let plan = &shared.plan;
     let (bs, n_rows) = (plan.batch_size, shared.order.rows.len());
     let info = &plan.labels[label];
@@ -157,15 +169,40 @@ fn row_dests<S: Store>(
         });
     }
     let path = &plan.paths[info.path];
-    let mut own = None;
+    let per_sample = shared.direct.per_sample();
     if let [Some(row)] = &mut dests[..]
         && let Some(layout) = patch_region(shared, info.path, row)?
     {
-        own = Some(Arc::new(layout));
+        let rows = ChunkRows::new(dests, per_sample, layout.tiles());
+        return Ok((Dest::Rows(rows), Reads::Region(Arc::new(layout))));
     }
-    let tiles = own.as_ref().map_or(path.tiles, |l| l.tiles());
-    let per_sample = shared.direct.per_sample();
-    Ok((Dest::Rows(ChunkRows::new(dests, per_sample, tiles)), own))
+    if dests.len() > 1 && shared.direct.reads_region(info.path) {
+        let mut regions = Vec::with_capacity(dests.len());
+        let mut union: Vec<Vec<u64>> = Vec::new();
+        for row in &mut dests {
+            let region = match row {
+                Some(row) => patch_region(shared, info.path, row)?.map(|layout| {
+                    let geom = layout.geom();
+                    let tiles: Vec<Vec<u64>> = (0..layout.tiles())
+                        .map(|t| geom.array_index(layout.chunk_index(chunk, t)))
+                        .collect();
+                    for t in &tiles {
+                        if !union.contains(t) {
+                            union.push(t.clone());
+                        }
+                    }
+                    RowRegion { layout, tiles }
+                }),
+                None => None,
+            };
+            regions.push(region);
+        }
+        let tiles = union.len() as u64;
+        let rows = ChunkRows::with_regions(dests, per_sample, tiles, regions);
+        return Ok((Dest::Rows(rows), Reads::Regions(union)));
+    }
+    let rows = ChunkRows::new(dests, per_sample, path.tiles);
+    Ok((Dest::Rows(rows), Reads::Path))
 }
 
 /// The tiles of the region a one-sample chunk's patched `row` covers, when reading that region
@@ -255,9 +292,9 @@ async fn drive<S: Store>(
                     None
                 }
                 None => {
-                    let (dest, layout) = row_dests(ctx, shared, label, rows)?;
+                    let (dest, reads) = row_dests(ctx, shared, (label, ps.chunk), rows)?;
                     lock(&shared.slots)[i] = SlotEntry::Direct(permit);
-                    Some((dest, layout))
+                    Some((dest, reads))
                 }
             },
             None => {
@@ -306,7 +343,7 @@ async fn drive<S: Store>(
                     // `fail` may have swept the table before this entry was in it.
                     slot.fail(shared.cancel_failure());
                 }
-                miss.then_some((Dest::Slot(slot), None))
+                miss.then_some((Dest::Slot(slot), Reads::Path))
             }
         };
         announce.pending = true;
@@ -317,13 +354,21 @@ async fn drive<S: Store>(
         {
             announce.flush();
         }
-        let Some((dest, own_layout)) = dest else {
+        let Some((dest, reads)) = dest else {
             continue;
+        };
+        let own_layout = match &reads {
+            Reads::Region(layout) => Some(Arc::clone(layout)),
+            Reads::Path | Reads::Regions(_) => None,
         };
         let layout = own_layout.as_deref().unwrap_or(&shared.layouts[ps.path]);
         let geom = layout.geom();
         let array = &shared.arrays[ps.path];
-        for t in 0..layout.tiles() {
+        let n_tiles = match &reads {
+            Reads::Regions(union) => union.len() as u64,
+            Reads::Path | Reads::Region(_) => layout.tiles(),
+        };
+        for t in 0..n_tiles {
             let inflight = match ctx.inflight.try_acquire(1) {
                 Some(p) => p,
                 None => {
@@ -339,13 +384,19 @@ async fn drive<S: Store>(
                 }
                 return Ok(());
             }
-            let index = geom.array_index(layout.chunk_index(ps.chunk, t));
             // A cropped view of a sharded array reads and decodes only the inner chunks its
-            // region touches in this tile; anything else is a whole stored chunk.
-            let part = decodes_in_parts(array, geom)
-                .then(|| layout.tile_parts(t))
-                .flatten()
-                .map(|boxes| boxes.into_iter().map(|b| geom.array_index(b)).collect());
+            // region touches in this tile; anything else is a whole stored chunk (the stored
+            // chunks under several rows' regions are whole files).
+            let (index, part) = match &reads {
+                Reads::Regions(union) => (union[t as usize].clone(), None),
+                Reads::Path | Reads::Region(_) => (
+                    geom.array_index(layout.chunk_index(ps.chunk, t)),
+                    decodes_in_parts(array, geom)
+                        .then(|| layout.tile_parts(t))
+                        .flatten()
+                        .map(|boxes| boxes.into_iter().map(|b| geom.array_index(b)).collect()),
+                ),
+            };
             // Each tile delivers into the slot, or copies its box of each sample into the rows.
             let dest = match &dest {
                 Dest::Slot(slot) => Dest::Slot(Arc::clone(slot)),

@@ -1051,8 +1051,9 @@ impl DatasetBuilder {
     /// anchor) for the train split (so they move every epoch) and from (seed, anchor) for the
     /// others (a validation patch is the same every epoch). With one sample per chunk and a
     /// field stored as several chunks (or a shard of inner chunks), a row reads only the
-    /// stored chunks under its window; otherwise whole samples are read and cached, and the
-    /// patch is cut when a row is copied into its batch. One patch per sample by default:
+    /// stored chunks under its window (several patches of a sample, the chunks under any of
+    /// them, each once); otherwise whole samples are read and cached, and the patch is cut
+    /// when a row is copied into its batch. One patch per sample by default:
     /// [`patches_per_sample`](Self::patches_per_sample) draws several, and
     /// [`patch_grid`](Self::patch_grid) tiles the field. Checked when the dataset is built:
     /// every label's last `shape.len()` axes (after their chunk transforms) must have one
@@ -1116,8 +1117,11 @@ impl DatasetBuilder {
     /// the rows. Each (sample, patch) is drawn once per epoch and an epoch has `n` times the
     /// rows; an anchor's patches are shuffled within its block like any rows. Needs a
     /// [`patch`](Self::patch); `n` is at least 1 (the default). A chunk decoded into rows is
-    /// cut into all of its samples' patches from one decoded copy; a field stored as several
-    /// chunks is read whole for them (one patch per sample reads only the chunks under it).
+    /// cut into all of its samples' patches from one decoded copy. With one sample per chunk
+    /// and a field stored as several chunks, a sample reads the stored chunks under any of its
+    /// `n` windows, each once, and copies each into every patch it is under (a shard of inner
+    /// chunks is read whole for them; one patch per sample reads only the inner chunks under
+    /// it).
     pub fn patches_per_sample(mut self, n: u64) -> Self {
         self.patch_origins = Some(Origins::Random(n));
         self

@@ -765,6 +765,95 @@ fn a_bad_stored_chunk_under_a_patch_read_as_a_region_is_nan_where_the_window_mee
 }
 
 #[test]
+fn several_patches_of_a_sample_stored_in_many_chunks_read_the_chunks_under_their_windows_once() {
+    use insitubatch::synth::{SynthSpec, field_value};
+    // 8 x 8 stored chunks of 9 x 18 per sample, one sample per chunk; 32 samples, more than
+    // the automatic budget holds, so that `auto` reads regions into rows too.
+    let grid = (72u64, 144u64);
+    let (tile_rows, tile_cols) = (9u64, 18u64);
+    let (_dir, store) = common::synth_store(&SynthSpec {
+        samples: 32,
+        grid,
+        sample_chunk: 1,
+        inner_chunks: Some((tile_rows, tile_cols)),
+        variables: vec!["t".into()],
+        ..Default::default()
+    });
+    let (ph, pw) = (8u64, 16u64);
+    // Three drawn patches per sample (longitude periodic or not), one, and a grid of 8 x 16
+    // tiles (which reads every stored chunk, so whole fields, through the pool).
+    let build = |what: &str| {
+        let b = InSituDataset::builder(&store).variable("t", "t");
+        match what {
+            "three" => b.patch([ph, pw]).patches_per_sample(3),
+            "three, periodic" => b
+                .patch_wrapping([ph, pw], [false, true])
+                .patches_per_sample(3),
+            "grid" => b.patch([ph, pw]).patch_grid([ph, pw]),
+            _ => b.patch([ph, pw]),
+        }
+    };
+    for what in ["three", "three, periodic", "grid", "one"] {
+        for mode in [IntoRows::Always, IntoRows::Auto] {
+            let ds = build(what)
+                .batch_size(5)
+                .block_chunks(3)
+                .decode_into_batches(mode)
+                .build()
+                .unwrap();
+            let per_sample = ds.patches_per_sample();
+            for epoch in 0..2 {
+                ds.set_epoch(epoch);
+                let mut pass = ds.train().unwrap();
+                // Each sample's stored chunks (tile row, tile column) under any of its windows.
+                let mut under: HashMap<u64, std::collections::BTreeSet<(u64, u64)>> =
+                    HashMap::new();
+                let mut anchors = Vec::new();
+                for b in pass.by_ref() {
+                    let b = b.unwrap();
+                    let origins = b.patch_origins().unwrap();
+                    let v: &[f32] = b.array("t").unwrap().values().unwrap();
+                    let n = (ph * pw) as usize;
+                    for (r, &sample) in b.sample_indices().iter().enumerate() {
+                        let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
+                        for (k, got) in v[r * n..(r + 1) * n].iter().enumerate() {
+                            let (i, j) = (i0 + k as u64 / pw, (j0 + k as u64 % pw) % grid.1);
+                            let want = field_value(0, sample, i, j, grid);
+                            assert_eq!(*got, want, "{what}: sample {sample} at ({i}, {j})");
+                            under
+                                .entry(sample)
+                                .or_default()
+                                .insert((i / tile_rows, j / tile_cols));
+                        }
+                        anchors.push(sample);
+                    }
+                }
+                let want: Vec<u64> = (0..32)
+                    .flat_map(|a| std::iter::repeat_n(a, per_sample as usize))
+                    .collect();
+                assert_eq!(sorted(anchors), want, "{what}: every (anchor, patch) once");
+                let s = pass.stats();
+                let under_any: u64 = under.values().map(|t| t.len() as u64).sum();
+                if what == "grid" {
+                    // It covers every stored chunk: whole fields through the pool, whose
+                    // later epochs hit what it kept.
+                    assert_eq!(under_any, 32 * 64, "a grid covers every stored chunk");
+                    assert_eq!(s.tiles_read, s.cache_misses * 64, "{what} {mode:?}: {s:?}");
+                    assert_eq!(s.tiles_into_batches, 0, "{what} {mode:?}: {s:?}");
+                } else {
+                    assert_eq!(
+                        s.tiles_read, under_any,
+                        "{what} {mode:?}: each stored chunk under a window read once: {s:?}"
+                    );
+                    assert!(under_any < 32 * 64 / 2, "{what}: {under_any} of 2048");
+                    assert_eq!(s.tiles_into_batches, 32, "{what} {mode:?}: {s:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn a_bad_chunk_of_several_samples_cut_into_several_patches_each_is_nan_in_all_of_their_rows() {
     use insitubatch::OnBadChunk;
     use insitubatch::synth::{SynthSpec, field_value};

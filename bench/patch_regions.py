@@ -1,0 +1,86 @@
+"""Several patches per sample of a field stored in many chunks: the stored chunks under any of
+a sample's windows read once (since the thirty-ninth session) against the whole field read for
+them (the binary before), in the same run (docs/benchmarks.md, "Several patches of a field
+stored in many chunks").
+
+    cargo build --release
+    git worktree add /tmp/isb-before 679598a && (cd /tmp/isb-before && cargo build --release) \
+        && cp /tmp/isb-before/target/release/insitubatch /tmp/insitubatch-before
+    python3 bench/patch_regions.py /tmp/insitubatch-before target/release/insitubatch \\
+        --store /tmp/fat/tiles.zarr --rounds 3
+
+The store (made once, with `make-dataset` of the second binary when missing): 128 samples of
+720 x 1440 float32, one sample per chunk, stored as 8 x 8 chunks of 90 x 180, zstd-3, one
+variable. Each round runs `insitubatch bench STORE --epochs 3 --patch 64x64
+--patches-per-sample N --json` in a fresh process for N in 1, 4 and 16 and for the 64 x 64
+grid (`--patch-grid 64x64`), the two binaries alternated, page cache warm. Reported per
+setting and binary: epoch 0 and the best later epoch in rows/s (medians over the rounds),
+stored chunks read and MiB read per epoch, peak RSS.
+"""
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+SETTINGS = [
+    ("1 per sample", ["--patches-per-sample", "1"]),
+    ("4 per sample", ["--patches-per-sample", "4"]),
+    ("16 per sample", ["--patches-per-sample", "16"]),
+    ("grid 64x64", ["--patch-grid", "64x64"]),
+]
+
+
+def median(xs) -> float:
+    # Not `statistics.median`: bench/statistics.py shadows the standard module here.
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def run(binary: str, store: Path, flags: list[str]) -> dict:
+    cmd = [binary, "bench", str(store), "--epochs", "3", "--patch", "64x64", *flags, "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    d = json.loads(out)
+    epochs = d["epochs"]
+    return {
+        "first": epochs[0]["samples_per_s"],
+        "later": max(e["samples_per_s"] for e in epochs[1:]),
+        "tiles": epochs[0]["stats"]["tiles_read"],
+        "mib": epochs[0]["stats"]["bytes_read"] / 2**20,
+        "rss": d["peak_rss_bytes"] / 2**20,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before")
+    ap.add_argument("after")
+    ap.add_argument("--store", type=Path, default=Path("/tmp/fat/tiles.zarr"))
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    if not (a.store / "zarr.json").exists():
+        subprocess.run([a.after, "make-dataset", str(a.store), "--samples", "128", "--grid",
+                        "720x1440", "--sample-chunk", "1", "--inner-chunks", "90x180",
+                        "--variables", "t2m"], check=True)
+    for f in a.store.rglob("*"):
+        if f.is_file():
+            f.read_bytes()
+    runs = {(name, which): [] for name, _ in SETTINGS for which in ("before", "after")}
+    for _ in range(a.rounds):
+        for name, flags in SETTINGS:
+            for which, binary in (("before", a.before), ("after", a.after)):
+                runs[(name, which)].append(run(binary, a.store, flags))
+    print("| setting | binary | epoch 0 rows/s | best later rows/s | stored chunks read | MiB read "
+          "| peak RSS MiB |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name, _ in SETTINGS:
+        for which in ("before", "after"):
+            r = runs[(name, which)]
+            med = {k: median(x[k] for x in r) for k in r[0]}
+            print(f"| {name} | {which} | {med['first']:,.0f} | {med['later']:,.0f} "
+                  f"| {med['tiles']:,.0f} | {med['mib']:.1f} | {med['rss']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
