@@ -724,44 +724,57 @@ fn a_bad_stored_chunk_under_a_patch_read_as_a_region_is_nan_where_the_window_mee
     });
     // Sample 3's stored chunk of rows 0..9 and columns 0..18 decodes to nothing.
     std::fs::write(store.join("t/c/3/0/0"), b"this is not zstd").unwrap();
-    let ds = InSituDataset::builder(&store)
-        .variable("t", "t")
-        .patch_wrapping([12, 24], [false, true])
-        .decode_into_batches(IntoRows::Always)
-        .on_bad_chunk(OnBadChunk::Nan)
-        .batch_size(3)
-        .build()
-        .unwrap();
-    let (mut bad_rows, mut good) = (0, 0);
-    for epoch in 0..6 {
-        ds.set_epoch(epoch);
-        let mut pass = ds.train().unwrap();
-        for b in pass.by_ref() {
-            let b = b.unwrap();
-            let origins = b.patch_origins().unwrap();
-            let v: &[f32] = b.array("t").unwrap().values().unwrap();
-            for (r, &s) in b.sample_indices().iter().enumerate() {
-                let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
-                for (k, got) in v[r * 288..(r + 1) * 288].iter().enumerate() {
-                    let (i, j) = (i0 + k as u64 / 24, (j0 + k as u64 % 24) % grid.1);
-                    if s == 3 && i < 9 && j < 18 {
-                        assert!(got.is_nan(), "sample 3 at ({i}, {j}) is the bad chunk's");
-                        bad_rows += 1;
-                    } else {
-                        assert_eq!(*got, field_value(0, s, i, j, grid), "sample {s} ({i}, {j})");
-                        good += 1;
+    // One patch per sample, and three (the stored chunks under any of them read once).
+    for per_sample in [1, 3] {
+        let ds = InSituDataset::builder(&store)
+            .variable("t", "t")
+            .patch_wrapping([12, 24], [false, true])
+            .patches_per_sample(per_sample)
+            .decode_into_batches(IntoRows::Always)
+            .on_bad_chunk(OnBadChunk::Nan)
+            .batch_size(3)
+            .build()
+            .unwrap();
+        let (mut bad_rows, mut good) = (0, 0);
+        for epoch in 0..6 {
+            ds.set_epoch(epoch);
+            let mut pass = ds.train().unwrap();
+            for b in pass.by_ref() {
+                let b = b.unwrap();
+                let origins = b.patch_origins().unwrap();
+                let v: &[f32] = b.array("t").unwrap().values().unwrap();
+                for (r, &s) in b.sample_indices().iter().enumerate() {
+                    let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
+                    for (k, got) in v[r * 288..(r + 1) * 288].iter().enumerate() {
+                        let (i, j) = (i0 + k as u64 / 24, (j0 + k as u64 % 24) % grid.1);
+                        if s == 3 && i < 9 && j < 18 {
+                            assert!(got.is_nan(), "sample 3 at ({i}, {j}) is the bad chunk's");
+                            bad_rows += 1;
+                        } else {
+                            assert_eq!(
+                                *got,
+                                field_value(0, s, i, j, grid),
+                                "sample {s} ({i}, {j})"
+                            );
+                            good += 1;
+                        }
                     }
                 }
             }
+            let s = pass.stats();
+            assert_eq!(s.tiles_into_batches, 8 - s.bad_chunks.len() as u64, "{s:?}");
+            let bad: Vec<&str> = s.bad_chunks.iter().map(|b| b.key.as_str()).collect();
+            assert!(bad.iter().all(|k| k.ends_with("c/3/0/0")), "{bad:?}");
+            assert!(
+                bad.len() <= 1,
+                "read once for all of sample 3's patches: {bad:?}"
+            );
         }
-        let s = pass.stats();
-        let bad: Vec<&str> = s.bad_chunks.iter().map(|b| b.key.as_str()).collect();
-        assert!(bad.iter().all(|k| k.ends_with("c/3/0/0")), "{bad:?}");
+        assert!(
+            bad_rows > 0 && good > 0,
+            "the window met the bad chunk in some epoch ({per_sample} per sample)"
+        );
     }
-    assert!(
-        bad_rows > 0 && good > 0,
-        "the window met the bad chunk in some epoch"
-    );
 }
 
 #[test]
