@@ -180,22 +180,28 @@ fn row_dests<S: Store>(
         let mut regions = Vec::with_capacity(dests.len());
         let mut union: Vec<Vec<u64>> = Vec::new();
         for row in &mut dests {
-            let region = match row {
-                Some(row) => patch_region(shared, info.path, row)?.map(|layout| {
-                    let geom = layout.geom();
-                    let tiles: Vec<Vec<u64>> = (0..layout.tiles())
-                        .map(|t| geom.array_index(layout.chunk_index(chunk, t)))
-                        .collect();
-                    for t in &tiles {
-                        if !union.contains(t) {
-                            union.push(t.clone());
-                        }
-                    }
-                    RowRegion { layout, tiles }
-                }),
-                None => None,
+            let Some(row) = row else {
+                regions.push(None);
+                continue;
             };
-            regions.push(region);
+            // Every row of a patched label has its cut, so its region; a row left without one
+            // would be handed over unwritten.
+            let layout = patch_region(shared, info.path, row)?.ok_or_else(|| {
+                EngineError::Runtime(format!(
+                    "a patched row of `{}` has no region to read (a bug: please report it)",
+                    path.path
+                ))
+            })?;
+            let geom = layout.geom();
+            let tiles: Vec<Vec<u64>> = (0..layout.tiles())
+                .map(|t| geom.array_index(layout.chunk_index(chunk, t)))
+                .collect();
+            for t in &tiles {
+                if !union.contains(t) {
+                    union.push(t.clone());
+                }
+            }
+            regions.push(Some(RowRegion { layout, tiles }));
         }
         let tiles = union.len() as u64;
         let rows = ChunkRows::with_regions(dests, per_sample, tiles, regions);
