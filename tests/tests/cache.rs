@@ -622,6 +622,59 @@ fn windowed_shuffled_persisted_passes_release_each_block_and_revive_from_disk() 
     assert!(s.cache_revived > 0, "{s:?}");
 }
 
+#[test]
+fn a_bad_chunk_read_again_for_a_later_block_is_listed_once_and_nan_in_every_row() {
+    // Chunk 30 is x's sample at anchor 30 and y's (24 ahead) at anchor 6: two blocks apart,
+    // each block's chunks released as it drains and revived from the cache for the next. A
+    // stand-in is never written to the cache, so the later block reads the bad chunk again.
+    let f = fixture("paired", "raw");
+    let dir = common::corrupt_copy(&f, "raw/c/30/0/0");
+    let cache = tempfile::tempdir().unwrap();
+    let ds = InSituDataset::builder(dir.path())
+        .variable("x", "raw")
+        .window("y", "raw", 24)
+        .batch_size(3)
+        .block_chunks(3)
+        .seed(7)
+        .on_bad_chunk(insitubatch::OnBadChunk::Nan)
+        .cache_dir(cache.path())
+        .persist(true)
+        .build()
+        .unwrap();
+    let item = 4;
+    let sample = |index: u64| {
+        let bytes = sample_of(&f.reference, &f.shape, 0, index, item);
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+            .collect::<Vec<f32>>()
+    };
+    for epoch in 0..2 {
+        ds.set_epoch(epoch);
+        let mut pass = ds.train().unwrap();
+        let mut nan_rows = 0;
+        for b in pass.by_ref() {
+            let b = b.unwrap();
+            for (label, shift) in [("x", 0), ("y", 24)] {
+                let v: &[f32] = b.array(label).unwrap().values().unwrap();
+                for (r, &a) in b.sample_indices().iter().enumerate() {
+                    let row = &v[r * 30..(r + 1) * 30];
+                    if a + shift == 30 {
+                        assert!(row.iter().all(|x| x.is_nan()), "{label} at anchor {a}");
+                        nan_rows += 1;
+                    } else {
+                        assert_eq!(row, sample(a + shift), "{label} at anchor {a}");
+                    }
+                }
+            }
+        }
+        assert_eq!(nan_rows, 2, "x at anchor 30 and y at anchor 6");
+        let s = pass.stats();
+        let keys: Vec<&str> = s.bad_chunks.iter().map(|b| b.key.as_str()).collect();
+        assert_eq!(keys, ["raw/c/30/0/0"], "listed once: {s:?}");
+    }
+}
+
 /// Runs in a child process (see the next test): a slow persisting epoch, to be killed.
 #[test]
 fn child_slow_persisting_writer() {
