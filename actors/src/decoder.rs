@@ -423,16 +423,17 @@ pub(crate) async fn bad_chunk<S: Store>(ctx: &EngineContext<S>, job: TileJob, er
             // Listed once: a stand-in is never written to a cache file, so a pass that
             // releases each block's chunks and revives them from the cache directory (windows,
             // shuffle and `persist`) reads a bad chunk again for a later block.
-            let mut listed = lock(&shared.bad_chunks);
-            if !listed.iter().any(|b| b.key == job.key) {
-                listed.push(BadChunk {
-                    array: array.path().to_string(),
-                    chunk_index: job.index.clone(),
-                    key: job.key.clone(),
-                    message: err.to_string(),
-                });
+            {
+                let mut listed = lock(&shared.bad_chunks);
+                if !listed.iter().any(|b| b.key == job.key) {
+                    listed.push(BadChunk {
+                        array: array.path().to_string(),
+                        chunk_index: job.index.clone(),
+                        key: job.key.clone(),
+                        message: err.to_string(),
+                    });
+                }
             }
-            drop(listed);
             deliver(ctx, job, nan_chunk(array), false).await;
         }
     }
