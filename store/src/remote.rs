@@ -48,8 +48,9 @@ fn ranges_refused(e: StoreError) -> StoreError {
 }
 
 /// The storage option, insitubatch's own, that sets the threads of a remote store's client
-/// runtime. They only drive sockets and TLS (decoding stays on the executor threads): about
-/// 2 GB/s of HTTPS each, so the default grows with the machine, one per 8 cores from 2 to 8.
+/// runtime. They only drive sockets and TLS (decoding stays on the executor threads), roughly
+/// 2 GB/s of HTTPS bodies each (an estimate from AES-GCM and framing costs, not measured on
+/// the 2-core machines here), so the default grows with the machine: one per 8 cores, 2 to 8.
 pub const CLIENT_THREADS_OPTION: &str = "client_threads";
 
 /// The most client threads `client_threads` may ask for.
