@@ -867,6 +867,92 @@ fn several_patches_of_a_sample_stored_in_many_chunks_read_the_chunks_under_their
 }
 
 #[test]
+fn several_patches_read_as_regions_survive_an_abandoned_pass_and_run_zipped_with_val() {
+    use insitubatch::split_by_chunk;
+    use insitubatch::synth::{SynthSpec, field_value};
+    let grid = (36u64, 72u64);
+    let (_dir, store) = common::synth_store(&SynthSpec {
+        samples: 24,
+        grid,
+        sample_chunk: 1,
+        inner_chunks: Some((9, 18)),
+        variables: vec!["t".into()],
+        ..Default::default()
+    });
+    let build = |manifest: Option<insitubatch::SplitManifest>| {
+        let b = InSituDataset::builder(&store)
+            .variable("t", "t")
+            .patch_wrapping([6, 12], [false, true])
+            .patches_per_sample(4)
+            .decode_into_batches(IntoRows::Always)
+            .batch_size(5)
+            .block_chunks(2)
+            .prefetch_depth(1);
+        match manifest {
+            Some(m) => b.manifest(m),
+            None => b,
+        }
+        .build()
+        .unwrap()
+    };
+    // Every row of a batch is its sample's values at its window; returns its anchors.
+    let check = |b: &insitubatch::Batch| -> Vec<u64> {
+        let origins = b.patch_origins().unwrap();
+        let v: &[f32] = b.array("t").unwrap().values().unwrap();
+        for (r, &s) in b.sample_indices().iter().enumerate() {
+            let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
+            for (k, got) in v[r * 72..(r + 1) * 72].iter().enumerate() {
+                let (i, j) = (i0 + k as u64 / 12, (j0 + k as u64 % 12) % grid.1);
+                assert_eq!(
+                    *got,
+                    field_value(0, s, i, j, grid),
+                    "sample {s} at ({i}, {j})"
+                );
+            }
+        }
+        b.sample_indices().to_vec()
+    };
+    // Abandoned after its first batch, with chunks of later rows being read: nothing stays
+    // pinned or reserved, and the next pass delivers every (anchor, patch) once.
+    let ds = build(None);
+    let mut pass = ds.train().unwrap();
+    check(&pass.next().unwrap().unwrap());
+    assert!(pass.stats().tiles_into_batches > 0);
+    drop(pass);
+    let st = ds.pool_stats();
+    assert_eq!((st.pinned_slots, st.reserved_bytes), (0, 0), "{st:?}");
+    let mut anchors: Vec<u64> = ds
+        .train()
+        .unwrap()
+        .flat_map(|b| check(&b.unwrap()))
+        .collect();
+    anchors.sort_unstable();
+    let want: Vec<u64> = (0..24).flat_map(|a| [a; 4]).collect();
+    assert_eq!(anchors, want);
+    // Train and val zipped, one batch of each in turn: both whole and right.
+    let geom = ds.variables()[0].geom.clone();
+    let ds = build(Some(
+        split_by_chunk(&geom, &[0.75, 0.25], 3, true, None).unwrap(),
+    ));
+    let (mut train, mut val) = (ds.train().unwrap(), ds.val().unwrap());
+    let (mut seen_train, mut seen_val) = (Vec::new(), Vec::new());
+    loop {
+        let t = train.next().map(|b| check(&b.unwrap()));
+        let v = val.next().map(|b| check(&b.unwrap()));
+        if t.is_none() && v.is_none() {
+            break;
+        }
+        seen_train.extend(t.unwrap_or_default());
+        seen_val.extend(v.unwrap_or_default());
+    }
+    let mut all = [seen_train.clone(), seen_val.clone()].concat();
+    all.sort_unstable();
+    assert_eq!(all, want, "the two splits' patches together, each once");
+    assert_eq!(seen_train.len(), 18 * 4);
+    assert!(train.stats().tiles_into_batches > 0 && val.stats().tiles_into_batches > 0);
+}
+
+#[test]
 fn a_bad_chunk_of_several_samples_cut_into_several_patches_each_is_nan_in_all_of_their_rows() {
     use insitubatch::OnBadChunk;
     use insitubatch::synth::{SynthSpec, field_value};
