@@ -48,7 +48,9 @@ struct FieldArgs {
     /// A variable read at each sample's place in a calendar cycle, `LABEL=ARRAY:CYCLE`
     /// (`clim=t2m_clim:dayofyear`; cycles `dayofyear`, `month`, `hour`): a climatology beside
     /// the sampled variables, indexed by the time coordinate of the first of --variables (or of
-    /// the manifest's array); it may be a label of a --stack. Repeat it for several.
+    /// the manifest's array), read from the store it lives in (a --mount's for `NAME/...`, unless
+    /// --align-mount places that store at other times); it may be a label of a --stack. Repeat
+    /// it for several.
     #[arg(long = "cycle", value_name = "LABEL=ARRAY:CYCLE", value_parser = parse_cycle)]
     cycles: Vec<(String, String, insitubatch::Cycle)>,
 }
@@ -59,7 +61,7 @@ impl FieldArgs {
     fn apply(
         &self,
         mut b: DatasetBuilder,
-        at: &StoreAt,
+        (at, mounts): (&StoreAt, &MountArgs),
         variables: Option<&[String]>,
         region: &RegionArgs,
         manifest: Option<&SplitManifest>,
@@ -93,15 +95,29 @@ impl FieldArgs {
             );
         };
         // Each cycle of the time coordinate of the anchors' array: the manifest's, else the
-        // first of `variables`.
+        // first of `variables`, from the store it lives in.
         let reference = manifest.map_or_else(|| first.clone(), |m| m.array.clone());
-        let times = insitubatch::coordinate_values(
-            at.path,
-            &reference,
-            None,
-            at.sample_axis,
-            at.storage_options,
-        )?;
+        let times = match mounts.locate(&reference) {
+            Some((name, ..)) if mounts.aligned(name) => {
+                return Err(format!(
+                    "--cycle indexes each sample by the time of `{reference}`, the first of \
+                     --variables, but --align-mount places store `{name}` on this store's \
+                     samples at other times; put a variable of this store first in --variables"
+                )
+                .into());
+            }
+            // A mount's own options are none (`MountArgs::apply`).
+            Some((_, store, path)) => {
+                insitubatch::coordinate_values(Path::new(store), path, None, at.sample_axis, &[])?
+            }
+            None => insitubatch::coordinate_values(
+                at.path,
+                &reference,
+                None,
+                at.sample_axis,
+                at.storage_options,
+            )?,
+        };
         for (label, array, cycle) in &self.cycles {
             let index = insitubatch::cycle_index(&times, *cycle)?;
             b = b.variable(label, array).index(label, index);
@@ -368,6 +384,19 @@ struct MountArgs {
 }
 
 impl MountArgs {
+    /// The mount a dataset path `NAME/...` lives in: its name, its store and the path there;
+    /// `None` for a path of the root store.
+    fn locate<'a>(&'a self, path: &'a str) -> Option<(&'a str, &'a str, &'a str)> {
+        let (name, rest) = path.split_once('/')?;
+        let (name, store) = self.mounts.iter().find(|(n, _)| n == name)?;
+        Some((name, store, rest))
+    }
+
+    /// Whether --align-mount places mount `name` at other times.
+    fn aligned(&self, name: &str) -> bool {
+        self.aligns.iter().any(|(n, _)| n == name)
+    }
+
     fn apply(&self, mut b: DatasetBuilder) -> DatasetBuilder {
         for (name, store) in &self.mounts {
             b = b.mount(name, store);
@@ -445,7 +474,7 @@ impl PassArgs {
             .transpose()?;
         b = self.fields.apply(
             b,
-            &at,
+            (&at, &self.mounts),
             self.variables.as_deref(),
             &self.region,
             manifest.as_ref(),
@@ -1020,7 +1049,13 @@ fn warm(args: &WarmArgs) -> CliResult {
         .as_ref()
         .map(|m| SplitManifest::load(m))
         .transpose()?;
-    b = fields.apply(b, &at, variables.as_deref(), region, manifest.as_ref())?;
+    b = fields.apply(
+        b,
+        (&at, mounts),
+        variables.as_deref(),
+        region,
+        manifest.as_ref(),
+    )?;
     if let Some(m) = manifest {
         b = b.manifest(m);
     }

@@ -643,6 +643,48 @@ fn bench_reads_a_climatology_at_each_samples_day_of_year() {
         (&24.into(), &12.into()),
         "{stats}"
     );
+    // Indexed by the time of the first of --variables where it lives: here a second store
+    // mounted beside the climatology (no manifest, so no other array names the times). Placed
+    // at other times by --align-mount, its times are not the samples', which is said.
+    let other = tmp.path().join("other.zarr");
+    run_ok(
+        cli()
+            .args(["make-dataset", "--samples", "40", "--grid", "6x8"])
+            .args(["--sample-chunk", "4"])
+            .arg(&other),
+    );
+    let other_mount = format!("other={}", other.display());
+    let mounted = |extra: &[&str]| {
+        let mut c = cli();
+        c.arg("bench").arg(&store);
+        c.args(["--mount", &mount, "--mount", &other_mount]);
+        c.args([
+            "--variables",
+            "other/t2m",
+            "--cycle",
+            "c=clim/t2m:dayofyear",
+        ]);
+        c.args(extra);
+        c
+    };
+    let out = run_ok(&mut mounted(&["--json"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let stats = &v["epochs"][0]["stats"];
+    // 40 samples, 6-hourly from 1979-01-01: ten of other/t2m's chunks and ten days.
+    assert_eq!(
+        (&stats["samples"], &stats["tiles_read"]),
+        (&40.into(), &20.into()),
+        "{stats}"
+    );
+    fails_with(
+        &mut mounted(&["--align-mount", "other=time"]),
+        &[
+            "--cycle",
+            "`other/t2m`",
+            "--align-mount",
+            "put a variable of this store first",
+        ],
+    );
     fails_with(
         bench_with(&store, &manifest).args(["--cycle", "c=clim/t2m:week"]),
         &["`week` is not a cycle", "dayofyear, month or hour"],
