@@ -23,19 +23,14 @@ import json
 import subprocess
 from pathlib import Path
 
+from timing import median
+
 SETTINGS = [
     ("1 per sample", ["--patches-per-sample", "1"]),
     ("4 per sample", ["--patches-per-sample", "4"]),
     ("16 per sample", ["--patches-per-sample", "16"]),
     ("grid 64x64", ["--patch-grid", "64x64"]),
 ]
-
-
-def median(xs) -> float:
-    # Not `statistics.median`: bench/statistics.py shadows the standard module here.
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def run(binary: str, store: Path, flags: list[str]) -> dict:

@@ -44,14 +44,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from timing import median
+
 STORES = ((1, 512), (8, 2048), (32, 4096))
-
-
-def median(xs) -> float:
-    # (not `statistics.median`: this directory's statistics.py would shadow the module)
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 SETTINGS = (("default", []), ("prefetch_next_epoch", ["--prefetch-next-epoch"]))
 STEPS = (10.0, 0.0)
 

@@ -10,3 +10,11 @@ def epoch_rate(ds, split: str = "train") -> float:
     for b in getattr(ds, split):
         n += len(b)
     return n / (time.perf_counter() - start)
+
+
+def median(xs) -> float:
+    """The median of `xs` (not `statistics.median`: this directory's statistics.py shadows the
+    standard module for the scripts here)."""
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2

@@ -709,6 +709,29 @@ fn a_patch_of_a_cropped_view_reads_only_the_chunks_under_its_window() {
     }
 }
 
+/// Every value of label `label`'s rows in `b`, 2-D patches `width` columns wide of a field of
+/// `columns` columns (taken modulo them, for a periodic longitude): `(sample, i, j, value)`,
+/// `(i, j)` its place in the field.
+fn patch_values(
+    b: &insitubatch::Batch,
+    label: &str,
+    width: u64,
+    columns: u64,
+) -> Vec<(u64, u64, u64, f32)> {
+    let origins = b.patch_origins().unwrap();
+    let v: &[f32] = b.array(label).unwrap().values().unwrap();
+    let n = v.len() / b.len().max(1);
+    let mut out = Vec::with_capacity(v.len());
+    for (r, &s) in b.sample_indices().iter().enumerate() {
+        let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
+        for (k, &got) in v[r * n..(r + 1) * n].iter().enumerate() {
+            let k = k as u64;
+            out.push((s, i0 + k / width, (j0 + k % width) % columns, got));
+        }
+    }
+    out
+}
+
 #[test]
 fn a_bad_stored_chunk_under_a_patch_read_as_a_region_is_nan_where_the_window_meets_it() {
     use insitubatch::OnBadChunk;
@@ -740,24 +763,13 @@ fn a_bad_stored_chunk_under_a_patch_read_as_a_region_is_nan_where_the_window_mee
             ds.set_epoch(epoch);
             let mut pass = ds.train().unwrap();
             for b in pass.by_ref() {
-                let b = b.unwrap();
-                let origins = b.patch_origins().unwrap();
-                let v: &[f32] = b.array("t").unwrap().values().unwrap();
-                for (r, &s) in b.sample_indices().iter().enumerate() {
-                    let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
-                    for (k, got) in v[r * 288..(r + 1) * 288].iter().enumerate() {
-                        let (i, j) = (i0 + k as u64 / 24, (j0 + k as u64 % 24) % grid.1);
-                        if s == 3 && i < 9 && j < 18 {
-                            assert!(got.is_nan(), "sample 3 at ({i}, {j}) is the bad chunk's");
-                            bad_rows += 1;
-                        } else {
-                            assert_eq!(
-                                *got,
-                                field_value(0, s, i, j, grid),
-                                "sample {s} ({i}, {j})"
-                            );
-                            good += 1;
-                        }
+                for (s, i, j, got) in patch_values(&b.unwrap(), "t", 24, grid.1) {
+                    if s == 3 && i < 9 && j < 18 {
+                        assert!(got.is_nan(), "sample 3 at ({i}, {j}) is the bad chunk's");
+                        bad_rows += 1;
+                    } else {
+                        assert_eq!(got, field_value(0, s, i, j, grid), "sample {s} ({i}, {j})");
+                        good += 1;
                     }
                 }
             }
@@ -824,22 +836,15 @@ fn several_patches_of_a_sample_stored_in_many_chunks_read_the_chunks_under_their
                 let mut anchors = Vec::new();
                 for b in pass.by_ref() {
                     let b = b.unwrap();
-                    let origins = b.patch_origins().unwrap();
-                    let v: &[f32] = b.array("t").unwrap().values().unwrap();
-                    let n = (ph * pw) as usize;
-                    for (r, &sample) in b.sample_indices().iter().enumerate() {
-                        let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
-                        for (k, got) in v[r * n..(r + 1) * n].iter().enumerate() {
-                            let (i, j) = (i0 + k as u64 / pw, (j0 + k as u64 % pw) % grid.1);
-                            let want = field_value(0, sample, i, j, grid);
-                            assert_eq!(*got, want, "{what}: sample {sample} at ({i}, {j})");
-                            under
-                                .entry(sample)
-                                .or_default()
-                                .insert((i / tile_rows, j / tile_cols));
-                        }
-                        anchors.push(sample);
+                    for (sample, i, j, got) in patch_values(&b, "t", pw, grid.1) {
+                        let want = field_value(0, sample, i, j, grid);
+                        assert_eq!(got, want, "{what}: sample {sample} at ({i}, {j})");
+                        under
+                            .entry(sample)
+                            .or_default()
+                            .insert((i / tile_rows, j / tile_cols));
                     }
+                    anchors.extend_from_slice(b.sample_indices());
                 }
                 let want: Vec<u64> = (0..32)
                     .flat_map(|a| std::iter::repeat_n(a, per_sample as usize))
@@ -897,18 +902,12 @@ fn several_patches_read_as_regions_survive_an_abandoned_pass_and_run_zipped_with
     };
     // Every row of a batch is its sample's values at its window; returns its anchors.
     let check = |b: &insitubatch::Batch| -> Vec<u64> {
-        let origins = b.patch_origins().unwrap();
-        let v: &[f32] = b.array("t").unwrap().values().unwrap();
-        for (r, &s) in b.sample_indices().iter().enumerate() {
-            let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
-            for (k, got) in v[r * 72..(r + 1) * 72].iter().enumerate() {
-                let (i, j) = (i0 + k as u64 / 12, (j0 + k as u64 % 12) % grid.1);
-                assert_eq!(
-                    *got,
-                    field_value(0, s, i, j, grid),
-                    "sample {s} at ({i}, {j})"
-                );
-            }
+        for (s, i, j, got) in patch_values(b, "t", 12, grid.1) {
+            assert_eq!(
+                got,
+                field_value(0, s, i, j, grid),
+                "sample {s} at ({i}, {j})"
+            );
         }
         b.sample_indices().to_vec()
     };
@@ -985,20 +984,15 @@ fn a_bad_chunk_of_several_samples_cut_into_several_patches_each_is_nan_in_all_of
         let mut anchors = Vec::new();
         for b in pass.by_ref() {
             let b = b.unwrap();
-            let origins = b.patch_origins().unwrap();
-            let v: &[f32] = b.array("t").unwrap().values().unwrap();
-            for (r, &s) in b.sample_indices().iter().enumerate() {
-                let (i0, j0) = (origins[2 * r], origins[2 * r + 1]);
-                for (k, got) in v[r * 35..(r + 1) * 35].iter().enumerate() {
-                    let (i, j) = (i0 + k as u64 / 7, j0 + k as u64 % 7);
-                    if s == 2 || s == 3 {
-                        assert!(got.is_nan(), "sample {s} at ({i}, {j}) is the bad chunk's");
-                    } else {
-                        assert_eq!(*got, field_value(0, s, i, j, grid), "sample {s} ({i}, {j})");
-                    }
+            // 5 x 7 patches, none across the field's end.
+            for (s, i, j, got) in patch_values(&b, "t", 7, grid.1) {
+                if s == 2 || s == 3 {
+                    assert!(got.is_nan(), "sample {s} at ({i}, {j}) is the bad chunk's");
+                } else {
+                    assert_eq!(got, field_value(0, s, i, j, grid), "sample {s} ({i}, {j})");
                 }
-                anchors.push(s);
             }
+            anchors.extend_from_slice(b.sample_indices());
         }
         let want: Vec<u64> = (0..8).flat_map(|a| [a; 3]).collect();
         assert_eq!(sorted(anchors), want, "every anchor's three patches once");

@@ -151,14 +151,18 @@ impl MemoryNeed {
             batches: u64,
         }
         let mut by_pool: Vec<(usize, OnePool)> = Vec::new();
-        let handed_over = running
+        // The predecessor's working set counts once, as this pass's when the larger.
+        let predecessor = running
             .iter()
-            .find(|r| Some(r.id) == takes_over && r.pool == pool)
-            .map(|r| r.id);
-        let shared_room = |id: Option<u64>| id.is_some() && id == handed_over;
-        let entries = running.iter().map(|r| (r.pool, &r.need, Some(r.id)));
-        let mut predecessor_ws = 0;
-        for (at, need, id) in entries.chain([(pool, &self, None)]) {
+            .find(|r| Some(r.id) == takes_over && r.pool == pool);
+        let own_working_set = predecessor.map_or(self.working_set, |r| {
+            self.working_set.max(r.need.working_set)
+        });
+        let entries = running.iter().map(|r| {
+            let shared = predecessor.is_some_and(|p| p.id == r.id);
+            (r.pool, &r.need, if shared { 0 } else { r.need.working_set })
+        });
+        for (at, need, working_set) in entries.chain([(pool, &self, own_working_set)]) {
             let i = match by_pool.iter().position(|(p, _)| *p == at) {
                 Some(i) => i,
                 None => {
@@ -168,14 +172,6 @@ impl MemoryNeed {
             };
             let g = &mut by_pool[i].1;
             g.pool = g.pool.max(need.pool);
-            let working_set = if shared_room(id) {
-                predecessor_ws = need.working_set;
-                0
-            } else if id.is_none() {
-                need.working_set.max(predecessor_ws)
-            } else {
-                need.working_set
-            };
             g.working_sets = g.working_sets.saturating_add(working_set);
             g.reads = g.reads.max(need.reads);
             g.batches = g.batches.saturating_add(need.batches_bytes());
