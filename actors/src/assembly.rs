@@ -170,18 +170,17 @@ impl DirectRows {
         // of its samples' patches cut into its row; so does a one-sample chunk of an uncropped
         // field, read as the region its row's patch covers (`crate::planner`'s
         // `patch_region`). A sample of several rows (drawn patches) is read as the union of
-        // their regions, each stored chunk under any window once (`ChunkRows::with_regions`),
-        // when its stored chunks are whole files: a shard's part reads serve one region at a
-        // time. A grid covers the whole field, so its union would be every stored chunk: it
-        // goes through the pool, as a whole field would.
+        // their regions, each stored chunk under any window once (`ChunkRows::with_regions`;
+        // of a shard, each inner chunk under any window, read and decoded once). A grid covers
+        // the whole field, so its union would be every stored chunk: it goes through the
+        // pool, as a whole field would.
         let mut regions = vec![false; plan.paths.len()];
         if let Some(draw) = &plan.patch {
             let drawn = matches!(draw.patch.origins, Origins::Random(_));
             for ((e, p), region) in eligible.iter_mut().zip(&plan.paths).zip(&mut regions) {
                 let whole = TileLayout::new(&p.geom).can_adopt() && !reads_parts(p);
                 let inner = inner_chunked(p);
-                *region = (patches == 1 || (drawn && !inner))
-                    && reads_patch_region(p, inner, &draw.patch);
+                *region = (patches == 1 || drawn) && reads_patch_region(p, inner, &draw.patch);
                 *e &= (whole && !pool_keeps) || *region;
             }
         }
@@ -205,7 +204,10 @@ impl DirectRows {
                 n_samples = n_samples.saturating_add((k * patches) as usize);
                 max_spc = max_spc.max(k);
                 let path = &plan.paths[s.path];
-                if reads_parts(path) {
+                // A shard's inner chunks under several windows, decoded into a buffer of their
+                // own, are at most the stored chunk (more than the cropped slot).
+                let union_of_parts = regions[s.path] && patches > 1 && inner_chunked(path);
+                if reads_parts(path) && !union_of_parts {
                     // The inner chunks a cropped shard's region touches, decoded into a buffer
                     // of their own: at most the region's samples, the slot.
                     scratch_bytes = scratch_bytes.max(s.nbytes);
@@ -557,6 +559,32 @@ impl ChunkRows {
     /// region it is under: its box of that region, at each tile of the region it is (a
     /// window across a periodic axis may meet one stored chunk twice).
     pub fn copy_into_regions(&self, index: &[u64], chunk: &[u8]) {
+        self.at_each_region_tile(index, |layout, tile, row| {
+            layout.copy_into_rows(tile, chunk, &mut [Some(row)]);
+        });
+    }
+
+    /// Copies inner chunk `part` of shard `index` (chunk-local ranges, `decoded` its bytes)
+    /// into every row whose region the shard is under: its overlap with the row's window, at
+    /// each tile of the region the shard is.
+    pub fn copy_part_into_regions(
+        &self,
+        index: &[u64],
+        part: &[std::ops::Range<u64>],
+        decoded: &[u8],
+    ) {
+        self.at_each_region_tile(index, |layout, tile, row| {
+            layout.copy_part_into_row(tile, part, decoded, row);
+        });
+    }
+
+    /// Calls `copy` with the region layout, the tile and the bytes of each row wherever stored
+    /// chunk `index` is a tile of the row's region.
+    fn at_each_region_tile(
+        &self,
+        index: &[u64],
+        mut copy: impl FnMut(&TileLayout, u64, &mut [u8]),
+    ) {
         self.write(|rows| {
             for (row, region) in rows.iter_mut().zip(&self.regions) {
                 let (Some(row), Some(region)) = (row, region) else {
@@ -564,8 +592,7 @@ impl ChunkRows {
                 };
                 for (t, at) in region.tiles.iter().enumerate() {
                     if at.as_slice() == index {
-                        let mut dst = [Some(row.bytes_mut())];
-                        region.layout.copy_into_rows(t as u64, chunk, &mut dst);
+                        copy(&region.layout, t as u64, row.bytes_mut());
                     }
                 }
             }

@@ -135,6 +135,13 @@ async fn decode_into_rows<S: Store>(
     let locate = || ctx.store.locate(key);
     // Bytes decoded, and the read buffer to recycle.
     let (decoded, buffer) = match &job.part {
+        // Several rows' windows of a shard: each inner chunk under any of them decoded and
+        // copied into the rows it is under before the next, so nothing holds them all.
+        Some(parts) if rows.has_regions() => {
+            array.decode_chunk_subsets(index, bytes, parts, locate, |part, decoded| {
+                rows.copy_part_into_regions(index, part, &decoded);
+            })
+        }
         Some(parts) => {
             let (decoded, buffer) = decode_parts(array, index, bytes, parts, locate);
             let copied = decoded.map(|chunk| {
@@ -254,34 +261,32 @@ fn rows_filled(mut job: TileJob, decoded: bool) {
 }
 
 /// Decodes `parts` of a shard one after another into one buffer (what
-/// [`TileLayout::copy_into_slot`](crate::tile::TileLayout::copy_into_slot) takes), handing the
-/// encoded bytes from one partial decode to the next and back at the end.
+/// [`TileLayout::copy_into_slot`](crate::tile::TileLayout::copy_into_slot) takes).
 fn decode_parts(
     array: &ZarrArray,
     index: &[u64],
-    mut bytes: Option<Vec<u8>>,
+    bytes: Option<Vec<u8>>,
     parts: &[Vec<std::ops::Range<u64>>],
-    locate: impl Fn() -> std::path::PathBuf,
+    locate: impl FnOnce() -> std::path::PathBuf,
 ) -> (Result<DecodedChunk, StoreError>, Option<Vec<u8>>) {
     if let [part] = parts {
         return array.decode_chunk_subset(index, bytes, part, locate);
     }
-    let mut out: Option<DecodedChunk> = None;
-    for part in parts {
-        let (decoded, back) = array.decode_chunk_subset(index, bytes, part, &locate);
-        bytes = back;
-        match (decoded, &mut out) {
-            (Err(e), _) => return (Err(e), bytes),
-            (Ok(d), None) => out = Some(d),
-            (Ok(d), Some(o)) => {
-                o.bytes.extend_from_slice(&d.bytes);
-                o.is_fill &= d.is_fill;
-            }
-        }
-    }
-    let mut chunk = out.expect("a tile has at least one part");
-    chunk.shape = vec![(chunk.bytes.len() / array.dtype().size_bytes()) as u64];
-    (Ok(chunk), bytes)
+    let total: u64 = parts
+        .iter()
+        .map(|p| p.iter().map(|r| r.end - r.start).product::<u64>())
+        .sum();
+    let mut out = Vec::with_capacity(total as usize * array.dtype().size_bytes());
+    let (decoded, bytes) = array.decode_chunk_subsets(index, bytes, parts, locate, |_, d| {
+        out.extend_from_slice(&d);
+    });
+    let chunk = decoded.map(|_| DecodedChunk {
+        shape: vec![total],
+        dtype: array.dtype(),
+        bytes: out,
+        is_fill: false,
+    });
+    (chunk, bytes)
 }
 
 /// Puts a decoded tile into its slot and completes the job. With a cache directory the

@@ -130,9 +130,17 @@ enum Reads {
     Path,
     /// The tiles of the region its one row's patch covers.
     Region(Arc<TileLayout>),
-    /// The stored chunks (array chunk indices) under any of its rows' patches, each row read
-    /// as its own region ([`ChunkRows::with_regions`]).
-    Regions(Vec<Vec<u64>>),
+    /// The stored chunks under any of its rows' patches, each row read as its own region
+    /// ([`ChunkRows::with_regions`]).
+    Regions(Vec<UnionTile>),
+}
+
+/// A stored chunk under the windows of a chunk's rows read as regions: its array chunk index
+/// and, of a shard, the inner chunks under any of the windows (chunk-local ranges), each read
+/// and decoded once and copied into every row whose window it is under.
+struct UnionTile {
+    index: Vec<u64>,
+    parts: Option<Vec<Vec<std::ops::Range<u64>>>>,
 }
 
 /// The batch rows chunk `chunk`'s samples go to, label `label`'s rows `rows` of the order
@@ -177,8 +185,9 @@ fn row_dests<S: Store>(
         return Ok((Dest::Rows(rows), Reads::Region(Arc::new(layout))));
     }
     if dests.len() > 1 && shared.direct.reads_region(info.path) {
+        let inner = shared.arrays[info.path].inner_chunk_shape();
         let mut regions = Vec::with_capacity(dests.len());
-        let mut union: Vec<Vec<u64>> = Vec::new();
+        let mut union: Vec<UnionTile> = Vec::new();
         for row in &mut dests {
             let Some(row) = row else {
                 regions.push(None);
@@ -196,12 +205,29 @@ fn row_dests<S: Store>(
             let tiles: Vec<Vec<u64>> = (0..layout.tiles())
                 .map(|t| geom.array_index(layout.chunk_index(chunk, t)))
                 .collect();
-            for t in &tiles {
-                if !union.contains(t) {
-                    union.push(t.clone());
+            for (t, index) in tiles.iter().enumerate() {
+                let at = match union.iter().position(|u| &u.index == index) {
+                    Some(at) => at,
+                    None => {
+                        let parts = inner.map(|_| Vec::new());
+                        union.push(UnionTile {
+                            index: index.clone(),
+                            parts,
+                        });
+                        union.len() - 1
+                    }
+                };
+                if let (Some(parts), Some(inner)) = (&mut union[at].parts, inner) {
+                    parts.extend(layout.inner_parts(t as u64, inner));
                 }
             }
             regions.push(Some(RowRegion { layout, tiles }));
+        }
+        for u in &mut union {
+            if let Some(parts) = &mut u.parts {
+                parts.sort_by_key(|p| p.iter().map(|r| r.start).collect::<Vec<_>>());
+                parts.dedup();
+            }
         }
         let tiles = union.len() as u64;
         let rows = ChunkRows::with_regions(dests, per_sample, tiles, regions);
@@ -391,10 +417,13 @@ async fn drive<S: Store>(
                 return Ok(());
             }
             // A cropped view of a sharded array reads and decodes only the inner chunks its
-            // region touches in this tile; anything else is a whole stored chunk (the stored
-            // chunks under several rows' regions are whole files).
+            // region touches in this tile, and several rows' regions of a shard the inner
+            // chunks under any of them; anything else is a whole stored chunk.
             let (index, part) = match &reads {
-                Reads::Regions(union) => (union[t as usize].clone(), None),
+                Reads::Regions(union) => {
+                    let u = &union[t as usize];
+                    (u.index.clone(), u.parts.clone())
+                }
                 Reads::Path | Reads::Region(_) => (
                     geom.array_index(layout.chunk_index(ps.chunk, t)),
                     decodes_in_parts(array, geom)

@@ -162,6 +162,89 @@ impl TileLayout {
         (!whole).then(|| boxes.into_iter().map(|b| b.within).collect())
     }
 
+    /// The inner chunks of tile `tile` (a shard holding chunks of `inner` elements along each
+    /// physical axis) that the view reads, as chunk-local ranges in C order of the inner grid,
+    /// each once however many of the view's boxes touch it.
+    pub fn inner_parts(&self, tile: u64, inner: &[u64]) -> Vec<Vec<Range<u64>>> {
+        let chunk = &self.geom.chunks;
+        let (boxes, _) = self.tile_boxes(tile);
+        let mut out: Vec<Vec<Range<u64>>> = Vec::new();
+        for b in &boxes {
+            // Per axis, the inner chunks the box's range touches.
+            let spans: Vec<Range<u64>> = b
+                .within
+                .iter()
+                .zip(inner)
+                .map(|(r, &i)| r.start / i..r.end.div_ceil(i))
+                .collect();
+            let extent: Vec<usize> = spans.iter().map(|s| (s.end - s.start) as usize).collect();
+            let mut idx = vec![0usize; extent.len()];
+            for _ in 0..extent.iter().product::<usize>() {
+                let part = idx
+                    .iter()
+                    .zip(&spans)
+                    .zip(inner.iter().zip(chunk))
+                    .map(|((&k, s), (&i, &c))| {
+                        let k = s.start + k as u64;
+                        k * i..((k + 1) * i).min(c)
+                    })
+                    .collect();
+                out.push(part);
+                next_index(&mut idx, &extent);
+            }
+        }
+        out.sort_by_key(|p| p.iter().map(|r| r.start).collect::<Vec<_>>());
+        out.dedup();
+        out
+    }
+
+    /// Copies what the view reads of tile `tile` inside `part` (chunk-local ranges, one per
+    /// physical axis) into `row`, the one sample of a one-sample chunk's region: `src` is
+    /// `part` decoded, in physical C order. Pieces of the view's boxes outside `part` are left
+    /// to the parts holding them.
+    pub fn copy_part_into_row(&self, tile: u64, part: &[Range<u64>], src: &[u8], row: &mut [u8]) {
+        let g = &self.geom;
+        debug_assert_eq!(g.samples_per_chunk(), 1, "a row's region is one sample's");
+        let nd = part.len();
+        let mut src_stride = vec![0usize; nd];
+        let mut acc = self.elem;
+        for d in (0..nd).rev() {
+            src_stride[d] = acc;
+            acc *= (part[d].end - part[d].start) as usize;
+        }
+        assert_eq!(
+            src.len(),
+            acc,
+            "a part of tile {tile} of `{}` is not the size of its ranges",
+            g.path
+        );
+        let dst_stride = self.dst_strides();
+        let (boxes, _) = self.tile_boxes(tile);
+        for b in &boxes {
+            // The box's overlap with the part: its extent, where it starts in the part and
+            // where in the row (the sample axis is the row itself).
+            let mut extent = Vec::with_capacity(nd);
+            let (mut from, mut to) = (0usize, 0usize);
+            for d in 0..nd {
+                let (lo, hi) = (
+                    b.within[d].start.max(part[d].start),
+                    b.within[d].end.min(part[d].end),
+                );
+                if lo >= hi {
+                    break;
+                }
+                extent.push((hi - lo) as usize);
+                from += (lo - part[d].start) as usize * src_stride[d];
+                if d != g.sample_axis {
+                    to += (b.at[d] + lo - b.within[d].start) as usize * dst_stride[d];
+                }
+            }
+            if extent.len() == nd {
+                self.copy_box(src, row, &extent, (from, &src_stride), (to, &dst_stride));
+            }
+        }
+    }
+
     /// Copies decoded tile `tile` into `slot`: the part of it inside the view's region, at its
     /// place in the region. `src` is either the whole stored chunk, in physical C order, or
     /// the parts [`TileLayout::tile_parts`] names, each in physical C order, one after
@@ -438,6 +521,20 @@ mod tests {
     use super::*;
     use insitubatch_store::DType;
 
+    /// A `uint8` array of `shape` in `chunks`, sampled along axis 0, whole.
+    fn geometry(shape: Vec<u64>, chunks: Vec<u64>) -> ArrayGeometry {
+        ArrayGeometry {
+            path: "a".into(),
+            shape,
+            chunks,
+            dtype: DType::Uint8,
+            sample_axis: 0,
+            offset: 0,
+            region: None,
+            static_field: false,
+        }
+    }
+
     /// Element (physical coords) value used to check placement.
     fn value(c: &[u64]) -> u8 {
         (c.iter().fold(0u64, |a, x| a * 31 + x) % 251) as u8
@@ -633,16 +730,7 @@ mod tests {
             (vec![4, 7, 6], vec![2, 7, 3], vec![(0, 7), (-3, 3)]),
         ];
         for (shape, chunks, region) in cases {
-            let whole = ArrayGeometry {
-                path: "a".into(),
-                shape: shape.clone(),
-                chunks: chunks.clone(),
-                dtype: DType::Uint8,
-                sample_axis: 0,
-                offset: 0,
-                region: None,
-                static_field: false,
-            };
+            let whole = geometry(shape.clone(), chunks.clone());
             let g = whole.crop_wrapping(&region).unwrap();
             let extent: Vec<u64> = region.iter().map(|(lo, hi)| (hi - lo) as u64).collect();
             assert_eq!(g.inner_shape(), extent, "{region:?}");
@@ -676,6 +764,78 @@ mod tests {
                         let got = slot[((w * extent[0] + p) * extent[1] + q) as usize];
                         assert_eq!(got, value(&phys), "{region:?} at {phys:?}");
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_region_of_a_shard_is_placed_from_its_inner_chunks_decoded_one_by_one() {
+        // One sample per chunk, shape (3, 11, 7): shards of (1, 12, 8) covering the field
+        // whole and shards of (1, 6, 4), inner chunks of (1, 3, 2) (past the array's edge in
+        // the last ones); regions inside one inner chunk, across several, at the edge, and
+        // across the seam of both axes.
+        type Case = (Vec<u64>, Vec<(i64, i64)>);
+        let inner = [1u64, 3, 2];
+        let cases: [Case; 5] = [
+            (vec![1, 12, 8], vec![(3, 6), (2, 4)]),
+            (vec![1, 12, 8], vec![(1, 8), (3, 7)]),
+            (vec![1, 12, 8], vec![(-2, 4), (5, 10)]),
+            (vec![1, 6, 4], vec![(4, 11), (1, 7)]),
+            (vec![1, 6, 4], vec![(-3, 2), (-1, 3)]),
+        ];
+        for (chunks, region) in cases {
+            let whole = geometry(vec![3, 11, 7], chunks.clone());
+            let g = whole.crop_wrapping(&region).unwrap();
+            let layout = TileLayout::new(&g);
+            let row_bytes: usize = g.inner_shape().iter().product::<u64>() as usize;
+            let (mut from_parts, mut from_whole) = (vec![0u8; row_bytes], vec![0u8; row_bytes]);
+            for t in 0..layout.tiles() {
+                let ci = layout.chunk_index(1, t);
+                let src = tile_values(&g, &ci);
+                layout.copy_into_rows(t, &src, &mut [Some(&mut from_whole[..])]);
+                let parts = layout.inner_parts(t, &inner);
+                // Exactly the inner chunks holding an element of the region, each once.
+                let mut touched = Vec::new();
+                for i in 0..chunks[1].div_ceil(inner[1]) {
+                    for j in 0..chunks[2].div_ceil(inner[2]) {
+                        let holds = |a: usize, k: u64| {
+                            let lo = ci[a] * chunks[a] + k * inner[a];
+                            let hi = (lo + inner[a]).min((ci[a] + 1) * chunks[a]);
+                            let (s, e) = region[a - 1];
+                            let n = whole.shape[a] as i64;
+                            (s..e).any(|x| (lo..hi).contains(&(x.rem_euclid(n) as u64)))
+                        };
+                        if holds(1, i) && holds(2, j) {
+                            touched.push(vec![
+                                0..1,
+                                i * 3..i * 3 + 3,
+                                j * 2..(j * 2 + 2).min(chunks[2]),
+                            ]);
+                        }
+                    }
+                }
+                assert_eq!(parts, touched, "{chunks:?} {region:?} tile {t}");
+                for part in &parts {
+                    let mut decoded = Vec::new();
+                    for j in part[1].clone() {
+                        for k in part[2].clone() {
+                            decoded.push(src[(j * chunks[2] + k) as usize]);
+                        }
+                    }
+                    layout.copy_part_into_row(t, part, &decoded, &mut from_parts);
+                }
+            }
+            assert_eq!(from_parts, from_whole, "{chunks:?} {region:?}");
+            // Every element written: the row is the region of sample 1.
+            let extent = g.inner_shape();
+            for p in 0..extent[0] {
+                for q in 0..extent[1] {
+                    let wrap = |f: usize, i: u64| {
+                        (region[f].0 + i as i64).rem_euclid(whole.shape[f + 1] as i64) as u64
+                    };
+                    let got = from_parts[(p * extent[1] + q) as usize];
+                    assert_eq!(got, value(&[1, wrap(0, p), wrap(1, q)]), "{region:?}");
                 }
             }
         }

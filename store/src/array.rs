@@ -479,44 +479,62 @@ impl ZarrArray {
         subset: &[std::ops::Range<u64>],
         file: impl FnOnce() -> PathBuf,
     ) -> (Result<DecodedChunk, StoreError>, Option<Vec<u8>>) {
-        if let Err(e) = self.check_index(index) {
-            return (Err(e), encoded);
-        }
-        let shape: Vec<u64> = subset.iter().map(|r| r.end - r.start).collect();
-        let Some(encoded) = encoded else {
-            return (Ok(self.fill_of(shape)), None);
-        };
-        let (decoded, encoded) = self.decode_subset_bytes(encoded, subset, &shape);
-        let chunk = decoded
-            .map(|bytes| DecodedChunk {
-                shape,
-                dtype: self.dtype,
-                bytes,
-                is_fill: false,
-            })
-            .map_err(|message| self.corrupt(index, file(), message));
+        let (mut out, missing) = (None, encoded.is_none());
+        let subsets = std::slice::from_ref(&subset);
+        let (decoded, encoded) =
+            self.decode_chunk_subsets(index, encoded, subsets, file, |_, b| {
+                out = Some(b);
+            });
+        let chunk = decoded.map(|_| DecodedChunk {
+            shape: subset.iter().map(|r| r.end - r.start).collect(),
+            dtype: self.dtype,
+            is_fill: missing,
+            bytes: out.unwrap_or_default(),
+        });
         (chunk, encoded)
     }
 
-    fn decode_subset_bytes(
+    /// [`ZarrArray::decode_chunk_subset`] for several `subsets` of one stored chunk, from one
+    /// partial decoder (a shard's index is decoded once): each is handed to `each` with its
+    /// decoded bytes (C order of its extent) as it comes, so none need be held with another.
+    /// Returns the bytes decoded, or the first error, and the encoded bytes.
+    pub fn decode_chunk_subsets<R: AsRef<[std::ops::Range<u64>]>>(
         &self,
-        encoded: Vec<u8>,
-        subset: &[std::ops::Range<u64>],
-        shape: &[u64],
-    ) -> (Result<Vec<u8>, String>, Option<Vec<u8>>) {
-        let chunk = self.codec_shape();
-        let within = subset.len() == chunk.len()
-            && subset
-                .iter()
-                .zip(&chunk)
-                .all(|(r, c)| r.start < r.end && r.end <= c.get());
-        if !within {
-            let message = format!(
-                "the subset {subset:?} is not inside the chunk shape {:?}",
-                self.chunk_shape
-            );
-            return (Err(message), Some(encoded));
+        index: &[u64],
+        encoded: Option<Vec<u8>>,
+        subsets: &[R],
+        file: impl FnOnce() -> PathBuf,
+        mut each: impl FnMut(&[std::ops::Range<u64>], Vec<u8>),
+    ) -> (Result<u64, StoreError>, Option<Vec<u8>>) {
+        if let Err(e) = self.check_index(index) {
+            return (Err(e), encoded);
         }
+        let chunk = self.codec_shape();
+        for subset in subsets {
+            let subset = subset.as_ref();
+            let within = subset.len() == chunk.len()
+                && subset
+                    .iter()
+                    .zip(&chunk)
+                    .all(|(r, c)| r.start < r.end && r.end <= c.get());
+            if !within {
+                let message = format!(
+                    "the subset {subset:?} is not inside the chunk shape {:?}",
+                    self.chunk_shape
+                );
+                return (Err(self.corrupt(index, file(), message)), encoded);
+            }
+        }
+        let Some(encoded) = encoded else {
+            let mut n = 0;
+            for subset in subsets {
+                let shape = subset.as_ref().iter().map(|r| r.end - r.start).collect();
+                let fill = self.fill_of(shape).bytes;
+                n += fill.len() as u64;
+                each(subset.as_ref(), fill);
+            }
+            return (Ok(n), None);
+        };
         // The partial decoder owns its input; it gets the buffer itself, which comes back
         // once the decoder (its only other holder) is dropped.
         let input = Arc::new(encoded);
@@ -530,15 +548,23 @@ impl ZarrArray {
                     &self.options,
                 )
                 .map_err(|e| e.to_string())?;
-            let region = zarrs::array::ArraySubset::new_with_ranges(subset);
-            let bytes = decoder
-                .partial_decode(&region, &self.options)
-                .map_err(|e| e.to_string())?
-                .into_fixed()
-                .map_err(|e| e.to_string())?
-                .into_owned();
-            self.check_decoded(bytes, shape)
+            let mut n = 0;
+            for subset in subsets {
+                let subset = subset.as_ref();
+                let shape: Vec<u64> = subset.iter().map(|r| r.end - r.start).collect();
+                let region = zarrs::array::ArraySubset::new_with_ranges(subset);
+                let bytes = decoder
+                    .partial_decode(&region, &self.options)
+                    .map_err(|e| e.to_string())?
+                    .into_fixed()
+                    .map_err(|e| e.to_string())?;
+                let bytes = self.check_decoded(bytes.into_owned(), &shape)?;
+                n += bytes.len() as u64;
+                each(subset, bytes);
+            }
+            Ok(n)
         })();
+        let decoded = decoded.map_err(|message| self.corrupt(index, file(), message));
         (decoded, Arc::try_unwrap(input).ok())
     }
 

@@ -790,25 +790,138 @@ fn a_bad_stored_chunk_under_a_patch_read_as_a_region_is_nan_where_the_window_mee
 }
 
 #[test]
-fn several_patches_of_a_sample_stored_in_many_chunks_read_the_chunks_under_their_windows_once() {
+fn a_bad_inner_chunk_under_one_of_several_windows_of_a_shard_makes_its_shard_nan() {
+    use insitubatch::OnBadChunk;
     use insitubatch::synth::{SynthSpec, field_value};
-    // 8 x 8 stored chunks of 9 x 18 per sample, one sample per chunk; 32 samples, more than
-    // the automatic budget holds, so that `auto` reads regions into rows too.
-    let grid = (72u64, 144u64);
-    let (tile_rows, tile_cols) = (9u64, 18u64);
+    // One shard per sample of 4 x 4 inner chunks of 9 x 18.
+    let grid = (36u64, 72u64);
     let (_dir, store) = common::synth_store(&SynthSpec {
-        samples: 32,
+        samples: 8,
         grid,
         sample_chunk: 1,
-        inner_chunks: Some((tile_rows, tile_cols)),
+        inner_chunks: Some((9, 18)),
+        shard_samples: Some(1),
         variables: vec!["t".into()],
         ..Default::default()
     });
+    // Sample 3's inner chunk of rows 0..9 and columns 0..18 (the first in the shard's index,
+    // which is 16 entries of offset and length and a crc32c at the file's end) decodes to
+    // nothing; the index still holds.
+    let file = store.join("t/c/3/0/0");
+    let mut shard = std::fs::read(&file).unwrap();
+    let index = shard.len() - (16 * 16 + 4);
+    let word =
+        |k: usize| u64::from_le_bytes(shard[index + k * 8..index + k * 8 + 8].try_into().unwrap());
+    let (offset, len) = (word(0) as usize, word(1) as usize);
+    shard[offset..offset + len].fill(0xa5);
+    std::fs::write(&file, &shard).unwrap();
+    let build = |policy: OnBadChunk| {
+        InSituDataset::builder(&store)
+            .variable("t", "t")
+            .patch_wrapping([12, 24], [false, true])
+            .patches_per_sample(3)
+            .decode_into_batches(IntoRows::Always)
+            .on_bad_chunk(policy)
+            .batch_size(3)
+            .build()
+            .unwrap()
+    };
+    // A shard is one stored chunk: when a window of sample 3 meets the bad inner chunk, the
+    // shard's read fails and every row of sample 3 is its NaN stand-in, listed once; when
+    // none does, the bad inner chunk is not read and sample 3 comes whole.
+    let ds = build(OnBadChunk::Nan);
+    let (mut met, mut missed) = (0, 0);
+    for epoch in 0..8 {
+        ds.set_epoch(epoch);
+        let mut pass = ds.train().unwrap();
+        let mut values = Vec::new();
+        for b in pass.by_ref() {
+            values.extend(patch_values(&b.unwrap(), "t", 24, grid.1));
+        }
+        let meets = values.iter().any(|&(s, i, j, _)| s == 3 && i < 9 && j < 18);
+        for (s, i, j, got) in values {
+            if s == 3 && meets {
+                assert!(got.is_nan(), "epoch {epoch}: sample 3 at ({i}, {j}) is NaN");
+            } else {
+                assert_eq!(got, field_value(0, s, i, j, grid), "sample {s} ({i}, {j})");
+            }
+        }
+        let s = pass.stats();
+        let bad: Vec<&str> = s.bad_chunks.iter().map(|b| b.key.as_str()).collect();
+        if meets {
+            assert!(bad.len() == 1 && bad[0].ends_with("t/c/3/0/0"), "{bad:?}");
+            met += 1;
+        } else {
+            assert!(
+                bad.is_empty(),
+                "epoch {epoch}: the bad inner chunk not read: {bad:?}"
+            );
+            missed += 1;
+        }
+        assert_eq!(s.tiles_into_batches, 8 - bad.len() as u64, "{s:?}");
+    }
+    assert!(
+        met > 0 && missed > 0,
+        "met in {met} epochs, missed in {missed}"
+    );
+    // Raised: the pass ends in an error naming the shard, and nothing hangs.
+    let ds = build(OnBadChunk::Raise);
+    for epoch in 0..8 {
+        ds.set_epoch(epoch);
+        if let Some(err) = ds.train().unwrap().find_map(Result::err) {
+            assert!(err.to_string().contains("t/c/3/0/0"), "{err}");
+            return;
+        }
+    }
+    panic!("no epoch's windows met the bad inner chunk");
+}
+
+#[test]
+fn several_patches_of_a_sample_stored_in_many_chunks_read_the_chunks_under_their_windows_once() {
+    use insitubatch::synth::SynthSpec;
+    // 8 x 8 stored chunks of 9 x 18 per sample (or one shard per sample holding them as inner
+    // chunks), one sample per chunk; 32 samples, more than the automatic budget holds, so that
+    // `auto` reads regions into rows too.
+    let grid = (72u64, 144u64);
+    let (tile_rows, tile_cols) = (9u64, 18u64);
+    for sharded in [false, true] {
+        let (_dir, store) = common::synth_store(&SynthSpec {
+            samples: 32,
+            grid,
+            sample_chunk: 1,
+            inner_chunks: Some((tile_rows, tile_cols)),
+            shard_samples: sharded.then_some(1),
+            variables: vec!["t".into()],
+            ..Default::default()
+        });
+        check_several_patches_read_once(&store, grid, (tile_rows, tile_cols), sharded);
+    }
+}
+
+/// The body of the test above, for one store: `sharded` when each sample is one shard whose
+/// inner chunks are the `tile` stored chunks.
+fn check_several_patches_read_once(
+    store: &std::path::Path,
+    grid: (u64, u64),
+    (tile_rows, tile_cols): (u64, u64),
+    sharded: bool,
+) {
+    use insitubatch::synth::field_value;
     let (ph, pw) = (8u64, 16u64);
+    let tiles_per_field = (grid.0 / tile_rows) * (grid.1 / tile_cols);
+    let tile_bytes = tile_rows * tile_cols * 4;
+    // Where inner chunk (i, j) of sample `s`'s shard lies in its file, and the index's size.
+    let index_len = tiles_per_field * 16 + 4;
+    let inner_bytes = |s: u64, (i, j): (u64, u64)| -> u64 {
+        let shard = std::fs::read(store.join(format!("t/c/{s}/0/0"))).unwrap();
+        let index = &shard[shard.len() - index_len as usize..shard.len() - 4];
+        let k = (i * (grid.1 / tile_cols) + j) as usize;
+        u64::from_le_bytes(index[k * 16 + 8..k * 16 + 16].try_into().unwrap())
+    };
     // Three drawn patches per sample (longitude periodic or not), one, and a grid of 8 x 16
     // tiles (which reads every stored chunk, so whole fields, through the pool).
     let build = |what: &str| {
-        let b = InSituDataset::builder(&store).variable("t", "t");
+        let b = InSituDataset::builder(store).variable("t", "t");
         match what {
             "three" => b.patch([ph, pw]).patches_per_sample(3),
             "three, periodic" => b
@@ -826,6 +939,7 @@ fn several_patches_of_a_sample_stored_in_many_chunks_read_the_chunks_under_their
                 .decode_into_batches(mode)
                 .build()
                 .unwrap();
+            let what = format!("{what}, sharded {sharded}, {mode:?}");
             let per_sample = ds.patches_per_sample();
             for epoch in 0..2 {
                 ds.set_epoch(epoch);
@@ -852,20 +966,45 @@ fn several_patches_of_a_sample_stored_in_many_chunks_read_the_chunks_under_their
                 assert_eq!(sorted(anchors), want, "{what}: every (anchor, patch) once");
                 let s = pass.stats();
                 let under_any: u64 = under.values().map(|t| t.len() as u64).sum();
-                if what == "grid" {
-                    // It covers every stored chunk: whole fields through the pool, whose
-                    // later epochs hit what it kept.
-                    assert_eq!(under_any, 32 * 64, "a grid covers every stored chunk");
-                    assert_eq!(s.tiles_read, s.cache_misses * 64, "{what} {mode:?}: {s:?}");
-                    assert_eq!(s.tiles_into_batches, 0, "{what} {mode:?}: {s:?}");
-                } else {
-                    assert_eq!(
-                        s.tiles_read, under_any,
-                        "{what} {mode:?}: each stored chunk under a window read once: {s:?}"
-                    );
-                    assert!(under_any < 32 * 64 / 2, "{what}: {under_any} of 2048");
-                    assert_eq!(s.tiles_into_batches, 32, "{what} {mode:?}: {s:?}");
+                // A sample's stored chunks are its tiles, or one shard.
+                let files = if sharded { 1 } else { tiles_per_field };
+                if what.starts_with("grid") {
+                    // It covers every stored chunk: whole fields, read and decoded once each
+                    // (tiles through the pool, whose later epochs hit what it kept; a shard,
+                    // one stored chunk, may be cut into rows).
+                    assert_eq!(under_any, 32 * tiles_per_field, "a grid covers them all");
+                    assert_eq!(s.tiles_read, s.cache_misses * files, "{what}: {s:?}");
+                    let field = tiles_per_field * tile_bytes;
+                    assert_eq!(s.bytes_decoded, s.cache_misses * field, "{what}: {s:?}");
+                    if !sharded {
+                        assert_eq!(s.tiles_into_batches, 0, "{what}: {s:?}");
+                    }
+                    continue;
                 }
+                assert!(under_any < 32 * tiles_per_field / 2, "{what}: {under_any}");
+                assert_eq!(s.tiles_into_batches, 32, "{what}: {s:?}");
+                // Each stored (inner) chunk under a window read and decoded once (of a shard
+                // under one window, zarrs decodes its inner chunks and hands over the window).
+                let decoded = if sharded && per_sample == 1 {
+                    32 * ph * pw * 4
+                } else {
+                    under_any * tile_bytes
+                };
+                assert_eq!(s.bytes_decoded, decoded, "{what}: {s:?}");
+                if !sharded {
+                    assert_eq!(s.tiles_read, under_any, "{what}: {s:?}");
+                    continue;
+                }
+                // One read of each shard: its index (the first epoch; kept after) and the
+                // inner chunks under the windows.
+                assert_eq!(s.tiles_read, 32, "{what}: {s:?}");
+                let inner: u64 = under
+                    .iter()
+                    .flat_map(|(&s, t)| t.iter().map(move |&ij| (s, ij)))
+                    .map(|(s, ij)| inner_bytes(s, ij))
+                    .sum();
+                let indexes = if epoch == 0 { 32 * index_len } else { 0 };
+                assert_eq!(s.bytes_read, indexes + inner, "{what} epoch {epoch}: {s:?}");
             }
         }
     }
@@ -1364,8 +1503,9 @@ fn grid_starts(n: u64, p: u64, stride: u64, wrap: bool) -> Vec<u64> {
 fn random_stores_and_placements_cut_every_patch_from_the_field() {
     use insitubatch::synth::{SynthSpec, field_value};
     let cases: u64 = std::env::var("ISB_PATCH_CASES").map_or(100, |n| n.parse().unwrap());
-    // Regions read (of a cropped view), rows decoded in place, several, grid, crop, periodic.
-    let mut covered = [0u32; 7];
+    // Regions read (of a cropped view), rows decoded in place, several, grid, crop, periodic,
+    // several drawn patches of a shard read as regions.
+    let mut covered = [0u32; 8];
     for case in 0..cases {
         let mut r = insitubatch_tests::Rng::new(case);
         let grid = (r.range(4, 14), r.range(4, 24));
@@ -1502,13 +1642,19 @@ fn random_stores_and_placements_cut_every_patch_from_the_field() {
             covered[0] += u32::from(region && inner.is_some());
             covered[1] += u32::from(region && inner.is_some() && crop.is_some());
             covered[2] += u32::from(s.tiles_into_batches > 0);
+            // Several drawn patches of a one-sample shard: its inner chunks under any window.
+            covered[7] +=
+                u32::from(placing == 1 && spc == 1 && sharded && s.tiles_into_batches > 0);
         }
         covered[3] += u32::from(placing == 1);
         covered[4] += u32::from(placing == 2);
         covered[5] += u32::from(crop.is_some());
         covered[6] += u32::from(wrap);
     }
-    eprintln!("regions (of crops), rows in place, several, grids, crops, periodic: {covered:?}");
+    eprintln!(
+        "regions (of crops), rows in place, several, grids, crops, periodic, several of a \
+         shard: {covered:?}"
+    );
     if cases >= 100 {
         assert!(covered.iter().all(|&c| c >= 4), "coverage {covered:?}");
     }
