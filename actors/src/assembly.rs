@@ -85,9 +85,9 @@ impl DirectRows {
     }
 
     /// The slots of a pass over `plan` and `order` whose chunks are decoded straight into
-    /// their batch rows (see the module's documentation for which), in `mode`; `inner_chunked`
-    /// tells the arrays whose stored chunks are shards of inner chunks (a cropped view of one
-    /// reads and decodes its chunks in parts).
+    /// their batch rows (see the module's documentation for which), in `mode`; `inner_shape`
+    /// gives the inner chunk shape of the arrays whose stored chunks are shards (a cropped
+    /// view of one reads and decodes its chunks in parts).
     pub fn plan(
         mode: IntoRows,
         pool: &ChunkPool,
@@ -95,8 +95,9 @@ impl DirectRows {
         plan: &ReadPlan,
         order: &EpochOrder,
         release_each_block: bool,
-        inner_chunked: impl Fn(&PathInfo) -> bool,
+        inner_shape: impl Fn(&PathInfo) -> Option<Vec<u64>>,
     ) -> Self {
+        let inner_chunked = |p: &PathInfo| inner_shape(p).is_some();
         let reads_parts = |p: &PathInfo| p.geom.region.is_some() && inner_chunked(p);
         let n_rows = order.rows.len();
         // A chunk decoded into rows is not kept for a later epoch. Under LRU with each epoch's
@@ -179,8 +180,9 @@ impl DirectRows {
             let drawn = matches!(draw.patch.origins, Origins::Random(_));
             for ((e, p), region) in eligible.iter_mut().zip(&plan.paths).zip(&mut regions) {
                 let whole = TileLayout::new(&p.geom).can_adopt() && !reads_parts(p);
-                let inner = inner_chunked(p);
-                *region = (patches == 1 || drawn) && reads_patch_region(p, inner, &draw.patch);
+                let inner = inner_shape(p);
+                *region =
+                    (patches == 1 || drawn) && reads_patch_region(p, inner.as_deref(), &draw.patch);
                 *e &= (whole && !pool_keeps) || *region;
             }
         }
@@ -519,10 +521,11 @@ pub(crate) struct ChunkRows {
 }
 
 /// The region a patched row covers, read as stored chunks of its field: the region's tile
-/// layout, and the array chunk index each of its tiles is.
+/// layout, the array chunk index each of its tiles is, and the row's sample within the chunk.
 pub(crate) struct RowRegion {
     pub layout: TileLayout,
     pub tiles: Vec<Vec<u64>>,
+    pub sample: u64,
 }
 
 impl ChunkRows {
@@ -559,8 +562,11 @@ impl ChunkRows {
     /// region it is under: its box of that region, at each tile of the region it is (a
     /// window across a periodic axis may meet one stored chunk twice).
     pub fn copy_into_regions(&self, index: &[u64], chunk: &[u8]) {
-        self.at_each_region_tile(index, |layout, tile, row| {
-            layout.copy_into_rows(tile, chunk, &mut [Some(row)]);
+        self.at_each_region_tile(index, |layout, (tile, sample), row| {
+            // The row is its sample's, among the chunk's samples.
+            let mut rows: Vec<Option<&mut [u8]>> = (0..sample).map(|_| None).collect();
+            rows.push(Some(row));
+            layout.copy_into_rows(tile, chunk, &mut rows);
         });
     }
 
@@ -573,17 +579,17 @@ impl ChunkRows {
         part: &[std::ops::Range<u64>],
         decoded: &[u8],
     ) {
-        self.at_each_region_tile(index, |layout, tile, row| {
-            layout.copy_part_into_row(tile, part, decoded, row);
+        self.at_each_region_tile(index, |layout, at, row| {
+            layout.copy_part_into_row(at, part, decoded, row);
         });
     }
 
-    /// Calls `copy` with the region layout, the tile and the bytes of each row wherever stored
-    /// chunk `index` is a tile of the row's region.
+    /// Calls `copy` with the region layout, the tile and the row's sample in the chunk, and the
+    /// bytes of each row wherever stored chunk `index` is a tile of the row's region.
     fn at_each_region_tile(
         &self,
         index: &[u64],
-        mut copy: impl FnMut(&TileLayout, u64, &mut [u8]),
+        mut copy: impl FnMut(&TileLayout, (u64, u64), &mut [u8]),
     ) {
         self.write(|rows| {
             for (row, region) in rows.iter_mut().zip(&self.regions) {
@@ -592,7 +598,7 @@ impl ChunkRows {
                 };
                 for (t, at) in region.tiles.iter().enumerate() {
                     if at.as_slice() == index {
-                        copy(&region.layout, t as u64, row.bytes_mut());
+                        copy(&region.layout, (t as u64, region.sample), row.bytes_mut());
                     }
                 }
             }

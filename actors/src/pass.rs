@@ -607,7 +607,8 @@ fn direct_rows<S: Store>(
         |p| {
             ctx.arrays
                 .get(&*p.path)
-                .is_some_and(|a| a.inner_chunk_shape().is_some())
+                .and_then(|a| a.inner_chunk_shape())
+                .map(<[u64]>::to_vec)
         },
     )
 }

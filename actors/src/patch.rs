@@ -24,18 +24,23 @@ pub fn origin_key(split: &str, epoch: u64) -> u64 {
 }
 
 /// Whether a patched row of `path` is read as the region its patch covers, so that only the
-/// stored chunks under the window are read: a one-sample chunk of a field (or a cropped view
-/// of one) of several stored chunks, or of a shard's inner chunks (`inner_chunked`). A window
-/// that may run across the end of a periodic axis is one region only where the view holds
-/// that axis whole (across a crop's end it would be two), so a cropped view whose patch wraps
-/// along a cropped axis is read whole.
-pub(crate) fn reads_patch_region(path: &PathInfo, inner_chunked: bool, patch: &Patch) -> bool {
-    let wraps_a_crop = path.geom.region.as_ref().is_some_and(|region| {
+/// stored chunks under the window are read: a chunk of a field (or a cropped view of one) of
+/// several stored chunks, or of a shard's inner chunks (`inner`, their shape; with several
+/// samples per chunk, inner chunks that split the field, since a shard of whole fields is read
+/// whole for its samples anyway). A window that may run across the end of a periodic axis is
+/// one region only where the view holds that axis whole (across a crop's end it would be two),
+/// so a cropped view whose patch wraps along a cropped axis is read whole.
+pub(crate) fn reads_patch_region(path: &PathInfo, inner: Option<&[u64]>, patch: &Patch) -> bool {
+    let g = &path.geom;
+    let wraps_a_crop = g.region.as_ref().is_some_and(|region| {
         let lead = region.len() - patch.shape.len();
-        let shape: Vec<u64> = path.geom.field_axes().map(|a| path.geom.shape[a]).collect();
+        let shape: Vec<u64> = g.field_axes().map(|a| g.shape[a]).collect();
         (0..patch.shape.len()).any(|d| patch.wrap[d] && region[lead + d] != (0, shape[lead + d]))
     });
-    path.samples_per_chunk == 1 && (path.tiles > 1 || inner_chunked) && !wraps_a_crop
+    let splits = inner.is_some_and(|inner| {
+        path.samples_per_chunk == 1 || g.field_axes().any(|a| inner[a] < g.chunks[a])
+    });
+    (path.tiles > 1 || splits) && !wraps_a_crop
 }
 
 /// A patch as a dataset asks for it: the window's extent along each of the samples' last

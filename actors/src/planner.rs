@@ -148,7 +148,8 @@ struct UnionTile {
 /// not yet. With the tiles the chunk is read as when they are not its path's: a one-sample
 /// chunk whose row is a patch of a field of several stored chunks (or of a shard's inner
 /// chunks) is read as the region the patch covers, so only the stored (inner) chunks under the
-/// window are read; with several patches of the sample, the stored chunks under any of them.
+/// window are read; with several rows (patches of the sample, or samples of the chunk), the
+/// stored chunks under any of their windows, and of a shard the inner chunks under them.
 fn row_dests<S: Store>(
     ctx: &EngineContext<S>,
     shared: &PassShared,
@@ -188,11 +189,13 @@ fn row_dests<S: Store>(
         let inner = shared.arrays[info.path].inner_chunk_shape();
         let mut regions = Vec::with_capacity(dests.len());
         let mut union: Vec<UnionTile> = Vec::new();
-        for row in &mut dests {
+        for (i, row) in dests.iter_mut().enumerate() {
             let Some(row) = row else {
                 regions.push(None);
                 continue;
             };
+            // The row's sample within the chunk.
+            let sample = (i / per_sample) as u64;
             // Every row of a patched label has its cut, so its region; a row left without one
             // would be handed over unwritten.
             let layout = patch_region(shared, info.path, row)?.ok_or_else(|| {
@@ -218,10 +221,14 @@ fn row_dests<S: Store>(
                     }
                 };
                 if let (Some(parts), Some(inner)) = (&mut union[at].parts, inner) {
-                    parts.extend(layout.inner_parts(t as u64, inner));
+                    parts.extend(layout.inner_parts(t as u64, inner, sample));
                 }
             }
-            regions.push(Some(RowRegion { layout, tiles }));
+            regions.push(Some(RowRegion {
+                layout,
+                tiles,
+                sample,
+            }));
         }
         for u in &mut union {
             if let Some(parts) = &mut u.parts {
@@ -237,7 +244,8 @@ fn row_dests<S: Store>(
     Ok((Dest::Rows(rows), Reads::Path))
 }
 
-/// The tiles of the region a one-sample chunk's patched `row` covers, when reading that region
+/// The tiles of the region a chunk's patched `row` covers (of all of the chunk's samples; the
+/// caller picks the row's), when reading that region
 /// reads less than the whole field (several stored chunks per field, or a shard's inner
 /// chunks); the row then takes the region's tiles' boxes as a cropped view's would, and its
 /// cut is dropped. `None` leaves the row to be cut from the whole decoded sample.

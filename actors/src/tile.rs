@@ -163,19 +163,27 @@ impl TileLayout {
     }
 
     /// The inner chunks of tile `tile` (a shard holding chunks of `inner` elements along each
-    /// physical axis) that the view reads, as chunk-local ranges in C order of the inner grid,
-    /// each once however many of the view's boxes touch it.
-    pub fn inner_parts(&self, tile: u64, inner: &[u64]) -> Vec<Vec<Range<u64>>> {
-        let chunk = &self.geom.chunks;
+    /// physical axis) that the view reads of the chunk's sample `sample`, as chunk-local ranges
+    /// in C order of the inner grid, each once however many of the view's boxes touch it.
+    pub fn inner_parts(&self, tile: u64, inner: &[u64], sample: u64) -> Vec<Vec<Range<u64>>> {
+        let (chunk, sa) = (&self.geom.chunks, self.geom.sample_axis);
         let (boxes, _) = self.tile_boxes(tile);
         let mut out: Vec<Vec<Range<u64>>> = Vec::new();
         for b in &boxes {
-            // Per axis, the inner chunks the box's range touches.
+            // Per axis, the inner chunks the box's range (of the one sample) touches.
             let spans: Vec<Range<u64>> = b
                 .within
                 .iter()
                 .zip(inner)
-                .map(|(r, &i)| r.start / i..r.end.div_ceil(i))
+                .enumerate()
+                .map(|(d, (r, &i))| {
+                    let r = if d == sa {
+                        sample..sample + 1
+                    } else {
+                        r.clone()
+                    };
+                    r.start / i..r.end.div_ceil(i)
+                })
                 .collect();
             let extent: Vec<usize> = spans.iter().map(|s| (s.end - s.start) as usize).collect();
             let mut idx = vec![0usize; extent.len()];
@@ -198,13 +206,18 @@ impl TileLayout {
         out
     }
 
-    /// Copies what the view reads of tile `tile` inside `part` (chunk-local ranges, one per
-    /// physical axis) into `row`, the one sample of a one-sample chunk's region: `src` is
+    /// Copies what the view reads of the chunk's sample `sample` in tile `tile` inside `part`
+    /// (chunk-local ranges, one per physical axis) into `row`, that sample's region: `src` is
     /// `part` decoded, in physical C order. Pieces of the view's boxes outside `part` are left
     /// to the parts holding them.
-    pub fn copy_part_into_row(&self, tile: u64, part: &[Range<u64>], src: &[u8], row: &mut [u8]) {
+    pub fn copy_part_into_row(
+        &self,
+        (tile, sample): (u64, u64),
+        part: &[Range<u64>],
+        src: &[u8],
+        row: &mut [u8],
+    ) {
         let g = &self.geom;
-        debug_assert_eq!(g.samples_per_chunk(), 1, "a row's region is one sample's");
         let nd = part.len();
         let mut src_stride = vec![0usize; nd];
         let mut acc = self.elem;
@@ -221,15 +234,18 @@ impl TileLayout {
         let dst_stride = self.dst_strides();
         let (boxes, _) = self.tile_boxes(tile);
         for b in &boxes {
-            // The box's overlap with the part: its extent, where it starts in the part and
-            // where in the row (the sample axis is the row itself).
+            // The box's overlap with the part, of the one sample: its extent, where it starts
+            // in the part and where in the row (the sample axis is the row itself).
             let mut extent = Vec::with_capacity(nd);
             let (mut from, mut to) = (0usize, 0usize);
             for d in 0..nd {
-                let (lo, hi) = (
+                let (mut lo, mut hi) = (
                     b.within[d].start.max(part[d].start),
                     b.within[d].end.min(part[d].end),
                 );
+                if d == g.sample_axis {
+                    (lo, hi) = (lo.max(sample), hi.min(sample + 1));
+                }
                 if lo >= hi {
                     break;
                 }
@@ -771,21 +787,24 @@ mod tests {
 
     #[test]
     fn a_region_of_a_shard_is_placed_from_its_inner_chunks_decoded_one_by_one() {
-        // One sample per chunk, shape (3, 11, 7): shards of (1, 12, 8) covering the field
-        // whole and shards of (1, 6, 4), inner chunks of (1, 3, 2) (past the array's edge in
-        // the last ones); regions inside one inner chunk, across several, at the edge, and
-        // across the seam of both axes.
-        type Case = (Vec<u64>, Vec<(i64, i64)>);
+        // Shape (6, 11, 7): shards of one sample and of three, of (12, 8) covering the field
+        // whole and of (6, 4), inner chunks of (1, 3, 2) (past the array's edge in the last
+        // ones); regions inside one inner chunk, across several, at the edge, and across the
+        // seam of both axes; each of a chosen sample of the shard.
+        type Case = (Vec<u64>, Vec<(i64, i64)>, u64);
         let inner = [1u64, 3, 2];
-        let cases: [Case; 5] = [
-            (vec![1, 12, 8], vec![(3, 6), (2, 4)]),
-            (vec![1, 12, 8], vec![(1, 8), (3, 7)]),
-            (vec![1, 12, 8], vec![(-2, 4), (5, 10)]),
-            (vec![1, 6, 4], vec![(4, 11), (1, 7)]),
-            (vec![1, 6, 4], vec![(-3, 2), (-1, 3)]),
+        let cases: [Case; 7] = [
+            (vec![1, 12, 8], vec![(3, 6), (2, 4)], 0),
+            (vec![1, 12, 8], vec![(1, 8), (3, 7)], 0),
+            (vec![3, 12, 8], vec![(-2, 4), (5, 10)], 1),
+            (vec![1, 6, 4], vec![(4, 11), (1, 7)], 0),
+            (vec![1, 6, 4], vec![(-3, 2), (-1, 3)], 0),
+            (vec![3, 6, 4], vec![(4, 11), (1, 7)], 2),
+            (vec![3, 6, 4], vec![(-3, 2), (-1, 3)], 0),
         ];
-        for (chunks, region) in cases {
-            let whole = geometry(vec![3, 11, 7], chunks.clone());
+        for (chunks, region, w) in cases {
+            let what = format!("{chunks:?} {region:?} sample {w}");
+            let whole = geometry(vec![6, 11, 7], chunks.clone());
             let g = whole.crop_wrapping(&region).unwrap();
             let layout = TileLayout::new(&g);
             let row_bytes: usize = g.inner_shape().iter().product::<u64>() as usize;
@@ -793,9 +812,12 @@ mod tests {
             for t in 0..layout.tiles() {
                 let ci = layout.chunk_index(1, t);
                 let src = tile_values(&g, &ci);
-                layout.copy_into_rows(t, &src, &mut [Some(&mut from_whole[..])]);
-                let parts = layout.inner_parts(t, &inner);
-                // Exactly the inner chunks holding an element of the region, each once.
+                let mut rows: Vec<Option<&mut [u8]>> = (0..w).map(|_| None).collect();
+                rows.push(Some(&mut from_whole[..]));
+                layout.copy_into_rows(t, &src, &mut rows);
+                let parts = layout.inner_parts(t, &inner, w);
+                // Exactly the inner chunks of sample `w` holding an element of the region,
+                // each once.
                 let mut touched = Vec::new();
                 for i in 0..chunks[1].div_ceil(inner[1]) {
                     for j in 0..chunks[2].div_ceil(inner[2]) {
@@ -807,27 +829,26 @@ mod tests {
                             (s..e).any(|x| (lo..hi).contains(&(x.rem_euclid(n) as u64)))
                         };
                         if holds(1, i) && holds(2, j) {
-                            touched.push(vec![
-                                0..1,
-                                i * 3..i * 3 + 3,
-                                j * 2..(j * 2 + 2).min(chunks[2]),
-                            ]);
+                            touched.push(vec![w..w + 1, i * 3..i * 3 + 3, j * 2..j * 2 + 2]);
                         }
                     }
                 }
-                assert_eq!(parts, touched, "{chunks:?} {region:?} tile {t}");
+                assert_eq!(parts, touched, "{what}: tile {t}");
                 for part in &parts {
                     let mut decoded = Vec::new();
-                    for j in part[1].clone() {
-                        for k in part[2].clone() {
-                            decoded.push(src[(j * chunks[2] + k) as usize]);
+                    for i in part[0].clone() {
+                        for j in part[1].clone() {
+                            for k in part[2].clone() {
+                                let at = (i * chunks[1] + j) * chunks[2] + k;
+                                decoded.push(src[at as usize]);
+                            }
                         }
                     }
-                    layout.copy_part_into_row(t, part, &decoded, &mut from_parts);
+                    layout.copy_part_into_row((t, w), part, &decoded, &mut from_parts);
                 }
             }
-            assert_eq!(from_parts, from_whole, "{chunks:?} {region:?}");
-            // Every element written: the row is the region of sample 1.
+            assert_eq!(from_parts, from_whole, "{what}");
+            // Every element written: the row is the region of sample `w` of chunk 1.
             let extent = g.inner_shape();
             for p in 0..extent[0] {
                 for q in 0..extent[1] {
@@ -835,7 +856,8 @@ mod tests {
                         (region[f].0 + i as i64).rem_euclid(whole.shape[f + 1] as i64) as u64
                     };
                     let got = from_parts[(p * extent[1] + q) as usize];
-                    assert_eq!(got, value(&[1, wrap(0, p), wrap(1, q)]), "{region:?}");
+                    let sample = chunks[0] + w;
+                    assert_eq!(got, value(&[sample, wrap(0, p), wrap(1, q)]), "{what}");
                 }
             }
         }

@@ -138,6 +138,10 @@ struct Case {
     /// Whether `IntoRows::Always` decodes some of its chunks into rows (a chunk that is its
     /// samples byte for byte, of an array one label reads), cutting each row's patch there.
     into_rows: bool,
+    /// Whether its chunks go to rows only as regions (a field of several stored chunks, or
+    /// of inner chunks with several samples per shard): drawn patches, not a grid, which
+    /// covers the whole field and goes through the pool.
+    regions: bool,
 }
 
 fn cases() -> Vec<Case> {
@@ -161,6 +165,7 @@ fn cases() -> Vec<Case> {
     let field = fixture("statics", "field");
     let orog = fixture("statics", "orog");
     let sharded = fixture("one_per_chunk_sharded", "");
+    let shards = fixture("v3_sharded", "");
     let era5_b = era5_builder.clone();
     vec![
         Case {
@@ -171,6 +176,7 @@ fn cases() -> Vec<Case> {
             stack: None,
             anchors: (0..11).collect(),
             into_rows: true,
+            regions: false,
         },
         Case {
             name: "era5 stacked",
@@ -180,6 +186,7 @@ fn cases() -> Vec<Case> {
             stack: Some(("x", &["u10", "t2m"])),
             anchors: (0..11).collect(),
             into_rows: true,
+            regions: false,
         },
         Case {
             name: "era5 1-D patch",
@@ -189,6 +196,7 @@ fn cases() -> Vec<Case> {
             stack: None,
             anchors: (0..11).collect(),
             into_rows: true,
+            regions: false,
         },
         {
             let store = inner.store.clone();
@@ -199,7 +207,9 @@ fn cases() -> Vec<Case> {
                 patch: vec![5, 4],
                 stack: None,
                 anchors: (0..6).collect(),
-                into_rows: false,
+                // Two samples per chunk of 3 x 4 of a 7 x 9 field: each row read as its region.
+                into_rows: true,
+                regions: true,
             }
         },
         {
@@ -215,7 +225,9 @@ fn cases() -> Vec<Case> {
                 patch: vec![3, 4],
                 stack: None,
                 anchors: (0..9).collect(),
-                into_rows: false,
+                // A field of several stored chunks: each row read as its region.
+                into_rows: true,
+                regions: true,
             }
         },
         {
@@ -238,6 +250,7 @@ fn cases() -> Vec<Case> {
                 stack: None,
                 anchors: (0..10).collect(),
                 into_rows: true,
+                regions: false,
             }
         },
         {
@@ -250,6 +263,22 @@ fn cases() -> Vec<Case> {
                 stack: None,
                 anchors: (0..10).collect(),
                 into_rows: true,
+                regions: false,
+            }
+        },
+        {
+            // Shards of 4 samples of 2 x 3 x 4 inner chunks: each row read as the inner
+            // chunks under its window, of its sample.
+            let store = shards.store.clone();
+            Case {
+                name: "shards of several samples",
+                build: Box::new(move || InSituDataset::builder(&store).variable("v", "")),
+                refs: vec![r("v", shards.clone())],
+                patch: vec![4, 5],
+                stack: None,
+                anchors: (0..9).collect(),
+                into_rows: true,
+                regions: false,
             }
         },
     ]
@@ -312,9 +341,12 @@ fn every_patch_is_zarr_python_cut_at_its_origin_and_every_anchor_comes_once() {
                     .flat_map(|&a| std::iter::repeat_n(a, per_sample as usize))
                     .collect();
                 assert_eq!(sorted(anchors), want, "{} {placing:?}", case.name);
-                // A patch is cut from a whole sample: in the decoder's scratch buffer for a chunk
-                // that is its samples byte for byte, else by the gather from the pool.
-                let want = mode == IntoRows::Always && case.into_rows;
+                // A patch is cut from a whole sample in the decoder's scratch buffer for a chunk
+                // that is its samples byte for byte, read as its region where the field is
+                // several stored (inner) chunks (a grid's through the pool), else cut by the
+                // gather from the pool.
+                let grid = matches!(placing, Placing::Grid);
+                let want = mode == IntoRows::Always && case.into_rows && !(grid && case.regions);
                 assert_eq!(
                     stats.tiles_into_batches > 0,
                     want,
@@ -879,44 +911,49 @@ fn a_bad_inner_chunk_under_one_of_several_windows_of_a_shard_makes_its_shard_nan
 #[test]
 fn several_patches_of_a_sample_stored_in_many_chunks_read_the_chunks_under_their_windows_once() {
     use insitubatch::synth::SynthSpec;
-    // 8 x 8 stored chunks of 9 x 18 per sample (or one shard per sample holding them as inner
-    // chunks), one sample per chunk; 32 samples, more than the automatic budget holds, so that
-    // `auto` reads regions into rows too.
+    // 8 x 8 stored chunks of 9 x 18 per sample, one sample per chunk, or shards of one and of
+    // four samples holding them as inner chunks (one sample each); 32 samples (64 in shards of
+    // four), more than the automatic budget holds, so that `auto` reads regions into rows too.
     let grid = (72u64, 144u64);
     let (tile_rows, tile_cols) = (9u64, 18u64);
-    for sharded in [false, true] {
+    for shard in [None, Some(1), Some(4)] {
+        let samples = if shard == Some(4) { 64 } else { 32 };
         let (_dir, store) = common::synth_store(&SynthSpec {
-            samples: 32,
+            samples,
             grid,
             sample_chunk: 1,
             inner_chunks: Some((tile_rows, tile_cols)),
-            shard_samples: sharded.then_some(1),
+            shard_samples: shard,
             variables: vec!["t".into()],
             ..Default::default()
         });
-        check_several_patches_read_once(&store, grid, (tile_rows, tile_cols), sharded);
+        let tiles = (tile_rows, tile_cols);
+        check_several_patches_read_once(&store, (samples, grid), tiles, shard);
     }
 }
 
-/// The body of the test above, for one store: `sharded` when each sample is one shard whose
-/// inner chunks are the `tile` stored chunks.
+/// The body of the test above, for one store of `n` samples: `shard` the samples of each shard
+/// whose inner chunks are the `tile` stored chunks of each of its samples (`None`: chunk files).
 fn check_several_patches_read_once(
     store: &std::path::Path,
-    grid: (u64, u64),
+    (n, grid): (u64, (u64, u64)),
     (tile_rows, tile_cols): (u64, u64),
-    sharded: bool,
+    shard: Option<u64>,
 ) {
     use insitubatch::synth::field_value;
     let (ph, pw) = (8u64, 16u64);
     let tiles_per_field = (grid.0 / tile_rows) * (grid.1 / tile_cols);
     let tile_bytes = tile_rows * tile_cols * 4;
-    // Where inner chunk (i, j) of sample `s`'s shard lies in its file, and the index's size.
-    let index_len = tiles_per_field * 16 + 4;
+    // A shard's samples, and the size of its index (an offset and a length per inner chunk,
+    // then a crc32c, at the file's end).
+    let k = shard.unwrap_or(1);
+    let index_len = k * tiles_per_field * 16 + 4;
+    // Where inner chunk (i, j) of sample `s` lies in its shard's file.
     let inner_bytes = |s: u64, (i, j): (u64, u64)| -> u64 {
-        let shard = std::fs::read(store.join(format!("t/c/{s}/0/0"))).unwrap();
+        let shard = std::fs::read(store.join(format!("t/c/{}/0/0", s / k))).unwrap();
         let index = &shard[shard.len() - index_len as usize..shard.len() - 4];
-        let k = (i * (grid.1 / tile_cols) + j) as usize;
-        u64::from_le_bytes(index[k * 16 + 8..k * 16 + 16].try_into().unwrap())
+        let at = (((s % k) * (grid.0 / tile_rows) + i) * (grid.1 / tile_cols) + j) as usize;
+        u64::from_le_bytes(index[at * 16 + 8..at * 16 + 16].try_into().unwrap())
     };
     // Three drawn patches per sample (longitude periodic or not), one, and a grid of 8 x 16
     // tiles (which reads every stored chunk, so whole fields, through the pool).
@@ -939,7 +976,7 @@ fn check_several_patches_read_once(
                 .decode_into_batches(mode)
                 .build()
                 .unwrap();
-            let what = format!("{what}, sharded {sharded}, {mode:?}");
+            let what = format!("{what}, shards of {shard:?}, {mode:?}");
             let per_sample = ds.patches_per_sample();
             for epoch in 0..2 {
                 ds.set_epoch(epoch);
@@ -960,50 +997,52 @@ fn check_several_patches_read_once(
                     }
                     anchors.extend_from_slice(b.sample_indices());
                 }
-                let want: Vec<u64> = (0..32)
+                let want: Vec<u64> = (0..n)
                     .flat_map(|a| std::iter::repeat_n(a, per_sample as usize))
                     .collect();
                 assert_eq!(sorted(anchors), want, "{what}: every (anchor, patch) once");
                 let s = pass.stats();
                 let under_any: u64 = under.values().map(|t| t.len() as u64).sum();
-                // A sample's stored chunks are its tiles, or one shard.
-                let files = if sharded { 1 } else { tiles_per_field };
+                // A chunk's stored chunks are its tiles, or one shard.
+                let files = if shard.is_some() { 1 } else { tiles_per_field };
+                let chunks = n / k;
                 if what.starts_with("grid") {
                     // It covers every stored chunk: whole fields, read and decoded once each
                     // (tiles through the pool, whose later epochs hit what it kept; a shard,
                     // one stored chunk, may be cut into rows).
-                    assert_eq!(under_any, 32 * tiles_per_field, "a grid covers them all");
+                    assert_eq!(under_any, n * tiles_per_field, "a grid covers them all");
                     assert_eq!(s.tiles_read, s.cache_misses * files, "{what}: {s:?}");
                     let field = tiles_per_field * tile_bytes;
-                    assert_eq!(s.bytes_decoded, s.cache_misses * field, "{what}: {s:?}");
-                    if !sharded {
+                    assert_eq!(s.bytes_decoded, s.cache_misses * k * field, "{what}: {s:?}");
+                    if shard.is_none() {
                         assert_eq!(s.tiles_into_batches, 0, "{what}: {s:?}");
                     }
                     continue;
                 }
-                assert!(under_any < 32 * tiles_per_field / 2, "{what}: {under_any}");
-                assert_eq!(s.tiles_into_batches, 32, "{what}: {s:?}");
+                assert!(under_any < n * tiles_per_field / 2, "{what}: {under_any}");
+                assert_eq!(s.tiles_into_batches, chunks, "{what}: {s:?}");
                 // Each stored (inner) chunk under a window read and decoded once (of a shard
-                // under one window, zarrs decodes its inner chunks and hands over the window).
-                let decoded = if sharded && per_sample == 1 {
-                    32 * ph * pw * 4
+                // of one sample under one window, zarrs decodes its inner chunks and hands
+                // over the window).
+                let decoded = if shard == Some(1) && per_sample == 1 {
+                    n * ph * pw * 4
                 } else {
                     under_any * tile_bytes
                 };
                 assert_eq!(s.bytes_decoded, decoded, "{what}: {s:?}");
-                if !sharded {
+                if shard.is_none() {
                     assert_eq!(s.tiles_read, under_any, "{what}: {s:?}");
                     continue;
                 }
                 // One read of each shard: its index (the first epoch; kept after) and the
-                // inner chunks under the windows.
-                assert_eq!(s.tiles_read, 32, "{what}: {s:?}");
+                // inner chunks under the windows of its samples.
+                assert_eq!(s.tiles_read, chunks, "{what}: {s:?}");
                 let inner: u64 = under
                     .iter()
                     .flat_map(|(&s, t)| t.iter().map(move |&ij| (s, ij)))
                     .map(|(s, ij)| inner_bytes(s, ij))
                     .sum();
-                let indexes = if epoch == 0 { 32 * index_len } else { 0 };
+                let indexes = if epoch == 0 { chunks * index_len } else { 0 };
                 assert_eq!(s.bytes_read, indexes + inner, "{what} epoch {epoch}: {s:?}");
             }
         }
@@ -1504,8 +1543,9 @@ fn random_stores_and_placements_cut_every_patch_from_the_field() {
     use insitubatch::synth::{SynthSpec, field_value};
     let cases: u64 = std::env::var("ISB_PATCH_CASES").map_or(100, |n| n.parse().unwrap());
     // Regions read (of a cropped view), rows decoded in place, several, grid, crop, periodic,
-    // several drawn patches of a shard read as regions.
-    let mut covered = [0u32; 8];
+    // several drawn patches of a shard read as regions, rows of several samples per chunk read
+    // as regions.
+    let mut covered = [0u32; 9];
     for case in 0..cases {
         let mut r = insitubatch_tests::Rng::new(case);
         let grid = (r.range(4, 14), r.range(4, 24));
@@ -1645,6 +1685,10 @@ fn random_stores_and_placements_cut_every_patch_from_the_field() {
             // Several drawn patches of a one-sample shard: its inner chunks under any window.
             covered[7] +=
                 u32::from(placing == 1 && spc == 1 && sharded && s.tiles_into_batches > 0);
+            // Rows of a chunk of several samples read as their regions: tiles or inner chunks
+            // that split the field, decoded into rows, no grid.
+            let splits = inner.is_some_and(|i| i != grid);
+            covered[8] += u32::from(spc > 1 && splits && placing != 2 && s.tiles_into_batches > 0);
         }
         covered[3] += u32::from(placing == 1);
         covered[4] += u32::from(placing == 2);
@@ -1653,7 +1697,7 @@ fn random_stores_and_placements_cut_every_patch_from_the_field() {
     }
     eprintln!(
         "regions (of crops), rows in place, several, grids, crops, periodic, several of a \
-         shard: {covered:?}"
+         shard, several samples as regions: {covered:?}"
     );
     if cases >= 100 {
         assert!(covered.iter().all(|&c| c >= 4), "coverage {covered:?}");
