@@ -11,10 +11,15 @@ stored in many chunks").
 
 The store (made once, with `make-dataset` of the second binary when missing): 128 samples of
 720 x 1440 float32, one sample per chunk, stored as 8 x 8 chunks of 90 x 180, zstd-3, one
-variable; with `--sharded` (and a store path of its own, e.g. /tmp/fat/shards.zarr) each
-sample is one shard holding those chunks as inner chunks (`--shard-samples 1`), whose several
-patches read the inner chunks under any window once since the fortieth session (a shard is one
-stored chunk, so "stored chunks read" counts shards there; MiB read tells). Each round runs `insitubatch bench STORE --epochs 3 --patch 64x64
+variable. Other layouts, each with a store path of its own: `--shard-samples N` stores each
+N samples as one shard holding those chunks as inner chunks (`make-dataset --shard-samples N`,
+e.g. /tmp/fat/shards.zarr with 1 and /tmp/fat/shards8.zarr with 8), `--sample-chunk K` chunk
+files of K samples (/tmp/fat/tiles4.zarr with 4). Since the fortieth session several patches
+of a shard read the inner chunks under any window once, and chunks of several samples read
+each sample's stored (inner) chunks under its windows (a shard is one stored chunk, so "stored
+chunks read" counts shards there; MiB read tells). A store whose split the automatic budget holds (16 shards of 8 samples, blocks of 16) keeps
+its chunks in the pool and is read whole in epoch 0 either way; `--block-chunks 4` makes the
+working set half the split, as on a store larger than memory. Each round runs `insitubatch bench STORE --epochs 3 --patch 64x64
 --patches-per-sample N --json` in a fresh process for N in 1, 4 and 16 and for the 64 x 64
 grid (`--patch-grid 64x64`), the two binaries alternated, page cache warm. Reported per
 setting and binary: epoch 0 and the best later epoch in rows/s (medians over the rounds),
@@ -36,8 +41,9 @@ SETTINGS = [
 ]
 
 
-def run(binary: str, store: Path, flags: list[str]) -> dict:
-    cmd = [binary, "bench", str(store), "--epochs", "3", "--patch", "64x64", *flags, "--json"]
+def run(binary: str, store: Path, flags: list[str], block_chunks: int) -> dict:
+    cmd = [binary, "bench", str(store), "--epochs", "3", "--patch", "64x64", *flags,
+           "--block-chunks", str(block_chunks), "--json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     d = json.loads(out)
     epochs = d["epochs"]
@@ -56,14 +62,18 @@ def main() -> None:
     ap.add_argument("after")
     ap.add_argument("--store", type=Path, default=Path("/tmp/fat/tiles.zarr"))
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--sharded", action="store_true",
-                    help="make the store (when missing) with one shard per sample")
+    ap.add_argument("--shard-samples", type=int, default=0,
+                    help="make the store (when missing) with a shard per this many samples")
+    ap.add_argument("--sample-chunk", type=int, default=1,
+                    help="make the store (when missing) with chunks of this many samples")
+    ap.add_argument("--block-chunks", type=int, default=16,
+                    help="chunks per shuffle block (smaller: a working set short of the split)")
     a = ap.parse_args()
     if not (a.store / "zarr.json").exists():
-        shard = ["--shard-samples", "1"] if a.sharded else []
+        shard = ["--shard-samples", str(a.shard_samples)] if a.shard_samples else []
         subprocess.run([a.after, "make-dataset", str(a.store), "--samples", "128", "--grid",
-                        "720x1440", "--sample-chunk", "1", "--inner-chunks", "90x180",
-                        "--variables", "t2m", *shard], check=True)
+                        "720x1440", "--sample-chunk", str(a.sample_chunk), "--inner-chunks",
+                        "90x180", "--variables", "t2m", *shard], check=True)
     for f in a.store.rglob("*"):
         if f.is_file():
             f.read_bytes()
@@ -71,7 +81,7 @@ def main() -> None:
     for _ in range(a.rounds):
         for name, flags in SETTINGS:
             for which, binary in (("before", a.before), ("after", a.after)):
-                runs[(name, which)].append(run(binary, a.store, flags))
+                runs[(name, which)].append(run(binary, a.store, flags, a.block_chunks))
     print("| setting | binary | epoch 0 rows/s | best later rows/s | stored chunks read | MiB read "
           "| peak RSS MiB |")
     print("|---|---|---:|---:|---:|---:|---:|")
