@@ -197,6 +197,19 @@ impl DirectRows {
         let Ok(per_sample) = u32::try_from(patches) else {
             return Self::none();
         };
+        // A shard's rows read as regions are decoded an inner chunk at a time (a single row's,
+        // its window from the inner chunks under it): at most the inner chunks under one
+        // window and the window, not the shard.
+        let shard_regions: Vec<Option<u64>> = plan
+            .paths
+            .iter()
+            .zip(&regions)
+            .map(|(p, &region)| {
+                let (inner, draw) = (inner_shape(p)?, plan.patch.as_ref()?);
+                let under = crate::patch::inner_bytes_under_windows(p, &inner, &draw.patch, 1);
+                region.then(|| under.saturating_mul(2).min(p.geom.stored_chunk_bytes()))
+            })
+            .collect();
         let mut slots = vec![(NONE, 0u32, 0u32); plan.slots.len()];
         let (mut n_samples, mut max_spc, mut scratch_bytes) = (0usize, 0, 0);
         for (i, s) in plan.slots.iter().enumerate() {
@@ -206,10 +219,9 @@ impl DirectRows {
                 n_samples = n_samples.saturating_add((k * patches) as usize);
                 max_spc = max_spc.max(k);
                 let path = &plan.paths[s.path];
-                // A shard's inner chunks under several windows, decoded into a buffer of their
-                // own, are at most the stored chunk (more than the cropped slot).
-                let union_of_parts = regions[s.path] && patches > 1 && inner_chunked(path);
-                if reads_parts(path) && !union_of_parts {
+                if let Some(bytes) = shard_regions[s.path] {
+                    scratch_bytes = scratch_bytes.max(bytes);
+                } else if reads_parts(path) {
                     // The inner chunks a cropped shard's region touches, decoded into a buffer
                     // of their own: at most the region's samples, the slot.
                     scratch_bytes = scratch_bytes.max(s.nbytes);

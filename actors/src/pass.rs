@@ -508,6 +508,24 @@ fn read_size(path: &crate::planner::PathInfo, array: Option<&ZarrArray>) -> u64 
         .unwrap_or(whole)
 }
 
+/// The most bytes one read of `path` holds when a chunk's rows are read as their patches'
+/// regions from a shard (`None`: they are not): its index and the inner chunks under the
+/// windows of its rows (`draw`'s patches of each of its samples) twice, as read and as the
+/// compact shard built from them.
+fn region_read_size(
+    path: &crate::planner::PathInfo,
+    array: &ZarrArray,
+    draw: &crate::patch::PatchDraw,
+) -> Option<u64> {
+    let inner = array
+        .inner_chunk_shape()
+        .filter(|_| array.reads_chunk_parts())?;
+    let rows = path.samples_per_chunk.saturating_mul(draw.per_sample());
+    let under = crate::patch::inner_bytes_under_windows(path, inner, &draw.patch, rows);
+    let index = array.chunk_part_bytes(&[]).unwrap_or(0);
+    Some(under.saturating_mul(2).saturating_add(index))
+}
+
 /// The pool's heap beyond the working set and the read buffers of a pass over `plan`, for its
 /// [`MemoryNeed`].
 fn memory_need<S: Store>(
@@ -520,7 +538,17 @@ fn memory_need<S: Store>(
     let stored_chunk = plan
         .paths
         .iter()
-        .map(|p| read_size(p, ctx.arrays.get(&*p.path)))
+        .enumerate()
+        .map(|(i, p)| {
+            let array = ctx.arrays.get(&*p.path);
+            let size = read_size(p, array);
+            match (array, &plan.patch) {
+                (Some(array), Some(draw)) if direct.reads_region(i) => {
+                    region_read_size(p, array, draw).map_or(size, |r| r.min(size))
+                }
+                _ => size,
+            }
+        })
         .max()
         .unwrap_or(0);
     let reads = (ctx.read_buffers.max_buffers() as u64).saturating_mul(stored_chunk);

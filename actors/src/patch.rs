@@ -43,6 +43,32 @@ pub(crate) fn reads_patch_region(path: &PathInfo, inner: Option<&[u64]>, patch: 
     (path.tiles > 1 || splits) && !wraps_a_crop
 }
 
+/// Bytes of the inner chunks (`inner` elements along each physical axis) that `rows` windows
+/// of `patch` over one stored chunk of `path` can touch, one sample each: along each field axis
+/// a window touches at most the inner chunks its extent straddles (one more across a periodic
+/// axis's seam), never more than the chunk holds. What a read of a shard's rows as regions
+/// holds, before the index and the copy the fetcher makes.
+pub(crate) fn inner_bytes_under_windows(
+    path: &PathInfo,
+    inner: &[u64],
+    patch: &Patch,
+    rows: u64,
+) -> u64 {
+    let g = &path.geom;
+    let lead = g.field_axes().count() - patch.shape.len();
+    let mut window = (g.dtype.size_bytes() as u64).saturating_mul(inner[g.sample_axis]);
+    for (f, (a, (start, end))) in g.field_axes().zip(g.field_ranges()).enumerate() {
+        let (extent, wrap) = match f.checked_sub(lead) {
+            Some(d) => (patch.shape[d], patch.wrap[d]),
+            None => (end - start, false),
+        };
+        let straddled = extent.saturating_sub(1).div_ceil(inner[a]) + 1 + u64::from(wrap);
+        let touched = straddled.min(g.chunks[a].div_ceil(inner[a]));
+        window = window.saturating_mul(touched.saturating_mul(inner[a]));
+    }
+    window.saturating_mul(rows)
+}
+
 /// A patch as a dataset asks for it: the window's extent along each of the samples' last
 /// axes, which of those axes are periodic, and where a sample's patches are placed.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1050,6 +1050,50 @@ fn check_several_patches_read_once(
 }
 
 #[test]
+fn the_memory_need_of_a_shard_read_as_regions_counts_the_inner_chunks_under_the_windows() {
+    use insitubatch::synth::SynthSpec;
+    // Shards of 4 samples of 72 x 144 in inner chunks of one sample and 9 x 18 (648 bytes).
+    let (_dir, store) = common::synth_store(&SynthSpec {
+        samples: 16,
+        grid: (72, 144),
+        sample_chunk: 1,
+        inner_chunks: Some((9, 18)),
+        shard_samples: Some(4),
+        variables: vec!["t".into()],
+        ..Default::default()
+    });
+    let need = |mode: IntoRows| {
+        let ds = InSituDataset::builder(&store)
+            .variable("t", "t")
+            .patch([8, 16])
+            .patches_per_sample(3)
+            .executor_threads(2)
+            .max_inflight(6)
+            .decode_into_batches(mode)
+            .build()
+            .unwrap();
+        let need = ds.memory_need("train").unwrap();
+        // The need bounds what a pass holds: here, only what its reads pin in the pool.
+        let s = common::run(&ds, "train");
+        assert!(s.pinned_peak_bytes <= need.working_set, "{s:?} {need:?}");
+        need
+    };
+    let (regions, whole) = (need(IntoRows::Always), need(IntoRows::Never));
+    // Each of the 8 read buffers (6 in flight, one per decoder): a shard's index (4 x 64
+    // entries of 16 bytes and a crc32c) and, twice (as read and compacted), the inner chunks
+    // under its 12 rows' windows, each of which straddles at most 2 x 2 of them; and each
+    // executor's scratch, the inner chunks under one window twice.
+    let per_read = 4 * 64 * 16 + 4 + 2 * 12 * 4 * 648;
+    assert_eq!(
+        regions.reads,
+        8 * per_read + 2 * (2 * 4 * 648),
+        "{regions:?}"
+    );
+    // Read whole, a read buffer holds a whole shard of 4 samples.
+    assert_eq!(whole.reads, 8 * 4 * 72 * 144 * 4, "{whole:?}");
+}
+
+#[test]
 fn several_patches_read_as_regions_survive_an_abandoned_pass_and_run_zipped_with_val() {
     use insitubatch::split_by_chunk;
     use insitubatch::synth::{SynthSpec, field_value};

@@ -39,8 +39,9 @@ pub struct MemoryNeed {
     /// block's batches and the one straddling the next.
     pub rows_batches: u64,
     /// Read buffers: one per read in flight (`max_inflight`) or being decoded, each up to a
-    /// stored chunk's decoded size; with a `cache_dir`, also the slot files being written (each
-    /// holds its slot's bytes and an aligned copy).
+    /// stored chunk's decoded size (of a shard read in parts, what the parts touch); with a
+    /// `cache_dir`, also the slot files being written (each holds its slot's bytes and an
+    /// aligned copy).
     pub reads: u64,
     /// What the passes running in this process when the need was counted hold beside this
     /// one: a pass of the same dataset its batches, and whatever the working sets together
