@@ -168,13 +168,14 @@ impl DirectRows {
             .collect();
         // A patch is cut from a whole sample in the scratch buffer, so a chunk that is its
         // samples byte for byte (one tile, no region, the sample axis first) goes to rows, each
-        // of its samples' patches cut into its row; so does a one-sample chunk of an uncropped
-        // field, read as the region its row's patch covers (`crate::planner`'s
-        // `patch_region`). A sample of several rows (drawn patches) is read as the union of
-        // their regions, each stored chunk under any window once (`ChunkRows::with_regions`;
-        // of a shard, each inner chunk under any window, read and decoded once). A grid covers
-        // the whole field, so its union would be every stored chunk: it goes through the
-        // pool, as a whole field would.
+        // of its samples' patches cut into its row; so does a chunk of a field stored as
+        // several chunks or inner chunks (`reads_patch_region`), each row read as the region
+        // its patch covers (`crate::planner`'s `patch_region`). A chunk of several rows (drawn
+        // patches, or several samples) is read as the union of their regions, each stored
+        // chunk under any window once (`ChunkRows::with_regions`; of a shard, each inner chunk
+        // under any window of its sample, read and decoded once). A grid covers the whole
+        // field, so its union would be every stored chunk: it goes through the pool, as a
+        // whole field would.
         let mut regions = vec![false; plan.paths.len()];
         if let Some(draw) = &plan.patch {
             let drawn = matches!(draw.patch.origins, Origins::Random(_));

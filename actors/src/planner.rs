@@ -245,10 +245,10 @@ fn row_dests<S: Store>(
 }
 
 /// The tiles of the region a chunk's patched `row` covers (of all of the chunk's samples; the
-/// caller picks the row's), when reading that region
-/// reads less than the whole field (several stored chunks per field, or a shard's inner
-/// chunks); the row then takes the region's tiles' boxes as a cropped view's would, and its
-/// cut is dropped. `None` leaves the row to be cut from the whole decoded sample.
+/// caller picks the row's), when reading that region reads less than the whole field (several
+/// stored chunks per field, or a shard's inner chunks); the row then takes the region's tiles'
+/// boxes as a cropped view's would, and its cut is dropped. `None` leaves the row to be cut
+/// from the whole decoded sample.
 fn patch_region(
     shared: &PassShared,
     p: usize,
