@@ -534,10 +534,12 @@ pub(crate) struct ChunkRows {
 }
 
 /// The region a patched row covers, read as stored chunks of its field: the region's tile
-/// layout, the array chunk index each of its tiles is, and the row's sample within the chunk.
+/// layout, the array chunk index each of its tiles is and the chunk-local span the region
+/// reads of each (`TileLayout::tile_span`), and the row's sample within the chunk.
 pub(crate) struct RowRegion {
     pub layout: TileLayout,
     pub tiles: Vec<Vec<u64>>,
+    pub spans: Vec<Vec<std::ops::Range<u64>>>,
     pub sample: u64,
 }
 
@@ -575,11 +577,11 @@ impl ChunkRows {
     /// region it is under: its box of that region, at each tile of the region it is (a
     /// window across a periodic axis may meet one stored chunk twice).
     pub fn copy_into_regions(&self, index: &[u64], chunk: &[u8]) {
-        self.at_each_region_tile(index, |layout, (tile, sample), row| {
+        self.at_each_region_tile(index, |region, tile, row| {
             // The row is its sample's, among the chunk's samples.
-            let mut rows: Vec<Option<&mut [u8]>> = (0..sample).map(|_| None).collect();
+            let mut rows: Vec<Option<&mut [u8]>> = (0..region.sample).map(|_| None).collect();
             rows.push(Some(row));
-            layout.copy_into_rows(tile, chunk, &mut rows);
+            region.layout.copy_into_rows(tile, chunk, &mut rows);
         });
     }
 
@@ -592,18 +594,28 @@ impl ChunkRows {
         part: &[std::ops::Range<u64>],
         decoded: &[u8],
     ) {
-        self.at_each_region_tile(index, |layout, at, row| {
-            layout.copy_part_into_row(at, part, decoded, row);
+        self.at_each_region_tile(index, |region, tile, row| {
+            // Only where the part meets what the row reads of the tile, of its sample (a shard
+            // of several samples has each sample's rows under every one of its tiles).
+            let sa = region.layout.geom().sample_axis;
+            let span = &region.spans[tile as usize];
+            let meets = (0..part.len()).all(|d| {
+                let (lo, hi) = match d == sa {
+                    true => (region.sample, region.sample + 1),
+                    false => (span[d].start, span[d].end),
+                };
+                part[d].start < hi && lo < part[d].end
+            });
+            if meets {
+                let at = (tile, region.sample);
+                region.layout.copy_part_into_row(at, part, decoded, row);
+            }
         });
     }
 
-    /// Calls `copy` with the region layout, the tile and the row's sample in the chunk, and the
-    /// bytes of each row wherever stored chunk `index` is a tile of the row's region.
-    fn at_each_region_tile(
-        &self,
-        index: &[u64],
-        mut copy: impl FnMut(&TileLayout, (u64, u64), &mut [u8]),
-    ) {
+    /// Calls `copy` with the row's region, the tile and the row's bytes wherever stored chunk
+    /// `index` is a tile of the row's region.
+    fn at_each_region_tile(&self, index: &[u64], mut copy: impl FnMut(&RowRegion, u64, &mut [u8])) {
         self.write(|rows| {
             for (row, region) in rows.iter_mut().zip(&self.regions) {
                 let (Some(row), Some(region)) = (row, region) else {
@@ -611,7 +623,7 @@ impl ChunkRows {
                 };
                 for (t, at) in region.tiles.iter().enumerate() {
                     if at.as_slice() == index {
-                        copy(&region.layout, (t as u64, region.sample), row.bytes_mut());
+                        copy(region, t as u64, row.bytes_mut());
                     }
                 }
             }

@@ -224,9 +224,11 @@ fn row_dests<S: Store>(
                     parts.extend(layout.inner_parts(t as u64, inner, sample));
                 }
             }
+            let spans = (0..layout.tiles()).map(|t| layout.tile_span(t)).collect();
             regions.push(Some(RowRegion {
                 layout,
                 tiles,
+                spans,
                 sample,
             }));
         }

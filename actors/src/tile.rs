@@ -206,6 +206,19 @@ impl TileLayout {
         out
     }
 
+    /// The chunk-local range of tile `tile` the view reads along each physical axis: the span
+    /// of its boxes (what a part must meet to hold any of it).
+    pub fn tile_span(&self, tile: u64) -> Vec<Range<u64>> {
+        let (boxes, _) = self.tile_boxes(tile);
+        let mut span = boxes[0].within.clone();
+        for b in &boxes[1..] {
+            for (s, r) in span.iter_mut().zip(&b.within) {
+                *s = s.start.min(r.start)..s.end.max(r.end);
+            }
+        }
+        span
+    }
+
     /// Copies what the view reads of the chunk's sample `sample` in tile `tile` inside `part`
     /// (chunk-local ranges, one per physical axis) into `row`, that sample's region: `src` is
     /// `part` decoded, in physical C order. Pieces of the view's boxes outside `part` are left
