@@ -836,16 +836,12 @@ fn a_bad_inner_chunk_under_one_of_several_windows_of_a_shard_makes_its_shard_nan
         variables: vec!["t".into()],
         ..Default::default()
     });
-    // Sample 3's inner chunk of rows 0..9 and columns 0..18 (the first in the shard's index,
-    // which is 16 entries of offset and length and a crc32c at the file's end) decodes to
-    // nothing; the index still holds.
+    // Sample 3's inner chunk of rows 0..9 and columns 0..18 (the first of the shard's 16)
+    // decodes to nothing; the index still holds.
     let file = store.join("t/c/3/0/0");
     let mut shard = std::fs::read(&file).unwrap();
-    let index = shard.len() - (16 * 16 + 4);
-    let word =
-        |k: usize| u64::from_le_bytes(shard[index + k * 8..index + k * 8 + 8].try_into().unwrap());
-    let (offset, len) = (word(0) as usize, word(1) as usize);
-    shard[offset..offset + len].fill(0xa5);
+    let bad = common::inner_chunk_bytes(&shard, 16, 0);
+    shard[bad].fill(0xa5);
     std::fs::write(&file, &shard).unwrap();
     let build = |policy: OnBadChunk| {
         InSituDataset::builder(&store)
@@ -948,12 +944,12 @@ fn check_several_patches_read_once(
     // then a crc32c, at the file's end).
     let k = shard.unwrap_or(1);
     let index_len = k * tiles_per_field * 16 + 4;
-    // Where inner chunk (i, j) of sample `s` lies in its shard's file.
+    // The bytes of inner chunk (i, j) of sample `s` in its shard's file.
     let inner_bytes = |s: u64, (i, j): (u64, u64)| -> u64 {
         let shard = std::fs::read(store.join(format!("t/c/{}/0/0", s / k))).unwrap();
-        let index = &shard[shard.len() - index_len as usize..shard.len() - 4];
-        let at = (((s % k) * (grid.0 / tile_rows) + i) * (grid.1 / tile_cols) + j) as usize;
-        u64::from_le_bytes(index[at * 16 + 8..at * 16 + 16].try_into().unwrap())
+        let at = ((s % k) * (grid.0 / tile_rows) + i) * (grid.1 / tile_cols) + j;
+        let n = (k * tiles_per_field) as usize;
+        common::inner_chunk_bytes(&shard, n, at as usize).len() as u64
     };
     // Three drawn patches per sample (longitude periodic or not), one, and a grid of 8 x 16
     // tiles (which reads every stored chunk, so whole fields, through the pool).

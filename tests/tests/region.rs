@@ -422,15 +422,6 @@ fn a_persistent_cache_holds_the_region_it_was_filled_with() {
     assert_eq!(refilled.cache_revived, 0);
 }
 
-/// The byte range of inner chunk `i` (C order over the shard's inner grid) in a shard file whose
-/// index (`n` entries of little-endian offset and length, then a crc32c) is at its end.
-fn inner_chunk_bytes(shard: &[u8], n: usize, i: usize) -> std::ops::Range<usize> {
-    let index = &shard[shard.len() - (n * 16 + 4)..shard.len() - 4];
-    let word = |k: usize| u64::from_le_bytes(index[k * 8..k * 8 + 8].try_into().unwrap()) as usize;
-    let (offset, len) = (word(2 * i), word(2 * i + 1));
-    offset..offset + len
-}
-
 #[test]
 fn a_region_of_a_sharded_array_reads_only_the_inner_chunks_it_touches() {
     // v3_sharded: (9, 6, 8) in shards of (4, 6, 8), inner chunks (2, 3, 4): 2 x 2 x 2 inner
@@ -442,7 +433,7 @@ fn a_region_of_a_sharded_array_reads_only_the_inner_chunks_it_touches() {
     insitubatch_tests::copy_dir(&f.store, dir.path());
     let shard_path = dir.path().join("c/0/0/0");
     let mut shard = std::fs::read(&shard_path).unwrap();
-    let bad = inner_chunk_bytes(&shard, 8, 0);
+    let bad = common::inner_chunk_bytes(&shard, 8, 0);
     assert!(!bad.is_empty());
     shard[bad].fill(0xa5);
     std::fs::write(&shard_path, &shard).unwrap();
@@ -612,7 +603,7 @@ fn a_wrapping_region_of_a_shard_reads_only_the_inner_chunks_at_its_two_ends() {
         expect += index_len;
         for k in 0..4 {
             for c in [0, 3] {
-                expect += inner_chunk_bytes(&shard, 64, k * 16 + 4 + c).len();
+                expect += common::inner_chunk_bytes(&shard, 64, k * 16 + 4 + c).len();
             }
         }
     }

@@ -113,3 +113,12 @@ pub fn synth_store(
     insitubatch::synth::make_dataset(&store, spec, false, &|_, _| {}).unwrap();
     (dir, store)
 }
+
+/// The byte range of inner chunk `i` (C order over the shard's inner grid) in a shard file whose
+/// index (`n` entries of little-endian offset and length, then a crc32c) is at its end.
+pub fn inner_chunk_bytes(shard: &[u8], n: usize, i: usize) -> std::ops::Range<usize> {
+    let index = &shard[shard.len() - (n * 16 + 4)..shard.len() - 4];
+    let word = |k: usize| u64::from_le_bytes(index[k * 8..k * 8 + 8].try_into().unwrap()) as usize;
+    let (offset, len) = (word(2 * i), word(2 * i + 1));
+    offset..offset + len
+}
