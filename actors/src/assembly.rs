@@ -97,8 +97,9 @@ impl DirectRows {
         release_each_block: bool,
         inner_shape: impl Fn(&PathInfo) -> Option<Vec<u64>>,
     ) -> Self {
-        let inner_chunked = |p: &PathInfo| inner_shape(p).is_some();
-        let reads_parts = |p: &PathInfo| p.geom.region.is_some() && inner_chunked(p);
+        // Each path's inner chunk shape, asked once (the slots below ask per slot).
+        let inner: Vec<Option<Vec<u64>>> = plan.paths.iter().map(&inner_shape).collect();
+        let reads_parts = |p: usize| plan.paths[p].geom.region.is_some() && inner[p].is_some();
         let n_rows = order.rows.len();
         // A chunk decoded into rows is not kept for a later epoch. Under LRU with each epoch's
         // order shuffled, a budget holding a quarter of the pass's chunks serves ~4 % of a later
@@ -179,12 +180,12 @@ impl DirectRows {
         let mut regions = vec![false; plan.paths.len()];
         if let Some(draw) = &plan.patch {
             let drawn = matches!(draw.patch.origins, Origins::Random(_));
-            for ((e, p), region) in eligible.iter_mut().zip(&plan.paths).zip(&mut regions) {
-                let whole = TileLayout::new(&p.geom).can_adopt() && !reads_parts(p);
-                let inner = inner_shape(p);
-                *region =
-                    (patches == 1 || drawn) && reads_patch_region(p, inner.as_deref(), &draw.patch);
-                *e &= (whole && !pool_keeps) || *region;
+            for (i, (e, p)) in eligible.iter_mut().zip(&plan.paths).enumerate() {
+                let whole = TileLayout::new(&p.geom).can_adopt() && !reads_parts(i);
+                regions[i] = (patches == 1 || drawn)
+                    && reads_patch_region(p, inner[i].as_deref(), &draw.patch);
+                let region = regions[i];
+                *e &= (whole && !pool_keeps) || region;
             }
         }
         for s in &plan.slots {
@@ -204,10 +205,10 @@ impl DirectRows {
         let shard_regions: Vec<Option<u64>> = plan
             .paths
             .iter()
-            .zip(&regions)
-            .map(|(p, &region)| {
-                let (inner, draw) = (inner_shape(p)?, plan.patch.as_ref()?);
-                let under = crate::patch::inner_bytes_under_windows(p, &inner, &draw.patch, 1);
+            .zip(regions.iter().zip(&inner))
+            .map(|(p, (&region, inner))| {
+                let (inner, draw) = (inner.as_deref()?, plan.patch.as_ref()?);
+                let under = crate::patch::inner_bytes_under_windows(p, inner, &draw.patch, 1);
                 region.then(|| under.saturating_mul(2).min(p.geom.stored_chunk_bytes()))
             })
             .collect();
@@ -222,7 +223,7 @@ impl DirectRows {
                 let path = &plan.paths[s.path];
                 if let Some(bytes) = shard_regions[s.path] {
                     scratch_bytes = scratch_bytes.max(bytes);
-                } else if reads_parts(path) {
+                } else if reads_parts(s.path) {
                     // The inner chunks a cropped shard's region touches, decoded into a buffer
                     // of their own: at most the region's samples, the slot.
                     scratch_bytes = scratch_bytes.max(s.nbytes);

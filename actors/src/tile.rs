@@ -232,15 +232,11 @@ impl TileLayout {
     ) {
         let g = &self.geom;
         let nd = part.len();
-        let mut src_stride = vec![0usize; nd];
-        let mut acc = self.elem;
-        for d in (0..nd).rev() {
-            src_stride[d] = acc;
-            acc *= (part[d].end - part[d].start) as usize;
-        }
+        let part_extent: Vec<usize> = part.iter().map(|r| (r.end - r.start) as usize).collect();
+        let src_stride = byte_strides(self.elem, &part_extent);
         assert_eq!(
             src.len(),
-            acc,
+            part_extent.iter().product::<usize>() * self.elem,
             "a part of tile {tile} of `{}` is not the size of its ranges",
             g.path
         );
@@ -351,17 +347,8 @@ impl TileLayout {
         mut f: impl FnMut(&TileBox, &[usize], (usize, &[usize])),
     ) {
         let g = &self.geom;
-        let nd = g.shape.len();
         let (boxes, _) = self.tile_boxes(tile);
-        let strides = |dims: &[usize]| {
-            let mut out = vec![0usize; nd];
-            let mut acc = self.elem;
-            for d in (0..nd).rev() {
-                out[d] = acc;
-                acc *= dims[d];
-            }
-            out
-        };
+        let strides = |dims: &[usize]| byte_strides(self.elem, dims);
         let chunk: Vec<usize> = g.chunks.iter().map(|&c| c as usize).collect();
         if src.len() == chunk.iter().product::<usize>() * self.elem {
             let src_stride = strides(&chunk);
@@ -432,6 +419,17 @@ impl TileLayout {
             }
         });
     }
+}
+
+/// The strides in bytes of a C-order box of `dims` elements of `elem` bytes.
+fn byte_strides(elem: usize, dims: &[usize]) -> Vec<usize> {
+    let mut out = vec![0usize; dims.len()];
+    let mut acc = elem;
+    for d in (0..dims.len()).rev() {
+        out[d] = acc;
+        acc *= dims[d];
+    }
+    out
 }
 
 /// Copies `n` elements of `elem` bytes from `src` (from its offset, `step` bytes apart) to

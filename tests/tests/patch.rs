@@ -198,20 +198,8 @@ fn cases() -> Vec<Case> {
             into_rows: true,
             regions: false,
         },
-        {
-            let store = inner.store.clone();
-            Case {
-                name: "inner chunks",
-                build: Box::new(move || InSituDataset::builder(&store).variable("v", "")),
-                refs: vec![r("v", inner.clone())],
-                patch: vec![5, 4],
-                stack: None,
-                anchors: (0..6).collect(),
-                // Two samples per chunk of 3 x 4 of a 7 x 9 field: each row read as its region.
-                into_rows: true,
-                regions: true,
-            }
-        },
+        // Two samples per chunk of 3 x 4 of a 7 x 9 field: each row read as its region.
+        root_array_case("inner chunks", &inner, vec![5, 4], 6, true),
         {
             let store = tczyx.store.clone();
             Case {
@@ -253,35 +241,39 @@ fn cases() -> Vec<Case> {
                 regions: false,
             }
         },
-        {
-            let store = sharded.store.clone();
-            Case {
-                name: "one sample per chunk, sharded",
-                build: Box::new(move || InSituDataset::builder(&store).variable("v", "")),
-                refs: vec![r("v", sharded.clone())],
-                patch: vec![3, 5],
-                stack: None,
-                anchors: (0..10).collect(),
-                into_rows: true,
-                regions: false,
-            }
-        },
-        {
-            // Shards of 4 samples of 2 x 3 x 4 inner chunks: each row read as the inner
-            // chunks under its window, of its sample.
-            let store = shards.store.clone();
-            Case {
-                name: "shards of several samples",
-                build: Box::new(move || InSituDataset::builder(&store).variable("v", "")),
-                refs: vec![r("v", shards.clone())],
-                patch: vec![4, 5],
-                stack: None,
-                anchors: (0..9).collect(),
-                into_rows: true,
-                regions: false,
-            }
-        },
+        root_array_case(
+            "one sample per chunk, sharded",
+            &sharded,
+            vec![3, 5],
+            10,
+            false,
+        ),
+        // Shards of 4 samples of 2 x 3 x 4 inner chunks: each row read as the inner chunks
+        // under its window, of its sample (a shard covers the field, so a grid's rows too).
+        root_array_case("shards of several samples", &shards, vec![4, 5], 9, false),
     ]
+}
+
+/// A case reading fixture `f`, a root array, as label `v`: `anchors` samples, each decoded into
+/// rows under `IntoRows::Always` (only as `regions`, so not a grid's, when true).
+fn root_array_case(
+    name: &'static str,
+    f: &FixtureArray,
+    patch: Vec<usize>,
+    anchors: u64,
+    regions: bool,
+) -> Case {
+    let store = f.store.clone();
+    Case {
+        name,
+        build: Box::new(move || InSituDataset::builder(&store).variable("v", "")),
+        refs: vec![r("v", f.clone())],
+        patch,
+        stack: None,
+        anchors: (0..anchors).collect(),
+        into_rows: true,
+        regions,
+    }
 }
 
 /// How a case places its patches: one per sample, several drawn, or a grid.
