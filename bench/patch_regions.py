@@ -24,10 +24,20 @@ working set half the split, as on a store larger than memory. Each round runs `i
 grid (`--patch-grid 64x64`), the two binaries alternated, page cache warm. Reported per
 setting and binary: epoch 0 and the best later epoch in rows/s (medians over the rounds),
 stored chunks read and MiB read per epoch, peak RSS.
+
+`--next` reads `t2m` and its next sample `t2m_next` (`--window t2m_next=t2m:1`), cut from the
+same patches, a forecast's input and target: each chunk feeds rows of two labels, so it goes
+through the pool, which since the forty-first session loads only the stored (inner) chunks
+under the windows of both (region slots). `--before-env NAME=VALUE` sets a variable for the
+"before" runs only, for a comparison binary with a throwaway switch:
+
+    python3 bench/patch_regions.py /tmp/insitubatch-switch /tmp/insitubatch-switch --next \
+        --before-env ISB_NO_REGION_SLOTS_TMP=1 --rounds 3
 """
 
 import argparse
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -41,10 +51,12 @@ SETTINGS = [
 ]
 
 
-def run(binary: str, store: Path, flags: list[str], block_chunks: int) -> dict:
+def run(binary: str, store: Path, flags: list[str], block_chunks: int,
+        env: dict[str, str] | None = None) -> dict:
     cmd = [binary, "bench", str(store), "--epochs", "3", "--patch", "64x64", *flags,
            "--block-chunks", str(block_chunks), "--json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env={**os.environ, **(env or {})}).stdout
     d = json.loads(out)
     epochs = d["epochs"]
     return {
@@ -68,7 +80,13 @@ def main() -> None:
                     help="make the store (when missing) with chunks of this many samples")
     ap.add_argument("--block-chunks", type=int, default=16,
                     help="chunks per shuffle block (smaller: a working set short of the split)")
+    ap.add_argument("--next", action="store_true",
+                    help="read t2m and t2m_next, its next sample, cut from the same patches")
+    ap.add_argument("--before-env", default=None, metavar="NAME=VALUE",
+                    help="an environment variable set for the before runs only")
     a = ap.parse_args()
+    labels = ["--variables", "t2m", "--window", "t2m_next=t2m:1"] if a.next else []
+    before_env = dict([a.before_env.split("=", 1)]) if a.before_env else None
     if not (a.store / "zarr.json").exists():
         shard = ["--shard-samples", str(a.shard_samples)] if a.shard_samples else []
         subprocess.run([a.after, "make-dataset", str(a.store), "--samples", "128", "--grid",
@@ -81,7 +99,9 @@ def main() -> None:
     for _ in range(a.rounds):
         for name, flags in SETTINGS:
             for which, binary in (("before", a.before), ("after", a.after)):
-                runs[(name, which)].append(run(binary, a.store, flags, a.block_chunks))
+                env = before_env if which == "before" else None
+                runs[(name, which)].append(
+                    run(binary, a.store, [*labels, *flags], a.block_chunks, env))
     print("| setting | binary | epoch 0 rows/s | best later rows/s | stored chunks read | MiB read "
           "| peak RSS MiB |")
     print("|---|---|---:|---:|---:|---:|---:|")

@@ -48,12 +48,29 @@ use crate::error::EngineError;
 use crate::gather::stream::copy_to_batch;
 use crate::pass::{IntoRows, lock};
 use crate::patch::{Cut, Origins, PatchDraw, reads_patch_region};
-use crate::planner::{EpochOrder, PathInfo, ReadPlan};
+use crate::planner::{EpochOrder, ReadPlan};
 use crate::tile::TileLayout;
 use crate::transform::Pipeline;
 
 /// No row: the slot is loaded through the pool, or no row reads this sample.
 const NONE: u32 = u32::MAX;
+
+/// What choosing where a pass's chunks are decoded looks at ([`DirectRows::plan`],
+/// [`crate::region_slot::RegionSlots::plan`]).
+pub(crate) struct PassInputs<'a> {
+    /// `decode_into_batches`.
+    pub mode: IntoRows,
+    pub pool: &'a ChunkPool,
+    /// Each array's chunk transforms, by path.
+    pub transforms: &'a HashMap<String, Pipeline>,
+    pub plan: &'a ReadPlan,
+    pub order: &'a EpochOrder,
+    /// The pass releases each block's chunks as it drains (`read_plan`).
+    pub release_each_block: bool,
+    /// Per plan path, the inner chunk shape of an array whose stored chunks are shards (a
+    /// cropped view of one reads and decodes its chunks in parts).
+    pub inner: Vec<Option<Vec<u64>>>,
+}
 
 /// Per plan slot, the batch rows its chunk's samples are decoded into, if any.
 #[derive(Debug, Default)]
@@ -84,21 +101,18 @@ impl DirectRows {
         Self::default()
     }
 
-    /// The slots of a pass over `plan` and `order` whose chunks are decoded straight into
-    /// their batch rows (see the module's documentation for which), in `mode`; `inner_shape`
-    /// gives the inner chunk shape of the arrays whose stored chunks are shards (a cropped
-    /// view of one reads and decodes its chunks in parts).
-    pub fn plan(
-        mode: IntoRows,
-        pool: &ChunkPool,
-        transforms: &HashMap<String, Pipeline>,
-        plan: &ReadPlan,
-        order: &EpochOrder,
-        release_each_block: bool,
-        inner_shape: impl Fn(&PathInfo) -> Option<Vec<u64>>,
-    ) -> Self {
-        // Each path's inner chunk shape, asked once (the slots below ask per slot).
-        let inner: Vec<Option<Vec<u64>>> = plan.paths.iter().map(&inner_shape).collect();
+    /// The slots of a pass whose chunks are decoded straight into their batch rows (see the
+    /// module's documentation for which).
+    pub fn plan(inputs: &PassInputs) -> Self {
+        let PassInputs {
+            mode,
+            pool,
+            transforms,
+            plan,
+            order,
+            release_each_block,
+            ref inner,
+        } = *inputs;
         let reads_parts = |p: usize| plan.paths[p].geom.region.is_some() && inner[p].is_some();
         let n_rows = order.rows.len();
         // A chunk decoded into rows is not kept for a later epoch. Under LRU with each epoch's
@@ -205,7 +219,7 @@ impl DirectRows {
         let shard_regions: Vec<Option<u64>> = plan
             .paths
             .iter()
-            .zip(regions.iter().zip(&inner))
+            .zip(regions.iter().zip(inner))
             .map(|(p, (&region, inner))| {
                 let (inner, draw) = (inner.as_deref()?, plan.patch.as_ref()?);
                 let under = crate::patch::inner_bytes_under_windows(p, inner, &draw.patch, 1);

@@ -337,7 +337,15 @@ pub(crate) async fn deliver<S: Store>(
             .map_err(|e| format!("array `{}` chunk {}: {e}", key.path, job.key))
     };
     let mut broken: Option<String> = None;
-    let completed = if layout.can_adopt() {
+    // A region slot's inner chunks go in one by one (a bad chunk's stand-in is the whole
+    // stored chunk, copied like one).
+    let parts = job.part.as_deref().filter(|_| job.inner_parts && cacheable);
+    let completed = if let Some(parts) = parts {
+        let fill = |buf: &mut [u8]| layout.copy_parts_into_slot(job.tile, parts, &bytes, buf);
+        let finish = |chunk| transform(chunk).inspect_err(|e| broken = Some(e.clone()));
+        slot.deliver_tile(layout.chunk_bytes(), fill, finish)
+            .unwrap_or(false)
+    } else if layout.can_adopt() {
         match transform(bytes) {
             Ok(bytes) => slot.adopt(bytes).is_ok(),
             Err(e) => {

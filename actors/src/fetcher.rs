@@ -63,6 +63,9 @@ pub struct TileJob {
     /// The chunk-local part of a shard the job needs (`None`: the whole stored chunk), set
     /// when a cropped view's region covers less of the shard.
     pub(crate) part: Option<Vec<Vec<std::ops::Range<u64>>>>,
+    /// `part` names inner chunks to copy into a region slot one by one
+    /// ([`TileLayout::copy_parts_into_slot`]), not the view's boxes of the tile.
+    pub(crate) inner_parts: bool,
     /// The tiles of this job's chunk when they are not its path's: a patched row read as a
     /// region of its own (`crate::planner`), whose tile `tile` this job copies.
     pub(crate) layout: Option<Arc<TileLayout>>,

@@ -23,6 +23,7 @@ pub mod gather;
 pub mod pass;
 pub mod patch;
 pub mod planner;
+pub(crate) mod region_slot;
 pub mod rng;
 pub mod sample_map;
 pub mod stats;

@@ -22,13 +22,14 @@ use insitubatch_runtime::sync::{Notify, Permit, Semaphore};
 use insitubatch_runtime::{Handle, JoinHandle, TaskError};
 use insitubatch_store::{ArrayGeometry, Store, ZarrArray};
 
-use crate::assembly::{Assemblies, DirectRows};
+use crate::assembly::{Assemblies, DirectRows, PassInputs};
 use crate::batch::Batch;
 use crate::error::EngineError;
 use crate::planner::{
     EpochOrder, MemoryNeed, OrderSpec, PlanSlot, Reach, ReadPlan, RunningPass, RunningPasses,
     Shard, Stride, epoch_order, read_ahead_bound, read_plan,
 };
+use crate::region_slot::RegionSlots;
 use crate::stats::{BadChunk, Counters, PassStats};
 use crate::tile::TileLayout;
 use crate::transform::Pipeline;
@@ -219,6 +220,8 @@ pub(crate) struct PassShared {
     pub counters: Counters,
     /// The plan slots decoded straight into batch rows, and the batches being filled so.
     pub direct: DirectRows,
+    /// The plan slots loaded with only what the pass's patches read (`crate::region_slot`).
+    pub region_slots: RegionSlots,
     pub assemblies: Assemblies,
     pub bad_chunks: Mutex<Vec<BadChunk>>,
     /// Slot files being written to the cache directory (joined when the pass stops).
@@ -618,27 +621,32 @@ fn memory_need<S: Store>(
     need
 }
 
-/// The slots of a pass over `plan` decoded straight into batch rows.
-fn direct_rows<S: Store>(
-    ctx: &EngineContext<S>,
+/// What choosing the destinations of a pass's chunks over `order` and `plan` looks at.
+fn pass_inputs<'a, S: Store>(
+    ctx: &'a EngineContext<S>,
     config: &PassConfig,
-    order: &EpochOrder,
-    plan: &ReadPlan,
-) -> DirectRows {
-    DirectRows::plan(
-        config.decode_into_batches,
-        &ctx.pool,
-        &ctx.transforms,
-        plan,
-        order,
-        config.release_each_block,
-        |p| {
+    order: &'a EpochOrder,
+    plan: &'a ReadPlan,
+) -> PassInputs<'a> {
+    let inner = plan
+        .paths
+        .iter()
+        .map(|p| {
             ctx.arrays
                 .get(&*p.path)
                 .and_then(|a| a.inner_chunk_shape())
                 .map(<[u64]>::to_vec)
-        },
-    )
+        })
+        .collect();
+    PassInputs {
+        mode: config.decode_into_batches,
+        pool: &ctx.pool,
+        transforms: &ctx.transforms,
+        plan,
+        order,
+        release_each_block: config.release_each_block,
+        inner,
+    }
 }
 
 /// `need` against the limit it carries: an error naming the knob to lower, which stands for a
@@ -805,7 +813,7 @@ impl Pass {
         config: &PassConfig,
     ) -> Result<MemoryNeed, EngineError> {
         let (order, plan) = plan_pass(chunks, samples_per_chunk, n_samples, variables, config)?;
-        let direct = direct_rows(ctx, config, &order, &plan);
+        let direct = DirectRows::plan(&pass_inputs(ctx, config, &order, &plan));
         let need = memory_need(ctx, config, &plan, order.rows.len(), &direct);
         Ok(RunningPasses::count_beside(need, pool_address(ctx)))
     }
@@ -871,7 +879,9 @@ impl Pass {
         // fail now, naming the knob, rather than be killed for memory halfway through the
         // first block.
         let name = format!("{}#{}", config.split, config.epoch);
-        let direct = direct_rows(ctx, &config, &order, &plan);
+        let inputs = pass_inputs(ctx, &config, &order, &plan);
+        let direct = DirectRows::plan(&inputs);
+        let region_slots = RegionSlots::plan(&inputs, &direct);
         let need = memory_need(ctx, &config, &plan, order.rows.len(), &direct);
         let takes_over = predecessor.map(|p| p.running);
         let running = RunningPasses::enter(
@@ -937,6 +947,7 @@ impl Pass {
             error: Mutex::new(None),
             counters: Counters::default(),
             direct,
+            region_slots,
             assemblies: Assemblies::default(),
             bad_chunks: Mutex::new(Vec::new()),
             cache_writes: Mutex::new(Vec::new()),
@@ -1022,6 +1033,7 @@ impl Pass {
         s.tiles_read = Counters::get(&c.tiles_read);
         s.tiles_read_waited = Counters::get(&c.tiles_read_waited);
         s.tiles_into_batches = Counters::get(&c.tiles_into_batches);
+        s.region_slots = Counters::get(&c.region_slots);
         s.bytes_read = Counters::get(&c.bytes_read);
         s.bytes_decoded = Counters::get(&c.bytes_decoded);
         s.bytes_revived = Counters::get(&c.bytes_revived);

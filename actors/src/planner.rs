@@ -76,7 +76,9 @@ use crate::assembly::{ChunkRows, RowDest, RowRegion};
 use crate::error::EngineError;
 use crate::fetcher::{Dest, TileJob};
 use crate::pass::{EngineContext, PanicGuard, PassShared, SlotEntry, decodes_in_parts, lock};
-use crate::patch::origin_key;
+use crate::patch::{Cut, origin_key};
+use crate::region_slot::SlotRow;
+use crate::stats::Counters;
 use crate::tile::TileLayout;
 use crate::unlink_gate::Gate;
 
@@ -133,6 +135,9 @@ enum Reads {
     /// The stored chunks under any of its rows' patches, each row read as its own region
     /// ([`ChunkRows::with_regions`]).
     Regions(Vec<UnionTile>),
+    /// The stored chunks under any window of the rows reading a region slot
+    /// (`crate::region_slot`), each with its tile in the slot.
+    Slot(Vec<(u64, UnionTile)>),
 }
 
 /// A stored chunk under the windows of a chunk's rows read as regions: its array chunk index
@@ -204,26 +209,7 @@ fn row_dests<S: Store>(
                     path.path
                 ))
             })?;
-            let geom = layout.geom();
-            let tiles: Vec<Vec<u64>> = (0..layout.tiles())
-                .map(|t| geom.array_index(layout.chunk_index(chunk, t)))
-                .collect();
-            for (t, index) in tiles.iter().enumerate() {
-                let at = match union.iter().position(|u| &u.index == index) {
-                    Some(at) => at,
-                    None => {
-                        let parts = inner.map(|_| Vec::new());
-                        union.push(UnionTile {
-                            index: index.clone(),
-                            parts,
-                        });
-                        union.len() - 1
-                    }
-                };
-                if let (Some(parts), Some(inner)) = (&mut union[at].parts, inner) {
-                    parts.extend(layout.inner_parts(t as u64, inner, sample));
-                }
-            }
+            let tiles = add_to_union(&mut union, &layout, (chunk, sample), inner);
             let spans = (0..layout.tiles()).map(|t| layout.tile_span(t)).collect();
             regions.push(Some(RowRegion {
                 layout,
@@ -232,18 +218,67 @@ fn row_dests<S: Store>(
                 sample,
             }));
         }
-        for u in &mut union {
-            if let Some(parts) = &mut u.parts {
-                parts.sort_by_key(|p| p.iter().map(|r| r.start).collect::<Vec<_>>());
-                parts.dedup();
-            }
-        }
+        finish_union(&mut union);
         let tiles = union.len() as u64;
         let rows = ChunkRows::with_regions(dests, per_sample, tiles, regions);
         return Ok((Dest::Rows(rows), Reads::Regions(union)));
     }
     let rows = ChunkRows::new(dests, per_sample, path.tiles);
     Ok((Dest::Rows(rows), Reads::Path))
+}
+
+/// How a region slot was admitted.
+enum RegionAdmission {
+    /// A slot to load, and what to read into it.
+    Load(Dest, Reads),
+    /// The whole chunk was resident (a hit): nothing to load.
+    Resident,
+    /// The pass stopped while the admission waited for room.
+    Stopped,
+}
+
+/// Admits plan slot `i` (`key`, holding its read-ahead `permit`) as a region slot read by
+/// `rows`: the whole chunk if it is resident (a hit), else a slot of this pass's own loading
+/// the stored (inner) chunks under the rows' windows (`crate::region_slot`).
+async fn admit_region_slot<S: Store>(
+    ctx: &EngineContext<S>,
+    shared: &PassShared,
+    (i, key, permit): (usize, &SlotKey, insitubatch_runtime::sync::Permit),
+    rows: &[SlotRow],
+    announce: &mut Announcer<'_>,
+) -> Result<RegionAdmission, EngineError> {
+    let ps = &shared.plan.slots[i];
+    let tiles = region_slot_tiles(shared, ps, rows)?;
+    let slot = loop {
+        // Read before trying, so that room returned in between is not missed.
+        let seen = ctx.pool.room_returned().generation();
+        match shared
+            .owner
+            .admit_private(key, ps.nbytes, tiles.len() as u64)
+        {
+            Ok(Admission::Miss(slot)) => break slot,
+            Ok(Admission::Hit(slot) | Admission::InFlight(slot)) => {
+                lock(&shared.slots)[i] = SlotEntry::Admitted(slot, permit);
+                return Ok(RegionAdmission::Resident);
+            }
+            Err(PoolError::WaitForWrites { .. } | PoolError::WaitForRoom { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        announce.flush();
+        shared
+            .until_stopped(ctx.pool.room_returned().changed_since(seen))
+            .await;
+        if shared.is_cancelled() {
+            return Ok(RegionAdmission::Stopped);
+        }
+    };
+    lock(&shared.slots)[i] = SlotEntry::Admitted(Arc::clone(&slot), permit);
+    if shared.is_cancelled() {
+        // `fail` may have swept the table before this entry was in it.
+        slot.fail(shared.cancel_failure());
+    }
+    Counters::add(&shared.counters.region_slots, 1);
+    Ok(RegionAdmission::Load(Dest::Slot(slot), Reads::Slot(tiles)))
 }
 
 /// The tiles of the region a chunk's patched `row` covers (of all of the chunk's samples; the
@@ -256,14 +291,24 @@ fn patch_region(
     p: usize,
     row: &mut RowDest,
 ) -> Result<Option<TileLayout>, EngineError> {
-    let path = &shared.plan.paths[p];
-    let g = &path.geom;
     let Some((cut, origin)) = &row.cut else {
         return Ok(None);
     };
     if !shared.direct.reads_region(p) {
         return Ok(None);
     }
+    let layout = window_layout(&shared.plan.paths[p].geom, cut, origin)?;
+    row.cut = None;
+    Ok(Some(layout))
+}
+
+/// The tiles of the window a patch `cut` at `origin` covers of a field of `g` (of all of a
+/// chunk's samples).
+fn window_layout(
+    g: &insitubatch_store::ArrayGeometry,
+    cut: &Cut,
+    origin: &[u64],
+) -> Result<TileLayout, EngineError> {
     // The window in the array's own coordinates: the view's range along each leading axis,
     // and along each patched axis the patch's, from the view's start (taken modulo the axis,
     // so a view or a window across a periodic axis's end is a wrapping range).
@@ -282,9 +327,98 @@ fn patch_region(
             (start as i64, end as i64)
         })
         .collect();
-    let layout = TileLayout::new(&g.crop_wrapping(&region)?);
-    row.cut = None;
-    Ok(Some(layout))
+    Ok(TileLayout::new(&g.crop_wrapping(&region)?))
+}
+
+/// Adds the stored chunks of `layout`, a window over chunk `chunk`, to `union`, each once, with
+/// (of a shard holding `inner` chunks) the inner chunks of the chunk's sample `sample` under
+/// the window; returns the array chunk index of each of the window's tiles.
+fn add_to_union(
+    union: &mut Vec<UnionTile>,
+    layout: &TileLayout,
+    (chunk, sample): (u64, u64),
+    inner: Option<&[u64]>,
+) -> Vec<Vec<u64>> {
+    let geom = layout.geom();
+    let tiles: Vec<Vec<u64>> = (0..layout.tiles())
+        .map(|t| geom.array_index(layout.chunk_index(chunk, t)))
+        .collect();
+    for (t, index) in tiles.iter().enumerate() {
+        let at = match union.iter().position(|u| &u.index == index) {
+            Some(at) => at,
+            None => {
+                let parts = inner.map(|_| Vec::new());
+                union.push(UnionTile {
+                    index: index.clone(),
+                    parts,
+                });
+                union.len() - 1
+            }
+        };
+        if let (Some(parts), Some(inner)) = (&mut union[at].parts, inner) {
+            parts.extend(layout.inner_parts(t as u64, inner, sample));
+        }
+    }
+    tiles
+}
+
+/// Each union tile's inner chunks in order, each once.
+fn finish_union(union: &mut [UnionTile]) {
+    for u in union {
+        if let Some(parts) = &mut u.parts {
+            parts.sort_by_key(|p| p.iter().map(|r| r.start).collect::<Vec<_>>());
+            parts.dedup();
+        }
+    }
+}
+
+/// What a region slot (`crate::region_slot`) of plan slot `ps` loads: the stored (inner)
+/// chunks under the window of any of `rows`, the rows of the pass reading it, each once, with
+/// its tile in the slot.
+fn region_slot_tiles(
+    shared: &PassShared,
+    ps: &PlanSlot,
+    rows: &[SlotRow],
+) -> Result<Vec<(u64, UnionTile)>, EngineError> {
+    let (plan, order) = (&shared.plan, &shared.order);
+    let path = &plan.paths[ps.path];
+    let internal = |what: &str| {
+        EngineError::Runtime(format!(
+            "a region slot of `{}` chunk {}: {what} (a bug: please report it)",
+            path.path, ps.chunk
+        ))
+    };
+    let draw = plan.patch.as_ref().ok_or_else(|| internal("no patch"))?;
+    let key = origin_key(&shared.config.split, shared.config.epoch);
+    let inner = shared.arrays[ps.path].inner_chunk_shape();
+    let mut union = Vec::new();
+    for r in rows {
+        let cut = plan.labels[r.label as usize]
+            .cut
+            .as_ref()
+            .ok_or_else(|| internal("a row without a patch"))?;
+        let row = r.row as usize;
+        let origin = draw.origin(shared.config.seed, key, order.anchor(row), order.patch(row));
+        let layout = window_layout(&path.geom, cut, &origin)?;
+        add_to_union(&mut union, &layout, (ps.chunk, u64::from(r.sample)), inner);
+    }
+    finish_union(&mut union);
+    if union.is_empty() {
+        return Err(internal("no window"));
+    }
+    // Each stored chunk's tile among the slot's.
+    let layout = &shared.layouts[ps.path];
+    let geom = layout.geom();
+    let tile_of: std::collections::HashMap<Vec<u64>, u64> = (0..layout.tiles())
+        .map(|t| (geom.array_index(layout.chunk_index(ps.chunk, t)), t))
+        .collect();
+    union
+        .into_iter()
+        .map(|u| match tile_of.get(&u.index) {
+            Some(&t) => Ok((t, u)),
+            None => Err(internal("a window outside the view")),
+        })
+        .collect()
 }
 
 async fn drive<S: Store>(
@@ -327,8 +461,16 @@ async fn drive<S: Store>(
         let mut after: Option<Gate> = None;
         // Where a miss is decoded: its slot, or (a chunk nothing keeps; see `crate::assembly`)
         // its samples' batch rows.
-        let dest = match shared.direct.rows_of(i) {
-            Some((label, rows)) => match shared.owner.pin_resident(&key) {
+        let dest = match (shared.direct.rows_of(i), shared.region_slots.rows_of(i)) {
+            (None, Some(rows)) => {
+                let at = (i, &key, permit);
+                match admit_region_slot(ctx, shared, at, rows, &mut announce).await? {
+                    RegionAdmission::Load(dest, reads) => Some((dest, reads)),
+                    RegionAdmission::Resident => None,
+                    RegionAdmission::Stopped => return Ok(()),
+                }
+            }
+            (Some((label, rows)), _) => match shared.owner.pin_resident(&key) {
                 Some(slot) => {
                     lock(&shared.slots)[i] = SlotEntry::Admitted(slot, permit);
                     None
@@ -339,7 +481,7 @@ async fn drive<S: Store>(
                     Some((dest, reads))
                 }
             },
-            None => {
+            (None, None) => {
                 let mut prepared = look_ahead.take(i, || announce.flush()).await;
                 let admitted = loop {
                     // Read before trying, so that a write ending in between is not missed.
@@ -401,13 +543,14 @@ async fn drive<S: Store>(
         };
         let own_layout = match &reads {
             Reads::Region(layout) => Some(Arc::clone(layout)),
-            Reads::Path | Reads::Regions(_) => None,
+            Reads::Path | Reads::Regions(_) | Reads::Slot(_) => None,
         };
         let layout = own_layout.as_deref().unwrap_or(&shared.layouts[ps.path]);
         let geom = layout.geom();
         let array = &shared.arrays[ps.path];
         let n_tiles = match &reads {
             Reads::Regions(union) => union.len() as u64,
+            Reads::Slot(tiles) => tiles.len() as u64,
             Reads::Path | Reads::Region(_) => layout.tiles(),
         };
         for t in 0..n_tiles {
@@ -429,12 +572,17 @@ async fn drive<S: Store>(
             // A cropped view of a sharded array reads and decodes only the inner chunks its
             // region touches in this tile, and several rows' regions of a shard the inner
             // chunks under any of them; anything else is a whole stored chunk.
-            let (index, part) = match &reads {
+            let (tile, index, part) = match &reads {
                 Reads::Regions(union) => {
                     let u = &union[t as usize];
-                    (u.index.clone(), u.parts.clone())
+                    (t, u.index.clone(), u.parts.clone())
+                }
+                Reads::Slot(tiles) => {
+                    let (tile, u) = &tiles[t as usize];
+                    (*tile, u.index.clone(), u.parts.clone())
                 }
                 Reads::Path | Reads::Region(_) => (
+                    t,
                     geom.array_index(layout.chunk_index(ps.chunk, t)),
                     decodes_in_parts(array, geom)
                         .then(|| layout.tile_parts(t))
@@ -454,8 +602,9 @@ async fn drive<S: Store>(
                 path: ps.path,
                 key: array.chunk_key(&index)?,
                 index,
-                tile: t,
+                tile,
                 part,
+                inner_parts: matches!(reads, Reads::Slot(_)),
                 layout: own_layout.clone(),
                 ordinal: tile_ordinal,
                 permit: inflight,

@@ -25,6 +25,7 @@ pub(crate) struct Counters {
     pub tiles_read: AtomicU64,
     pub tiles_read_waited: AtomicU64,
     pub tiles_into_batches: AtomicU64,
+    pub region_slots: AtomicU64,
     pub bytes_revived: AtomicU64,
 }
 
@@ -73,6 +74,11 @@ pub struct PassStats {
     /// (one per chunk, however many stored chunks its field is; not a chunk holding a bad
     /// stored chunk's stand-in; see `docs/architecture.md`, "Decoding into batch rows").
     pub tiles_into_batches: u64,
+    /// Of the misses, chunks loaded into the pool as the regions their rows' patches read
+    /// rather than whole: of a field several labels read (a window beside its array), only
+    /// the stored (inner) chunks under the windows (see `docs/architecture.md`, "Region
+    /// slots").
+    pub region_slots: u64,
     /// Encoded bytes read from the store.
     pub bytes_read: u64,
     /// Bytes produced by decoding.

@@ -286,6 +286,40 @@ impl TileLayout {
         });
     }
 
+    /// Copies inner chunks `parts` of tile `tile` (a shard; chunk-local ranges, `src` each of
+    /// them decoded in physical C order, one after another) into `slot`: what the view reads
+    /// of them, of each sample they hold, at its place. The slot's other bytes are left as
+    /// they are (a region slot holds only the inner chunks under its rows' windows).
+    pub fn copy_parts_into_slot(
+        &self,
+        tile: u64,
+        parts: &[Vec<Range<u64>>],
+        src: &[u8],
+        slot: &mut [u8],
+    ) {
+        let spc = self.chunk_dims[0] as usize;
+        let sample_bytes = slot.len() / spc.max(1);
+        let sa = self.geom.sample_axis;
+        let mut at = 0usize;
+        for part in parts {
+            let len = part
+                .iter()
+                .map(|r| (r.end - r.start) as usize)
+                .product::<usize>();
+            let bytes = &src[at..at + len * self.elem];
+            at += len * self.elem;
+            for s in part[sa].clone() {
+                let row = &mut slot[s as usize * sample_bytes..][..sample_bytes];
+                self.copy_part_into_row((tile, s), part, bytes, row);
+            }
+        }
+        assert_eq!(
+            at,
+            src.len(),
+            "the parts of tile {tile} are not what was decoded"
+        );
+    }
+
     /// Copies decoded tile `tile` (`src` as for [`TileLayout::copy_into_slot`]) into its
     /// samples' batch rows instead of a slot: `rows[k]` is sample `k` of the slot, one sample
     /// of the view's region (`None`: no row reads it).
@@ -869,6 +903,66 @@ mod tests {
                     let got = from_parts[(p * extent[1] + q) as usize];
                     let sample = chunks[0] + w;
                     assert_eq!(got, value(&[sample, wrap(0, p), wrap(1, q)]), "{what}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn inner_chunks_copied_into_a_slot_land_where_the_whole_tile_would() {
+        // Shards of one and of three samples over (6, 11, 7), inner chunks (1, 3, 2); the whole
+        // field and a view across both seams. Each sample's inner chunks, decoded one by one,
+        // fill exactly that sample's part of the slot, as the whole decoded tiles do.
+        let inner = [1u64, 3, 2];
+        for chunks in [vec![1u64, 6, 4], vec![3, 6, 4], vec![3, 12, 8]] {
+            for region in [None, Some(vec![(-3i64, 2i64), (-1, 3)])] {
+                let whole = geometry(vec![6, 11, 7], chunks.clone());
+                let g = match &region {
+                    Some(r) => whole.crop_wrapping(r).unwrap(),
+                    None => whole.clone(),
+                };
+                let layout = TileLayout::new(&g);
+                let n = layout.chunk_bytes();
+                let mut want = vec![0u8; n];
+                for t in 0..layout.tiles() {
+                    layout.copy_into_slot(
+                        t,
+                        &tile_values(&g, &layout.chunk_index(1, t)),
+                        &mut want,
+                    );
+                }
+                let sample_bytes = n / chunks[0] as usize;
+                for w in 0..chunks[0] {
+                    let what = format!("{chunks:?} {region:?} sample {w}");
+                    let mut got = vec![0xEEu8; n];
+                    for t in 0..layout.tiles() {
+                        let ci = layout.chunk_index(1, t);
+                        let src = tile_values(&g, &ci);
+                        let parts = layout.inner_parts(t, &inner, w);
+                        let mut decoded = Vec::new();
+                        for part in &parts {
+                            for i in part[0].clone() {
+                                for j in part[1].clone() {
+                                    for k in part[2].clone() {
+                                        let at = (i * chunks[1] + j) * chunks[2] + k;
+                                        decoded.push(src[at as usize]);
+                                    }
+                                }
+                            }
+                        }
+                        layout.copy_parts_into_slot(t, &parts, &decoded, &mut got);
+                    }
+                    for (s, (got, want)) in got
+                        .chunks(sample_bytes)
+                        .zip(want.chunks(sample_bytes))
+                        .enumerate()
+                    {
+                        if s as u64 == w {
+                            assert_eq!(got, want, "{what}");
+                        } else {
+                            assert!(got.iter().all(|&b| b == 0xEE), "{what}: sample {s} written");
+                        }
+                    }
                 }
             }
         }

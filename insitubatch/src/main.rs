@@ -53,6 +53,17 @@ struct FieldArgs {
     /// it for several.
     #[arg(long = "cycle", value_name = "LABEL=ARRAY:CYCLE", value_parser = parse_cycle)]
     cycles: Vec<(String, String, insitubatch::Cycle)>,
+    /// A window of a sampled variable, `LABEL=ARRAY:SHIFT` (`t2m_next=t2m:1`): the array's
+    /// sample SHIFT steps after each anchor (before it, negative), cropped like --variables and
+    /// cut from the same patch; anchors whose window would read off the array are dropped.
+    /// Repeat it for several.
+    #[arg(
+        long = "window",
+        value_name = "LABEL=ARRAY:SHIFT",
+        value_parser = parse_window,
+        allow_hyphen_values = true
+    )]
+    windows: Vec<(String, String, i64)>,
 }
 
 impl FieldArgs {
@@ -83,6 +94,14 @@ impl FieldArgs {
             for (label, path) in &self.statics {
                 b = b.static_variable(label, path);
             }
+        }
+        if !self.windows.is_empty() && variables.is_none() {
+            return Err(
+                "--window needs --variables: the sampled variables beside their windows".into(),
+            );
+        }
+        for (label, array, shift) in &self.windows {
+            b = region.view(b, at, (label, array, *shift))?;
         }
         if self.cycles.is_empty() {
             return Ok(b);
@@ -134,6 +153,20 @@ fn parse_cycle(s: &str) -> Result<(String, String, insitubatch::Cycle), String> 
         .rsplit_once(':')
         .ok_or_else(|| format!("`{s}` is not {form}"))?;
     Ok((label, array.trim().to_string(), cycle.parse()?))
+}
+
+/// `LABEL=ARRAY:SHIFT` (`t2m_next=t2m:1`).
+fn parse_window(s: &str) -> Result<(String, String, i64), String> {
+    let form = "LABEL=ARRAY:SHIFT (t2m_next=t2m:1)";
+    let (label, rest) = split_dim(s, form)?;
+    let (array, shift) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| format!("`{s}` is not {form}"))?;
+    let shift = shift
+        .trim()
+        .parse()
+        .map_err(|_| format!("the shift of `{s}` is not a whole number of samples ({form})"))?;
+    Ok((label, array.trim().to_string(), shift))
 }
 
 /// `insitubatch warm`'s arguments.
@@ -465,7 +498,7 @@ impl PassArgs {
             storage_options: &self.store.storage_options,
         };
         for v in self.variables.iter().flatten() {
-            b = self.region.view(b, &at, v)?;
+            b = self.region.view(b, &at, (v, v, 0))?;
         }
         let manifest = self
             .manifest
@@ -817,13 +850,14 @@ struct RegionArgs {
 }
 
 impl RegionArgs {
-    /// Adds `path` of the store at `store` as the variable of that name, cropped to the region
-    /// if there is one (`--coords` read from the store's coordinate arrays).
+    /// Adds `path` of the store at `store` as the variable `label`, `shift` samples from each
+    /// anchor, cropped to the region if there is one (`--coords` read from the store's
+    /// coordinate arrays).
     fn view(
         &self,
         b: DatasetBuilder,
         store: &StoreAt,
-        path: &str,
+        (label, path, shift): (&str, &str, i64),
     ) -> Result<DatasetBuilder, Box<dyn std::error::Error>> {
         if let Some(coords) = &self.coords {
             let periods = self.periodic.as_deref().unwrap_or_default();
@@ -852,20 +886,20 @@ impl RegionArgs {
                 store.storage_options,
             )?;
             // A wrapping crop whose ranges do not wrap is a plain crop.
-            return Ok(b.cropped_window_wrapping(path, path, 0, &r.region));
+            return Ok(b.cropped_window_wrapping(label, path, shift, &r.region));
         }
         let Some(r) = &self.region else {
-            return Ok(b.variable(path, path));
+            return Ok(b.window(label, path, shift));
         };
         if self.wrap {
-            return Ok(b.cropped_window_wrapping(path, path, 0, r));
+            return Ok(b.cropped_window_wrapping(label, path, shift, r));
         }
         let plain: Option<Vec<(u64, u64)>> = r
             .iter()
             .map(|&(lo, hi)| Some((u64::try_from(lo).ok()?, u64::try_from(hi).ok()?)))
             .collect();
         match plain {
-            Some(plain) => Ok(b.cropped_window(path, path, 0, &plain)),
+            Some(plain) => Ok(b.cropped_window(label, path, shift, &plain)),
             None => Err(format!(
                 "--region {r:?} has a negative bound; a range across the end of a periodic axis \
                  (longitude) needs --wrap"
@@ -1043,7 +1077,7 @@ fn warm(args: &WarmArgs) -> CliResult {
         storage_options: &store.storage_options,
     };
     for v in variables.iter().flatten() {
-        b = region.view(b, &at, v)?;
+        b = region.view(b, &at, (v, v, 0))?;
     }
     let manifest = manifest
         .as_ref()
@@ -1151,9 +1185,12 @@ fn print_epoch(r: &EpochReport) {
             (n, 0) => format!(" ({n} revived from cache_dir)"),
             (n, r) => format!(" ({n} revived from cache_dir, {r} cache_dir entries rejected)"),
         },
-        match s.tiles_into_batches {
-            0 => String::new(),
-            n => format!(", {n} decoded into batch rows"),
+        match (s.tiles_into_batches, s.region_slots) {
+            (0, 0) => String::new(),
+            (n, 0) => format!(", {n} decoded into batch rows"),
+            (0, r) => format!(", {r} loaded as their patches' regions"),
+            (n, r) =>
+                format!(", {n} decoded into batch rows, {r} loaded as their patches' regions"),
         },
         human_bytes(s.bytes_read),
         human_bytes(s.bytes_decoded),

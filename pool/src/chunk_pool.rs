@@ -817,6 +817,45 @@ impl Owner {
         admission
     }
 
+    /// Pins the whole chunk `key` if it is resident (a hit, as [`Owner::pin_resident`] would),
+    /// or else admits a loading slot for it that only this admission holds: nobody else finds
+    /// it (it is not a hit for any later admission, this owner's included), it is never written
+    /// to a cache directory, and it is dropped when it is unpinned. For a slot whose contents
+    /// are good only for the pass that loads it (the regions its rows read of each field, not
+    /// the whole chunk). Evicts unpinned slots to make room, as [`Owner::admit`] does, and
+    /// fails like it.
+    pub fn admit_private(
+        &self,
+        key: &SlotKey,
+        nbytes: u64,
+        tiles: u64,
+    ) -> Result<Admission, PoolError> {
+        let mut g = lock(&self.pool.inner);
+        if let Some(id) = self.pinnable(&g, key) {
+            let slot = g.pin(self.id, id);
+            g.stats.hits += 1;
+            g.owners.get_mut(&self.id).expect("registered").hits += 1;
+            return Ok(Admission::Hit(slot));
+        }
+        let room = self.make_room(&mut g, key, nbytes, false);
+        // The cache files of the slots evicted for it (an ephemeral spill's) go now.
+        let doomed = g.take_doomed();
+        let slot = room.map(|()| {
+            let id = g.next_slot;
+            g.next_slot += 1;
+            let slot = Arc::new(Slot::new(id, key.clone(), nbytes, tiles));
+            slot.mark_uncacheable();
+            g.insert(id, &slot, false, self.id, nbytes);
+            g.stats.misses += 1;
+            g.owners.get_mut(&self.id).expect("registered").misses += 1;
+            g.pin(self.id, id);
+            Admission::Miss(slot)
+        });
+        drop(g);
+        self.pool.unlinks(&doomed).now();
+        slot
+    }
+
     /// [`Owner::admit_prepared`], leaving the files of the slots it evicted (an ephemeral
     /// spill's) to the caller, who must have them unlinked ([`Unlinks::run`]) before a new
     /// file can land in their room: before it starts the reads of a chunk it admitted.
@@ -1095,15 +1134,7 @@ impl Owner {
     /// the other iterations' admissions count on.
     pub fn pin_resident(&self, key: &SlotKey) -> Option<Arc<Slot>> {
         let mut g = lock(&self.pool.inner);
-        let owner = &g.owners[&self.id];
-        let resident = g.index.get(key).copied().filter(|id| {
-            let slot = &g.entries[id].slot;
-            slot.phase() == Phase::Ready
-                && !slot.is_closed()
-                && (owner.pins.contains_key(id)
-                    || owner.pinned_bytes + slot.nbytes() <= owner.reserved)
-        });
-        let Some(id) = resident else {
+        let Some(id) = self.pinnable(&g, key) else {
             g.stats.misses += 1;
             g.owners.get_mut(&self.id).expect("registered").misses += 1;
             return None;
@@ -1112,6 +1143,19 @@ impl Owner {
         g.stats.hits += 1;
         g.owners.get_mut(&self.id).expect("registered").hits += 1;
         Some(slot)
+    }
+
+    /// The resident slot of `key` this iteration may pin without a load: ready, its file (if
+    /// revived) open, and within this iteration's reservation unless it pins it already.
+    fn pinnable(&self, g: &Inner, key: &SlotKey) -> Option<u64> {
+        let owner = &g.owners[&self.id];
+        g.index.get(key).copied().filter(|id| {
+            let slot = &g.entries[id].slot;
+            slot.phase() == Phase::Ready
+                && !slot.is_closed()
+                && (owner.pins.contains_key(id)
+                    || owner.pinned_bytes + slot.nbytes() <= owner.reserved)
+        })
     }
 
     /// Releases one pin on `slot`. At zero pins a ready slot becomes evictable; anything else
@@ -1291,6 +1335,45 @@ mod tests {
         drop(tx);
         filler.join().unwrap();
         assert_eq!(pool.stats().misses, ROUNDS);
+    }
+
+    #[test]
+    fn a_private_slot_is_nobody_elses_hit_and_goes_when_unpinned() {
+        let pool = ChunkPool::new(Budget::Bytes(20));
+        let o = pool.register_owner("a", 20).unwrap();
+        // A whole chunk at rest, then a private slot of another chunk.
+        let whole = fill(o.admit(&key(0), 10, 1).unwrap());
+        o.unpin(&whole);
+        let Admission::Miss(private) = o.admit_private(&key(1), 10, 1).unwrap() else {
+            panic!("chunk 1 is not resident")
+        };
+        assert!(
+            !private.is_cacheable(),
+            "never written to a cache directory"
+        );
+        // The same key admitted again is a load of its own, not the private slot: the budget
+        // has room for it only by evicting the whole chunk 0 at rest.
+        let again = o.admit(&key(1), 10, 1).unwrap();
+        let Admission::Miss(again) = again else {
+            panic!("a private slot must not be a hit: {again:?}")
+        };
+        assert!(!Arc::ptr_eq(&again, &private));
+        assert_eq!(pool.stats().evictions, 1, "chunk 0 made room");
+        assert_eq!(pool.stats().misses, 3);
+        // A private slot over the budget with nothing to evict is refused, naming the chunk.
+        let over = o.admit_private(&key(2), 10, 1).unwrap_err();
+        assert!(over.to_string().contains("v[chunk 2]"), "{over}");
+        private.adopt(vec![7; 10]).unwrap();
+        o.unpin(&private);
+        assert_eq!(pool.stats().resident_bytes, 10, "dropped when unpinned");
+        again.adopt(vec![1; 10]).unwrap();
+        o.unpin(&again);
+        // The indexed load stays at rest, a hit, for a private admission too.
+        let Admission::Hit(hit) = o.admit_private(&key(1), 10, 1).unwrap() else {
+            panic!("the whole chunk 1 is resident")
+        };
+        assert!(Arc::ptr_eq(&hit, &again));
+        assert_eq!((pool.stats().hits, pool.stats().misses), (1, 3));
     }
 
     #[test]

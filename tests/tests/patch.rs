@@ -756,21 +756,28 @@ fn patch_values(
     out
 }
 
-#[test]
-fn a_bad_stored_chunk_under_a_patch_read_as_a_region_is_nan_where_the_window_meets_it() {
-    use insitubatch::OnBadChunk;
-    use insitubatch::synth::{SynthSpec, field_value};
+/// A store of `samples` 36 x 72 samples of `t` in 4 x 4 stored chunks of 9 x 18, one sample
+/// per chunk, whose sample 3's stored chunk of rows 0..9 and columns 0..18 decodes to nothing;
+/// and its grid.
+fn store_with_a_bad_chunk(samples: u64) -> ((u64, u64), (tempfile::TempDir, std::path::PathBuf)) {
     let grid = (36u64, 72u64);
-    let (_dir, store) = common::synth_store(&SynthSpec {
-        samples: 8,
+    let store = common::synth_store(&insitubatch::synth::SynthSpec {
+        samples,
         grid,
         sample_chunk: 1,
         inner_chunks: Some((9, 18)),
         variables: vec!["t".into()],
         ..Default::default()
     });
-    // Sample 3's stored chunk of rows 0..9 and columns 0..18 decodes to nothing.
-    std::fs::write(store.join("t/c/3/0/0"), b"this is not zstd").unwrap();
+    std::fs::write(store.1.join("t/c/3/0/0"), b"this is not zstd").unwrap();
+    (grid, store)
+}
+
+#[test]
+fn a_bad_stored_chunk_under_a_patch_read_as_a_region_is_nan_where_the_window_meets_it() {
+    use insitubatch::OnBadChunk;
+    use insitubatch::synth::field_value;
+    let (grid, (_dir, store)) = store_with_a_bad_chunk(8);
     // One patch per sample, and three (the stored chunks under any of them read once).
     for per_sample in [1, 3] {
         let ds = InSituDataset::builder(&store)
@@ -1035,6 +1042,185 @@ fn check_several_patches_read_once(
             }
         }
     }
+}
+
+#[test]
+fn a_field_a_window_also_reads_loads_only_the_chunks_under_the_windows_of_both_labels() {
+    use insitubatch::synth::{SynthSpec, field_value};
+    // `t` and a window `t_next` of it (a forecast's input and target) cut from the same
+    // patches: each chunk of `t` feeds rows of both labels, in two shuffle blocks far apart,
+    // so it goes through the pool, loaded with only the stored (inner) chunks under the
+    // windows of the rows reading it in the pass. 8 x 8 stored chunks of 9 x 18 per sample:
+    // chunk files, shards of one and of four samples.
+    let grid = (72u64, 144u64);
+    let (tile_rows, tile_cols) = (9u64, 18u64);
+    let tiles_per_field = (grid.0 / tile_rows) * (grid.1 / tile_cols);
+    let tile_bytes = tile_rows * tile_cols * 4;
+    let (ph, pw) = (8u64, 16u64);
+    for shard in [None, Some(1), Some(4)] {
+        // Enough chunks that the automatic budget (a few blocks) never holds them all.
+        let n = if shard == Some(4) { 128 } else { 32 };
+        let (_dir, store) = common::synth_store(&SynthSpec {
+            samples: n,
+            grid,
+            sample_chunk: 1,
+            inner_chunks: Some((tile_rows, tile_cols)),
+            shard_samples: shard,
+            variables: vec!["t".into()],
+            ..Default::default()
+        });
+        let k = shard.unwrap_or(1);
+        let chunks = n / k;
+        // The budget: the automatic one, which holds a few blocks; nine tenths of the chunks
+        // the pass reads, which keep ~77 % of a later epoch's whole fields (`0.9^2.5`): worth
+        // it against 32 windows a sample (touching ~81 % of each field), not against two
+        // (~10 %); or one that keeps the split (whole fields then, read once, and later epochs
+        // all hits).
+        let field = tiles_per_field * tile_bytes;
+        let pass_bytes = n * field;
+        for (patches, budget, regions) in [
+            (1, None, true),
+            (3, None, true),
+            (1, Some(pass_bytes * 9 / 10), true),
+            (16, Some(pass_bytes * 9 / 10), false),
+            (1, Some(1u64 << 30), false),
+        ] {
+            let mut b = InSituDataset::builder(&store)
+                .variable("t", "t")
+                .window("t_next", "t", 1)
+                .patch([ph, pw])
+                .patches_per_sample(patches)
+                .batch_size(5)
+                .block_chunks(3);
+            if let Some(bytes) = budget {
+                b = b.cache_budget_bytes(bytes);
+            }
+            let ds = b.build().unwrap();
+            for epoch in 0..2 {
+                let what =
+                    format!("shards of {shard:?}, {patches} per sample, {budget:?}, epoch {epoch}");
+                ds.set_epoch(epoch);
+                let mut pass = ds.train().unwrap();
+                // Each sample's stored chunks (tile row, tile column) under a window of either
+                // label.
+                let mut under: HashMap<u64, std::collections::BTreeSet<(u64, u64)>> =
+                    HashMap::new();
+                let mut rows = 0;
+                for batch in pass.by_ref() {
+                    let batch = batch.unwrap();
+                    rows += batch.len();
+                    for (label, shift) in [("t", 0), ("t_next", 1)] {
+                        for (anchor, i, j, got) in patch_values(&batch, label, pw, grid.1) {
+                            let sample = anchor + shift;
+                            let want = field_value(0, sample, i, j, grid);
+                            assert_eq!(
+                                got, want,
+                                "{what}: {label} of sample {sample} at ({i}, {j})"
+                            );
+                            under
+                                .entry(sample)
+                                .or_default()
+                                .insert((i / tile_rows, j / tile_cols));
+                        }
+                    }
+                }
+                // Every anchor but the last (whose t_next is off the array), each patch once.
+                assert_eq!(rows as u64, (n - 1) * patches, "{what}");
+                let s = pass.stats();
+                assert_eq!(s.tiles_into_batches, 0, "{what}: through the pool: {s:?}");
+                if !regions {
+                    // Whole fields, read once each: what the budget kept are the next epoch's
+                    // hits (all of them, with a budget holding the split).
+                    assert_eq!(s.cache_misses + s.cache_hits, chunks, "{what}: {s:?}");
+                    if budget == Some(1 << 30) {
+                        let misses = if epoch == 0 { chunks } else { 0 };
+                        assert_eq!(s.cache_misses, misses, "{what}: {s:?}");
+                    }
+                    assert_eq!(s.region_slots, 0, "{what}: {s:?}");
+                    assert_eq!(s.bytes_decoded, s.cache_misses * k * field, "{what}: {s:?}");
+                    continue;
+                }
+                let under_any: u64 = under.values().map(|t| t.len() as u64).sum();
+                assert!(under_any < n * tiles_per_field / 2, "{what}: {under_any}");
+                // Every chunk a miss each epoch (a region slot is no later epoch's hit), each
+                // stored (inner) chunk under a window read and decoded once.
+                assert_eq!((s.cache_misses, s.cache_hits), (chunks, 0), "{what}: {s:?}");
+                assert_eq!(s.region_slots, chunks, "{what}: {s:?}");
+                assert_eq!(s.bytes_decoded, under_any * tile_bytes, "{what}: {s:?}");
+                match shard {
+                    None => assert_eq!(s.tiles_read, under_any, "{what}: {s:?}"),
+                    // One read of each shard: its index and the inner chunks under the windows.
+                    Some(_) => assert_eq!(s.tiles_read, chunks, "{what}: {s:?}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bad_stored_chunk_under_a_window_of_either_label_is_nan_where_it_meets_the_window() {
+    use insitubatch::OnBadChunk;
+    use insitubatch::synth::field_value;
+    // `t` of anchor 3 and `t_next` of anchor 2 read the bad chunk where their windows meet it.
+    let (grid, (_dir, store)) = store_with_a_bad_chunk(24);
+    let build = |on_bad| {
+        InSituDataset::builder(&store)
+            .variable("t", "t")
+            .window("t_next", "t", 1)
+            .patch_wrapping([12, 24], [false, true])
+            .decode_into_batches(IntoRows::Always)
+            .on_bad_chunk(on_bad)
+            .batch_size(3)
+            .block_chunks(2)
+            .build()
+            .unwrap()
+    };
+    let ds = build(OnBadChunk::Nan);
+    let (mut bad_rows, mut good) = (0, 0);
+    for epoch in 0..6 {
+        ds.set_epoch(epoch);
+        let mut pass = ds.train().unwrap();
+        for b in pass.by_ref() {
+            let b = b.unwrap();
+            for (label, shift) in [("t", 0), ("t_next", 1)] {
+                for (a, i, j, got) in patch_values(&b, label, 24, grid.1) {
+                    let s = a + shift;
+                    if s == 3 && i < 9 && j < 18 {
+                        assert!(
+                            got.is_nan(),
+                            "{label}: sample 3 at ({i}, {j}) is the bad chunk's"
+                        );
+                        bad_rows += 1;
+                    } else {
+                        let want = field_value(0, s, i, j, grid);
+                        assert_eq!(got, want, "{label}: sample {s} ({i}, {j})");
+                        good += 1;
+                    }
+                }
+            }
+        }
+        let s = pass.stats();
+        assert_eq!(s.tiles_into_batches, 0, "through the pool: {s:?}");
+        assert_eq!(s.region_slots, 24, "as the regions of their windows: {s:?}");
+        let bad: Vec<&str> = s.bad_chunks.iter().map(|b| b.key.as_str()).collect();
+        assert!(bad.iter().all(|k| k.ends_with("c/3/0/0")), "{bad:?}");
+        assert!(bad.len() <= 1, "read once for both labels: {bad:?}");
+    }
+    assert!(
+        bad_rows > 0 && good > 0,
+        "a window met the bad chunk in some epoch"
+    );
+    // Raised, the error names the chunk, in the epoch whose windows meet it.
+    let ds = build(OnBadChunk::Raise);
+    let mut raised = 0;
+    for epoch in 0..6 {
+        ds.set_epoch(epoch);
+        if let Some(Err(e)) = ds.train().unwrap().find(Result::is_err) {
+            assert!(e.to_string().contains("c/3/0/0"), "{e}");
+            raised += 1;
+        }
+    }
+    assert!(raised > 0, "a window met the bad chunk in some epoch");
 }
 
 #[test]
@@ -1577,7 +1763,7 @@ fn random_stores_and_placements_cut_every_patch_from_the_field() {
     // Regions read (of a cropped view), rows decoded in place, several, grid, crop, periodic,
     // several drawn patches of a shard read as regions, rows of several samples per chunk read
     // as regions.
-    let mut covered = [0u32; 9];
+    let mut covered = [0u32; 10];
     for case in 0..cases {
         let mut r = insitubatch_tests::Rng::new(case);
         let grid = (r.range(4, 14), r.range(4, 24));
@@ -1643,6 +1829,16 @@ fn random_stores_and_placements_cut_every_patch_from_the_field() {
                 None => b.variable(label, label),
             };
         }
+        // The next sample of `t` beside it (a forecast's target), cut from the same patches:
+        // the anchors lose the last sample, and `t`'s chunks feed two labels.
+        let next = r.chance(0.3);
+        if next {
+            b = match crop {
+                Some(c) => b.cropped_window_wrapping("t_next", "t", 1, &c),
+                None => b.window("t_next", "t", 1),
+            };
+        }
+        let anchors = samples - u64::from(next);
         b = b
             .patch_wrapping(patch, [false, wrap])
             .batch_size(r.range(1, 7) as usize)
@@ -1659,7 +1855,8 @@ fn random_stores_and_placements_cut_every_patch_from_the_field() {
         let per_sample = ds.patches_per_sample();
         let what = format!(
             "case {case}: grid {grid:?}, {spc}/chunk, inner {inner:?}, sharded {sharded}, crop \
-             {crop:?}, patch {patch:?} wrap {wrap}, placing {placing} ({per_sample}/sample), {mode:?}"
+             {crop:?}, patch {patch:?} wrap {wrap}, placing {placing} ({per_sample}/sample), \
+             {mode:?}, t_next {next}"
         );
         if placing == 2 {
             let want: u64 = (0..2)
@@ -1675,9 +1872,11 @@ fn random_stores_and_placements_cut_every_patch_from_the_field() {
                 let batch = batch.unwrap_or_else(|e| panic!("{what}: {e}"));
                 let origins = batch.patch_origins().unwrap();
                 let n = (patch[0] * patch[1]) as usize;
-                for (var, label) in ["t", "u"].into_iter().enumerate() {
+                let labels = [("t", 0, 0), ("u", 1, 0), ("t_next", 0, 1)];
+                for (label, var, shift) in labels.into_iter().take(2 + usize::from(next)) {
                     let v: &[f32] = batch.array(label).unwrap().values().unwrap();
-                    for (row, &s) in batch.sample_indices().iter().enumerate() {
+                    for (row, &a) in batch.sample_indices().iter().enumerate() {
+                        let s = a + shift;
                         let (i0, j0) = (origins[2 * row], origins[2 * row + 1]);
                         assert!(i0 + patch[0] <= h && (wrap || j0 + patch[1] <= w), "{what}");
                         for (k, got) in v[row * n..(row + 1) * n].iter().enumerate() {
@@ -1689,13 +1888,13 @@ fn random_stores_and_placements_cut_every_patch_from_the_field() {
                                 "{what}: {label} sample {s} at ({i0}, {j0}), element {k}"
                             );
                         }
-                        if var == 0 {
-                            by_anchor.entry(s).or_default().push(vec![i0, j0]);
+                        if label == "t" {
+                            by_anchor.entry(a).or_default().push(vec![i0, j0]);
                         }
                     }
                 }
             }
-            assert_eq!(by_anchor.len() as u64, samples, "{what}");
+            assert_eq!(by_anchor.len() as u64, anchors, "{what}");
             for (a, o) in &mut by_anchor {
                 assert_eq!(o.len() as u64, per_sample, "{what}: sample {a}'s patches");
                 if placing == 2 {
@@ -1721,6 +1920,8 @@ fn random_stores_and_placements_cut_every_patch_from_the_field() {
             // that split the field, decoded into rows, no grid.
             let splits = inner.is_some_and(|i| i != grid);
             covered[8] += u32::from(spc > 1 && splits && placing != 2 && s.tiles_into_batches > 0);
+            // Chunks of a field two labels read, loaded as the regions of their windows.
+            covered[9] += u32::from(s.region_slots > 0);
         }
         covered[3] += u32::from(placing == 1);
         covered[4] += u32::from(placing == 2);
@@ -1729,7 +1930,7 @@ fn random_stores_and_placements_cut_every_patch_from_the_field() {
     }
     eprintln!(
         "regions (of crops), rows in place, several, grids, crops, periodic, several of a \
-         shard, several samples as regions: {covered:?}"
+         shard, several samples as regions, region slots: {covered:?}"
     );
     if cases >= 100 {
         assert!(covered.iter().all(|&c| c >= 4), "coverage {covered:?}");
