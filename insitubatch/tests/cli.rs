@@ -760,6 +760,76 @@ fn bench_reads_a_static_field_once_a_pass_beside_the_sampled_variables() {
 }
 
 #[test]
+fn bench_reads_a_window_beside_its_variable_and_a_patch_of_both_as_regions() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 24 one-sample chunks of 24 x 48, each stored as 4 x 4 chunks of 6 x 12.
+    let store = tmp.path().join("w.zarr");
+    run_ok(
+        cli()
+            .args(["make-dataset", "--samples", "24", "--grid", "24x48"])
+            .args([
+                "--sample-chunk",
+                "1",
+                "--inner-chunks",
+                "6x12",
+                "--variables",
+                "t2m",
+            ])
+            .arg(&store),
+    );
+    let bench = |extra: &[&str]| {
+        let mut c = cli();
+        c.arg("bench")
+            .arg(&store)
+            .args(["--variables", "t2m"])
+            .args(extra);
+        c
+    };
+    // The next sample beside each: the last anchor is dropped, every chunk read once.
+    let out = run_ok(&mut bench(&["--window", "t2m_next=t2m:1", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let stats = &v["epochs"][0]["stats"];
+    assert_eq!(
+        (stats["samples"].as_u64(), stats["cache_misses"].as_u64()),
+        (Some(23), Some(24)),
+        "{stats}"
+    );
+    assert_eq!(stats["dropped_anchors"], 1, "{stats}");
+    // With a patch of both, forced onto region slots: every chunk loaded as the stored chunks
+    // under the two labels' windows, fewer than its 16.
+    let out = run_ok(
+        bench(&["--window", "t2m_next=t2m:1", "--patch", "4x8", "--json"])
+            .env("INSITUBATCH_DECODE_INTO_BATCHES", "always"),
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let stats = &v["epochs"][0]["stats"];
+    assert_eq!(stats["region_slots"], 24, "{stats}");
+    assert!(
+        stats["tiles_read"].as_u64().unwrap() < 24 * 16 / 2,
+        "{stats}"
+    );
+    // A window of the sample before: the first anchor is dropped instead.
+    let out = run_ok(&mut bench(&["--window", "t2m_prev=t2m:-1", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["epochs"][0]["stats"]["samples"], 23);
+    fails_with(
+        cli()
+            .arg("bench")
+            .arg(&store)
+            .args(["--window", "t2m_next=t2m:1"]),
+        &["--window needs --variables"],
+    );
+    fails_with(
+        &mut bench(&["--window", "t2m_next=t2m:next"]),
+        &["--window", "not a whole number of samples"],
+    );
+    fails_with(
+        &mut bench(&["--window", "t2m_next"]),
+        &["--window", "t2m_next"],
+    );
+}
+
+#[test]
 fn stats_prints_each_arrays_statistics_over_the_split() {
     let tmp = tempfile::tempdir().unwrap();
     let (store, manifest, _) = store_and_split(tmp.path(), &[]);
