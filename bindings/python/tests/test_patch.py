@@ -236,3 +236,36 @@ def test_the_stitcher_example_in_the_python_docs_puts_every_field_back(tmp_path,
     t2m = zarr.open_array(store / "t2m", mode="r")
     for s, field in forecasts.items():
         np.testing.assert_array_equal(field, t2m[s])
+
+
+def test_a_field_a_window_also_reads_is_loaded_as_the_chunks_under_both_windows(tmp_path, monkeypatch):
+    # x and its next sample x_next cut from the same patch: each chunk feeds rows of both
+    # labels, so it goes through the pool, loaded with only the stored chunks under the windows
+    # (`stats()["region_slots"]`); the values are zarr-python's either way.
+    store = tmp_path / "tiles.zarr"
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((16, 12, 24)).astype("float32")
+    a = zarr.create_array(store, name="x", shape=data.shape, chunks=(1, 3, 6), dtype="float32")
+    a[...] = data
+    g = isb.open_geometries(store, ["x"])
+
+    def epoch(seed):
+        views = {"x": g["x"], "x_next": g["x"].shift(1)}
+        with isb.InSituDataset(store, None, views, patch=(3, 5), batch_size=4, block_chunks=2,
+                               seed=seed) as ds:
+            rows = []
+            for b in ds.train:
+                for r, a in enumerate(b.sample_indices):
+                    o = b.patch_origins[r]
+                    np.testing.assert_array_equal(b.arrays["x"][r], cut(data[a], o, (3, 5)))
+                    np.testing.assert_array_equal(b.arrays["x_next"][r], cut(data[a + 1], o, (3, 5)))
+                    rows.append(int(a))
+            return sorted(rows), ds.stats()
+
+    monkeypatch.setenv("INSITUBATCH_DECODE_INTO_BATCHES", "always")
+    for seed in range(3):
+        rows, s = epoch(seed)
+        assert rows == list(range(15))  # the last anchor's x_next is off the array
+        assert s["region_slots"] == s["cache_misses"] == 16
+        # Each of the 16 fields is 4 x 4 stored chunks; two 3 x 5 windows touch at most 8.
+        assert s["tiles_read"] <= 16 * 8 and s["tiles_into_batches"] == 0
