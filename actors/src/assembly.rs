@@ -16,7 +16,8 @@
 //! read as the region its row's patch covers, each stored chunk under the window copying its
 //! box in (with several patches per sample, the stored chunks under any of the windows, each
 //! read once and copied into every row whose window it is under); any other chunk goes
-//! through the pool.
+//! through the pool (a patched field two labels read, loaded there with only the stored chunks
+//! under the windows: `crate::region_slot`).
 //!
 //! [`DirectRows::plan`] decides, when a pass starts, which of its slots go this way: a chunk
 //! (of one or several tiles, each a stored chunk copying its box of each sample in; a cropped
@@ -150,7 +151,8 @@ impl DirectRows {
             labels_of[l.path] += 1;
             shared[l.path] |= l.map.shares_samples();
         }
-        // A chunk read by two labels (a window beside its array) is a slot both copy from; a
+        // A chunk read by two labels (a window beside its array) is a slot both copy from (with
+        // a patch, perhaps a region slot: `crate::region_slot`); a
         // chunk read from blocks far apart (an array chunked coarser than the order's grid)
         // would open every batch between them at once.
         let mut eligible: Vec<bool> = plan
