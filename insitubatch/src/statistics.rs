@@ -6,6 +6,11 @@
 //! one pass as sums of differences from its first value, and runs are merged with Chan et
 //! al.'s pairwise update, so a field whose mean is large against its spread (temperatures in
 //! kelvin) keeps its variance. NaN values are left out and counted.
+//!
+//! Quantiles, when asked for, come from a histogram of every value in log-linear buckets
+//! ([`Sketch`]): 128 per power of two, so a quantile is within 1/256 of its value (relative)
+//! of numpy's, at a table lookup per value, in memory that grows with the powers of two the
+//! values span, not with their count.
 
 use std::collections::BTreeMap;
 
@@ -34,6 +39,12 @@ pub struct Statistics {
     pub min: Vec<f64>,
     /// Greatest value (NaN where there are none).
     pub max: Vec<f64>,
+    /// The probabilities asked for (empty unless quantiles were asked for).
+    pub quantiles: Vec<f64>,
+    /// Per index, the value at each of `quantiles` (numpy's default, linear between the order
+    /// statistics around it), within 1/256 of it (relative; the least and greatest exact); NaN
+    /// where there are no values.
+    pub quantile_values: Vec<Vec<f64>>,
 }
 
 impl Statistics {
@@ -61,7 +72,8 @@ impl Statistics {
     }
 
     /// As JSON: `{"axis", "count", "nan_count", "mean", "std", "min", "max"}`, lists of one
-    /// value per index (NaN, which JSON lacks, as null).
+    /// value per index (NaN, which JSON lacks, as null), and with quantiles `"quantiles"` (the
+    /// probabilities) and `"quantile_values"` (per index, a list of one value per probability).
     pub fn to_json(&self) -> serde_json::Value {
         let floats = |v: &[f64]| -> Vec<serde_json::Value> {
             v.iter()
@@ -70,7 +82,7 @@ impl Statistics {
                 })
                 .collect()
         };
-        serde_json::json!({
+        let mut out = serde_json::json!({
             "axis": self.axis,
             "count": self.count,
             "nan_count": self.nan_count,
@@ -78,7 +90,126 @@ impl Statistics {
             "std": floats(&self.std),
             "min": floats(&self.min),
             "max": floats(&self.max),
-        })
+        });
+        if !self.quantiles.is_empty() {
+            out["quantiles"] = floats(&self.quantiles).into();
+            out["quantile_values"] = self
+                .quantile_values
+                .iter()
+                .map(|v| serde_json::Value::from(floats(v)))
+                .collect();
+        }
+        out
+    }
+}
+
+/// Mantissa bits kept per bucket: 128 buckets per power of two.
+const SKETCH_BITS: u32 = 7;
+
+/// A histogram of values in log-linear buckets, for quantiles: the buckets are the values'
+/// `f64` bit patterns cut to sign, exponent and the top [`SKETCH_BITS`] of the mantissa,
+/// ordered as the values are (negative ones with their bits inverted), so each covers 1/128 of
+/// a power of two and a value is known to 1/256 of itself from its bucket's middle. Kept as one
+/// block of 128 counts per (sign, exponent) the values reach.
+#[derive(Clone, Debug, Default)]
+struct Sketch {
+    blocks: Vec<Option<Box<[u64; 1 << SKETCH_BITS]>>>,
+    n: u64,
+}
+
+impl Sketch {
+    /// Bits below a bucket.
+    const SHIFT: u32 = 64 - 12 - SKETCH_BITS;
+
+    /// The bucket of `v` (not NaN), in the values' order.
+    fn bucket(v: f64) -> u64 {
+        let bits = v.to_bits();
+        let key = if bits >> 63 == 1 {
+            !bits
+        } else {
+            bits | 1 << 63
+        };
+        key >> Self::SHIFT
+    }
+
+    /// The value in the middle of bucket `b`.
+    fn middle(b: u64) -> f64 {
+        let key = (b << Self::SHIFT) | (1 << (Self::SHIFT - 1));
+        let bits = if key >> 63 == 1 {
+            key & !(1 << 63)
+        } else {
+            !key
+        };
+        let v = f64::from_bits(bits);
+        // The buckets of the least exponent hold zero (and the subnormals, within 2^-1022 of
+        // it); those of the largest the infinities (NaN is never counted).
+        if (bits >> 52) & 0x7ff == 0 {
+            0.0
+        } else if v.is_nan() {
+            if bits >> 63 == 1 {
+                f64::NEG_INFINITY
+            } else {
+                f64::INFINITY
+            }
+        } else {
+            v
+        }
+    }
+
+    fn add(&mut self, v: f64) {
+        if v.is_nan() {
+            return;
+        }
+        let b = Self::bucket(v);
+        let (block, slot) = (
+            (b >> SKETCH_BITS) as usize,
+            (b & ((1 << SKETCH_BITS) - 1)) as usize,
+        );
+        if self.blocks.len() <= block {
+            self.blocks.resize_with(block + 1, || None);
+        }
+        self.blocks[block].get_or_insert_with(|| Box::new([0; 1 << SKETCH_BITS]))[slot] += 1;
+        self.n += 1;
+    }
+
+    /// The middle of the bucket holding the `rank`-th value in order (from 0).
+    fn at_rank(&self, rank: u64) -> f64 {
+        let mut seen = 0u64;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let Some(block) = block else { continue };
+            for (j, &c) in block.iter().enumerate() {
+                seen += c;
+                if seen > rank {
+                    return Self::middle(((i as u64) << SKETCH_BITS) | j as u64);
+                }
+            }
+        }
+        f64::NAN
+    }
+
+    /// The value at probability `q` as numpy's default computes it (linear between the order
+    /// statistics at `q * (n - 1)`), each from its bucket, kept within `[min, max]`.
+    fn quantile(&self, q: f64, (min, max): (f64, f64)) -> f64 {
+        if self.n == 0 {
+            return f64::NAN;
+        }
+        let h = q * (self.n - 1) as f64;
+        let (lo, frac) = (h.floor(), h - h.floor());
+        let a = self.at_rank(lo as u64);
+        let v = if frac > 0.0 {
+            let b = self.at_rank(lo as u64 + 1);
+            a + (b - a) * frac
+        } else {
+            a
+        };
+        // The extremes are known exactly.
+        if q <= 0.0 {
+            min
+        } else if q >= 1.0 {
+            max
+        } else {
+            v.clamp(min, max)
+        }
     }
 }
 
@@ -249,6 +380,10 @@ pub(crate) struct Accumulator {
     len: usize,
     inner: usize,
     moments: Vec<Moments>,
+    /// The probabilities of the quantiles asked for, and per index the histogram they are
+    /// read from (both empty without).
+    quantiles: Vec<f64>,
+    sketches: Vec<Sketch>,
 }
 
 impl Accumulator {
@@ -296,7 +431,17 @@ impl Accumulator {
             len,
             inner,
             moments: vec![Moments::EMPTY; len],
+            quantiles: Vec::new(),
+            sketches: Vec::new(),
         })
+    }
+
+    /// Keeps the quantiles at probabilities `quantiles` too (checked by the caller).
+    fn keep_quantiles(&mut self, quantiles: &[f64]) {
+        if !quantiles.is_empty() {
+            self.quantiles = quantiles.to_vec();
+            self.sketches = vec![Sketch::default(); self.len];
+        }
     }
 
     /// Adds every row of `array`.
@@ -344,7 +489,12 @@ impl Accumulator {
             for o in 0..self.outer {
                 for (j, m) in self.moments.iter_mut().enumerate() {
                     let at = ((r * self.outer + o) * self.len + j) * self.inner;
-                    m.merge(&moments(&values[at..at + self.inner], f));
+                    let run = &values[at..at + self.inner];
+                    m.merge(&moments(run, f));
+                    // Again while the run is in cache.
+                    if let Some(sketch) = self.sketches.get_mut(j) {
+                        run.iter().for_each(|&x| sketch.add(f(x)));
+                    }
                 }
             }
         }
@@ -384,6 +534,9 @@ impl Accumulator {
         for run in 0..runs {
             let block = &values[run * len * inner..(run + 1) * len * inner];
             for (j, part) in block.chunks_exact(inner).enumerate() {
+                if let Some(sketch) = self.sketches.get_mut(j) {
+                    part.iter().for_each(|&x| sketch.add(f(x)));
+                }
                 let ((n, nan, s1, s2, min, max), c) = (&mut acc[j], shift[j]);
                 for &x in part {
                     let v = f(x);
@@ -420,9 +573,22 @@ impl Accumulator {
                 .collect(),
             min: m.iter().map(|m| or_nan(m.n, m.min)).collect(),
             max: m.iter().map(|m| or_nan(m.n, m.max)).collect(),
+            quantiles: self.quantiles.clone(),
+            quantile_values: self
+                .sketches
+                .iter()
+                .zip(m)
+                .map(|(sk, m)| {
+                    let q = |q: f64| sk.quantile(q, (m.min, m.max));
+                    self.quantiles.iter().map(|&p| q(p)).collect()
+                })
+                .collect(),
         }
     }
 }
+
+/// The most quantiles one accumulator keeps.
+const MAX_QUANTILES: usize = 64;
 
 /// Statistics accumulated batch by batch, for a loop that iterates the batches itself (the
 /// C API and Python feed it each batch they receive); [`InSituDataset::statistics`] runs an
@@ -453,6 +619,29 @@ impl StatisticsAccumulator {
             arrays.insert(spec.name.clone(), a);
         }
         Ok(Self { arrays })
+    }
+
+    /// Keeps the quantiles at probabilities `quantiles` too (each in `[0, 1]`; at most 64):
+    /// [`Statistics::quantile_values`]. An error names a probability out of range.
+    pub fn with_quantiles(mut self, quantiles: &[f64]) -> Result<Self, EngineError> {
+        if quantiles.len() > MAX_QUANTILES {
+            return Err(EngineError::arg(
+                "quantiles",
+                quantiles.len(),
+                format!("ask for at most {MAX_QUANTILES} quantiles at once"),
+            ));
+        }
+        if let Some(bad) = quantiles.iter().find(|q| !(0.0..=1.0).contains(*q)) {
+            return Err(EngineError::arg(
+                "quantiles",
+                bad,
+                "a quantile's probability is between 0 and 1 (0.99 for the 99th percentile)",
+            ));
+        }
+        for a in self.arrays.values_mut() {
+            a.keep_quantiles(quantiles);
+        }
+        Ok(self)
     }
 
     /// Adds every row of `batch` (a batch of the dataset this was made for: an array of another
@@ -559,7 +748,20 @@ impl InSituDataset {
         split: &str,
         axis: Option<usize>,
     ) -> Result<BTreeMap<String, Statistics>, EngineError> {
-        let mut acc = StatisticsAccumulator::new(self, axis)?;
+        self.statistics_with_quantiles(split, axis, &[])
+    }
+
+    /// [`InSituDataset::statistics`] with the quantiles at probabilities `quantiles` too (each
+    /// in `[0, 1]`, at most 64: `[0.01, 0.99]` for robust bounds to clip to), from a histogram
+    /// of every value, within 1/256 of numpy's (relative; the least and greatest exact):
+    /// [`Statistics::quantile_values`].
+    pub fn statistics_with_quantiles(
+        &self,
+        split: &str,
+        axis: Option<usize>,
+        quantiles: &[f64],
+    ) -> Result<BTreeMap<String, Statistics>, EngineError> {
+        let mut acc = StatisticsAccumulator::new(self, axis)?.with_quantiles(quantiles)?;
         for batch in self.iter(split)? {
             acc.add(&batch?)?;
         }
@@ -607,6 +809,54 @@ mod tests {
         let with_nan = moments(&[1.0, f64::NAN, 3.0], |v| v);
         assert_eq!((with_nan.n, with_nan.nan, with_nan.mean), (2, 1, 2.0));
         assert_eq!((with_nan.min, with_nan.max), (1.0, 3.0));
+    }
+
+    #[test]
+    fn quantiles_from_the_sketch_are_numpys_within_a_bucket() {
+        // Values of both signs over several powers of two, zeros, repeats and an infinity.
+        let mut values: Vec<f64> = (0..20_000)
+            .map(|i| {
+                let x = ((i * 7919) % 10_007) as f64 / 10_007.0;
+                (x - 0.3) * 1000.0 * (1.0 + (i % 13) as f64)
+            })
+            .collect();
+        values.extend([0.0, 0.0, -0.0, 5.0, 5.0, 5.0, f64::INFINITY]);
+        let mut sketch = Sketch::default();
+        values.iter().for_each(|&v| sketch.add(v));
+        sketch.add(f64::NAN);
+        let mut sorted = values.clone();
+        sorted.sort_by(f64::total_cmp);
+        let (min, max) = (sorted[0], *sorted.last().unwrap());
+        let n = sorted.len();
+        for q in [0.0, 0.001, 0.01, 0.25, 0.3, 0.5, 0.75, 0.99, 0.999, 1.0] {
+            // numpy's default: linear between the order statistics around q * (n - 1).
+            let h = q * (n - 1) as f64;
+            let (lo, frac) = (h.floor() as usize, h - h.floor());
+            let want = if frac > 0.0 {
+                sorted[lo] + (sorted[lo + 1] - sorted[lo]) * frac
+            } else {
+                sorted[lo]
+            };
+            let got = sketch.quantile(q, (min, max));
+            let tolerance = want.abs() / 256.0 + 1e-12;
+            let close = got == want || (got - want).abs() <= tolerance;
+            assert!(close, "q {q}: {got} against {want}");
+        }
+        assert_eq!(sketch.quantile(1.0, (min, max)), f64::INFINITY);
+        assert_eq!(sketch.quantile(0.0, (min, max)), min);
+        // The buckets keep the values' order, so the middle of each is inside it.
+        for v in [-3.5e10, -1.0, -1e-300, 0.0, 1e-300, 0.75, 1.0, 2.0, 1e300] {
+            let m = Sketch::middle(Sketch::bucket(v));
+            assert!((m - v).abs() <= v.abs() / 256.0, "{v}: {m}");
+            assert_eq!(Sketch::bucket(m), Sketch::bucket(v), "{v}");
+        }
+        // Zero is exact (a field half of zeros, precipitation, has a median of 0).
+        assert_eq!(Sketch::middle(Sketch::bucket(0.0)), 0.0);
+        assert!(
+            Sketch::default()
+                .quantile(0.5, (f64::NAN, f64::NAN))
+                .is_nan()
+        );
     }
 
     #[test]

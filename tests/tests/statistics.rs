@@ -20,6 +20,18 @@ fn values(f: &insitubatch_tests::FixtureArray) -> Vec<f64> {
 /// The statistics of `samples` (indices along axis 0 of an array of `shape`) per index along
 /// inner axis `axis`, in two passes in f64: the reference the library is held to.
 fn reference(vals: &[f64], shape: &[u64], samples: &[u64], axis: Option<usize>) -> Statistics {
+    reference_with(vals, shape, samples, axis, &[])
+}
+
+/// [`reference`] with the quantiles at probabilities `quantiles`, numpy's default: linear
+/// between the sorted values around `q * (n - 1)`.
+fn reference_with(
+    vals: &[f64],
+    shape: &[u64],
+    samples: &[u64],
+    axis: Option<usize>,
+    quantiles: &[f64],
+) -> Statistics {
     let inner: Vec<usize> = shape[1..].iter().map(|&d| d as usize).collect();
     let per_sample: usize = inner.iter().product();
     let (len, after) = match axis {
@@ -41,9 +53,25 @@ fn reference(vals: &[f64], shape: &[u64], samples: &[u64], axis: Option<usize>) 
         std: vec![],
         min: vec![],
         max: vec![],
+        quantiles: quantiles.to_vec(),
+        quantile_values: vec![],
     };
     for g in groups {
         let ok: Vec<f64> = g.iter().copied().filter(|v| !v.is_nan()).collect();
+        if !quantiles.is_empty() {
+            let mut sorted = ok.clone();
+            sorted.sort_by(f64::total_cmp);
+            let at = |q: f64| {
+                let h = q * (sorted.len() - 1) as f64;
+                let (lo, frac) = (h.floor() as usize, h - h.floor());
+                match sorted.get(lo + 1) {
+                    Some(next) if frac > 0.0 => sorted[lo] + (next - sorted[lo]) * frac,
+                    _ => sorted[lo],
+                }
+            };
+            st.quantile_values
+                .push(quantiles.iter().map(|&q| at(q)).collect());
+        }
         let n = ok.len() as f64;
         let mean = ok.iter().sum::<f64>() / n;
         st.count.push(ok.len() as u64);
@@ -77,6 +105,71 @@ fn assert_close(got: &Statistics, want: &Statistics, what: &str) {
                 "{what} {name}: {g:?} against {w:?}"
             );
         }
+    }
+    // Quantiles within a bucket of the sketch: 1/256 of the value.
+    assert_eq!(got.quantiles, want.quantiles, "{what}");
+    assert_eq!(
+        got.quantile_values.len(),
+        want.quantile_values.len(),
+        "{what}"
+    );
+    for (g, w) in got.quantile_values.iter().zip(&want.quantile_values) {
+        assert_eq!(g.len(), w.len(), "{what}");
+        for (a, b) in g.iter().zip(w) {
+            assert!(
+                (a - b).abs() <= b.abs() / 256.0 + 1e-12,
+                "{what} quantiles: {g:?} against {w:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn quantiles_of_a_split_are_numpys_of_zarr_pythons_values_within_a_bucket() {
+    let t2m = fixture("era5_v3", "t2m");
+    let u10 = fixture("era5_v3", "u10");
+    let ds = InSituDataset::builder(&t2m.store)
+        .variable("x", "t2m")
+        .variable("u", "u10")
+        .batch_size(3)
+        .build()
+        .unwrap();
+    let qs = [0.0, 0.01, 0.1, 0.5, 0.9, 0.99, 1.0];
+    let anchors = ds.order("train").unwrap().anchors();
+    for axis in [None, Some(0)] {
+        let got = ds.statistics_with_quantiles("train", axis, &qs).unwrap();
+        let what = format!("axis {axis:?}");
+        for (label, f) in [("x", &t2m), ("u", &u10)] {
+            let want = reference_with(&values(f), &f.shape, &anchors, axis, &qs);
+            assert_close(&got[label], &want, &what);
+            // The least and greatest are exact.
+            for (v, (min, max)) in got[label]
+                .quantile_values
+                .iter()
+                .zip(want.min.iter().zip(&want.max))
+            {
+                assert_eq!((v[0], v[qs.len() - 1]), (*min, *max), "{what}");
+            }
+        }
+        let json = StatisticsAccumulator::new(&ds, axis)
+            .unwrap()
+            .with_quantiles(&qs)
+            .unwrap()
+            .to_json();
+        assert_eq!(json["x"]["quantiles"].as_array().unwrap().len(), qs.len());
+    }
+    // Without quantiles nothing is kept, and the JSON has no such keys.
+    let plain = ds.statistics("train", None).unwrap();
+    assert!(plain["x"].quantiles.is_empty() && plain["x"].quantile_values.is_empty());
+    let json = StatisticsAccumulator::new(&ds, None).unwrap().to_json();
+    assert!(json["x"].get("quantiles").is_none(), "{json}");
+    // A probability out of range, or too many, is refused by name.
+    for bad in [vec![1.5], vec![-0.1], vec![f64::NAN], vec![0.5; 65]] {
+        let e = ds
+            .statistics_with_quantiles("train", None, &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`quantiles`"), "{bad:?}: {e}");
     }
 }
 
