@@ -671,6 +671,10 @@ enum Command {
         /// level of a (time, level, lat, lon) array); default one over whole samples.
         #[arg(long)]
         axis: Option<usize>,
+        /// The values at these probabilities too, comma-separated (0.01,0.99: robust bounds to
+        /// clip to), within 1/256 of numpy's `quantile`.
+        #[arg(long, value_delimiter = ',')]
+        quantiles: Vec<f64>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -1001,6 +1005,25 @@ fn render_statistics(
                 "{name:<16} {index:>6} {:>12} {:>5} {:>14.6} {:>14.6} {:>14.6} {:>14.6}",
                 s.count[i], s.nan_count[i], s.mean[i], s.std[i], s.min[i], s.max[i]
             );
+        }
+    }
+    // The quantiles, one column per probability.
+    let Some(first) = stats.values().find(|s| !s.quantiles.is_empty()) else {
+        return out;
+    };
+    let _ = write!(out, "{:<16} {:>6}", "quantiles", "index");
+    for q in &first.quantiles {
+        let _ = write!(out, " {:>14}", format!("q{q}"));
+    }
+    out.push('\n');
+    for (name, s) in stats {
+        for (i, values) in s.quantile_values.iter().enumerate() {
+            let index = s.axis.map_or("all".to_string(), |_| i.to_string());
+            let _ = write!(out, "{name:<16} {index:>6}");
+            for v in values {
+                let _ = write!(out, " {v:>14.6}");
+            }
+            out.push('\n');
         }
     }
     out
@@ -1572,9 +1595,14 @@ fn run(cli: Cli) -> CliResult {
                 ))
             }
         }
-        Command::Stats { pass, axis, json } => {
+        Command::Stats {
+            pass,
+            axis,
+            quantiles,
+            json,
+        } => {
             let ds = pass.dataset(pass.budget()?)?;
-            let stats = ds.statistics(&pass.split, axis)?;
+            let stats = ds.statistics_with_quantiles(&pass.split, axis, &quantiles)?;
             if json {
                 let v: serde_json::Map<String, serde_json::Value> = stats
                     .iter()

@@ -172,7 +172,9 @@ impl Sketch {
         self.n += 1;
     }
 
-    /// The middle of the bucket holding the `rank`-th value in order (from 0).
+    /// The middle of the bucket holding the `rank`-th value in order (from 0). (Placing it in
+    /// the bucket by its rank among the bucket's values, as if they were spread evenly, was
+    /// closer on smooth fields but up to a whole bucket off where a bucket holds few values.)
     fn at_rank(&self, rank: u64) -> f64 {
         let mut seen = 0u64;
         for (i, block) in self.blocks.iter().enumerate() {

@@ -884,6 +884,41 @@ fn stats_prints_each_arrays_statistics_over_the_split() {
         cli().arg("stats").arg(&store).args(["--axis", "2"]),
         &["`axis`", "2 axes"],
     );
+    // Quantiles: one list per index, within [min, max], in order, the extremes exact.
+    let q = stats(&["--axis", "0", "--quantiles", "0,0.5,0.99,1"]);
+    let t2m = &q["t2m"];
+    assert_eq!(
+        t2m["quantiles"],
+        serde_json::json!([0.0, 0.5, 0.99, 1.0]),
+        "{q}"
+    );
+    let rows = t2m["quantile_values"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{q}");
+    for (i, row) in rows.iter().enumerate() {
+        let v: Vec<f64> = row
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert!(v.windows(2).all(|w| w[0] <= w[1]), "{v:?}");
+        assert_eq!(v[0], t2m["min"][i].as_f64().unwrap(), "{q}");
+        assert_eq!(v[3], t2m["max"][i].as_f64().unwrap(), "{q}");
+    }
+    let table = run_ok(
+        cli()
+            .arg("stats")
+            .arg(&store)
+            .args(["--quantiles", "0.01,0.99"]),
+    );
+    assert!(
+        table.contains("q0.01") && table.contains("q0.99"),
+        "{table}"
+    );
+    fails_with(
+        cli().arg("stats").arg(&store).args(["--quantiles", "1.5"]),
+        &["`quantiles`", "between 0 and 1"],
+    );
 }
 
 #[test]

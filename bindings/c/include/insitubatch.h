@@ -25,7 +25,7 @@
 /*
  Version of this ABI; the Python shim refuses a library whose version differs.
  */
-#define ISB_ABI_VERSION 22
+#define ISB_ABI_VERSION 23
 
 /*
  DLPack version of the exported structs.
@@ -615,9 +615,11 @@ IsbStatus isb_dataset_memory_json(const struct IsbDataset *ds,
  A statistics accumulator for the batch arrays of `ds` (each label's, each stack's), per
  `params_json` — `{"axis": k}`: one entry per index along inner axis `k` of the rows (0 the
  first after the sample axis: per level, or a stack's channels), or `{}` (or `"axis": null`)
- for one entry over whole samples. Feed it batches with `isb_statistics_add` and read it
- with `isb_statistics_json`; free it with `isb_statistics_free`. A complex array, or an axis
- the rows lack, is `ISB_INVALID_ARGUMENT` (ABI 15).
+ for one entry over whole samples; `"quantiles": [0.01, 0.99]` keeps the quantiles at those
+ probabilities too (ABI 23; each in `[0, 1]`, at most 64). Feed it batches with
+ `isb_statistics_add` and read it with `isb_statistics_json`; free it with
+ `isb_statistics_free`. A complex array, an axis the rows lack, or a probability out of range
+ is `ISB_INVALID_ARGUMENT` (ABI 15).
 
  # Safety
  `ds` is NULL or a live dataset; `params_json` is NUL-terminated; `out` is writable; `err`
@@ -645,7 +647,9 @@ IsbStatus isb_statistics_add(const struct IsbStatistics *stats,
  "nan_count", "mean", "std", "min", "max"}`: lists of one value per index along the axis
  (one value without an axis); `std` is the population standard deviation (numpy's
  `ddof=0`); NaN values are left out and counted in `nan_count`; an index without values has
- null mean, std, min and max (ABI 15). Free `*out_json` with `isb_string_free`.
+ null mean, std, min and max (ABI 15). With quantiles asked for, also `"quantiles"` (the
+ probabilities) and `"quantile_values"` (per index, one value per probability, numpy's
+ default within 1/256 of the value; ABI 23). Free `*out_json` with `isb_string_free`.
 
  # Safety
  `stats` is NULL or a live accumulator; `out_json` is writable; `err` is NULL or writable.

@@ -612,7 +612,8 @@ class Dataset : public detail::Handle<IsbDataset, isb_dataset_free> {
 
   // Count, NaN count, mean, standard deviation, min and max of each batch array over one
   // epoch of `split`, as JSON (isb_statistics_new/add/json): `params_json` {"axis": k} gives
-  // one entry per index along inner axis k of the rows, "{}" one over whole samples.
+  // one entry per index along inner axis k of the rows, "{}" one over whole samples;
+  // "quantiles": [0.01, 0.99] adds the values at those probabilities (ABI 23).
   std::string statistics_json(const std::string &split = "train",
                               const std::string &params_json = "{}") const {
     IsbStatistics *raw = nullptr;

@@ -15,7 +15,7 @@ use crate::dlpack::{self, DLManagedTensorVersioned};
 use crate::status::{IsbError, IsbStatus, boundary, null};
 
 /// Version of this ABI; the Python shim refuses a library whose version differs.
-pub const ISB_ABI_VERSION: u32 = 22;
+pub const ISB_ABI_VERSION: u32 = 23;
 
 /// A dataset: a store, its variables, a split manifest and a chunk pool. Any thread.
 pub struct IsbDataset {
@@ -1322,14 +1322,18 @@ pub struct IsbStatistics {
 struct StatisticsParams {
     #[serde(default)]
     axis: Option<usize>,
+    #[serde(default)]
+    quantiles: Vec<f64>,
 }
 
 /// A statistics accumulator for the batch arrays of `ds` (each label's, each stack's), per
 /// `params_json` — `{"axis": k}`: one entry per index along inner axis `k` of the rows (0 the
 /// first after the sample axis: per level, or a stack's channels), or `{}` (or `"axis": null`)
-/// for one entry over whole samples. Feed it batches with `isb_statistics_add` and read it
-/// with `isb_statistics_json`; free it with `isb_statistics_free`. A complex array, or an axis
-/// the rows lack, is `ISB_INVALID_ARGUMENT` (ABI 15).
+/// for one entry over whole samples; `"quantiles": [0.01, 0.99]` keeps the quantiles at those
+/// probabilities too (ABI 23; each in `[0, 1]`, at most 64). Feed it batches with
+/// `isb_statistics_add` and read it with `isb_statistics_json`; free it with
+/// `isb_statistics_free`. A complex array, an axis the rows lack, or a probability out of range
+/// is `ISB_INVALID_ARGUMENT` (ABI 15).
 ///
 /// # Safety
 /// `ds` is NULL or a live dataset; `params_json` is NUL-terminated; `out` is writable; `err`
@@ -1350,7 +1354,7 @@ pub unsafe extern "C" fn isb_statistics_new(
         if out.is_null() {
             return Err(null("out"));
         }
-        let acc = StatisticsAccumulator::new(&d.ds, p.axis)?;
+        let acc = StatisticsAccumulator::new(&d.ds, p.axis)?.with_quantiles(&p.quantiles)?;
         let handle = Box::new(IsbStatistics {
             acc: std::sync::Mutex::new(acc),
         });
@@ -1400,7 +1404,9 @@ pub unsafe extern "C" fn isb_statistics_add(
 /// "nan_count", "mean", "std", "min", "max"}`: lists of one value per index along the axis
 /// (one value without an axis); `std` is the population standard deviation (numpy's
 /// `ddof=0`); NaN values are left out and counted in `nan_count`; an index without values has
-/// null mean, std, min and max (ABI 15). Free `*out_json` with `isb_string_free`.
+/// null mean, std, min and max (ABI 15). With quantiles asked for, also `"quantiles"` (the
+/// probabilities) and `"quantile_values"` (per index, one value per probability, numpy's
+/// default within 1/256 of the value; ABI 23). Free `*out_json` with `isb_string_free`.
 ///
 /// # Safety
 /// `stats` is NULL or a live accumulator; `out_json` is writable; `err` is NULL or writable.

@@ -512,9 +512,22 @@ int main(int argc, char **argv) {
         /* Statistics (ABI 15): per channel of the stack; a batch of another dataset is refused. */
         IsbStatistics *st = NULL;
         CHECK("statistics past the axes", isb_statistics_new(stacked, "{\"axis\": 3}", &st, &err), ISB_INVALID_ARGUMENT, "`axis`");
+        CHECK("a quantile past 1", isb_statistics_new(stacked, "{\"quantiles\": [0.5, 2]}", &st, &err), ISB_INVALID_ARGUMENT, "`quantiles`");
         CHECK("statistics per channel", isb_statistics_new(stacked, "{\"axis\": 0}", &st, &err), ISB_OK, NULL);
+        /* Quantiles (ABI 23): the probabilities and one value per index and probability. */
+        IsbStatistics *sq = NULL;
+        CHECK("statistics with quantiles", isb_statistics_new(stacked, "{\"axis\": 0, \"quantiles\": [0, 0.5, 1]}", &sq, &err), ISB_OK, NULL);
         CHECK("a batch of another dataset", isb_statistics_add(st, bo, &err), ISB_INVALID_ARGUMENT, "`batch`");
         CHECK("add a stacked batch", isb_statistics_add(st, bs, &err), ISB_OK, NULL);
+        CHECK("add a stacked batch to the quantiles", isb_statistics_add(sq, bs, &err), ISB_OK, NULL);
+        char *qj = NULL;
+        CHECK("quantiles JSON", isb_statistics_json(sq, &qj, &err), ISB_OK, NULL);
+        if (!qj || !strstr(qj, "\"quantiles\":[0.0,0.5,1.0]") || !strstr(qj, "\"quantile_values\":[[")) {
+            fprintf(stderr, "FAIL quantiles JSON: %s\n", qj ? qj : "(null)");
+            failures++;
+        }
+        isb_string_free(qj);
+        isb_statistics_free(sq);
         CHECK("NULL stats", isb_statistics_add(NULL, bs, &err), ISB_NULL_POINTER, "stats");
         char *sj = NULL;
         CHECK("statistics JSON", isb_statistics_json(st, &sj, &err), ISB_OK, NULL);

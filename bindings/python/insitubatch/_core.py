@@ -648,7 +648,10 @@ class Statistics(NamedTuple):
     """What `InSituDataset.statistics` gives for one batch array: with an `axis`, numpy arrays
     with one value per index along it; without, scalars. `std` is the population standard
     deviation (numpy's `ddof=0`); NaN values are left out and counted in `nan_count`, and an
-    index with no other value has NaN statistics."""
+    index with no other value has NaN statistics. With `quantiles` asked for, `quantiles` is
+    their probabilities and `quantile_values` the values at them (numpy's default
+    `np.quantile`, within 1/256 of the value; the least and greatest exact): shaped
+    `(indices, quantiles)` with an axis, `(quantiles,)` without; both None otherwise."""
 
     axis: int | None
     count: Any
@@ -657,6 +660,8 @@ class Statistics(NamedTuple):
     std: Any
     min: Any
     max: Any
+    quantiles: Any = None
+    quantile_values: Any = None
 
     @classmethod
     def _from_json(cls, v: dict) -> "Statistics":
@@ -668,8 +673,16 @@ class Statistics(NamedTuple):
             out = np.array(xs, dtype=np.int64)
             return out if v["axis"] is not None else int(out[0])
 
+        qs = values = None
+        if v.get("quantiles") is not None:
+            qs = np.array(v["quantiles"], dtype=np.float64)
+            values = np.array([[np.nan if x is None else x for x in row]
+                               for row in v["quantile_values"]], dtype=np.float64)
+            values = values.reshape(-1, len(qs))
+            if v["axis"] is None:
+                values = values[0]
         return cls(v["axis"], ints(v["count"]), ints(v["nan_count"]), floats(v["mean"]),
-                   floats(v["std"]), floats(v["min"]), floats(v["max"]))
+                   floats(v["std"]), floats(v["min"]), floats(v["max"]), qs, values)
 
     def to_json(self) -> str:
         """The statistics as JSON text, as the library writes them (lists of one value per
@@ -678,12 +691,17 @@ class Statistics(NamedTuple):
         def listed(v, cast):
             return [None if cast is float and np.isnan(x) else cast(x) for x in np.atleast_1d(v)]
 
-        return json.dumps({
+        out = {
             "axis": self.axis,
             "count": listed(self.count, int), "nan_count": listed(self.nan_count, int),
             "mean": listed(self.mean, float), "std": listed(self.std, float),
             "min": listed(self.min, float), "max": listed(self.max, float),
-        })
+        }
+        if self.quantiles is not None:
+            out["quantiles"] = listed(self.quantiles, float)
+            out["quantile_values"] = [listed(row, float)
+                                      for row in np.atleast_2d(self.quantile_values)]
+        return json.dumps(out)
 
     @classmethod
     def from_json(cls, text: str) -> "Statistics":
@@ -1722,15 +1740,31 @@ class InSituDataset:
         )
         return samples.value, batches.value
 
-    def statistics(self, split: str = "train", axis: int | None = None) -> dict[str, "Statistics"]:
+    def statistics(self, split: str = "train", axis: int | None = None,
+                   quantiles: Sequence[float] | None = None) -> dict[str, "Statistics"]:
         """The statistics of every batch array (each label's, each stack's) over one epoch of
         `split` as this dataset yields it, accumulated in the library in float64: a
         `Statistics` per array name, per index along inner axis `axis` (0 the first after the
         sample axis: per level, or a stack's channels) or over whole samples (`axis=None`,
-        scalars). The values are those the library delivers, after chunk transforms (fit a
-        `Standardize` on a dataset without it) and before batch transforms. It runs an epoch
-        like iterating does (Ctrl-C stops it)."""
-        params = {} if axis is None else {"axis": _check_int("axis", axis, minimum=0)}
+        scalars). `quantiles=(0.01, 0.99)` adds the values at those probabilities (each in
+        [0, 1], at most 64), from a histogram of every value: within 1/256 of numpy's. The
+        values are those the library delivers, after chunk transforms (fit a `Standardize` on a
+        dataset without it) and before batch transforms. It runs an epoch like iterating does
+        (Ctrl-C stops it)."""
+        params: dict[str, Any] = {}
+        if axis is not None:
+            params["axis"] = _check_int("axis", axis, minimum=0)
+        if quantiles is not None:
+            try:
+                probabilities = [float(q) for q in quantiles]
+            except (TypeError, ValueError):
+                raise TypeError("quantiles must be a sequence of probabilities, "
+                                "e.g. (0.01, 0.99)") from None
+            params["quantiles"] = probabilities
+            if any(not (0.0 <= q <= 1.0) for q in probabilities):
+                raise errors.InvalidArgument(
+                    f"invalid argument `quantiles` = {list(quantiles)}: a quantile's probability "
+                    "is between 0 and 1 (0.99 for the 99th percentile)")
         acc = ctypes.c_void_p()
         err = ctypes.c_void_p()
         _check(lib.isb_statistics_new(self._live(), json.dumps(params).encode(),

@@ -7,7 +7,7 @@ import ctypes
 import os
 from pathlib import Path
 
-ABI_VERSION = 22
+ABI_VERSION = 23
 _LIB_NAME = "libinsitubatch.so"
 
 

@@ -94,3 +94,34 @@ def test_the_statistics_example_in_the_python_docs_standardizes_each_level(tmp_p
     np.testing.assert_allclose(after.mean, 0.0, atol=1e-5)
     np.testing.assert_allclose(after.std, 1.0, rtol=1e-5)
     ds.close()
+
+
+def test_quantiles_are_numpys_within_a_bucket_and_round_trip_as_json(fixtures):
+    out, _ = fixtures
+    store = out / "era5_v3.zarr"
+    g = isb.open_geometries(store)
+    t2m = zarr.open_array(store / "t2m", mode="r")[...].astype(np.float64)
+    qs = (0.0, 0.01, 0.5, 0.99, 1.0)
+    with isb.InSituDataset(store, None, {"x": g["t2m"]}, batch_size=3) as ds:
+        rows = np.sort(ds.order("train").sample_indices)
+        whole = ds.statistics("train", quantiles=qs)["x"]
+        np.testing.assert_array_equal(whole.quantiles, qs)
+        want = np.quantile(t2m[rows], qs)
+        assert whole.quantile_values.shape == (len(qs),)
+        np.testing.assert_allclose(whole.quantile_values, want, rtol=1 / 256)
+        assert (whole.quantile_values[0], whole.quantile_values[-1]) == (whole.min, whole.max)
+        per_lat = ds.statistics("train", axis=0, quantiles=qs)["x"]
+        assert per_lat.quantile_values.shape == (9, len(qs))
+        want = np.quantile(t2m[rows].transpose(1, 0, 2).reshape(9, -1), qs, axis=1).T
+        np.testing.assert_allclose(per_lat.quantile_values, want, rtol=1 / 256)
+        back = isb.Statistics.from_json(per_lat.to_json())
+        np.testing.assert_array_equal(back.quantile_values, per_lat.quantile_values)
+        np.testing.assert_array_equal(back.quantiles, per_lat.quantiles)
+        # Without quantiles, none are kept.
+        assert ds.statistics("train")["x"].quantile_values is None
+        with pytest.raises(isb.InvalidArgument, match="`quantiles`"):
+            ds.statistics("train", quantiles=(0.5, 1.5))
+        with pytest.raises(isb.InvalidArgument, match="`quantiles`"):
+            ds.statistics("train", quantiles=[0.5] * 65)
+        with pytest.raises(TypeError, match="quantiles"):
+            ds.statistics("train", quantiles=("median",))
