@@ -101,7 +101,9 @@ impl RegionSlots {
                     && share < whole_misses
             })
             .collect();
-        if !eligible.contains(&true) {
+        // One entry per row of each label reading an eligible path, indexed by `u32`.
+        let labels_read = plan.labels.iter().filter(|l| eligible[l.path]).count();
+        if !eligible.contains(&true) || u32::try_from(labels_read.saturating_mul(n_rows)).is_err() {
             return Self::default();
         }
         let mut by_slot: Vec<Vec<SlotRow>> = vec![Vec::new(); plan.slots.len()];
