@@ -110,10 +110,13 @@ const SKETCH_BITS: u32 = 7;
 /// `f64` bit patterns cut to sign, exponent and the top [`SKETCH_BITS`] of the mantissa,
 /// ordered as the values are (negative ones with their bits inverted), so each covers 1/128 of
 /// a power of two and a value is known to 1/256 of itself from its bucket's middle. Kept as one
-/// block of 128 counts per (sign, exponent) the values reach.
+/// block of 128 counts per (sign, exponent) the values reach, in order, the last one used
+/// remembered (neighbouring values of a field mostly share their power of two).
 #[derive(Clone, Debug, Default)]
 struct Sketch {
-    blocks: Vec<Option<Box<[u64; 1 << SKETCH_BITS]>>>,
+    /// (sign and exponent, the counts of its buckets), sorted.
+    blocks: Vec<(u16, Box<[u64; 1 << SKETCH_BITS]>)>,
+    last: usize,
     n: u64,
 }
 
@@ -162,13 +165,24 @@ impl Sketch {
         }
         let b = Self::bucket(v);
         let (block, slot) = (
-            (b >> SKETCH_BITS) as usize,
+            (b >> SKETCH_BITS) as u16,
             (b & ((1 << SKETCH_BITS) - 1)) as usize,
         );
-        if self.blocks.len() <= block {
-            self.blocks.resize_with(block + 1, || None);
+        if self
+            .blocks
+            .get(self.last)
+            .is_none_or(|(id, _)| *id != block)
+        {
+            self.last = match self.blocks.binary_search_by_key(&block, |(id, _)| *id) {
+                Ok(at) => at,
+                Err(at) => {
+                    self.blocks
+                        .insert(at, (block, Box::new([0; 1 << SKETCH_BITS])));
+                    at
+                }
+            };
         }
-        self.blocks[block].get_or_insert_with(|| Box::new([0; 1 << SKETCH_BITS]))[slot] += 1;
+        self.blocks[self.last].1[slot] += 1;
         self.n += 1;
     }
 
@@ -177,12 +191,11 @@ impl Sketch {
     /// closer on smooth fields but up to a whole bucket off where a bucket holds few values.)
     fn at_rank(&self, rank: u64) -> f64 {
         let mut seen = 0u64;
-        for (i, block) in self.blocks.iter().enumerate() {
-            let Some(block) = block else { continue };
+        for (id, block) in &self.blocks {
             for (j, &c) in block.iter().enumerate() {
                 seen += c;
                 if seen > rank {
-                    return Self::middle(((i as u64) << SKETCH_BITS) | j as u64);
+                    return Self::middle((u64::from(*id) << SKETCH_BITS) | j as u64);
                 }
             }
         }
