@@ -110,14 +110,24 @@ const SKETCH_BITS: u32 = 7;
 /// `f64` bit patterns cut to sign, exponent and the top [`SKETCH_BITS`] of the mantissa,
 /// ordered as the values are (negative ones with their bits inverted), so each covers 1/128 of
 /// a power of two and a value is known to 1/256 of itself from its bucket's middle. Kept as one
-/// block of 128 counts per (sign, exponent) the values reach, in order, the last one used
-/// remembered (neighbouring values of a field mostly share their power of two).
-#[derive(Clone, Debug, Default)]
+/// block of 128 counts per (sign, exponent) the values reach, found through a table of the
+/// 4,096 (sign, exponent) pairs (8 KB).
+#[derive(Clone, Debug)]
 struct Sketch {
-    /// (sign and exponent, the counts of its buckets), sorted.
-    blocks: Vec<(u16, Box<[u64; 1 << SKETCH_BITS]>)>,
-    last: usize,
+    /// Per (sign, exponent), 1 + its block's place in `blocks`, or 0 while no value had it.
+    index: Box<[u16; 1 << 12]>,
+    blocks: Vec<Box<[u64; 1 << SKETCH_BITS]>>,
     n: u64,
+}
+
+impl Default for Sketch {
+    fn default() -> Self {
+        Self {
+            index: Box::new([0; 1 << 12]),
+            blocks: Vec::new(),
+            n: 0,
+        }
+    }
 }
 
 impl Sketch {
@@ -165,24 +175,15 @@ impl Sketch {
         }
         let b = Self::bucket(v);
         let (block, slot) = (
-            (b >> SKETCH_BITS) as u16,
+            (b >> SKETCH_BITS) as usize,
             (b & ((1 << SKETCH_BITS) - 1)) as usize,
         );
-        if self
-            .blocks
-            .get(self.last)
-            .is_none_or(|(id, _)| *id != block)
-        {
-            self.last = match self.blocks.binary_search_by_key(&block, |(id, _)| *id) {
-                Ok(at) => at,
-                Err(at) => {
-                    self.blocks
-                        .insert(at, (block, Box::new([0; 1 << SKETCH_BITS])));
-                    at
-                }
-            };
+        let at = &mut self.index[block];
+        if *at == 0 {
+            self.blocks.push(Box::new([0; 1 << SKETCH_BITS]));
+            *at = self.blocks.len() as u16;
         }
-        self.blocks[self.last].1[slot] += 1;
+        self.blocks[usize::from(*at) - 1][slot] += 1;
         self.n += 1;
     }
 
@@ -191,11 +192,14 @@ impl Sketch {
     /// closer on smooth fields but up to a whole bucket off where a bucket holds few values.)
     fn at_rank(&self, rank: u64) -> f64 {
         let mut seen = 0u64;
-        for (id, block) in &self.blocks {
+        for (id, &at) in self.index.iter().enumerate() {
+            let Some(block) = usize::from(at).checked_sub(1).map(|b| &self.blocks[b]) else {
+                continue;
+            };
             for (j, &c) in block.iter().enumerate() {
                 seen += c;
                 if seen > rank {
-                    return Self::middle((u64::from(*id) << SKETCH_BITS) | j as u64);
+                    return Self::middle(((id as u64) << SKETCH_BITS) | j as u64);
                 }
             }
         }
