@@ -116,7 +116,7 @@ const SKETCH_BITS: u32 = 7;
 struct Sketch {
     /// Per (sign, exponent), 1 + its block's place in `blocks`, or 0 while no value had it.
     index: Box<[u16; 1 << 12]>,
-    blocks: Vec<Box<[u64; 1 << SKETCH_BITS]>>,
+    blocks: Vec<[u64; 1 << SKETCH_BITS]>,
     n: u64,
 }
 
@@ -180,7 +180,7 @@ impl Sketch {
         );
         let at = &mut self.index[block];
         if *at == 0 {
-            self.blocks.push(Box::new([0; 1 << SKETCH_BITS]));
+            self.blocks.push([0; 1 << SKETCH_BITS]);
             *at = self.blocks.len() as u16;
         }
         self.blocks[usize::from(*at) - 1][slot] += 1;
