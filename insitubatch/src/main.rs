@@ -148,25 +148,27 @@ impl FieldArgs {
 /// `LABEL=ARRAY:CYCLE` (`clim=t2m_clim:dayofyear`).
 fn parse_cycle(s: &str) -> Result<(String, String, insitubatch::Cycle), String> {
     let form = "LABEL=ARRAY:CYCLE (clim=t2m_clim:dayofyear)";
+    let (label, array, cycle) = label_array_and(s, form)?;
+    Ok((label, array, cycle.parse()?))
+}
+
+/// `LABEL=ARRAY:REST` split in three (`form` says what was expected when it is not).
+fn label_array_and<'a>(s: &'a str, form: &str) -> Result<(String, String, &'a str), String> {
     let (label, rest) = split_dim(s, form)?;
-    let (array, cycle) = rest
+    let (array, tail) = rest
         .rsplit_once(':')
         .ok_or_else(|| format!("`{s}` is not {form}"))?;
-    Ok((label, array.trim().to_string(), cycle.parse()?))
+    Ok((label, array.trim().to_string(), tail.trim()))
 }
 
 /// `LABEL=ARRAY:SHIFT` (`t2m_next=t2m:1`).
 fn parse_window(s: &str) -> Result<(String, String, i64), String> {
     let form = "LABEL=ARRAY:SHIFT (t2m_next=t2m:1)";
-    let (label, rest) = split_dim(s, form)?;
-    let (array, shift) = rest
-        .rsplit_once(':')
-        .ok_or_else(|| format!("`{s}` is not {form}"))?;
+    let (label, array, shift) = label_array_and(s, form)?;
     let shift = shift
-        .trim()
         .parse()
         .map_err(|_| format!("the shift of `{s}` is not a whole number of samples ({form})"))?;
-    Ok((label, array.trim().to_string(), shift))
+    Ok((label, array, shift))
 }
 
 /// `insitubatch warm`'s arguments.
