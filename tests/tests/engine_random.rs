@@ -1039,8 +1039,8 @@ fn run_epochs(
             // is read or decoded; from a persisted cache, at most the slots holding a corrupt
             // chunk's stand-in, which is never written to the cache (an earlier pass of the
             // same dataset may have left them resident). A chunk decoded straight into its
-            // batch rows is never kept (`IntoRows::Always` decodes so even where the budget
-            // could keep it), so it is read again: every other one hits.
+            // batch rows, or loaded as a region slot, is never kept (`IntoRows::Always` does so
+            // even where the budget could keep it), so it is read again: every other one hits.
             let warm = epoch > epochs.start && case.budget == CaseBudget::Everything;
             // A corrupt chunk's stand-in decoded into rows (`IntoRows::Always`) is read
             // again every epoch, like any chunk decoded into rows, and not counted decoded.
@@ -1049,12 +1049,20 @@ fn run_epochs(
                 _ => slots_with_a_corrupt_chunk(case, &anchors),
             };
             if warm || reads == Reads::None {
+                // A region slot (a patched field several labels read, loaded with only the
+                // stored chunks under the pass's windows) is never kept either, and where the
+                // pool keeps everything or a cache directory serves it, only `Always` loads
+                // one.
+                if case.into_rows != IntoRows::Always || reads == Reads::None {
+                    assert_eq!(stats.region_slots, 0, "epoch {epoch} {split}: {stats:?}");
+                }
+                let fresh = stats.tiles_into_batches + stats.region_slots;
                 assert!(
-                    stats.cache_misses >= stats.tiles_into_batches,
-                    "a chunk decoded into rows is a miss: {stats:?}"
+                    stats.cache_misses >= fresh,
+                    "a chunk decoded into rows or loaded as a region slot is a miss: {stats:?}"
                 );
                 assert!(
-                    stats.cache_misses - stats.tiles_into_batches <= uncached,
+                    stats.cache_misses - fresh <= uncached,
                     "epoch {epoch} {split}: {stats:?}"
                 );
                 if stats.cache_misses == 0 {
