@@ -73,6 +73,19 @@ pub(crate) struct PassInputs<'a> {
     pub inner: Vec<Option<Vec<u64>>>,
 }
 
+impl PassInputs<'_> {
+    /// Bytes of every chunk the pass reads, and the pool's budget for them (a fixed
+    /// `cache_budget_bytes`, or the pass's working set).
+    pub fn pass_bytes_and_budget(&self) -> (u64, u64) {
+        let pass_bytes = self.plan.slots.iter().map(|s| s.nbytes).sum();
+        let budget = self
+            .pool
+            .fixed_budget()
+            .unwrap_or(self.plan.read_ahead_bytes);
+        (pass_bytes, budget)
+    }
+}
+
 /// Per plan slot, the batch rows its chunk's samples are decoded into, if any.
 #[derive(Debug, Default)]
 pub(crate) struct DirectRows {
@@ -120,8 +133,7 @@ impl DirectRows {
         // order shuffled, a budget holding a quarter of the pass's chunks serves ~4 % of a later
         // epoch's reads as hits, half of them ~15 %: past a quarter the pool is worth its
         // copies (docs/benchmarks.md, "Decoding into batch rows").
-        let pass_bytes: u64 = plan.slots.iter().map(|s| s.nbytes).sum();
-        let budget = pool.fixed_budget().unwrap_or(plan.read_ahead_bytes);
+        let (pass_bytes, budget) = inputs.pass_bytes_and_budget();
         let pool_keeps = match mode {
             IntoRows::Never => true,
             IntoRows::Always => false,

@@ -340,12 +340,7 @@ pub(crate) async fn deliver<S: Store>(
     // A region slot's inner chunks go in one by one (a bad chunk's stand-in is the whole
     // stored chunk, copied like one).
     let parts = job.part.as_deref().filter(|_| job.inner_parts && cacheable);
-    let completed = if let Some(parts) = parts {
-        let fill = |buf: &mut [u8]| layout.copy_parts_into_slot(job.tile, parts, &bytes, buf);
-        let finish = |chunk| transform(chunk).inspect_err(|e| broken = Some(e.clone()));
-        slot.deliver_tile(layout.chunk_bytes(), fill, finish)
-            .unwrap_or(false)
-    } else if layout.can_adopt() {
+    let completed = if layout.can_adopt() && parts.is_none() {
         match transform(bytes) {
             Ok(bytes) => slot.adopt(bytes).is_ok(),
             Err(e) => {
@@ -354,7 +349,10 @@ pub(crate) async fn deliver<S: Store>(
             }
         }
     } else {
-        let fill = |buf: &mut [u8]| layout.copy_into_slot(job.tile, &bytes, buf);
+        let fill = |buf: &mut [u8]| match parts {
+            Some(parts) => layout.copy_parts_into_slot(job.tile, parts, &bytes, buf),
+            None => layout.copy_into_slot(job.tile, &bytes, buf),
+        };
         let finish = |chunk| transform(chunk).inspect_err(|e| broken = Some(e.clone()));
         slot.deliver_tile(layout.chunk_bytes(), fill, finish)
             .unwrap_or(false)

@@ -51,8 +51,7 @@ impl RegionSlots {
         let Some(draw) = &plan.patch else {
             return Self::default();
         };
-        let pass_bytes: u64 = plan.slots.iter().map(|s| s.nbytes).sum();
-        let budget = pool.fixed_budget().unwrap_or(plan.read_ahead_bytes);
+        let (pass_bytes, budget) = inputs.pass_bytes_and_budget();
         // Whole slots are worth their reads when a later epoch finds enough of them resident:
         // under LRU with each epoch's order shuffled, a budget holding a share `f` of the
         // pass's chunks serves about `f^2.5` of a later epoch's (4 % at a quarter, 15 % at

@@ -1760,11 +1760,7 @@ class InSituDataset:
             except (TypeError, ValueError):
                 raise TypeError("quantiles must be a sequence of probabilities, "
                                 "e.g. (0.01, 0.99)") from None
-            params["quantiles"] = probabilities
-            if any(not (0.0 <= q <= 1.0) for q in probabilities):
-                raise errors.InvalidArgument(
-                    f"invalid argument `quantiles` = {list(quantiles)}: a quantile's probability "
-                    "is between 0 and 1 (0.99 for the 99th percentile)")
+            params["quantiles"] = probabilities  # the library checks their range
         acc = ctypes.c_void_p()
         err = ctypes.c_void_p()
         _check(lib.isb_statistics_new(self._live(), json.dumps(params).encode(),
