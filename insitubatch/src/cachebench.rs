@@ -6,7 +6,7 @@
 //!   (`posix_fadvise(DONTNEED)`), and the third epoch of a run over the cache whose budget holds
 //!   the split (revived slots resting mapped onto their files), each against the in-memory
 //!   gather ceiling
-//!   ([`crate::enginebench::gather_ceiling`]) of the same epoch order;
+//!   ([`crate::enginebench::GatherCeiling`]) of the same epoch order;
 //! - the cache-filling epoch against a plain cold epoch;
 //! - slot-file write MB/s through the tier on io_uring and on the thread fallback, with
 //!   O_DIRECT and buffered.
@@ -23,7 +23,7 @@ use insitubatch_pool::{SlotBytes, SlotKey};
 use insitubatch_runtime::{IoBackendChoice, RuntimeBuilder};
 
 use crate::InSituDataset;
-use crate::enginebench::{gather_ceiling, run_epoch};
+use crate::enginebench::{GatherCeiling, run_epoch};
 
 /// One warm-epoch measurement.
 #[derive(Clone, Debug, Serialize)]
@@ -146,6 +146,7 @@ pub fn bench_cache(
 
     // Warm epochs: RAM, and files revived by a fresh dataset each time.
     let resident = builder().cache_budget_bytes(split_bytes).build()?;
+    let mut gather = GatherCeiling::preload(&resident, split)?;
     run_epoch(&resident, split, 0, &|_, _| {})?;
     let cache = work.join("fill-false");
     let mut ceiling = 0.0f64;
@@ -167,7 +168,7 @@ pub fn bench_cache(
     .collect();
     for r in 0..repeat {
         let epoch = 1 + r as u64;
-        let (secs, bytes) = gather_ceiling(&resident, split, epoch, 1)?;
+        let (secs, bytes) = gather.measure(&resident, epoch, 1)?;
         ceiling = ceiling.max(bytes as f64 / secs / 1e6);
         for w in warm.iter_mut() {
             let rep = if w.source == "ram" {
