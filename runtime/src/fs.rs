@@ -23,6 +23,7 @@ pub use crate::op::statx::FileStat;
 use crate::op::statx::Statx;
 use crate::op::unlink::UnlinkAt;
 use crate::op::write::WriteAt;
+use crate::op::writev::WritevAt;
 
 /// How to open a file.
 #[derive(Clone, Copy, Debug, Default)]
@@ -234,6 +235,45 @@ impl File {
             punt: self.writes_block,
         })
         .await
+    }
+
+    /// Writes all of `head` and then all of `body` at `offset` (`body` right after `head`), in
+    /// one call when the file takes it whole, retrying short writes; hands both buffers back.
+    pub async fn write_all_vectored_at<A: IoBuf, B: IoBuf>(
+        &self,
+        head: A,
+        body: B,
+        offset: u64,
+    ) -> (std::io::Result<()>, A, B) {
+        let total = head.bytes_init() + body.bytes_init();
+        let (mut head, mut body) = (head, body);
+        let mut done = 0usize;
+        while done < total {
+            let (r, h, b) = Op::new(WritevAt {
+                fd: Arc::clone(&self.fd),
+                head,
+                body,
+                offset,
+                start: done,
+                punt: self.writes_block,
+                iov: [libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                }; 2],
+            })
+            .await;
+            (head, body) = (h, b);
+            match r {
+                Ok(0) => {
+                    let e = std::io::Error::new(std::io::ErrorKind::WriteZero, "write returned 0");
+                    return (Err(e), head, body);
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), head, body),
+            }
+        }
+        (Ok(()), head, body)
     }
 
     /// Writes all of `buf` at `offset`, retrying short writes.

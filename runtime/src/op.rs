@@ -13,6 +13,7 @@ pub(crate) mod rename;
 pub(crate) mod statx;
 pub(crate) mod unlink;
 pub(crate) mod write;
+pub(crate) mod writev;
 
 use std::future::Future;
 use std::marker::PhantomData;

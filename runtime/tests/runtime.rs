@@ -116,6 +116,52 @@ fn read_range_write_and_fsync_roundtrip() {
 }
 
 #[test]
+fn vectored_write_puts_the_body_right_after_the_head_and_hands_both_back() {
+    let dir = tempfile::tempdir().unwrap();
+    for choice in backends() {
+        let rt = runtime(choice, "wv");
+        let path = dir.path().join(format!("v-{choice:?}"));
+        let p = path.clone();
+        rt.block_on(move || async move {
+            let f = fs::File::open(&p, fs::OpenOptions::write_create())
+                .await
+                .unwrap();
+            let head: Vec<u8> = (0..100u32).map(|i| 200 + (i % 50) as u8).collect();
+            let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+            let (r, head, body) = f.write_all_vectored_at(head, body, 7).await;
+            r.unwrap();
+            assert_eq!(
+                (head.len(), body.len()),
+                (100, 300_000),
+                "both buffers come back"
+            );
+            // An empty head writes the body alone, at the offset.
+            let (r, _, _) = f
+                .write_all_vectored_at(Vec::new(), vec![9u8; 5], 400_000)
+                .await;
+            r.unwrap();
+            // A file open for reading only refuses the write, and still hands both back.
+            let ro = fs::File::open(&p, fs::OpenOptions::read()).await.unwrap();
+            let (r, head, body) = ro
+                .write_all_vectored_at(vec![1u8; 3], vec![2u8; 4], 0)
+                .await;
+            assert!(r.is_err(), "a write through a read-only descriptor");
+            assert_eq!((head, body), (vec![1u8; 3], vec![2u8; 4]));
+        })
+        .unwrap();
+        let on_disk = std::fs::read(&path).unwrap();
+        assert_eq!(on_disk.len(), 400_005, "backend {choice:?}");
+        assert_eq!(&on_disk[..7], &[0u8; 7]);
+        let head: Vec<u8> = (0..100u32).map(|i| 200 + (i % 50) as u8).collect();
+        assert_eq!(&on_disk[7..107], &head[..]);
+        let body: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        assert_eq!(&on_disk[107..300_107], &body[..], "backend {choice:?}");
+        assert!(on_disk[300_107..400_000].iter().all(|&b| b == 0));
+        assert_eq!(&on_disk[400_000..], &[9u8; 5]);
+    }
+}
+
+#[test]
 fn rename_replaces_the_target_and_fails_for_a_missing_source() {
     let dir = tempfile::tempdir().unwrap();
     for choice in backends() {

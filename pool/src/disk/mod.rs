@@ -705,9 +705,10 @@ impl DiskTier {
                 Err(e) => return Err(e),
             }
         }
+        // Header and data in one call: each write of a new file is a trip to a worker.
         let file = File::open(tmp, OpenOptions::write_create().truncate(true)).await?;
-        file.write_all_at(header, 0).await.0?;
-        file.write_all_at(bytes, HEADER_LEN as u64)
+        debug_assert_eq!(header.len(), HEADER_LEN);
+        file.write_all_vectored_at(header, bytes, 0)
             .await
             .0
             .map(|()| file)
