@@ -62,6 +62,32 @@ pub(crate) fn neg_errno() -> i32 {
         .unwrap_or(libc::EIO)
 }
 
+/// Makes a byte-counting system call (`pread`, `pwrite`, `pwritev`: `>= 0` or `-1` and errno)
+/// until it is not interrupted; the kernel convention (`>= 0` or `-errno`). Linux moves at most
+/// `MAX_RW_COUNT` (under 2 GiB) per call, so the count fits.
+pub(crate) fn retrying_interrupted(mut call: impl FnMut() -> isize) -> i32 {
+    loop {
+        let n = call();
+        if n >= 0 {
+            return n.min(i32::MAX as isize) as i32;
+        }
+        let e = neg_errno();
+        if e != -libc::EINTR {
+            return e;
+        }
+    }
+}
+
+/// `sqe`, sent to io_uring's workers at once when `punt` (an operation that cannot complete
+/// without blocking, which io_uring would otherwise first try inline).
+pub(crate) fn punted(sqe: squeue::Entry, punt: bool) -> squeue::Entry {
+    if punt {
+        sqe.flags(squeue::Flags::ASYNC)
+    } else {
+        sqe
+    }
+}
+
 /// Converts a kernel result to `io::Result`.
 pub(crate) fn res_to_io(res: i32) -> std::io::Result<u32> {
     if res < 0 {

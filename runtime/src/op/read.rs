@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types};
 
-use super::{OpKind, neg_errno, res_to_io};
+use super::{OpKind, res_to_io, retrying_interrupted};
 use crate::buf::IoBufMut;
 
 pub(crate) struct ReadAt<B: IoBufMut> {
@@ -42,17 +42,10 @@ impl<B: IoBufMut> OpKind for ReadAt<B> {
     fn blocking_call(&mut self) -> i32 {
         let fd = self.fd.as_raw_fd();
         let (ptr, len) = self.dst();
-        loop {
+        retrying_interrupted(|| {
             // SAFETY: `ptr` points to `len` writable bytes owned by `self.buf`.
-            let n = unsafe { libc::pread(fd, ptr.cast(), len, self.offset as libc::off_t) };
-            if n >= 0 {
-                return n as i32;
-            }
-            let e = neg_errno();
-            if e != -libc::EINTR {
-                return e;
-            }
-        }
+            unsafe { libc::pread(fd, ptr.cast(), len, self.offset as libc::off_t) }
+        })
     }
 
     fn may_complete_nonblocking(&self) -> bool {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types};
 
-use super::{OpKind, neg_errno, res_to_io};
+use super::{OpKind, punted, res_to_io, retrying_interrupted};
 use crate::buf::IoBuf;
 
 pub(crate) struct WriteAt<B: IoBuf> {
@@ -37,33 +37,16 @@ impl<B: IoBuf> OpKind for WriteAt<B> {
         let sqe = opcode::Write::new(fd, ptr, len as u32)
             .offset(self.offset)
             .build();
-        if self.punt {
-            sqe.flags(squeue::Flags::ASYNC)
-        } else {
-            sqe
-        }
+        punted(sqe, self.punt)
     }
 
     fn blocking_call(&mut self) -> i32 {
         let (ptr, len) = self.src();
-        loop {
+        let (fd, offset) = (self.fd.as_raw_fd(), self.offset as libc::off_t);
+        retrying_interrupted(|| {
             // SAFETY: `ptr` points to `len` initialised bytes owned by `self.buf`.
-            let n = unsafe {
-                libc::pwrite(
-                    self.fd.as_raw_fd(),
-                    ptr.cast(),
-                    len,
-                    self.offset as libc::off_t,
-                )
-            };
-            if n >= 0 {
-                return n as i32;
-            }
-            let e = neg_errno();
-            if e != -libc::EINTR {
-                return e;
-            }
-        }
+            unsafe { libc::pwrite(fd, ptr.cast(), len, offset) }
+        })
     }
 
     fn complete(self, res: i32) -> Self::Output {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types};
 
-use super::{OpKind, neg_errno, res_to_io};
+use super::{OpKind, punted, res_to_io, retrying_interrupted};
 use crate::buf::IoBuf;
 
 pub(crate) struct WritevAt<A: IoBuf, B: IoBuf> {
@@ -70,33 +70,16 @@ impl<A: IoBuf, B: IoBuf> OpKind for WritevAt<A, B> {
         let sqe = opcode::Writev::new(fd, self.iov.as_ptr(), n as u32)
             .offset(offset)
             .build();
-        if self.punt {
-            sqe.flags(squeue::Flags::ASYNC)
-        } else {
-            sqe
-        }
+        punted(sqe, self.punt)
     }
 
     fn blocking_call(&mut self) -> i32 {
         let (n, offset) = self.vectors();
-        loop {
+        let (fd, iov) = (self.fd.as_raw_fd(), self.iov.as_ptr());
+        retrying_interrupted(|| {
             // SAFETY: `iov` holds `n` vectors over initialised bytes owned by `self`.
-            let written = unsafe {
-                libc::pwritev(
-                    self.fd.as_raw_fd(),
-                    self.iov.as_ptr(),
-                    n as libc::c_int,
-                    offset as libc::off_t,
-                )
-            };
-            if written >= 0 {
-                return written.min(i32::MAX as isize) as i32;
-            }
-            let e = neg_errno();
-            if e != -libc::EINTR {
-                return e;
-            }
-        }
+            unsafe { libc::pwritev(fd, iov, n as libc::c_int, offset as libc::off_t) }
+        })
     }
 
     fn complete(self, res: i32) -> Self::Output {
