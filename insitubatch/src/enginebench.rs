@@ -16,7 +16,7 @@ use serde::Serialize;
 use insitubatch_actors::gather::stream::{copy_to_batch, stores_done};
 use insitubatch_actors::planner::{read_plan, row_runs};
 use insitubatch_actors::tile::TileLayout;
-use insitubatch_actors::{EngineError, PassStats};
+use insitubatch_actors::{EngineError, EpochOrder, PassStats, ReadPlan};
 
 use crate::InSituDataset;
 
@@ -142,16 +142,22 @@ impl GatherCeiling {
             split: split.to_string(),
             slots: HashMap::new(),
         };
-        ceiling.load_missing(ds, 0)?;
+        let (_, plan) = ceiling.plan(ds, 0)?;
+        ceiling.load_missing(ds, &plan)?;
         Ok(ceiling)
     }
 
-    /// Decodes the slots epoch `epoch` reads that are not loaded yet (a split reads the same
-    /// chunks every epoch, so after [`GatherCeiling::preload`] this finds none).
-    fn load_missing(&mut self, ds: &InSituDataset, epoch: u64) -> Result<(), EngineError> {
+    /// The order and read plan of `epoch` of the split.
+    fn plan(&self, ds: &InSituDataset, epoch: u64) -> Result<(EpochOrder, ReadPlan), EngineError> {
         ds.set_epoch(epoch);
         let order = ds.order(&self.split)?;
         let plan = read_plan(&order, ds.variables(), ds.batch_size(), false)?;
+        Ok((order, plan))
+    }
+
+    /// Decodes the slots `plan` reads that are not loaded yet (a split reads the same chunks
+    /// every epoch, so after [`GatherCeiling::preload`] this finds none).
+    fn load_missing(&mut self, ds: &InSituDataset, plan: &ReadPlan) -> Result<(), EngineError> {
         let missing: Vec<_> = plan
             .slots
             .iter()
@@ -197,10 +203,8 @@ impl GatherCeiling {
         epoch: u64,
         repeat: usize,
     ) -> Result<(f64, u64), EngineError> {
-        self.load_missing(ds, epoch)?;
-        ds.set_epoch(epoch);
-        let order = ds.order(&self.split)?;
-        let plan = read_plan(&order, ds.variables(), ds.batch_size(), false)?;
+        let (order, plan) = self.plan(ds, epoch)?;
+        self.load_missing(ds, &plan)?;
         let slots: Vec<&[u8]> = plan
             .slots
             .iter()

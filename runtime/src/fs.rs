@@ -25,6 +25,19 @@ use crate::op::unlink::UnlinkAt;
 use crate::op::write::WriteAt;
 use crate::op::writev::WritevAt;
 
+/// What one write of a write-all loop moved: its bytes (none when it was interrupted, to be
+/// made again), or the error that ends the loop (a write of no bytes would never finish).
+fn write_progress(r: std::io::Result<usize>) -> std::io::Result<usize> {
+    match r {
+        Ok(0) => Err(std::io::Error::new(
+            std::io::ErrorKind::WriteZero,
+            "write returned 0",
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(0),
+        other => other,
+    }
+}
+
 /// How to open a file.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OpenOptions {
@@ -263,13 +276,8 @@ impl File {
             })
             .await;
             (head, body) = (h, b);
-            match r {
-                Ok(0) => {
-                    let e = std::io::Error::new(std::io::ErrorKind::WriteZero, "write returned 0");
-                    return (Err(e), head, body);
-                }
+            match write_progress(r) {
                 Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return (Err(e), head, body),
             }
         }
@@ -291,18 +299,8 @@ impl File {
             })
             .await;
             buf = b;
-            match r {
-                Ok(0) => {
-                    return (
-                        Err(std::io::Error::new(
-                            std::io::ErrorKind::WriteZero,
-                            "write returned 0",
-                        )),
-                        buf,
-                    );
-                }
+            match write_progress(r) {
                 Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return (Err(e), buf),
             }
         }
