@@ -34,7 +34,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let path = args.get(1).ok_or("usage: cold_cpu STORE [ROUNDS]")?;
     let rounds: usize = match args.get(2) {
-        Some(s) => s.parse().map_err(|_| format!("ROUNDS must be a whole number, not `{s}`"))?,
+        Some(s) => s
+            .parse()
+            .map_err(|_| format!("ROUNDS must be a whole number, not `{s}`"))?,
         None => 5,
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
