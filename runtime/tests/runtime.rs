@@ -226,7 +226,6 @@ fn remove_file_unlinks_a_name_whose_open_file_stays_readable_and_fails_for_a_mis
     }
 }
 
-/// Descriptors open in this process.
 /// The process's descriptors open on files under `dir`: what this test's own opens could leak,
 /// whatever other tests running beside it in the same process have open.
 fn fds_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
