@@ -32,8 +32,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     const char *mode = argc > 2 ? argv[2] : "";
-    int populate = strcmp(mode, "populate") == 0;
-    if (argc > 2 && !populate && madvise(p, n, MADV_HUGEPAGE) != 0)
+    int populate = strcmp(mode, "populate") == 0, huge = argc > 2 && !populate;
+    if (huge && madvise(p, n, MADV_HUGEPAGE) != 0)
         perror("madvise(MADV_HUGEPAGE)");
     double tp = now_ms();
     if (populate && madvise(p, n, MADV_POPULATE_WRITE) != 0)
@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
     memset(p, 2, n);
     double t2 = now_ms();
     printf("%zu MiB%s: first touch %.1f ms (%.2f GB/s), second %.1f ms (%.2f GB/s)\n", mb,
-           argc > 2 && !populate ? " (THP)" : "", t1 - t0, n / 1e6 / (t1 - t0), t2 - t1,
+           huge ? " (THP)" : "", t1 - t0, n / 1e6 / (t1 - t0), t2 - t1,
            n / 1e6 / (t2 - t1));
     return p[n - 1] == 2 ? 0 : 1;
 }
